@@ -1,0 +1,1 @@
+"""The ``plugin-llm`` command line. One module per subcommand."""

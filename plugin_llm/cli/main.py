@@ -1,0 +1,124 @@
+"""Entry point of ``plugin-llm``.
+
+Subcommands live in their own modules and are imported only when used, so
+commands that do not call a model never import litellm and start fast. Each
+module exposes ``register(subparsers)``, which adds its parser and sets
+``func`` (``func(args) -> int``) as a default.
+
+Operator mistakes raise :class:`CliError` (or a ``PluginLlmError``) and are
+printed as one line on stderr with exit code 2 (1 for gateway errors);
+``--debug`` shows the traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import sys
+from typing import Sequence
+
+__all__ = ["CliError", "main", "SUBCOMMANDS"]
+
+#: subcommand -> (module, one-line help). Order is the order shown in --help.
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("plugin_llm.cli.demo_cmd", "run the example plugins end to end on the configured route"),
+    "try": ("plugin_llm.cli.try_cmd", "make one call as a plugin through the trust gate"),
+    "serve-local": ("plugin_llm.cli.serve_local_cmd", "serve the embedded local model over OpenAI-compatible HTTP"),
+    "plugins": ("plugin_llm.cli.plugins_cmd", "list and manage plugins"),
+    "run": ("plugin_llm.cli.run_cmd", "run one plugin slash command"),
+    "chat": ("plugin_llm.cli.chat_cmd", "interactive session with the configured model and plugins"),
+    "trust": ("plugin_llm.cli.trust_cmd", "show, check and explain the per-plugin trust policy"),
+    "auth": ("plugin_llm.cli.auth_cmd", "manage credentials in auth.json"),
+    "audit": ("plugin_llm.cli.audit_cmd", "tail, query, summarise and verify the audit log"),
+    "doctor": ("plugin_llm.cli.doctor_cmd", "check the home, config, credentials, audit log and plugins"),
+}
+
+
+class CliError(Exception):
+    """An operator mistake: printed as ``plugin-llm: error: <message>``, exit 2."""
+
+    def __init__(self, message: str, exit_code: int = 2) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def _available() -> dict[str, tuple[str, str]]:
+    return {name: spec for name, spec in SUBCOMMANDS.items() if importlib.util.find_spec(spec[0]) is not None}
+
+
+def _build_parser(selected: str | None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="plugin-llm",
+        description="LLM gateway for plugins: trust gate, host-held credentials, tamper-evident audit log.",
+    )
+    parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module_name, help_text) in _available().items():
+        if name == selected:
+            importlib.import_module(module_name).register(sub)
+        else:  # listed in --help without importing the module
+            sub.add_parser(name, help=help_text, add_help=False)
+    return parser
+
+
+def _selected_command(argv: Sequence[str]) -> str | None:
+    for arg in argv:
+        if not arg.startswith("-"):
+            return arg
+    return None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    selected = _selected_command(argv)
+    known = _available()
+    if selected is not None and selected not in known:
+        plugin_cli = _plugin_cli_command(selected)
+        if plugin_cli is not None:
+            return plugin_cli(argv)
+    parser = _build_parser(selected if selected in known else None)
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 0 if selected is None else 2
+    from plugin_llm.errors import PluginLlmError
+
+    try:
+        return int(args.func(args) or 0)
+    except CliError as exc:
+        if args.debug:
+            raise
+        print(f"plugin-llm: error: {_safe(exc)}", file=sys.stderr)
+        return exc.exit_code
+    except PluginLlmError as exc:
+        if args.debug:
+            raise
+        print(f"plugin-llm: {type(exc).__name__}: {_safe(exc)}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("plugin-llm: interrupted", file=sys.stderr)
+        return 130
+
+
+def _safe(exc: BaseException) -> str:
+    """Exception text passed through the secret redactor when it is available."""
+    text = str(exc)
+    try:
+        from auth import redact
+    except ImportError:
+        return text
+    return redact(text)
+
+
+def _plugin_cli_command(name: str):
+    """A command registered by a plugin with ``ctx.register_cli_command``, or None."""
+    try:
+        from plugin_llm.plugins.cli_commands import find_cli_command
+    except ImportError:
+        return None
+    return find_cli_command(name)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
