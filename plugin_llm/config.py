@@ -1,0 +1,386 @@
+"""The host's home directory and ``config.yaml`` (SPEC §3).
+
+``ConfigSource.current()`` is called on every gateway call. It costs one
+``stat`` when nothing changed: the YAML is parsed once per change of the
+file's (mtime, size, inode). A file that cannot be read or parsed fails
+closed: every plugin loses every override, the last good model route stays in
+use, and one error is logged per change. Nothing else in the project parses
+config.yaml.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+import logging
+import os
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Mapping
+
+import yaml
+
+from audit.settings import AuditSettings
+from plugin_llm.trust import DENY_ALL, FLAG_KEYS, LIST_KEYS, TRUST_KEYS, TrustPolicy, config_path
+
+__all__ = [
+    "hermes_home",
+    "ModelConfig",
+    "LlmSettings",
+    "HostConfig",
+    "ConfigSource",
+    "get_config_source",
+    "parse_config",
+    "parse_bool",
+    "LOCAL_PROVIDER",
+    "DEFAULT_LOCAL_MODEL",
+]
+
+log = logging.getLogger("plugin_llm.config")
+
+LOCAL_PROVIDER = "local"
+DEFAULT_LOCAL_MODEL = "local-echo-1"
+
+#: model-name prefixes used to infer the provider of a plain ``model: x``
+_PROVIDER_BY_PREFIX = (
+    ("gpt-", "openai"), ("o1", "openai"), ("o3", "openai"), ("o4", "openai"), ("chatgpt-", "openai"),
+    ("claude", "anthropic"), ("gemini", "gemini"), ("mistral", "mistral"), ("codestral", "mistral"),
+    ("deepseek", "deepseek"), ("grok", "xai"), ("command", "cohere"), ("local-", LOCAL_PROVIDER),
+)
+
+
+def hermes_home(env: Mapping[str, str] | None = None) -> Path:
+    """``$HERMES_HOME``, else ``~/.hermes`` (not created here)."""
+    env = os.environ if env is None else env
+    raw = env.get("HERMES_HOME", "").strip()
+    return Path(raw).expanduser() if raw else Path("~/.hermes").expanduser()
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The active route chosen by the operator (``model:``)."""
+
+    provider: str | None = LOCAL_PROVIDER
+    model: str = DEFAULT_LOCAL_MODEL
+    base_url: str | None = None
+    #: force native ``json_schema`` response_format on/off (None: ask litellm)
+    supports_json_schema: bool | None = None
+
+
+@dataclass(frozen=True)
+class LlmSettings:
+    """Host-wide call settings (``llm:``)."""
+
+    timeout: float = 30.0
+    max_timeout: float = 300.0
+    max_retries: int = 2
+    structured_repair_attempts: int = 1
+
+
+@dataclass(frozen=True)
+class HostConfig:
+    """One parsed, validated snapshot of config.yaml."""
+
+    home: Path
+    raw: Mapping[str, Any] = field(default_factory=dict)
+    model: ModelConfig = ModelConfig()
+    llm: LlmSettings = LlmSettings()
+    audit: AuditSettings = AuditSettings()
+    trust: Mapping[str, TrustPolicy] = field(default_factory=dict)
+    warnings: tuple[str, ...] = ()
+    #: set when the file could not be read or parsed (fail-closed snapshot)
+    error: str | None = None
+
+    @property
+    def path(self) -> Path:
+        return self.home / "config.yaml"
+
+    def trust_for(self, plugin_id: str) -> TrustPolicy:
+        return self.trust.get(plugin_id, DENY_ALL)
+
+    def trust_sha256(self) -> str:
+        """SHA-256 of the effective trust policy (audited on reloads)."""
+        blob = {k: vars(v) for k, v in sorted(self.trust.items())}
+        return hashlib.sha256(json.dumps(blob, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+# --------------------------------------------------------------- value parsing
+def parse_bool(value: Any, where: str, warnings: list[str]) -> bool:
+    """Strict booleans: YAML bools and the strings "true"/"false"; anything else is False + a warning."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    warnings.append(f"{where}: expected true or false, got {value!r}; treating it as false")
+    return False
+
+
+def _number(section: Mapping[str, Any], key: str, default: float, where: str, warnings: list[str], *, integer: bool = False) -> Any:
+    value = section.get(key, default)
+    ok = isinstance(value, int) if integer else isinstance(value, (int, float))
+    if isinstance(value, bool) or not ok or value < 0 or (not integer and value == 0):
+        warnings.append(f"{where}.{key}: expected a {'non-negative integer' if integer else 'positive number'}, got {value!r}; using {default}")
+        return default
+    return value
+
+
+def _did_you_mean(key: str, known) -> str:
+    close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _infer_provider(model: str) -> str | None:
+    lowered = model.lower()
+    for prefix, provider in _PROVIDER_BY_PREFIX:
+        if lowered.startswith(prefix):
+            return provider
+    return None
+
+
+def _parse_model(raw: Any, warnings: list[str]) -> ModelConfig:
+    if raw is None:
+        return ModelConfig()
+    if isinstance(raw, str):
+        name = raw.strip()
+        if "/" in name:
+            provider, _, rest = name.partition("/")
+            return ModelConfig(provider=provider, model=rest)
+        return ModelConfig(provider=_infer_provider(name), model=name)
+    if not isinstance(raw, Mapping):
+        warnings.append(f"model: expected a mapping or a model name, got {type(raw).__name__}; using the local model")
+        return ModelConfig()
+    provider = raw.get("provider")
+    model = raw.get("model", raw.get("default"))
+    base_url = raw.get("base_url")
+    if provider is not None and not isinstance(provider, str):
+        warnings.append(f"model.provider: expected a string, got {provider!r}")
+        provider = None
+    if model is not None and not isinstance(model, str):
+        warnings.append(f"model.model: expected a string, got {model!r}")
+        model = None
+    provider = provider.strip().lower() if provider else None
+    if not model:
+        model = DEFAULT_LOCAL_MODEL if provider in (None, LOCAL_PROVIDER) else ""
+        if not model:
+            warnings.append(f"model.model is missing for provider {provider!r}")
+    if provider is None:
+        provider = _infer_provider(model) if model else LOCAL_PROVIDER
+    if provider == "custom" and not base_url:
+        warnings.append("model.provider is 'custom' but model.base_url is not set; calls will fail until it is")
+    supports = raw.get("supports_json_schema")
+    if supports is not None:
+        supports = parse_bool(supports, "model.supports_json_schema", warnings)
+    return ModelConfig(provider=provider, model=model.strip(), base_url=base_url or None, supports_json_schema=supports)
+
+
+def _parse_llm(raw: Any, warnings: list[str]) -> LlmSettings:
+    if raw is None:
+        return LlmSettings()
+    if not isinstance(raw, Mapping):
+        warnings.append("llm: expected a mapping; using defaults")
+        return LlmSettings()
+    d = LlmSettings()
+    known = set(vars(d))
+    for key in raw:
+        if key not in known:
+            warnings.append(f"llm.{key}: unknown setting{_did_you_mean(str(key), known)}")
+    timeout = _number(raw, "timeout", d.timeout, "llm", warnings)
+    max_timeout = _number(raw, "max_timeout", d.max_timeout, "llm", warnings)
+    return LlmSettings(
+        timeout=min(timeout, max_timeout),
+        max_timeout=max_timeout,
+        max_retries=_number(raw, "max_retries", d.max_retries, "llm", warnings, integer=True),
+        structured_repair_attempts=_number(raw, "structured_repair_attempts", d.structured_repair_attempts, "llm", warnings, integer=True),
+    )
+
+
+def _parse_audit(raw: Any, warnings: list[str]) -> AuditSettings:
+    if raw is None:
+        return AuditSettings()
+    if not isinstance(raw, Mapping):
+        warnings.append("audit: expected a mapping; using defaults")
+        return AuditSettings()
+    d = AuditSettings()
+    known = set(vars(d))
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key not in known:
+            warnings.append(f"audit.{key}: unknown setting{_did_you_mean(str(key), known)}")
+        elif isinstance(getattr(d, key), bool):
+            values[key] = parse_bool(value, f"audit.{key}", warnings)
+        elif isinstance(getattr(d, key), int):
+            values[key] = _number(raw, key, getattr(d, key), "audit", warnings, integer=True)
+        elif key == "fsync" and value not in ("never", "always"):
+            warnings.append(f"audit.fsync: expected 'never' or 'always', got {value!r}; using {d.fsync!r}")
+        else:
+            values[key] = value
+    return AuditSettings(**values)
+
+
+def _parse_allowlist(value: Any, where: str, warnings: list[str]) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    if isinstance(value, (list, tuple)):
+        items = [str(v).strip() for v in value if isinstance(v, (str, int, float)) and str(v).strip()]
+        if len(items) != len(value):
+            warnings.append(f"{where}: non-string or blank entries ignored")
+        return tuple(items)
+    warnings.append(f"{where}: expected a list, got {type(value).__name__} {value!r}; nothing is allowed until it is a list (e.g. [{value}])")
+    return ()
+
+
+def _parse_trust(plugins: Any, warnings: list[str]) -> dict[str, TrustPolicy]:
+    if plugins is None:
+        return {}
+    if not isinstance(plugins, Mapping):
+        warnings.append("plugins: expected a mapping; no plugin has any LLM override")
+        return {}
+    entries = plugins.get("entries") or {}
+    if not isinstance(entries, Mapping):
+        warnings.append("plugins.entries: expected a mapping of plugin id -> settings; no plugin has any LLM override")
+        return {}
+    policies: dict[str, TrustPolicy] = {}
+    for plugin_id, entry in entries.items():
+        plugin_id = str(plugin_id)
+        if entry is None:
+            continue
+        block = entry.get("llm") if isinstance(entry, Mapping) else None
+        if block is None:
+            continue
+        if not isinstance(block, Mapping):
+            warnings.append(f"{config_path(plugin_id, '')[:-1]}: expected a mapping; no override granted")
+            continue
+        values: dict[str, Any] = {}
+        for key, value in block.items():
+            key = str(key)
+            where = config_path(plugin_id, key)
+            if key not in TRUST_KEYS:
+                warnings.append(f"{where}: unknown key, ignored{_did_you_mean(key, TRUST_KEYS)}")
+            elif key in LIST_KEYS.values():
+                values[key] = _parse_allowlist(value, where, warnings)
+            else:
+                values[key] = parse_bool(value, where, warnings)
+        policies[plugin_id] = TrustPolicy(**values)
+    return policies
+
+
+def parse_config(home: Path, text: str) -> HostConfig:
+    """Parse config.yaml text into a snapshot; raises ``yaml.YAMLError`` or ``ValueError``."""
+    data = yaml.safe_load(text) if text.strip() else {}
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        raise ValueError(f"the top level must be a mapping, got {type(data).__name__}")
+    warnings: list[str] = []
+    return HostConfig(
+        home=home,
+        raw=MappingProxyType(dict(data)),
+        model=_parse_model(data.get("model"), warnings),
+        llm=_parse_llm(data.get("llm"), warnings),
+        audit=_parse_audit(data.get("audit"), warnings),
+        trust=MappingProxyType(_parse_trust(data.get("plugins"), warnings)),
+        warnings=tuple(warnings),
+    )
+
+
+def describe_yaml_error(path: Path, exc: Exception) -> str:
+    """``<file>:<line>:<col>: <problem>`` for the CLI and the log."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc)
+    if mark is not None:
+        return f"{path}:{mark.line + 1}:{mark.column + 1}: {problem}"
+    return f"{path}: {problem}"
+
+
+class ConfigSource:
+    """Hot-reloading view of ``<home>/config.yaml``; thread-safe."""
+
+    def __init__(self, home: Path | None = None) -> None:
+        self.home = Path(home) if home is not None else hermes_home()
+        self.path = self.home / "config.yaml"
+        self._lock = threading.Lock()
+        self._stamp: tuple[int, int, int] | None = None
+        self._current = HostConfig(home=self.home)
+        self._last_good: HostConfig | None = None
+        self._listeners: list = []
+
+    def on_reload(self, callback) -> None:
+        """Call ``callback(old, new)`` after each reload (audit events)."""
+        self._listeners.append(callback)
+
+    def current(self) -> HostConfig:
+        try:
+            st = os.stat(self.path)
+            stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
+        except FileNotFoundError:
+            stamp = (0, -1, 0)
+        except OSError as exc:  # unreadable directory etc.: fail closed
+            stamp = (-1, -1, -1)
+            return self._reload(stamp, error=f"{self.path}: cannot stat: {exc.strerror}")
+        if stamp == self._stamp:
+            return self._current
+        return self._reload(stamp)
+
+    def _reload(self, stamp: tuple[int, int, int], error: str | None = None) -> HostConfig:
+        with self._lock:
+            if stamp == self._stamp:
+                return self._current
+            old = self._current
+            new = self._load(stamp, error)
+            self._current, self._stamp = new, stamp
+        for callback in list(self._listeners):
+            try:
+                callback(old, new)
+            except Exception:  # a listener never breaks a call
+                log.exception("config reload listener failed")
+        return new
+
+    def _load(self, stamp: tuple[int, int, int], error: str | None) -> HostConfig:
+        if error is None and stamp[1] == -1:
+            snapshot = HostConfig(home=self.home)  # no config.yaml: local model, no overrides
+        else:
+            snapshot = None
+            if error is None:
+                try:
+                    text = self.path.read_text(encoding="utf-8")
+                    snapshot = parse_config(self.home, text)
+                except yaml.YAMLError as exc:
+                    error = describe_yaml_error(self.path, exc)
+                except (OSError, UnicodeDecodeError, ValueError) as exc:
+                    error = f"{self.path}: {getattr(exc, 'strerror', None) or exc}"
+        if snapshot is not None:
+            for warning in snapshot.warnings:
+                log.warning("config.yaml: %s", warning)
+            self._last_good = snapshot
+            return snapshot
+        # Fail closed: no overrides for anyone; keep the last good route and settings.
+        log.error("config.yaml is unusable, every plugin override is refused until it is fixed: %s", error)
+        base = self._last_good or HostConfig(home=self.home)
+        return HostConfig(
+            home=self.home,
+            raw=base.raw,
+            model=base.model,
+            llm=base.llm,
+            audit=base.audit,
+            trust=MappingProxyType({}),
+            warnings=(),
+            error=error,
+        )
+
+
+_SOURCES: dict[Path, ConfigSource] = {}
+_SOURCES_LOCK = threading.Lock()
+
+
+def get_config_source(home: Path | None = None) -> ConfigSource:
+    """The process-wide :class:`ConfigSource` of a home (one per resolved path)."""
+    path = (Path(home) if home is not None else hermes_home()).expanduser()
+    key = path.resolve()
+    with _SOURCES_LOCK:
+        source = _SOURCES.get(key)
+        if source is None:
+            source = _SOURCES[key] = ConfigSource(path)
+        return source

@@ -1,0 +1,89 @@
+"""Pure routing: (HostConfig, granted overrides) -> Route.
+
+The route says which provider and model a call goes to, the litellm model
+string, the operator's endpoint (plugins can never set one), the call's total
+timeout and retry budget.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from plugin_llm.config import DEFAULT_LOCAL_MODEL, LOCAL_PROVIDER, HostConfig
+from plugin_llm.errors import PluginLlmConfigError
+
+__all__ = ["Route", "resolve_route", "call_timeout"]
+
+
+@dataclass(frozen=True)
+class Route:
+    provider: str
+    model: str
+    litellm_model: str
+    base_url: str | None
+    profile: str | None
+    timeout: float
+    max_retries: int
+    supports_json_schema: bool | None
+
+
+def call_timeout(config: HostConfig, requested: float | None) -> float:
+    """Explicit ``timeout=`` capped by ``llm.max_timeout``, else ``llm.timeout``."""
+    if requested is None:
+        return config.llm.timeout
+    if isinstance(requested, bool) or not isinstance(requested, (int, float)) or requested <= 0:
+        raise ValueError(f"timeout must be a positive number of seconds, got {requested!r}")
+    return min(float(requested), config.llm.max_timeout)
+
+
+def _litellm_model(provider: str, model: str) -> str:
+    if provider == "custom":  # any OpenAI-compatible endpoint at model.base_url
+        return f"openai/{model}"
+    return f"{provider}/{model}"
+
+
+def resolve_route(
+    config: HostConfig,
+    *,
+    provider: str | None = None,
+    model: str | None = None,
+    profile: str | None = None,
+    timeout: float | None = None,
+) -> Route:
+    """Route for a call whose overrides already passed the trust gate."""
+    base = config.model
+    chosen_provider = (provider or base.provider or "").strip().lower()
+    chosen_model = (model if model is not None else base.model).strip()
+    if chosen_model.lower().startswith(chosen_provider + "/"):
+        chosen_model = chosen_model[len(chosen_provider) + 1 :]
+    if not chosen_provider:
+        if "/" in chosen_model:
+            chosen_provider, _, chosen_model = chosen_model.partition("/")
+        else:
+            raise PluginLlmConfigError(
+                f"cannot tell which provider serves model {chosen_model!r}: set model.provider in {config.path}"
+            )
+    if chosen_provider == LOCAL_PROVIDER and not chosen_model:
+        chosen_model = DEFAULT_LOCAL_MODEL
+    if not chosen_model:
+        raise PluginLlmConfigError(f"no model configured for provider {chosen_provider!r}: set model.model in {config.path}")
+    # The operator's base_url belongs to the operator's provider; an overridden
+    # provider goes to that provider's own endpoint.
+    base_url = base.base_url if chosen_provider == (base.provider or "") else None
+    if chosen_provider == "custom" and not base_url:
+        raise PluginLlmConfigError(
+            f"provider 'custom' needs an endpoint: set model.base_url in {config.path} (e.g. http://127.0.0.1:8080/v1)"
+        )
+    supports = base.supports_json_schema if chosen_provider == (base.provider or "") else None
+    if chosen_provider == LOCAL_PROVIDER:
+        supports = True
+    return Route(
+        provider=chosen_provider,
+        model=chosen_model,
+        litellm_model=_litellm_model(chosen_provider, chosen_model),
+        base_url=base_url,
+        profile=profile,
+        timeout=call_timeout(config, timeout),
+        max_retries=config.llm.max_retries,
+        supports_json_schema=supports,
+    )

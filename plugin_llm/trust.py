@@ -1,0 +1,144 @@
+"""The per-plugin trust gate (SPEC §4). Pure: no I/O, no config parsing.
+
+A plugin may ask ``ctx.llm`` for four overrides: ``provider=``, ``model=``,
+``agent_id=`` and ``profile=``. Each is refused unless the operator turned on
+its own flag under ``plugins.entries.<plugin_id>.llm`` in config.yaml, and,
+for provider and model, the value is on the optional allowlist. Everything is
+fail-closed: a missing entry, block, flag or a malformed value grants nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from plugin_llm.errors import PluginLlmTrustError
+
+__all__ = [
+    "FLAG_KEYS",
+    "LIST_KEYS",
+    "TRUST_KEYS",
+    "TrustPolicy",
+    "Overrides",
+    "Decision",
+    "config_path",
+    "decide",
+    "enforce",
+]
+
+#: flag key per override
+FLAG_KEYS = {
+    "provider": "allow_provider_override",
+    "model": "allow_model_override",
+    "agent_id": "allow_agent_id_override",
+    "profile": "allow_profile_override",
+}
+#: allowlist key per override (agent_id and profile have no allowlist)
+LIST_KEYS = {"provider": "allowed_providers", "model": "allowed_models"}
+TRUST_KEYS = frozenset(FLAG_KEYS.values()) | frozenset(LIST_KEYS.values())
+
+
+@dataclass(frozen=True)
+class TrustPolicy:
+    """The effective policy of one plugin. ``None`` allowlist = no allowlist."""
+
+    allow_provider_override: bool = False
+    allowed_providers: tuple[str, ...] | None = None
+    allow_model_override: bool = False
+    allowed_models: tuple[str, ...] | None = None
+    allow_agent_id_override: bool = False
+    allow_profile_override: bool = False
+
+
+DENY_ALL = TrustPolicy()
+
+
+@dataclass(frozen=True)
+class Overrides:
+    """What a plugin asked for (``None`` = not asked).
+
+    ``active_provider`` is the provider the call would use (the override or
+    the configured one); it lets ``allowed_models: [openai/gpt-4o-mini]``
+    match a bare ``model="gpt-4o-mini"`` on the openai route.
+    """
+
+    provider: str | None = None
+    model: str | None = None
+    agent_id: str | None = None
+    profile: str | None = None
+    active_provider: str | None = None
+
+    def requested(self) -> dict[str, str]:
+        return {k: v for k in FLAG_KEYS if (v := getattr(self, k)) is not None}
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Outcome of the gate. ``config_key`` names the key that decided a denial."""
+
+    allowed: bool
+    reason: str
+    config_key: str | None = None
+    override: str | None = None
+
+
+def config_path(plugin_id: str, key: str) -> str:
+    """The dotted config path of a trust key, quoting plugin ids like ``image_gen/openai``."""
+    entry = plugin_id if plugin_id.replace("-", "").replace("_", "").isalnum() else f'"{plugin_id}"'
+    return f"plugins.entries.{entry}.llm.{key}"
+
+
+def _norm(value: str) -> str:
+    return value.strip().lower()
+
+
+def _listed(value: str, allowlist: tuple[str, ...], *, prefix: str | None = None) -> bool:
+    wanted = {_norm(value)}
+    if prefix:
+        wanted.add(_norm(f"{prefix}/{value}"))
+    for item in allowlist:
+        item = _norm(item)
+        if item == "*" or item in wanted:
+            return True
+    return False
+
+
+def decide(plugin_id: str, policy: TrustPolicy, overrides: Overrides) -> Decision:
+    """Check every requested override; the first refusal decides."""
+    requested = overrides.requested()
+    for name, value in requested.items():
+        flag = FLAG_KEYS[name]
+        if not getattr(policy, flag):
+            key = config_path(plugin_id, flag)
+            return Decision(
+                False,
+                f"plugin '{plugin_id}' may not override {name} (asked for {value!r}): "
+                f"the operator has not set {key}: true in config.yaml",
+                key,
+                name,
+            )
+        list_key = LIST_KEYS.get(name)
+        allowlist = getattr(policy, list_key) if list_key else None
+        if allowlist is not None:
+            prefix = overrides.active_provider if name == "model" else None
+            if not _listed(value, allowlist, prefix=prefix):
+                key = config_path(plugin_id, list_key)
+                shown = ", ".join(allowlist) if allowlist else "empty: nothing is allowed"
+                return Decision(
+                    False,
+                    f"plugin '{plugin_id}' may not use {name} {value!r}: it is not in {key} "
+                    f"[{shown}]; add it to that list in config.yaml to allow it",
+                    key,
+                    name,
+                )
+    if not requested:
+        return Decision(True, "no overrides requested")
+    granted = ", ".join(f"{FLAG_KEYS[n]}" for n in requested)
+    return Decision(True, f"overrides granted by {granted}")
+
+
+def enforce(plugin_id: str, policy: TrustPolicy, overrides: Overrides) -> Decision:
+    """Like :func:`decide` but raises :class:`PluginLlmTrustError` on a refusal."""
+    decision = decide(plugin_id, policy, overrides)
+    if not decision.allowed:
+        raise PluginLlmTrustError(decision.reason, plugin_id=plugin_id, config_key=decision.config_key or "")
+    return decision
