@@ -1,0 +1,416 @@
+"""One process-wide secret redactor (SPEC §6: "every log sink passes through a redactor").
+
+The redactor knows two things:
+
+* every secret the credential store loaded (:func:`register_secret`) — these are
+  replaced by ``[REDACTED…abcd]`` (the last four characters are shown only for
+  secrets long enough that four characters give nothing away);
+* common key *shapes* it was never told about (``sk-…``, ``Bearer <token>``,
+  ``?key=…``, ``Authorization:``/``x-api-key:`` header values, ``api_key=…``,
+  Google ``AIza…`` keys, ...) — these become ``[REDACTED]``.
+
+It is applied to audit records (:func:`redact_obj`), stdlib logging
+(:class:`RedactingFilter`, :func:`install_log_redaction`), structlog
+(:func:`redact_processor`), exception text and CLI output. :func:`mask` is the
+display form for CLI listings (``sk-…abcd``).
+
+Cost: with no registered secret and none of the shapes' trigger substrings in
+the text, :func:`redact` is a handful of substring tests and returns its
+argument unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import threading
+import traceback
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, MutableMapping
+from urllib.parse import quote, quote_plus
+
+__all__ = [
+    "redact",
+    "redact_obj",
+    "register_secret",
+    "mask",
+    "RedactingFilter",
+    "redact_processor",
+    "install_log_redaction",
+    "MIN_SECRET_LENGTH",
+]
+
+#: Strings shorter than this are not registered: masking every "abc" would make
+#: logs unreadable and a 7-character "secret" is not one worth protecting here.
+MIN_SECRET_LENGTH = 8
+
+_REDACTED = "[REDACTED]"
+
+# Public, provider-wide key prefixes. mask() shows these (they identify the kind
+# of key, not the key); redact() never shows them for registered secrets.
+_PUBLIC_PREFIXES = (
+    "sk-ant-api03-",
+    "sk-ant-",
+    "sk-or-v1-",
+    "sk-proj-",
+    "sk-svcacct-",
+    "sk-",
+    "github_pat_",
+    "nvapi-",
+    "pplx-",
+    "gsk_",
+    "xai-",
+    "AIza",
+    "hf_",
+    "ghp_",
+    "r8_",
+)
+
+
+def mask(secret: str | None) -> str:
+    """Display form of a secret for listings: ``sk-…abcd``.
+
+    Shows a well-known public prefix (``sk-``, ``sk-ant-``, ``AIza`` ...) and the
+    last four characters, the latter only when at least twelve characters remain
+    after the prefix. Never shows anything else of the key.
+    """
+    if not secret:
+        return "(none)"
+    prefix = next((p for p in _PUBLIC_PREFIXES if secret.startswith(p)), "")
+    body = len(secret) - len(prefix)
+    tail = secret[-4:] if body >= 12 else ""
+    return f"{prefix}…{tail}"
+
+
+def _replacement_for(secret: str) -> str:
+    """What a registered secret becomes inside redacted text."""
+    return f"[REDACTED…{secret[-4:]}]" if len(secret) >= 16 else _REDACTED
+
+
+# --------------------------------------------------------------------------- #
+# Registered secrets
+# --------------------------------------------------------------------------- #
+
+
+class _Registry:
+    """The set of known secrets, published as an immutable snapshot.
+
+    Writers take a lock and swap in a new tuple; readers (every redact() call)
+    read one attribute and never lock.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._known: set[str] = set()
+        # (variant, replacement) pairs, longest variant first so that a secret
+        # containing another secret is replaced whole.
+        self.pairs: tuple[tuple[str, str], ...] = ()
+        self.regex: re.Pattern[str] | None = None
+        self.replacements: dict[str, str] = {}
+
+    def add(self, secret: str) -> None:
+        if secret in self._known:  # fast, lock-free common case (set lookup is atomic)
+            return
+        with self._lock:
+            if secret in self._known:
+                return
+            self._known.add(secret)
+            replacement = _replacement_for(secret)
+            variants = {secret: replacement}
+            # The same secret as it appears in URLs and JSON strings.
+            for variant in (quote(secret, safe=""), quote_plus(secret, safe=""), json.dumps(secret)[1:-1]):
+                if variant != secret and len(variant) >= MIN_SECRET_LENGTH:
+                    variants.setdefault(variant, replacement)
+            merged = dict(self.pairs)
+            for variant, repl in variants.items():
+                merged.setdefault(variant, repl)
+            pairs = tuple(sorted(merged.items(), key=lambda kv: -len(kv[0])))
+            # Many secrets: one alternation regex beats a Python-level loop.
+            regex = re.compile("|".join(re.escape(v) for v, _ in pairs)) if len(pairs) > _REGEX_THRESHOLD else None
+            self.replacements = dict(pairs)
+            self.regex = regex
+            self.pairs = pairs  # published last: readers check pairs first
+
+    def __contains__(self, secret: str) -> bool:
+        return secret in self._known
+
+
+# Below this many variants a loop of `in` tests is faster than the regex.
+_REGEX_THRESHOLD = 24
+
+_registry = _Registry()
+
+
+def register_secret(secret: str | None) -> None:
+    """Teach the redactor a secret; every later :func:`redact` hides it.
+
+    Called by the credential store for every key it loads (``api_key``, pool
+    ``keys``, ``key_env`` values, ``key_cmd`` output, environment fallbacks).
+    Strings shorter than :data:`MIN_SECRET_LENGTH` are ignored. Idempotent.
+    """
+    if not isinstance(secret, str):
+        return
+    secret = secret.strip()
+    if len(secret) < MIN_SECRET_LENGTH:
+        return
+    _registry.add(secret)
+
+
+# --------------------------------------------------------------------------- #
+# Key shapes
+# --------------------------------------------------------------------------- #
+
+
+@dataclass(frozen=True)
+class _Rule:
+    """A shape: run ``regex.sub`` only when one of ``triggers`` occurs."""
+
+    triggers: tuple[str, ...]
+    lowercase: bool  # triggers are tested against text.lower()
+    regex: re.Pattern[str]
+    repl: str | Callable[[re.Match[str]], str]
+
+
+_NOT_ALREADY = r"(?!\[REDACTED)"
+_NOT_EMPTY_WORD = r"(?!(?:None|null|true|false|undefined)\b)"
+
+_RULES: tuple[_Rule, ...] = (
+    # Header / keyword / JSON field values: "Authorization: Bearer x",
+    # {'x-api-key': 'x'}, api_key='x', "api_key": "x", client_secret=x ...
+    _Rule(
+        ("authorization", "api_key", "api-key", "apikey", "access_token", "access-token", "auth_token",
+         "auth-token", "secret", "password"),
+        True,
+        re.compile(
+            r"(?i)\b((?:proxy-)?authorization|x-goog-api-key|x-api-key|[a-z]*[_-]?api[_-]?key|apikey"
+            r"|access[_-]?token|auth[_-]?token|refresh[_-]?token|client[_-]?secret|secret[_-]?key|password)"
+            r"(\\?[\"']?\s*[:=]\s*\\?[\"']?)"
+            r"((?:bearer|basic|token)\s+)?" + _NOT_ALREADY + _NOT_EMPTY_WORD
+            + r"(?!(?:bearer|basic|token)\s)([^\s\"',;&}\]\\]+)"
+        ),
+        lambda m: f"{m.group(1)}{m.group(2)}{m.group(3) or ''}{_REDACTED}",
+    ),
+    # Bearer tokens anywhere (e.g. a header echoed in an error body).
+    _Rule(
+        ("bearer",),
+        True,
+        re.compile(r"(?i)\b(bearer\s+)" + _NOT_ALREADY + r"([A-Za-z0-9\-._~+/]{8,}=*)"),
+        r"\1" + _REDACTED,
+    ),
+    # Query-string credentials: ?key=..., &api_key=..., &access_token=...
+    _Rule(
+        ("key=", "token=", "auth=", "sig=", "signature="),
+        True,
+        re.compile(
+            r"(?i)([?&;](?:key|api[_-]?key|apikey|access[_-]?token|token|auth|sig|signature|x-goog-api-key)=)"
+            + _NOT_ALREADY
+            + r"([^&\s#\"'<>]+)"
+        ),
+        r"\1" + _REDACTED,
+    ),
+    # OpenAI / Anthropic / OpenRouter style keys (also half-masked echoes like
+    # "sk-proj-abc****wxyz" in provider error messages).
+    _Rule(
+        ("sk-",),
+        False,
+        re.compile(r"(?<![A-Za-z0-9])sk-(?=[A-Za-z_\-]*[0-9*])[A-Za-z0-9_\-*]{12,}"),
+        _REDACTED,
+    ),
+    # Google API keys.
+    _Rule(("AIza",), False, re.compile(r"AIza[0-9A-Za-z_\-]{35}"), _REDACTED),
+    # Other well-known shapes (Groq, xAI, Hugging Face, GitHub, Perplexity,
+    # NVIDIA, Replicate, AWS access key ids).
+    _Rule(
+        ("gsk_", "xai-", "hf_", "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_", "pplx-", "nvapi-", "r8_",
+         "AKIA"),
+        False,
+        re.compile(
+            r"(?<![A-Za-z0-9])(?:gsk_[A-Za-z0-9]{20,}|xai-[A-Za-z0-9]{20,}|hf_[A-Za-z0-9]{20,}"
+            r"|gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{20,}|pplx-[A-Za-z0-9]{20,}"
+            r"|nvapi-[A-Za-z0-9_\-]{20,}|r8_[A-Za-z0-9]{20,}|AKIA[0-9A-Z]{16}(?![0-9A-Z]))"
+        ),
+        _REDACTED,
+    ),
+)
+
+
+def redact(text: Any) -> str:
+    """Return ``text`` with every registered secret and known key shape hidden.
+
+    Non-strings are converted with ``str()`` first. Unchanged text is returned
+    as the same object, so ``redact(t) is t`` means "nothing to hide".
+    """
+    if not isinstance(text, str):
+        text = str(text)
+    reg = _registry
+    if reg.pairs:
+        regex = reg.regex
+        if regex is not None:
+            text = regex.sub(lambda m: reg.replacements[m.group(0)], text)
+        else:
+            for secret, replacement in reg.pairs:
+                if secret in text:
+                    text = text.replace(secret, replacement)
+    low: str | None = None
+    for rule in _RULES:
+        if rule.lowercase:
+            if low is None:
+                low = text.lower()
+            haystack = low
+        else:
+            haystack = text
+        for trigger in rule.triggers:
+            if trigger in haystack:
+                text = rule.regex.sub(rule.repl, text)
+                low = None
+                break
+    return text
+
+
+def redact_obj(obj: Any) -> Any:
+    """Redact every string inside ``obj`` (dicts — keys and values —, lists, tuples, sets).
+
+    Other values are returned as they are. Used on audit records before they
+    are hashed and written.
+    """
+    if isinstance(obj, str):
+        return redact(obj)
+    if isinstance(obj, dict):
+        return {(redact(k) if isinstance(k, str) else k): redact_obj(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [redact_obj(v) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(redact_obj(v) for v in obj)
+    if isinstance(obj, (set, frozenset)):
+        return type(obj)(redact_obj(v) for v in obj)
+    return obj
+
+
+# --------------------------------------------------------------------------- #
+# stdlib logging
+# --------------------------------------------------------------------------- #
+
+
+def _redact_record(record: logging.LogRecord) -> None:
+    """Rewrite a record in place so that no handler can format a secret."""
+    try:
+        message = record.getMessage()
+    except Exception:  # bad %-args: redact the parts the error report would print
+        if isinstance(record.msg, str):
+            record.msg = redact(record.msg)
+        if record.args:
+            record.args = redact_obj(record.args if isinstance(record.args, (tuple, dict)) else (record.args,))
+    else:
+        redacted = redact(message)
+        if redacted is not message:
+            record.msg = redacted
+            record.args = None
+    if record.exc_info and record.exc_info[0] is not None and not getattr(record, "_auth_redacted_exc", False):
+        # Format the traceback once, redacted; Formatter.format reuses exc_text.
+        record.exc_text = redact("".join(traceback.format_exception(*record.exc_info)).rstrip("\n"))
+        record._auth_redacted_exc = True  # type: ignore[attr-defined]
+    elif record.exc_text:
+        record.exc_text = redact(record.exc_text)
+    if record.stack_info:
+        record.stack_info = redact(record.stack_info)
+
+
+class RedactingFilter(logging.Filter):
+    """A logging filter that redacts the message, its args and any traceback.
+
+    Never drops a record. Attach it to handlers (it sees every record they
+    emit, including ones propagated from child loggers).
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        _redact_record(record)
+        return True
+
+
+_install_lock = threading.Lock()
+_installed_factory = False
+_FILTER = RedactingFilter()
+
+#: Loggers of the libraries that may echo request headers or URLs.
+_LIBRARY_LOGGERS = (
+    "LiteLLM",
+    "LiteLLM Router",
+    "LiteLLM Proxy",
+    "litellm",
+    "httpx",
+    "httpcore",
+    "openai",
+    "anthropic",
+    "urllib3",
+    "structlog",
+)
+
+
+def install_log_redaction(extra_loggers: Iterable[str] = ()) -> None:
+    """Make every stdlib log record pass through :func:`redact`. Idempotent.
+
+    Three layers, because handlers come and go:
+
+    * a log-record factory wrapper redacts each record when it is created, so
+      handlers added later (``basicConfig``, pytest's caplog, a host's own)
+      are covered too;
+    * :class:`RedactingFilter` on the root logger's handlers and on the
+      handlers of litellm/httpx/openai/anthropic loggers;
+    * the same filter on those loggers themselves.
+    """
+    global _installed_factory
+    with _install_lock:
+        if not _installed_factory:
+            previous = logging.getLogRecordFactory()
+
+            def factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
+                record = previous(*args, **kwargs)
+                _redact_record(record)
+                return record
+
+            factory._auth_redacting = True  # type: ignore[attr-defined]
+            if not getattr(previous, "_auth_redacting", False):
+                logging.setLogRecordFactory(factory)
+            _installed_factory = True
+        names = ("", *_LIBRARY_LOGGERS, *extra_loggers)
+        for name in names:
+            logger = logging.getLogger(name) if name else logging.getLogger()
+            if name and _FILTER not in logger.filters:
+                logger.addFilter(_FILTER)
+            for handler in logger.handlers:
+                if _FILTER not in handler.filters:
+                    handler.addFilter(_FILTER)
+
+
+# --------------------------------------------------------------------------- #
+# structlog
+# --------------------------------------------------------------------------- #
+
+
+def redact_processor(logger: Any, method_name: str, event_dict: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    """structlog processor: redact every string in the event dict.
+
+    Safe anywhere in the chain: an ``exc_info`` still present is rendered here
+    (as structlog's ``format_exc_info`` would, into ``exception``) so that the
+    traceback is redacted too; exception objects become redacted text. Put it
+    just before the renderer.
+    """
+    exc_info = event_dict.pop("exc_info", None)
+    if exc_info:
+        if isinstance(exc_info, BaseException):
+            exc_info = (type(exc_info), exc_info, exc_info.__traceback__)
+        elif not isinstance(exc_info, tuple):
+            import sys
+
+            exc_info = sys.exc_info()
+        if exc_info and exc_info[0] is not None:
+            event_dict["exception"] = "".join(traceback.format_exception(*exc_info)).rstrip("\n")
+    out = {}
+    for key, value in event_dict.items():
+        if isinstance(value, BaseException):
+            value = f"{type(value).__name__}: {value}"
+        out[key] = redact_obj(value)
+    event_dict.clear()
+    event_dict.update(out)
+    return event_dict
