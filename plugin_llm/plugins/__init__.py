@@ -1,0 +1,109 @@
+"""The plugin manager: Hermes-compatible plugins on top of the gateway (SPEC §8).
+
+A plugin is a directory with ``plugin.yaml`` and an ``__init__.py`` exposing
+``register(ctx)`` (or a ``hermes_agent.plugins`` entry point). Module-level
+functions act on the manager of the default home (``$HERMES_HOME``); call
+:func:`discover_plugins` once before using them. Hosts and tests can build a
+:class:`PluginManager` for any home directly.
+
+Importing this package imports neither litellm nor any plugin.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any, Callable
+
+from .context import PluginContext
+from .engines import ContextEngine, MemoryProvider
+from .hooks import VALID_HOOKS
+from .manager import BUILTIN_COMMANDS, PluginManager, UnknownCommandError
+from .manifest import ManifestError, PluginManifest
+from .registry import CommandEntry, SkillEntry, ToolEntry
+from .settings import default_home
+
+__all__ = [
+    "get_plugin_manager",
+    "discover_plugins",
+    "invoke_hook",
+    "get_pre_tool_call_block_message",
+    "get_pre_llm_call_context",
+    "get_plugin_command_handler",
+    "get_plugin_commands",
+    "get_plugin_toolsets",
+    "get_plugin_context_engine",
+    "get_plugin_memory_provider",
+    "find_plugin_skill",
+    "PluginManager",
+    "PluginContext",
+    "PluginManifest",
+    "ManifestError",
+    "ContextEngine",
+    "MemoryProvider",
+    "VALID_HOOKS",
+    "BUILTIN_COMMANDS",
+    "ToolEntry",
+    "CommandEntry",
+    "SkillEntry",
+    "UnknownCommandError",
+]
+
+_MANAGERS: dict[Path, PluginManager] = {}
+_MANAGERS_LOCK = threading.Lock()
+
+
+def get_plugin_manager(home: Path | str | None = None) -> PluginManager:
+    """The process-wide manager of a home (default ``$HERMES_HOME``), one per resolved path."""
+    path = Path(home).expanduser() if home is not None else default_home()
+    key = path.resolve()
+    with _MANAGERS_LOCK:
+        manager = _MANAGERS.get(key)
+        if manager is None:
+            manager = _MANAGERS[key] = PluginManager(path)
+        return manager
+
+
+def discover_plugins(force: bool = False) -> None:
+    """Discover plugins of the default home and load the enabled ones (idempotent)."""
+    get_plugin_manager().discover_plugins(force=force)
+
+
+def invoke_hook(name: str, **kwargs: Any) -> list[Any]:
+    """Fire a hook on the default manager; non-None results in registration order."""
+    return get_plugin_manager().invoke_hook(name, **kwargs)
+
+
+def get_pre_tool_call_block_message(tool_name: str, args: Any, **kw: Any) -> str | None:
+    return get_plugin_manager().get_pre_tool_call_block_message(tool_name, args, **kw)
+
+
+def get_pre_llm_call_context(**kw: Any) -> str:
+    return get_plugin_manager().get_pre_llm_call_context(**kw)
+
+
+def get_plugin_command_handler(name: str) -> Callable[[str], Any] | None:
+    return get_plugin_manager().get_plugin_command_handler(name)
+
+
+def get_plugin_commands() -> dict[str, CommandEntry]:
+    """Plugin slash commands by normalised name."""
+    return dict(get_plugin_manager().commands)
+
+
+def get_plugin_toolsets() -> list[tuple[str, str, str]]:
+    """``(toolset, label, description)`` of the toolsets plugins registered tools in."""
+    return get_plugin_manager().toolsets()
+
+
+def get_plugin_context_engine() -> ContextEngine | None:
+    return get_plugin_manager().context_engine
+
+
+def get_plugin_memory_provider() -> MemoryProvider | None:
+    return get_plugin_manager().memory_provider
+
+
+def find_plugin_skill(qualified_name: str) -> SkillEntry | None:
+    """A plugin skill by ``<plugin>:<skill>`` name (plugin skills are not in the skill index)."""
+    return get_plugin_manager().find_skill(qualified_name)

@@ -1,0 +1,443 @@
+"""``PluginContext`` (``ctx``): the only object a plugin's ``register(ctx)`` sees.
+
+Each method validates its input at the boundary and names the plugin in its
+errors. Refusals that are not programming errors (a tool name that is already
+taken, a command that clashes with a built-in, a second context engine) are
+logged as warnings, shown in ``plugins list`` and return ``None``/``False``;
+wrong types raise ``TypeError``/``ValueError`` so the author sees them at once.
+
+``ctx`` deliberately exposes nothing of the host beyond these methods: no
+config, no credentials, no manager. ``ctx.llm`` is a ``PluginLlm`` bound to the
+plugin's key — the identity the operator's trust block is written for.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+from .engines import ContextEngine, MemoryProvider
+from .manifest import PluginManifest
+from .registry import (
+    BUILTIN_COMMANDS,
+    CliCommandEntry,
+    CommandEntry,
+    PlatformEntry,
+    ProviderEntry,
+    SkillEntry,
+    ToolEntry,
+    normalize_command_name,
+    scan_for_injection,
+)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .manager import PluginManager
+
+__all__ = ["PluginContext"]
+
+_log = logging.getLogger("plugin_llm.plugins")
+
+_TOOL_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+_CLI_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_TOOL_PARAMS = ("toolset", "schema", "handler", "check_fn", "requires_env", "is_async", "description", "emoji")
+_MAX_SKILL_BYTES = 1 << 20
+
+
+class PluginContext:
+    """Registration API handed to one plugin's ``register(ctx)``.
+
+    Methods: ``llm``, ``register_tool``, ``register_hook``, ``register_command``,
+    ``register_cli_command``, ``register_context_engine``,
+    ``register_memory_provider``, ``register_skill``, ``register_platform``,
+    ``register_image_gen_provider``, ``inject_message``, ``dispatch_tool``.
+    """
+
+    __slots__ = ("_manager", "_key", "_manifest", "_plugin_dir", "_generation", "_llm")
+
+    def __init__(self, manager: "PluginManager", manifest: PluginManifest, plugin_dir: Path | None, generation: int) -> None:
+        self._manager = manager
+        self._key = manifest.key
+        self._manifest = manifest
+        self._plugin_dir = plugin_dir
+        self._generation = generation
+        self._llm: Any = None
+
+    def __repr__(self) -> str:
+        return f"PluginContext(plugin={self._key!r})"
+
+    # --- identity ---------------------------------------------------------------------
+
+    @property
+    def manifest(self) -> PluginManifest:
+        """This plugin's manifest (read-only)."""
+        return self._manifest
+
+    @property
+    def llm(self) -> Any:
+        """``PluginLlm`` bound to this plugin's key (created on first use)."""
+        if self._llm is None:
+            from plugin_llm.llm import PluginLlm
+
+            self._llm = PluginLlm(plugin_id=self._key, home=self._manager.home)
+        return self._llm
+
+    # --- helpers ----------------------------------------------------------------------
+
+    def _live(self, what: str) -> bool:
+        """False (with a warning) when this ctx belongs to an unloaded plugin."""
+        if self._manager._is_current(self._key, self._generation):
+            return True
+        _log.warning("plugin %s: %s ignored: the plugin is no longer loaded (stale ctx)", self._key, what)
+        return False
+
+    def _refuse(self, message: str) -> None:
+        self._manager._plugin_warning(self._key, message)
+
+    # --- tools ------------------------------------------------------------------------
+
+    def register_tool(self, name: str, *args: Any, **kwargs: Any) -> ToolEntry | None:
+        """Offer a tool to the model.
+
+        ``register_tool(name, toolset, schema, handler, check_fn=None, requires_env=None,
+        is_async=False, description="", emoji="")``, or the short Hermes form
+        ``register_tool(name, schema, handler)`` (toolset = the plugin's key).
+        ``schema`` is an OpenAI function schema (``{"name", "description",
+        "parameters"}``); ``handler(args, **kw)`` returns a string (other values
+        are JSON-encoded). A name already taken is refused with a warning.
+        """
+        params = _TOOL_PARAMS[1:] if args and isinstance(args[0], Mapping) else _TOOL_PARAMS
+        if len(args) > len(params):
+            raise TypeError(f"register_tool() takes at most {len(params) + 1} positional arguments")
+        values: dict[str, Any] = dict(zip(params, args))
+        for key, value in kwargs.items():
+            if key not in _TOOL_PARAMS:
+                raise TypeError(f"register_tool() got an unexpected keyword argument {key!r}")
+            if key in values:
+                raise TypeError(f"register_tool() got multiple values for argument {key!r}")
+            values[key] = value
+        return self._register_tool(name, **values)
+
+    def _register_tool(
+        self,
+        name: Any,
+        toolset: Any = None,
+        schema: Any = None,
+        handler: Any = None,
+        check_fn: Any = None,
+        requires_env: Any = None,
+        is_async: Any = False,
+        description: Any = "",
+        emoji: Any = "",
+    ) -> ToolEntry | None:
+        who = f"plugin {self._key}: register_tool({name!r})"
+        if not isinstance(name, str) or not _TOOL_NAME.match(name):
+            raise ValueError(f"{who}: tool name must be 1-64 characters of letters, digits, '_', '-', '.'")
+        if toolset is None or toolset == "":
+            toolset = self._key
+        if not isinstance(toolset, str):
+            raise TypeError(f"{who}: toolset must be a string, got {type(toolset).__name__}")
+        if not isinstance(schema, Mapping):
+            raise TypeError(f"{who}: schema must be a dict (OpenAI function schema), got {type(schema).__name__}")
+        if not callable(handler):
+            raise TypeError(f"{who}: handler must be callable, got {type(handler).__name__}")
+        if check_fn is not None and not callable(check_fn):
+            raise TypeError(f"{who}: check_fn must be callable or None")
+        if not isinstance(description, str) or not isinstance(emoji, str):
+            raise TypeError(f"{who}: description and emoji must be strings")
+        schema = dict(schema)
+        if schema.get("type") == "function" and isinstance(schema.get("function"), Mapping):
+            schema = dict(schema["function"])  # accept the wrapped OpenAI tool form too
+        if schema.get("name") not in (None, name):
+            _log.warning("%s: schema name %r differs; the tool is registered as %r", who, schema["name"], name)
+        parameters = schema.get("parameters")
+        if parameters is None:
+            parameters = {"type": "object", "properties": {}}
+        elif not isinstance(parameters, Mapping):
+            raise TypeError(f"{who}: schema['parameters'] must be a JSON Schema object")
+        description = description or schema.get("description") or ""
+        if not isinstance(description, str):
+            raise TypeError(f"{who}: schema['description'] must be a string")
+        schema.update(name=name, description=description, parameters=dict(parameters))
+        env = _env_names(requires_env, who)
+        entry = ToolEntry(
+            name=name,
+            toolset=toolset,
+            schema=schema,
+            handler=handler,
+            check_fn=check_fn,
+            requires_env=env,
+            is_async=bool(is_async) or inspect.iscoroutinefunction(handler),
+            description=description,
+            emoji=emoji,
+            plugin_key=self._key,
+        )
+        if not self._live("register_tool"):
+            return None
+        owner = self._manager._add_tool(entry)
+        if owner is not None:
+            self._refuse(f"tool {name!r} refused: the name is already registered by {owner}")
+            return None
+        return entry
+
+    # --- hooks ------------------------------------------------------------------------
+
+    def register_hook(self, name: str, callback: Callable[..., Any]) -> None:
+        """Call ``callback(**kwargs)`` at a lifecycle point (see ``VALID_HOOKS``).
+
+        The callback receives only the keyword arguments its signature names
+        (``params`` is an alias of ``args``). Unknown hook names warn but are kept.
+        """
+        if not self._live("register_hook"):
+            return
+        self._manager._hooks.register(name, self._key, callback)
+
+    # --- commands ---------------------------------------------------------------------
+
+    def register_command(self, name: str, handler: Callable[[str], Any], description: str = "", args_hint: str = "") -> CommandEntry | None:
+        """A slash command ``/name raw args``; ``handler(raw_args) -> str | None``, sync or async.
+
+        Names are normalised (``"/MyCmd "`` -> ``mycmd``); built-in names
+        (``help``, ``exit``, ...) and names already taken are refused.
+        """
+        normalized = normalize_command_name(name)
+        if not callable(handler):
+            raise TypeError(f"plugin {self._key}: register_command({name!r}): handler must be callable")
+        if not isinstance(description, str) or not isinstance(args_hint, str):
+            raise TypeError(f"plugin {self._key}: register_command({name!r}): description and args_hint must be strings")
+        if not self._live("register_command"):
+            return None
+        if normalized in BUILTIN_COMMANDS:
+            self._refuse(f"command /{normalized} refused: it is a built-in command")
+            return None
+        entry = CommandEntry(normalized, handler, description, args_hint, self._key)
+        owner = self._manager._add_named("commands", entry)
+        if owner is not None:
+            self._refuse(f"command /{normalized} refused: already registered by {owner}")
+            return None
+        return entry
+
+    def register_cli_command(
+        self,
+        name: str,
+        help: str,
+        setup_fn: Callable[[Any], Any],
+        handler_fn: Callable[[Any], Any] | None = None,
+    ) -> CliCommandEntry | None:
+        """``plugin-llm <name> ...``: ``setup_fn(argparse parser)``, then ``handler_fn(args)``.
+
+        Without ``handler_fn``, ``setup_fn`` should ``parser.set_defaults(func=...)``.
+        """
+        who = f"plugin {self._key}: register_cli_command({name!r})"
+        if not isinstance(name, str) or not _CLI_NAME.match(name.strip().lower()):
+            raise ValueError(f"{who}: name must be lowercase letters, digits, '-' or '_'")
+        if not isinstance(help, str):
+            raise TypeError(f"{who}: help must be a string")
+        if not callable(setup_fn):
+            raise TypeError(f"{who}: setup_fn must be callable")
+        if handler_fn is not None and not callable(handler_fn):
+            raise TypeError(f"{who}: handler_fn must be callable or None")
+        if not self._live("register_cli_command"):
+            return None
+        name = name.strip().lower()
+        if name in _builtin_cli_commands():
+            self._refuse(f"CLI command {name!r} refused: 'plugin-llm {name}' is a built-in command")
+            return None
+        entry = CliCommandEntry(name, help, setup_fn, handler_fn, self._key)
+        owner = self._manager._add_named("cli_commands", entry)
+        if owner is not None:
+            self._refuse(f"CLI command {name!r} refused: already registered by {owner}")
+            return None
+        return entry
+
+    # --- single-choice providers ------------------------------------------------------
+
+    def register_context_engine(self, engine: ContextEngine) -> bool:
+        """Replace the built-in context compressor (one engine in total; a second is refused)."""
+        if isinstance(engine, type) or not isinstance(engine, ContextEngine):
+            hint = " (pass an instance, not the class)" if isinstance(engine, type) else ""
+            raise TypeError(
+                f"plugin {self._key}: register_context_engine needs an instance of a "
+                f"plugin_llm.plugins.ContextEngine subclass{hint}, got {engine!r}"
+            )
+        if not self._live("register_context_engine"):
+            return False
+        name = _provider_name(engine, self._manifest.name)
+        owner = self._manager._add_context_engine(ProviderEntry(name, engine, self._key))
+        if owner is not None:
+            self._refuse(f"context engine {name!r} refused: {owner} already registered one (only one is allowed)")
+            return False
+        return True
+
+    def register_memory_provider(self, provider: MemoryProvider) -> bool:
+        """Offer a memory provider; the active one is chosen by ``memory.provider``."""
+        if isinstance(provider, type) or not isinstance(provider, MemoryProvider):
+            hint = " (pass an instance, not the class)" if isinstance(provider, type) else ""
+            raise TypeError(
+                f"plugin {self._key}: register_memory_provider needs an instance of a "
+                f"plugin_llm.plugins.MemoryProvider subclass{hint}, got {provider!r}"
+            )
+        if not self._live("register_memory_provider"):
+            return False
+        name = _provider_name(provider, self._manifest.name)
+        owner = self._manager._add_named("memory_providers", ProviderEntry(name, provider, self._key))
+        if owner is not None:
+            self._refuse(f"memory provider {name!r} refused: already registered by {owner}")
+            return False
+        return True
+
+    def register_image_gen_provider(self, provider: Any) -> bool:
+        """Offer an image generator (an object with ``name`` and ``generate(...)``);
+        the active one is chosen by ``image_gen.provider``."""
+        name = getattr(provider, "name", None)
+        if isinstance(provider, type) or not isinstance(name, str) or not name.strip() or not callable(getattr(provider, "generate", None)):
+            raise TypeError(
+                f"plugin {self._key}: register_image_gen_provider needs an object with a non-empty "
+                f"'name' string and a callable 'generate' method, got {provider!r}"
+            )
+        if not self._live("register_image_gen_provider"):
+            return False
+        owner = self._manager._add_named("image_gen_providers", ProviderEntry(name.strip(), provider, self._key))
+        if owner is not None:
+            self._refuse(f"image generation provider {name!r} refused: already registered by {owner}")
+            return False
+        return True
+
+    def register_platform(
+        self,
+        name: str,
+        label: str,
+        adapter_factory: Callable[..., Any],
+        check_fn: Callable[[], Any],
+        **kw: Any,
+    ) -> PlatformEntry | None:
+        """A messaging platform adapter: ``adapter_factory(...)`` builds it, ``check_fn()`` says
+        whether it can run here; extra keywords are kept as options."""
+        who = f"plugin {self._key}: register_platform({name!r})"
+        if not isinstance(name, str) or not name.strip() or not isinstance(label, str):
+            raise TypeError(f"{who}: name and label must be strings (name non-empty)")
+        if not callable(adapter_factory):
+            raise TypeError(f"{who}: adapter_factory must be callable")
+        if not callable(check_fn):
+            raise TypeError(f"{who}: check_fn must be callable")
+        if not self._live("register_platform"):
+            return None
+        entry = PlatformEntry(name.strip().lower(), label, adapter_factory, check_fn, dict(kw), self._key)
+        owner = self._manager._add_named("platforms", entry)
+        if owner is not None:
+            self._refuse(f"platform {entry.name!r} refused: already registered by {owner}")
+            return None
+        return entry
+
+    # --- skills -----------------------------------------------------------------------
+
+    def register_skill(self, name: str, path: str | Path, description: str = "") -> SkillEntry | None:
+        """Ship a read-only skill addressed as ``<plugin>:<name>``.
+
+        ``path`` is a Markdown file, or a directory with ``SKILL.md``; relative
+        paths are relative to the plugin directory. The skill is not added to
+        the home's skill index, and it is scanned for prompt-injection patterns
+        (hits are logged and listed in ``injection_findings``).
+        """
+        who = f"plugin {self._key}: register_skill({name!r})"
+        if not isinstance(name, str) or not name.strip():
+            raise ValueError(f"{who}: skill name must be a non-empty string")
+        name = name.strip()
+        if ":" in name:
+            raise ValueError(f"{who}: ':' is not allowed in a skill name (the qualified name is '{self._key}:<name>')")
+        if "/" in name or "\\" in name:
+            raise ValueError(f"{who}: a skill name cannot contain path separators")
+        if not isinstance(description, str):
+            raise TypeError(f"{who}: description must be a string")
+        if not isinstance(path, (str, Path)):
+            raise TypeError(f"{who}: path must be a str or Path")
+        skill_path = Path(path).expanduser()
+        if not skill_path.is_absolute() and self._plugin_dir is not None:
+            skill_path = self._plugin_dir / skill_path
+        if skill_path.is_dir():
+            skill_path = skill_path / "SKILL.md"
+        if not skill_path.is_file():
+            raise FileNotFoundError(f"{who}: skill file not found: {skill_path}")
+        if skill_path.stat().st_size > _MAX_SKILL_BYTES:
+            raise ValueError(f"{who}: {skill_path} is larger than {_MAX_SKILL_BYTES} bytes")
+        text = skill_path.read_text(encoding="utf-8")
+        findings = scan_for_injection(text)
+        if not self._live("register_skill"):
+            return None
+        qualified = f"{self._key}:{name}"
+        manager = self._manager
+        key = self._key
+        entry = SkillEntry(
+            qualified_name=qualified,
+            plugin_key=key,
+            name=name,
+            path=skill_path.resolve(),
+            description=description,
+            injection_findings=findings,
+            _siblings=lambda: manager._registry.skill_names_of(key),
+        )
+        owner = manager._add_named("skills", entry)
+        if owner is not None:
+            self._refuse(f"skill {qualified!r} refused: already registered")
+            return None
+        if findings:
+            message = f"skill {qualified} ({skill_path}) looks like a prompt injection: {'; '.join(findings)}"
+            _log.warning("plugin %s: %s", key, message)
+            manager._plugin_warning(key, message, log=False)
+        return entry
+
+    # --- talking to the host ----------------------------------------------------------
+
+    def inject_message(self, content: str, role: str = "user") -> bool:
+        """Queue a message into the active session (an interrupt while a turn runs,
+        the next input otherwise). False when no session is attached."""
+        if not isinstance(content, str):
+            raise TypeError(f"plugin {self._key}: inject_message content must be a string")
+        if not isinstance(role, str) or not role.strip():
+            raise TypeError(f"plugin {self._key}: inject_message role must be a non-empty string")
+        session = self._manager.active_session
+        if session is None:
+            return False
+        try:
+            return bool(session.inject(content, role))
+        except Exception as exc:
+            _log.warning("plugin %s: inject_message failed: %s: %s", self._key, type(exc).__name__, exc)
+            return False
+
+    def dispatch_tool(self, tool_name: str, args: dict, **kw: Any) -> str:
+        """Run a registered tool through the host's one execution path (guards and
+        hooks included). The active session, if any, is passed as ``parent_agent``."""
+        kw.pop("parent_agent", None)  # the host decides who the parent is
+        return self._manager.dispatch_tool(tool_name, args, parent_agent=self._manager.active_session, **kw)
+
+
+def _env_names(requires_env: Any, who: str) -> tuple[str, ...]:
+    if requires_env is None:
+        return ()
+    if isinstance(requires_env, str):
+        requires_env = [requires_env]
+    names = []
+    for item in requires_env:
+        if isinstance(item, Mapping):
+            item = item.get("name")
+        if not isinstance(item, str) or not _ENV_NAME.match(item):
+            raise ValueError(f"{who}: requires_env entries must be environment variable names, got {item!r}")
+        names.append(item)
+    return tuple(names)
+
+
+def _provider_name(provider: Any, default: str) -> str:
+    name = getattr(provider, "name", "")
+    return name.strip() if isinstance(name, str) and name.strip() else default
+
+
+def _builtin_cli_commands() -> frozenset[str]:
+    try:
+        from plugin_llm.cli.main import SUBCOMMANDS
+    except Exception:  # pragma: no cover
+        return frozenset()
+    return frozenset(SUBCOMMANDS) | {"help"}

@@ -1,0 +1,785 @@
+"""``PluginManager``: discover, gate, load and isolate plugins; run their hooks, tools and commands.
+
+One manager per home (``get_plugin_manager``). ``discover_plugins()`` finds every
+plugin (see :mod:`.discovery`), loads only those enabled in ``plugins.enabled``
+(``plugins.disabled`` always wins) and records the rest, so ``list_plugins()``
+can say why each plugin is or is not active. Loading a plugin means importing
+it under its own module namespace (``hermes_plugins.<key>``) and calling
+``register(ctx)``; anything that goes wrong marks that plugin failed, removes
+whatever it had registered, and the others load.
+
+``dispatch_tool`` is the host's one tool execution path: pre_tool_call guards
+(fail closed) -> handler -> transform_tool_result -> post_tool_call.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import logging
+import os
+import re
+import sys
+import threading
+import time
+import types
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from importlib.util import module_from_spec, spec_from_file_location
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Callable, Iterable
+
+from .context import PluginContext
+from .discovery import SOURCE_ENTRY_POINT, PluginCandidate, discover_candidates
+from .engines import ContextEngine, MemoryProvider
+from .hooks import HookEntry, HookRunner, HookTimeoutError
+from .registry import (
+    BUILTIN_COMMANDS,
+    CliCommandEntry,
+    CommandEntry,
+    PlatformEntry,
+    PluginRegistry,
+    ProviderEntry,
+    SkillEntry,
+    ToolEntry,
+    normalize_command_name,
+)
+from .settings import BUILTIN_CONTEXT_ENGINES, BUILTIN_MEMORY_PROVIDERS, PluginSettings, SettingsSource, default_home
+
+__all__ = ["PluginManager", "BUILTIN_COMMANDS", "UnknownCommandError", "MODULE_NAMESPACE"]
+
+_log = logging.getLogger("plugin_llm.plugins")
+
+#: Parent package of every directory plugin's module (``hermes_plugins.<sanitised key>``).
+MODULE_NAMESPACE = "hermes_plugins"
+
+STATUS_ENABLED = "enabled"
+STATUS_DISABLED = "disabled"
+STATUS_NOT_ENABLED = "not enabled"
+STATUS_FAILED = "failed"
+_STATUS_LOADING = "loading"
+
+
+class UnknownCommandError(LookupError):
+    """``run_command``/``arun_command`` for a name no plugin registered."""
+
+
+@dataclass
+class _PluginRecord:
+    """Mutable bookkeeping for one discovered plugin."""
+
+    candidate: PluginCandidate
+    status: str = STATUS_NOT_ENABLED
+    error: str | None = None
+    warnings: list[str] = field(default_factory=list)
+    module_name: str | None = None
+    generation: int = 0
+    load_ms: float | None = None
+
+    @property
+    def key(self) -> str:
+        return self.candidate.key
+
+
+def _error_text(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _sanitise(key: str) -> str:
+    name = re.sub(r"\W", "_", key.replace("/", "__"))
+    return name if not name[:1].isdigit() else "_" + name
+
+
+def _purge_modules(name: str) -> None:
+    prefix = name + "."
+    for mod in [m for m in sys.modules if m == name or m.startswith(prefix)]:
+        del sys.modules[mod]
+
+
+def _ensure_namespace() -> None:
+    if MODULE_NAMESPACE not in sys.modules:
+        ns = types.ModuleType(MODULE_NAMESPACE, "Namespace of directory plugins loaded by plugin_llm.")
+        ns.__path__ = []  # a package with no location of its own: children are loaded explicitly
+        sys.modules[MODULE_NAMESPACE] = ns
+
+
+def _module_dir(module: Any) -> Path | None:
+    filename = getattr(module, "__file__", None)
+    return Path(filename).resolve().parent if filename else None
+
+
+def _run_awaitable(awaitable: Any) -> Any:
+    """Run an awaitable to completion from sync code, even if this thread runs an event loop."""
+
+    import asyncio  # deferred: listing plugins never needs an event loop
+
+    async def _await() -> Any:
+        return await awaitable
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(_await())
+    box: dict[str, Any] = {}
+
+    def _in_thread() -> None:
+        try:
+            box["value"] = asyncio.run(_await())
+        except BaseException as exc:  # re-raised in the caller
+            box["error"] = exc
+
+    thread = threading.Thread(target=_in_thread, name="plugin-await", daemon=True)
+    thread.start()
+    thread.join()
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
+
+
+def _tool_error(message: str) -> str:
+    return json.dumps({"error": message}, ensure_ascii=False)
+
+
+def _stringify(result: Any) -> str:
+    if isinstance(result, str):
+        return result
+    try:
+        return json.dumps(result, ensure_ascii=False, default=str)
+    except (TypeError, ValueError):
+        return str(result)
+
+
+def _handler_kwargs(handler: Callable[..., Any], offered: dict[str, Any]) -> dict[str, Any]:
+    """The subset of ``offered`` keyword arguments the handler's signature accepts."""
+    if not offered:
+        return offered
+    try:
+        params = inspect.signature(handler).parameters.values()
+    except (TypeError, ValueError):
+        return {}
+    names = set()
+    for p in params:
+        if p.kind is p.VAR_KEYWORD:
+            return offered
+        if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
+            names.add(p.name)
+    return {k: v for k, v in offered.items() if k in names}
+
+
+class PluginManager:
+    """Discovers and loads the plugins of one home, and runs what they registered.
+
+    ``project_dir`` is the project root whose ``.hermes/plugins/`` is scanned when
+    ``HERMES_ENABLE_PROJECT_PLUGINS`` is on (default: the current directory).
+    ``entry_points`` replaces ``importlib.metadata.entry_points(group=...)``
+    (tests, embedding hosts).
+    """
+
+    def __init__(self, home: Path | str | None = None, *, project_dir: Path | str | None = None, entry_points: Iterable[Any] | None = None) -> None:
+        self.home: Path = Path(home).expanduser() if home is not None else default_home()
+        self.project_dir: Path | None = Path(project_dir) if project_dir is not None else None
+        self._entry_points = list(entry_points) if entry_points is not None else None
+        self._settings = SettingsSource(self.home)
+        self._registry = PluginRegistry()
+        self._hooks = HookRunner(self._hook_timeout, self._on_hook_error)
+        self._records: dict[str, _PluginRecord] = {}
+        self._discover_lock = threading.RLock()
+        self._registry_lock = threading.Lock()
+        self._discovered = False
+        self._generation = 0
+        self._said: set[str] = set()
+        #: The host ``Session`` currently attached (``ctx.inject_message`` / ``dispatch_tool``).
+        self.active_session: Any = None
+
+    def __repr__(self) -> str:
+        return f"PluginManager(home={str(self.home)!r}, plugins={len(self._records)})"
+
+    # --- configuration ----------------------------------------------------------------
+
+    @property
+    def settings(self) -> PluginSettings:
+        """The plugin view of the current config.yaml."""
+        return self._settings.current()
+
+    def _hook_timeout(self) -> float:
+        return self._settings.current().hook_timeout
+
+    def _say_once(self, message: str, level: int = logging.WARNING) -> None:
+        if message not in self._said:
+            self._said.add(message)
+            _log.log(level, "%s", message)
+
+    # --- discovery and loading --------------------------------------------------------
+
+    def discover_plugins(self, force: bool = False) -> None:
+        """Find every plugin and load the enabled ones. Idempotent; ``force=True``
+        unloads everything (registrations and modules) and starts over."""
+        with self._discover_lock:
+            if self._discovered and not force:
+                return
+            if self._discovered:
+                self._unload_all()
+            self._generation += 1
+            settings = self._settings.current()
+            candidates = discover_candidates(self.home, self.project_dir, self._entry_points)
+            for key, candidate in candidates.items():
+                record = _PluginRecord(candidate, generation=self._generation)
+                self._records[key] = record
+                if candidate.error is not None:
+                    self._mark_failed(record, candidate.error)
+                elif settings.is_disabled(key, candidate.name):
+                    record.status = STATUS_DISABLED
+                elif settings.is_enabled(key, candidate.name):
+                    self._load(record)
+                else:
+                    record.status = STATUS_NOT_ENABLED
+            self._discovered = True
+            loaded = sum(1 for r in self._records.values() if r.status == STATUS_ENABLED)
+            _log.debug("plugins: %d found, %d loaded from %s", len(self._records), loaded, self.home)
+
+    def _unload_all(self) -> None:
+        for record in self._records.values():
+            if record.module_name:
+                _purge_modules(record.module_name)
+        self._records.clear()
+        with self._registry_lock:
+            self._registry.clear()
+        self._hooks.clear()
+
+    def _load(self, record: _PluginRecord) -> None:
+        candidate = record.candidate
+        assert candidate.manifest is not None
+        record.status = _STATUS_LOADING
+        started = time.perf_counter()
+        phase = "import failed"
+        try:
+            register, plugin_dir = self._import(record)
+            if register is None:
+                where = candidate.path / "__init__.py" if candidate.path else candidate.entry_point.value
+                raise _LoadError(f"no register(ctx) function in {where}")
+            if not callable(register):
+                raise _LoadError(f"register is not callable ({type(register).__name__})")
+            phase = "register() raised"
+            ctx = PluginContext(self, candidate.manifest, plugin_dir, record.generation)
+            result = register(ctx)
+            if inspect.isawaitable(result):
+                _run_awaitable(result)
+        except BaseException as exc:
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            message = exc.message if isinstance(exc, _LoadError) else f"{phase}: {_error_text(exc)}"
+            self._unregister(record.key)
+            if record.module_name:
+                _purge_modules(record.module_name)
+            self._mark_failed(record, message, exc_info=None if isinstance(exc, _LoadError) else exc)
+            return
+        finally:
+            record.load_ms = (time.perf_counter() - started) * 1000
+        record.status = STATUS_ENABLED
+
+    def _import(self, record: _PluginRecord) -> tuple[Any, Path | None]:
+        """The plugin's ``register`` (or None) and its directory."""
+        candidate = record.candidate
+        if candidate.source == SOURCE_ENTRY_POINT:
+            target = candidate.entry_point.load()
+            if isinstance(target, types.ModuleType):
+                return getattr(target, "register", None), _module_dir(target)
+            if callable(target):
+                return target, _module_dir(sys.modules.get(getattr(target, "__module__", ""), None))
+            raise _LoadError(
+                f"entry point {candidate.entry_point.value!r} must name a register(ctx) callable "
+                f"or a module with register(), got {type(target).__name__}"
+            )
+        path = candidate.path
+        assert path is not None
+        init = path / "__init__.py"
+        if not init.is_file():
+            raise _LoadError(f"{path}: no __init__.py (a directory plugin is a Python package with register(ctx))")
+        module_name = self._module_name(record.key, path)
+        record.module_name = module_name
+        _purge_modules(module_name)  # a forced re-discovery re-executes the plugin's code
+        _ensure_namespace()
+        spec = spec_from_file_location(module_name, init, submodule_search_locations=[str(path)])
+        if spec is None or spec.loader is None:  # pragma: no cover - a file path always has a loader
+            raise _LoadError(f"cannot import {init}")
+        module = module_from_spec(spec)
+        sys.modules[module_name] = module
+        spec.loader.exec_module(module)
+        return getattr(module, "register", None), path
+
+    @staticmethod
+    def _module_name(key: str, path: Path) -> str:
+        """``hermes_plugins.<key>``, suffixed with a path hash if another directory already uses it."""
+        base = f"{MODULE_NAMESPACE}.{_sanitise(key)}"
+        existing = sys.modules.get(base)
+        if existing is None or _module_dir(existing) == path.resolve():
+            return base
+        return f"{base}_{hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:10]}"
+
+    def _mark_failed(self, record: _PluginRecord, message: str, exc_info: BaseException | None = None) -> None:
+        record.status = STATUS_FAILED
+        record.error = message
+        _log.warning("plugin %s failed to load: %s", record.key, message)
+        if exc_info is not None:
+            _log.debug("plugin %s load traceback", record.key, exc_info=exc_info)
+        self._audit("plugin_load_failed", plugin_id=record.key, key=record.key, error=message)
+
+    def _unregister(self, key: str) -> None:
+        with self._registry_lock:
+            self._registry.remove_plugin(key)
+        self._hooks.remove_plugin(key)
+
+    # --- registration callbacks used by PluginContext ---------------------------------
+
+    def _is_current(self, key: str, generation: int) -> bool:
+        record = self._records.get(key)
+        return (
+            record is not None
+            and record.generation == generation
+            and record.status in (_STATUS_LOADING, STATUS_ENABLED)
+        )
+
+    def _plugin_warning(self, key: str, message: str, *, log: bool = True) -> None:
+        record = self._records.get(key)
+        if record is not None:
+            record.warnings.append(message)
+        if log:
+            _log.warning("plugin %s: %s", key, message)
+
+    def _add_tool(self, entry: ToolEntry) -> str | None:
+        return self._add_named("tools", entry)
+
+    def _add_named(self, table: str, entry: Any) -> str | None:
+        """Add ``entry`` unless its name is taken; returns who holds the name when refused."""
+        with self._registry_lock:
+            registered = getattr(self._registry, table)
+            existing = registered.get(entry.name if table != "skills" else entry.qualified_name)
+            if existing is not None:
+                return f"plugin {existing.plugin_key}"
+            registered[entry.name if table != "skills" else entry.qualified_name] = entry
+        return None
+
+    def _add_context_engine(self, entry: ProviderEntry) -> str | None:
+        with self._registry_lock:
+            if self._registry.context_engines:
+                return f"plugin {self._registry.context_engines[0].plugin_key}"
+            self._registry.context_engines.append(entry)
+        return None
+
+    # --- listing ----------------------------------------------------------------------
+
+    def list_plugins(self) -> list[dict[str, Any]]:
+        """One dict per plugin found (enabled or not, loaded or failed), in discovery order."""
+        self.discover_plugins()
+        hooks_by_plugin: dict[str, list[str]] = {}
+        for key in self._records:
+            hooks_by_plugin[key] = list(dict.fromkeys(self._hooks.hooks_of(key)))
+        return [self._describe(record, hooks_by_plugin.get(record.key, [])) for record in list(self._records.values())]
+
+    def get_plugin(self, name: str) -> dict[str, Any] | None:
+        """``list_plugins()`` entry for a key, or for a bare name when it is unambiguous."""
+        plugins = self.list_plugins()
+        for p in plugins:
+            if p["key"] == name:
+                return p
+        matches = [p for p in plugins if p["name"] == name]
+        return matches[0] if len(matches) == 1 else None
+
+    def _describe(self, record: _PluginRecord, hooks: list[str]) -> dict[str, Any]:
+        candidate, manifest = record.candidate, record.candidate.manifest
+        with self._registry_lock:
+            owned = self._registry.owned_by(record.key)
+        required = list(manifest.required_env_names) if manifest else []
+        missing = [name for name in required if not os.environ.get(name)]
+        status = record.status
+        hint = f"plugin-llm plugins enable {record.key}" if status in (STATUS_NOT_ENABLED, STATUS_DISABLED) else None
+        return {
+            "name": manifest.name if manifest else candidate.name,
+            "key": record.key,
+            "version": manifest.version if manifest else "",
+            "description": manifest.description if manifest else "",
+            "author": manifest.author if manifest else "",
+            "kind": manifest.kind if manifest else "",
+            "source": candidate.source,
+            "path": str(candidate.path) if candidate.path else None,
+            "entry_point": candidate.entry_point.value if candidate.entry_point is not None else None,
+            "enabled": status == STATUS_ENABLED,
+            "status": status,
+            "tools": owned["tools"],
+            "hooks": hooks,
+            "commands": owned["commands"],
+            "cli_commands": owned["cli_commands"],
+            "skills": owned["skills"],
+            "platforms": owned["platforms"],
+            "memory_providers": owned["memory_providers"],
+            "context_engines": owned["context_engines"],
+            "image_gen_providers": owned["image_gen_providers"],
+            "provides_tools": list(manifest.provides_tools) if manifest else [],
+            "provides_hooks": list(manifest.provides_hooks) if manifest else [],
+            "requires_env": required,
+            "missing_env": missing,
+            "error": record.error,
+            "warnings": list(record.warnings),
+            "enable_hint": hint,
+            "load_ms": round(record.load_ms, 3) if record.load_ms is not None else None,
+        }
+
+    # --- registries -------------------------------------------------------------------
+
+    @property
+    def tools(self) -> Mapping[str, ToolEntry]:
+        return MappingProxyType(self._registry.tools)
+
+    @property
+    def commands(self) -> Mapping[str, CommandEntry]:
+        return MappingProxyType(self._registry.commands)
+
+    @property
+    def cli_commands(self) -> Mapping[str, CliCommandEntry]:
+        return MappingProxyType(self._registry.cli_commands)
+
+    @property
+    def skills(self) -> Mapping[str, SkillEntry]:
+        return MappingProxyType(self._registry.skills)
+
+    @property
+    def platforms(self) -> Mapping[str, PlatformEntry]:
+        return MappingProxyType(self._registry.platforms)
+
+    @property
+    def image_gen_providers(self) -> Mapping[str, Any]:
+        return MappingProxyType({name: e.provider for name, e in self._registry.image_gen_providers.items()})
+
+    @property
+    def memory_providers(self) -> Mapping[str, MemoryProvider]:
+        return MappingProxyType({name: e.provider for name, e in self._registry.memory_providers.items()})
+
+    def find_skill(self, qualified_name: str) -> SkillEntry | None:
+        return self._registry.skills.get(qualified_name.strip()) if isinstance(qualified_name, str) else None
+
+    def skill_index(self) -> list[str]:
+        """The home's own skills (``<home>/skills/``): a directory with ``SKILL.md`` or a
+        ``.md`` file, as relative names. Plugin skills are never part of it."""
+        root = self.home / "skills"
+        if not root.is_dir():
+            return []
+        names: set[str] = set()
+        for path in root.rglob("*.md"):
+            rel = path.relative_to(root)
+            if any(part.startswith(".") for part in rel.parts):
+                continue
+            if path.name == "SKILL.md":
+                names.add(rel.parent.as_posix())
+            elif not (path.parent / "SKILL.md").is_file():
+                names.add(rel.with_suffix("").as_posix())
+        return sorted(n for n in names if n and n != ".")
+
+    def toolsets(self) -> list[tuple[str, str, str]]:
+        """``(toolset, label, description)`` for each toolset plugins registered tools in."""
+        grouped: dict[str, list[ToolEntry]] = {}
+        for entry in list(self._registry.tools.values()):
+            grouped.setdefault(entry.toolset, []).append(entry)
+        out = []
+        for toolset, entries in grouped.items():
+            record = self._records.get(entries[0].plugin_key)
+            manifest = record.candidate.manifest if record else None
+            label = f"{toolset} (plugin {entries[0].plugin_key})"
+            description = (manifest.description if manifest and manifest.description else "") or ", ".join(e.name for e in entries)
+            out.append((toolset, label, description))
+        return out
+
+    def _match_provider(self, choice: str, entries: Iterable[ProviderEntry]) -> ProviderEntry | None:
+        wanted = choice.strip().lower()
+        for entry in entries:
+            record = self._records.get(entry.plugin_key)
+            names = {entry.name.lower(), entry.plugin_key.lower()}
+            if record is not None:
+                names.add(record.candidate.name.lower())
+            if wanted in names:
+                return entry
+        return None
+
+    @property
+    def context_engine(self) -> ContextEngine | None:
+        """The plugin context engine in effect: the one ``context.engine`` names, or the only
+        one registered when it is unset; None means the host's built-in compressor."""
+        engines = list(self._registry.context_engines)
+        if not engines:
+            return None
+        choice = self._settings.current().context_engine
+        if not choice:
+            return engines[0].provider
+        match = self._match_provider(choice, engines)
+        if match is not None:
+            return match.provider
+        if choice.lower() not in BUILTIN_CONTEXT_ENGINES:
+            self._say_once(f"context.engine {choice!r} is not registered by any loaded plugin; using the built-in compressor")
+        return None
+
+    @property
+    def memory_provider(self) -> MemoryProvider | None:
+        """The memory provider ``memory.provider`` names, if loaded and available (else None)."""
+        choice = self._settings.current().memory_provider
+        if not choice or choice.lower() in BUILTIN_MEMORY_PROVIDERS:
+            return None
+        match = self._match_provider(choice, list(self._registry.memory_providers.values()))
+        if match is None:
+            self._say_once(f"memory.provider {choice!r} is not registered by any loaded plugin; built-in memory only")
+            return None
+        try:
+            available = bool(match.provider.is_available())
+        except Exception as exc:
+            self._say_once(f"memory provider {match.name!r}: is_available() raised {_error_text(exc)}")
+            available = False
+        if not available:
+            self._say_once(f"memory provider {match.name!r} is not available; built-in memory only")
+            return None
+        return match.provider
+
+    @property
+    def image_gen_provider(self) -> Any:
+        """The image generation provider ``image_gen.provider`` names (None when unset/unknown)."""
+        choice = self._settings.current().image_gen_provider
+        if not choice:
+            return None
+        match = self._match_provider(choice, list(self._registry.image_gen_providers.values()))
+        if match is None:
+            self._say_once(f"image_gen.provider {choice!r} is not registered by any loaded plugin")
+            return None
+        return match.provider
+
+    # --- hooks ------------------------------------------------------------------------
+
+    def has_hook(self, name: str) -> bool:
+        return self._hooks.has_hook(name)
+
+    def invoke_hook(self, name: str, **kwargs: Any) -> list[Any]:
+        """Call every callback of ``name`` (keyword arguments only); their non-None
+        results in registration order. Each callback is isolated and time-limited."""
+        return self._hooks.results(name, kwargs)
+
+    async def ainvoke_hook(self, name: str, **kwargs: Any) -> list[Any]:
+        """``invoke_hook`` without blocking the event loop."""
+        if not self._hooks.has_hook(name):
+            return []
+        import asyncio
+
+        return await asyncio.to_thread(self._hooks.results, name, kwargs)
+
+    def get_pre_tool_call_block_message(self, tool_name: str, args: Any, **kw: Any) -> str | None:
+        """The first valid block message of the pre_tool_call guards, or None.
+
+        Valid: a dict with ``action == "block"`` and a non-empty string ``message``;
+        other return values are ignored. A guard that raises or times out blocks
+        (fail-closed) with a message naming its plugin.
+        """
+        for outcome in self._hooks.run("pre_tool_call", {**kw, "tool_name": tool_name, "args": args}):
+            if outcome.error is not None:
+                what = "timed out" if isinstance(outcome.error, HookTimeoutError) else "failed"
+                return (
+                    f"the pre_tool_call guard of plugin '{outcome.entry.plugin_key}' {what} "
+                    f"({_error_text(outcome.error)}); '{tool_name}' is blocked (fail-closed)"
+                )
+            value = outcome.value
+            if isinstance(value, Mapping) and value.get("action") == "block":
+                message = value.get("message")
+                if isinstance(message, str) and message.strip():
+                    return message
+        return None
+
+    def get_pre_llm_call_context(self, **kw: Any) -> str:
+        """pre_llm_call contributions (a string or ``{"context": str}``), joined with a blank line."""
+        parts = []
+        for value in self._hooks.results("pre_llm_call", kw):
+            if isinstance(value, Mapping):
+                value = value.get("context")
+            if isinstance(value, str) and value.strip():
+                parts.append(value.strip("\n"))
+        return "\n\n".join(parts)
+
+    def _on_hook_error(self, entry: HookEntry, error: BaseException) -> None:
+        self._audit(
+            "hook_error",
+            hook=entry.hook,
+            plugin=entry.plugin_key,
+            plugin_id=entry.plugin_key,
+            error_type=type(error).__name__,
+            message=str(error)[:500],
+        )
+
+    # --- commands ---------------------------------------------------------------------
+
+    def get_plugin_command_handler(self, name: str) -> Callable[[str], Any] | None:
+        entry = self._command(name)
+        return entry.handler if entry else None
+
+    def _command(self, name: Any) -> CommandEntry | None:
+        try:
+            return self._registry.commands.get(normalize_command_name(name))
+        except (TypeError, ValueError):
+            return None
+
+    def _require_command(self, name: str) -> CommandEntry:
+        entry = self._command(name)
+        if entry is None:
+            known = ", ".join("/" + n for n in sorted(self._registry.commands)) or "none"
+            raise UnknownCommandError(f"unknown command /{str(name).strip().lstrip('/')} (plugin commands: {known})")
+        return entry
+
+    async def arun_command(self, name: str, raw_args: str = "") -> str | None:
+        """Run a plugin slash command; async handlers are awaited on this loop, sync ones
+        run in a worker thread so they may block (e.g. call ``ctx.llm.complete``).
+        Raises :class:`UnknownCommandError` for an unknown name; handler errors propagate."""
+        import asyncio
+
+        entry = self._require_command(name)
+        handler = entry.handler
+        if inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(getattr(handler, "__call__", None)):
+            result = await handler(raw_args)
+        else:
+            result = await asyncio.to_thread(handler, raw_args)
+            if inspect.isawaitable(result):
+                result = await result
+        return None if result is None else result if isinstance(result, str) else str(result)
+
+    def run_command(self, name: str, raw_args: str = "") -> str | None:
+        """Sync twin of :meth:`arun_command` (usable with or without a running loop)."""
+        entry = self._require_command(name)
+        result = entry.handler(raw_args)
+        if inspect.isawaitable(result):
+            result = _run_awaitable(result)
+        return None if result is None else result if isinstance(result, str) else str(result)
+
+    # --- tools ------------------------------------------------------------------------
+
+    def _tool_for(self, tool_name: str, args: Any) -> tuple[ToolEntry | None, Any, str | None]:
+        entry = self._registry.tools.get(tool_name) if isinstance(tool_name, str) else None
+        if entry is None:
+            return None, args, _tool_error(f"Unknown tool: {tool_name!r}")
+        if isinstance(args, str):  # raw JSON arguments as the model sent them
+            try:
+                args = json.loads(args) if args.strip() else {}
+            except ValueError as exc:
+                return None, args, _tool_error(f"Tool '{tool_name}': arguments are not valid JSON: {exc}")
+        if args is None:
+            args = {}
+        if not isinstance(args, Mapping):
+            return None, args, _tool_error(f"Tool '{tool_name}': arguments must be a JSON object")
+        missing = entry.missing_env()
+        if missing:
+            return None, args, _tool_error(f"Tool '{tool_name}' is unavailable: missing environment variable(s) {', '.join(missing)}")
+        if entry.check_fn is not None:
+            try:
+                ok = bool(entry.check_fn())
+            except Exception as exc:
+                ok = False
+                _log.warning("tool %s: check_fn raised %s", tool_name, _error_text(exc))
+            if not ok:
+                return None, args, _tool_error(f"Tool '{tool_name}' is unavailable right now (its availability check failed)")
+        return entry, args, None
+
+    @staticmethod
+    def _hook_kwargs(kw: dict[str, Any], parent_agent: Any) -> dict[str, Any]:
+        if parent_agent is not None and "session_id" not in kw:
+            session_id = getattr(parent_agent, "session_id", None)
+            if session_id is not None:
+                return {**kw, "session_id": session_id}
+        return kw
+
+    def _handler_call(self, entry: ToolEntry, args: Any, parent_agent: Any, kw: dict[str, Any]) -> Any:
+        offered = dict(kw)
+        if parent_agent is not None:
+            offered["parent_agent"] = parent_agent
+        return entry.handler(args, **_handler_kwargs(entry.handler, offered))
+
+    def _tool_failed(self, entry: ToolEntry, exc: BaseException) -> str:
+        _log.warning("tool %s (plugin %s) raised %s", entry.name, entry.plugin_key, _error_text(exc))
+        _log.debug("tool %s traceback", entry.name, exc_info=exc)
+        return _tool_error(f"Tool '{entry.name}' failed: {_error_text(exc)}")
+
+    def _after_tool(self, tool_name: str, args: Any, result: str, hook_kw: dict[str, Any]) -> str:
+        payload = {**hook_kw, "tool_name": tool_name, "args": args, "result": result}
+        for value in self._hooks.results("transform_tool_result", payload):
+            if isinstance(value, str):
+                result = value
+                payload["result"] = result
+                break
+        self._hooks.run("post_tool_call", payload)
+        return result
+
+    def dispatch_tool(self, tool_name: str, args: Any, *, parent_agent: Any = None, **kw: Any) -> str:
+        """Run a tool call and return its result string (errors as a JSON ``{"error": ...}``).
+
+        pre_tool_call guards (a block or a failing guard stops the call) ->
+        the handler (sync, or async run to completion; it gets ``args`` plus the
+        keyword arguments its signature accepts, ``parent_agent`` only when given) ->
+        transform_tool_result (first string wins) -> post_tool_call.
+        """
+        entry, args, error = self._tool_for(tool_name, args)
+        if entry is None:
+            return error  # type: ignore[return-value]
+        hook_kw = self._hook_kwargs(kw, parent_agent)
+        block = self.get_pre_tool_call_block_message(tool_name, args, **hook_kw)
+        if block is not None:
+            _log.info("tool %s blocked: %s", tool_name, block)
+            return _tool_error(f"Tool '{tool_name}' was blocked by plugin policy: {block}")
+        try:
+            value = self._handler_call(entry, args, parent_agent, kw)
+            if inspect.isawaitable(value):
+                value = _run_awaitable(value)
+            result = _stringify(value)
+        except Exception as exc:
+            result = self._tool_failed(entry, exc)
+        return self._after_tool(tool_name, args, result, hook_kw)
+
+    async def adispatch_tool(self, tool_name: str, args: Any, *, parent_agent: Any = None, **kw: Any) -> str:
+        """:meth:`dispatch_tool` for async hosts: async handlers run on this loop; sync
+        handlers and hooks run in worker threads so the loop never blocks."""
+        import asyncio
+
+        entry, args, error = self._tool_for(tool_name, args)
+        if entry is None:
+            return error  # type: ignore[return-value]
+        hook_kw = self._hook_kwargs(kw, parent_agent)
+        if self._hooks.has_hook("pre_tool_call"):
+            block = await asyncio.to_thread(self.get_pre_tool_call_block_message, tool_name, args, **hook_kw)
+            if block is not None:
+                _log.info("tool %s blocked: %s", tool_name, block)
+                return _tool_error(f"Tool '{tool_name}' was blocked by plugin policy: {block}")
+        try:
+            if entry.is_async or inspect.iscoroutinefunction(entry.handler):
+                value = self._handler_call(entry, args, parent_agent, kw)
+            else:
+                value = await asyncio.to_thread(self._handler_call, entry, args, parent_agent, kw)
+            if inspect.isawaitable(value):
+                value = await value
+            result = _stringify(value)
+        except Exception as exc:
+            result = self._tool_failed(entry, exc)
+        if self._hooks.has_hook("transform_tool_result") or self._hooks.has_hook("post_tool_call"):
+            return await asyncio.to_thread(self._after_tool, tool_name, args, result, hook_kw)
+        return result
+
+    # --- audit ------------------------------------------------------------------------
+
+    def _audit(self, event: str, **fields: Any) -> None:
+        """Operational event in ``<home>/logs/agent.log`` when the audit package is present."""
+        try:
+            from audit import get_audit_log  # type: ignore[attr-defined]
+        except ImportError:
+            return
+        try:
+            get_audit_log(self.home / "logs" / "agent.log").write_event(event, **fields)
+        except Exception:  # an audit problem never breaks plugin loading
+            _log.debug("could not write audit event %s", event, exc_info=True)
+
+
+class _LoadError(Exception):
+    """A plugin that cannot be loaded for a reason we can state precisely."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message

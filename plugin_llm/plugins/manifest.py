@@ -1,0 +1,207 @@
+"""``plugin.yaml`` manifests: the value type and its (pure) parser.
+
+```yaml
+name: hello-world              # defaults to the directory name
+version: "1.0"
+description: A minimal example plugin
+author: Jane Doe
+requires_env:                  # strings or {name, description}
+  - WEATHER_API_KEY
+  - {name: WEATHER_UNITS, description: metric or imperial}
+provides_tools: [hello_world]
+provides_hooks: [post_tool_call]
+kind: general                  # free-form; e.g. general, memory, context_engine
+```
+
+Unknown fields are tolerated (kept in ``extra`` and debug-logged). A manifest
+that is not valid YAML, not a mapping, has a field of the wrong type or a name
+that is not a plain name raises :class:`ManifestError`; the manager records
+that plugin as failed and carries on with the others.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+__all__ = [
+    "MANIFEST_FILENAMES",
+    "EnvRequirement",
+    "PluginManifest",
+    "ManifestError",
+    "parse_manifest",
+    "load_manifest",
+    "find_manifest",
+    "validate_plugin_name",
+]
+
+_log = logging.getLogger("plugin_llm.plugins")
+
+MANIFEST_FILENAMES = ("plugin.yaml", "plugin.yml")
+KNOWN_FIELDS = frozenset(
+    {"name", "version", "description", "author", "requires_env", "provides_tools", "provides_hooks", "kind"}
+)
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class ManifestError(ValueError):
+    """A ``plugin.yaml`` that cannot be used; the message names the file and the problem."""
+
+
+@dataclass(frozen=True)
+class EnvRequirement:
+    """An environment variable the plugin needs (``requires_env``)."""
+
+    name: str
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class PluginManifest:
+    """A plugin as described by its manifest (or synthesised for an entry point).
+
+    ``key`` is the plugin's identity everywhere (trust block, enable lists,
+    audit ``plugin_id``): the name, or ``<category>/<name>`` when nested.
+    """
+
+    name: str
+    key: str
+    version: str = ""
+    description: str = ""
+    author: str = ""
+    requires_env: tuple[EnvRequirement, ...] = ()
+    provides_tools: tuple[str, ...] = ()
+    provides_hooks: tuple[str, ...] = ()
+    kind: str = ""
+    #: Unknown manifest fields, kept for display and forward compatibility.
+    extra: Mapping[str, Any] = field(default_factory=dict, compare=False)
+
+    @property
+    def required_env_names(self) -> tuple[str, ...]:
+        return tuple(req.name for req in self.requires_env)
+
+
+def validate_plugin_name(name: Any, where: str) -> str:
+    """A plugin (or category) name: a non-empty string that cannot escape its directory."""
+    if not isinstance(name, str) or not name.strip():
+        raise ManifestError(f"{where}: 'name' must be a non-empty string, got {name!r}")
+    name = name.strip()
+    if "/" in name or "\\" in name or "\0" in name or name in {".", ".."}:
+        raise ManifestError(
+            f"{where}: plugin name {name!r} must be a plain name without path separators "
+            "(nested plugins get their '<category>/' prefix from the directory layout)"
+        )
+    if ":" in name:
+        raise ManifestError(f"{where}: plugin name {name!r} must not contain ':' (it separates plugin and skill names)")
+    if any(ch.isspace() for ch in name):
+        raise ManifestError(f"{where}: plugin name {name!r} must not contain whitespace")
+    return name
+
+
+def _text(data: Mapping[str, Any], key: str, where: str) -> str:
+    value = data.get(key)
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        raise ManifestError(f"{where}: {key!r} must be a string, got a boolean")
+    if isinstance(value, (int, float)):  # `version: 1.0` is common; keep it readable
+        return str(value)
+    if not isinstance(value, str):
+        raise ManifestError(f"{where}: {key!r} must be a string, got {type(value).__name__}")
+    return value.strip()
+
+
+def _string_list(data: Mapping[str, Any], key: str, where: str) -> tuple[str, ...]:
+    value = data.get(key)
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
+        raise ManifestError(f"{where}: {key!r} must be a list of non-empty strings, got {value!r}")
+    return tuple(v.strip() for v in value)
+
+
+def _requires_env(data: Mapping[str, Any], where: str) -> tuple[EnvRequirement, ...]:
+    value = data.get("requires_env")
+    if value is None:
+        return ()
+    if isinstance(value, (str, Mapping)):
+        value = [value]
+    if not isinstance(value, list):
+        raise ManifestError(f"{where}: 'requires_env' must be a list, got {type(value).__name__}")
+    out: list[EnvRequirement] = []
+    for item in value:
+        if isinstance(item, str):
+            name, description = item.strip(), ""
+        elif isinstance(item, Mapping) and isinstance(item.get("name"), str):
+            name = item["name"].strip()
+            description = item.get("description") or ""
+            if not isinstance(description, str):
+                raise ManifestError(f"{where}: requires_env {name!r}: 'description' must be a string")
+        else:
+            raise ManifestError(
+                f"{where}: each 'requires_env' entry must be a variable name or {{name, description}}, got {item!r}"
+            )
+        if not _ENV_NAME.match(name):
+            raise ManifestError(f"{where}: requires_env entry {name!r} is not a valid environment variable name")
+        out.append(EnvRequirement(name, description.strip()))
+    return tuple(out)
+
+
+def parse_manifest(text: str, *, default_name: str, category: str | None = None, where: str = "plugin.yaml") -> PluginManifest:
+    """Parse manifest text (pure). ``default_name`` is the directory name.
+
+    Raises :class:`ManifestError` with ``where`` (usually the file path) in the message.
+    """
+    import yaml  # deferred: `import plugin_llm.plugins` stays cheap
+
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # same safe semantics, C speed when available
+    try:
+        data = yaml.load(text, Loader=loader) if text.strip() else {}
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ManifestError(f"{where}: invalid YAML{at}: {problem}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        raise ManifestError(f"{where}: the manifest must be a mapping of fields, got {type(data).__name__}")
+    name = validate_plugin_name(data.get("name", default_name), where)
+    unknown = {k: v for k, v in data.items() if k not in KNOWN_FIELDS}
+    if unknown:
+        _log.debug("%s: unknown manifest fields ignored: %s", where, ", ".join(sorted(map(str, unknown))))
+    return PluginManifest(
+        name=name,
+        key=f"{category}/{name}" if category else name,
+        version=_text(data, "version", where),
+        description=_text(data, "description", where),
+        author=_text(data, "author", where),
+        requires_env=_requires_env(data, where),
+        provides_tools=_string_list(data, "provides_tools", where),
+        provides_hooks=_string_list(data, "provides_hooks", where),
+        kind=_text(data, "kind", where),
+        extra=unknown,
+    )
+
+
+def find_manifest(directory: Path) -> Path | None:
+    """``plugin.yaml`` (preferred) or ``plugin.yml`` in ``directory``, if present."""
+    for filename in MANIFEST_FILENAMES:
+        candidate = directory / filename
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def load_manifest(path: Path, *, category: str | None = None) -> PluginManifest:
+    """Read and parse a manifest file; unreadable files raise :class:`ManifestError` too."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ManifestError(f"{path}: cannot read manifest: {exc}") from None
+    return parse_manifest(text, default_name=path.parent.name, category=category, where=str(path))

@@ -1,0 +1,190 @@
+"""Typed views of the plugin-related parts of ``config.yaml``.
+
+The plugin manager reads these keys (``plugin_llm.config`` parses the file; this
+module only interprets the already-parsed mapping, ``HostConfig.raw``):
+
+```yaml
+plugins:
+  enabled: [hello-world, image_gen/openai]   # opt-in: plugin key or bare name
+  disabled: [noisy]                          # always wins over ``enabled``
+  hook_timeout: 30                           # seconds per hook callback
+memory:
+  provider: file-memory                      # "" / absent = built-in only
+context:
+  engine: compressor                         # "compressor" / absent = built-in
+image_gen:
+  provider: openai
+```
+
+Bad values never raise: they fall back to the safe default (nothing enabled,
+30 s timeout) and a warning explains what was ignored.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+__all__ = [
+    "DEFAULT_HOOK_TIMEOUT",
+    "PluginSettings",
+    "settings_from_raw",
+    "default_home",
+    "SettingsSource",
+]
+
+_log = logging.getLogger("plugin_llm.plugins")
+
+#: Seconds a single hook callback may run before it is abandoned.
+DEFAULT_HOOK_TIMEOUT = 30.0
+
+#: Built-in names meaning "no plugin engine / provider".
+BUILTIN_CONTEXT_ENGINES = frozenset({"", "compressor", "builtin", "built-in", "default"})
+BUILTIN_MEMORY_PROVIDERS = frozenset({"", "builtin", "built-in", "none"})
+
+
+@dataclass(frozen=True)
+class PluginSettings:
+    """What the plugin manager needs from ``config.yaml`` (already validated)."""
+
+    enabled: frozenset[str] = frozenset()
+    disabled: frozenset[str] = frozenset()
+    hook_timeout: float = DEFAULT_HOOK_TIMEOUT
+    memory_provider: str = ""
+    context_engine: str = ""
+    image_gen_provider: str = ""
+    #: Human-readable problems found while interpreting the config (already logged).
+    problems: tuple[str, ...] = field(default=(), compare=False)
+
+    def is_disabled(self, key: str, name: str) -> bool:
+        return key in self.disabled or name in self.disabled
+
+    def is_enabled(self, key: str, name: str) -> bool:
+        """Opt-in by key or bare name; ``disabled`` always wins."""
+        if self.is_disabled(key, name):
+            return False
+        return key in self.enabled or name in self.enabled
+
+
+def _name_list(value: Any, where: str, problems: list[str]) -> frozenset[str]:
+    if value is None:
+        return frozenset()
+    if isinstance(value, str):  # a lone string is an easy mistake: accept it, say so
+        problems.append(f"{where} should be a list of plugin names; treating {value!r} as a one-item list")
+        value = [value]
+    if not isinstance(value, (list, tuple)):
+        problems.append(f"{where} must be a list of plugin names, got {type(value).__name__}; ignored")
+        return frozenset()
+    names = set()
+    for item in value:
+        if isinstance(item, str) and item.strip():
+            names.add(item.strip())
+        else:
+            problems.append(f"{where}: entry {item!r} is not a plugin name; ignored")
+    return frozenset(names)
+
+
+def _text(raw: Mapping[str, Any], section: str, key: str, problems: list[str]) -> str:
+    block = raw.get(section)
+    if block is None:
+        return ""
+    if not isinstance(block, Mapping):
+        problems.append(f"{section} must be a mapping; {section}.{key} ignored")
+        return ""
+    value = block.get(key)
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        problems.append(f"{section}.{key} must be a string, got {type(value).__name__}; ignored")
+        return ""
+    return value.strip()
+
+
+def _timeout(value: Any, problems: list[str]) -> float:
+    if value is None:
+        return DEFAULT_HOOK_TIMEOUT
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        problems.append(
+            f"plugins.hook_timeout must be a positive number of seconds, got {value!r}; "
+            f"using {DEFAULT_HOOK_TIMEOUT:g}"
+        )
+        return DEFAULT_HOOK_TIMEOUT
+    return float(value)
+
+
+def settings_from_raw(raw: Mapping[str, Any] | None) -> PluginSettings:
+    """Interpret the parsed ``config.yaml`` mapping (pure; never raises)."""
+    raw = raw if isinstance(raw, Mapping) else {}
+    problems: list[str] = []
+    plugins = raw.get("plugins")
+    if plugins is None:
+        plugins = {}
+    elif not isinstance(plugins, Mapping):
+        problems.append("plugins must be a mapping; no plugin is enabled")
+        plugins = {}
+    return PluginSettings(
+        enabled=_name_list(plugins.get("enabled"), "plugins.enabled", problems),
+        disabled=_name_list(plugins.get("disabled"), "plugins.disabled", problems),
+        hook_timeout=_timeout(plugins.get("hook_timeout"), problems),
+        memory_provider=_text(raw, "memory", "provider", problems),
+        context_engine=_text(raw, "context", "engine", problems),
+        image_gen_provider=_text(raw, "image_gen", "provider", problems),
+        problems=tuple(problems),
+    )
+
+
+def default_home() -> Path:
+    """``$HERMES_HOME`` or ``~/.hermes`` (delegates to ``plugin_llm.config``)."""
+    try:
+        from plugin_llm.config import hermes_home
+    except ImportError:  # pragma: no cover - config.py is part of the core
+        return Path(os.environ.get("HERMES_HOME") or Path.home() / ".hermes").expanduser()
+    return Path(hermes_home())
+
+
+class SettingsSource:
+    """Current :class:`PluginSettings` of one home, re-derived only when config.yaml changes.
+
+    ``plugin_llm.config`` owns the file (stat check, parse once per change); this
+    caches the interpretation per ``HostConfig`` object, so the hot path (every
+    hook invocation asks for the timeout) is an identity check. A config that
+    cannot be read yields the last good settings (or none enabled at all): the
+    manager fails closed.
+    """
+
+    def __init__(self, home: Path) -> None:
+        self.home = home
+        self._source: Any = None
+        self._last_config: Any = None
+        self._settings = PluginSettings()
+        self._reported: set[str] = set()
+
+    def _config_source(self) -> Any:
+        if self._source is None:
+            from plugin_llm.config import get_config_source
+
+            self._source = get_config_source(self.home)
+        return self._source
+
+    def current(self) -> PluginSettings:
+        try:
+            config = self._config_source().current()
+        except Exception as exc:  # unreadable/invalid config: keep the last good view
+            message = f"cannot read plugin settings from {self.home / 'config.yaml'}: {exc}"
+            if message not in self._reported:
+                self._reported.add(message)
+                _log.error("%s", message)
+            return self._settings
+        if config is self._last_config:
+            return self._settings
+        settings = settings_from_raw(getattr(config, "raw", None))
+        for problem in settings.problems:
+            if problem not in self._reported:
+                self._reported.add(problem)
+                _log.warning("config.yaml: %s", problem)
+        self._settings, self._last_config = settings, config
+        return settings
