@@ -88,6 +88,15 @@ class ToolRun:
     arguments: dict[str, Any]
     result: str
 
+    @property
+    def blocked(self) -> bool:
+        """True when a ``pre_tool_call`` guard stopped the call (the handler never ran)."""
+        try:
+            error = json.loads(self.result).get("error")
+        except (ValueError, AttributeError):
+            return False
+        return isinstance(error, str) and ("blocked by plugin policy" in error or "(fail-closed)" in error)
+
 
 @dataclass(frozen=True)
 class TurnResult:

@@ -58,12 +58,12 @@ def register(ctx):
     def guard(tool_name, args=None, **_):
         reason = policy["blocked_tools"].get(tool_name)
         if reason:
-            return {"action": "block", "message": f"Blocked by tool-guard: {reason}"}
+            return {"action": "block", "message": f"tool-guard: {reason}"}
         for text in _strings(args or {}):
             root = _protected(text, policy["protected_paths"])
             if root:
                 return {"action": "block",
-                        "message": f"Blocked by tool-guard: {tool_name} may not touch {text!r} (under {root})."}
+                        "message": f"tool-guard: {tool_name} may not touch {text!r} (under {root})."}
         return None  # allow
 
     def cap_result(tool_name, result=None, **_):

@@ -3,9 +3,9 @@
 Shows the full form of ``ctx.register_tool(name, toolset, schema, handler,
 check_fn=..., requires_env=..., is_async=..., description=..., emoji=...)``:
 
-- ``list_files`` — sync; offered only while the workspace directory exists
-  (``check_fn``);
-- ``delete_file`` — refuses anything outside the workspace by itself, and the
+- ``list_files`` — sync;
+- ``delete_file`` — offered only while the workspace directory exists
+  (``check_fn``); refuses anything outside the workspace by itself, and the
   ``tool-guard`` example plugin blocks it altogether before it can run;
 - ``count_words`` — an ``async def`` handler (``is_async=True``).
 
@@ -70,7 +70,6 @@ def register(ctx):
             },
         },
         handler=list_files,
-        check_fn=root.is_dir,
         description="List the files in the workspace.",
         emoji="📁",
     )
@@ -87,6 +86,7 @@ def register(ctx):
             },
         },
         delete_file,
+        check_fn=root.is_dir,
         description="Delete one file from the workspace.",
         emoji="🗑",
     )

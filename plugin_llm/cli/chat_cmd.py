@@ -1,0 +1,132 @@
+"""``plugin-llm chat``: an interactive session with the configured model and plugins.
+
+Reads one input per line from standard input: ``/command args`` runs a slash
+command (``/help`` lists them, ``/plugins`` shows the plugins, ``/exit``
+leaves), anything else is a turn with the model, which may call the plugins'
+tools. Messages that plugins inject while the session is idle
+(``ctx.inject_message``) run as the next turns. Works with a pipe as well as
+a terminal: without a TTY there is no prompt, and the exit status is 1 if any
+input failed (an error or an unknown command).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import TextIO
+
+__all__ = ["register", "run"]
+
+_PROMPT = "you> "
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "chat",
+        help="interactive session with the configured model and plugins",
+        description="Chat with the configured model; plugins' tools, hooks and /commands are active. "
+        "/help lists commands, /exit leaves.",
+    )
+    parser.add_argument("--home", metavar="DIR", help="home directory (default: $HERMES_HOME or ~/.hermes)")
+    parser.add_argument("--max-tool-iterations", type=int, default=8, metavar="N",
+                        help="tool rounds the model may run per turn (default 8)")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from plugin_llm.cli.main import CliError
+    from plugin_llm.host import Session
+    from plugin_llm.host.bootstrap import home_environment, load_manager, resolve_home
+
+    if args.max_tool_iterations < 0:
+        raise CliError("--max-tool-iterations must be 0 or more")
+    home = resolve_home(args.home)
+    stdin, out = sys.stdin, sys.stdout
+    interactive = stdin.isatty()
+    failures = 0
+    with home_environment(home):
+        manager = load_manager(home)
+        with Session(manager, max_tool_iterations=args.max_tool_iterations, platform="cli") as session:
+            plugins = manager.list_plugins()
+            loaded = sum(1 for p in plugins if p.get("enabled"))
+            provider, model = session.route
+            print(f"plugin-llm chat: model {model} (provider {provider}), {loaded} plugin(s) loaded "
+                  f"from {home}. /help for commands, /exit to leave.", file=out)
+            while not session.exit_requested:
+                failures += _run_pending(session, out)
+                line = _read_line(stdin, interactive)
+                if line is None:  # end of input
+                    break
+                if not line.strip():
+                    continue
+                failures += _handle(session, line, out)
+            failures += 0 if session.exit_requested else _run_pending(session, out)
+    return 1 if failures and not interactive else 0
+
+
+def _read_line(stdin: TextIO, interactive: bool) -> str | None:
+    if interactive:
+        try:
+            return input(_PROMPT)
+        except EOFError:
+            print()
+            return None
+    line = stdin.readline()
+    return None if line == "" else line.rstrip("\n")
+
+
+def _handle(session, line: str, out: TextIO) -> int:
+    """Run one input and print its outcome; returns 1 when it failed."""
+    from plugin_llm.errors import PluginLlmError
+
+    try:
+        result = session.run_turn(line)
+    except PluginLlmError as exc:
+        print(f"error: {type(exc).__name__}: {_safe(exc)}", file=out)
+        return 1
+    except ValueError as exc:
+        print(f"error: {exc}", file=out)
+        return 1
+    _print_result(result, out)
+    return 0 if result.ok else 1
+
+
+def _run_pending(session, out: TextIO) -> int:
+    failures = 0
+    for _ in range(8):  # a plugin that injects on every turn cannot loop forever
+        items = session.drain_pending()
+        if not items:
+            break
+        for item in items:
+            print(f"[injected] {item}", file=out)
+            failures += _handle(session, item, out)
+            if session.exit_requested:
+                return failures
+    return failures
+
+
+def _print_result(result, out: TextIO) -> None:
+    if result.kind == "reply":
+        for run in result.tool_runs:
+            args = json.dumps(run.arguments, ensure_ascii=False)
+            print(f"  [tool] {run.name}({args}) -> {_one_line(run.result)}", file=out)
+        for item in result.injected:
+            print(f"  [joined this turn] {item}", file=out)
+        print(f"assistant> {result.text or ''}", file=out)
+    elif result.text:
+        print(result.text, file=out)
+    out.flush()
+
+
+def _one_line(text: str, limit: int = 200) -> str:
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
+def _safe(exc: BaseException) -> str:
+    try:
+        from auth import redact
+    except ImportError:
+        return str(exc)
+    return redact(str(exc))

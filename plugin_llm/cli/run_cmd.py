@@ -1,0 +1,63 @@
+"""``plugin-llm run COMMAND [ARGS...]``: run one slash command and print what it returns.
+
+Built-in commands (``plugins``, ``tools``, ``help``, ...) and plugin commands
+(sync or async handlers) alike; the leading ``/`` is optional. ``-`` as the
+only argument reads the arguments from standard input (for long pastes).
+No session is attached while it runs, so ``ctx.inject_message`` returns
+False: there is no conversation to receive the message. An unknown command
+exits with status 2 and lists the available ones; a handler that raises exits
+with status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from plugin_llm.cli.main import CliError
+
+__all__ = ["register", "run"]
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "run",
+        help="run one plugin slash command",
+        description="Run one slash command (built-in or from a plugin) and print what it returns.",
+        epilog="Options go before COMMAND; everything after it is passed to the command. "
+        "Example: plugin-llm run tldr 'a long text to summarise'",
+    )
+    parser.add_argument("--home", metavar="DIR", help="home directory (default: $HERMES_HOME or ~/.hermes)")
+    parser.add_argument("command_name", metavar="COMMAND", help="command name, e.g. tldr or /tldr")
+    parser.add_argument("command_args", nargs=argparse.REMAINDER, metavar="ARGS",
+                        help="arguments passed to the command as one string ('-' reads standard input)")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from plugin_llm.host import Session
+    from plugin_llm.host.bootstrap import home_environment, load_manager, resolve_home
+
+    name = args.command_name.strip().lstrip("/")
+    if not name:
+        raise CliError("no command given; try: plugin-llm run help")
+    raw = " ".join(args.command_args)
+    if args.command_args == ["-"]:
+        raw = sys.stdin.read().strip()
+    home = resolve_home(args.home)
+    with home_environment(home):
+        manager = load_manager(home)
+        session = Session(manager, platform="cli")  # not attached: no conversation to inject into
+        try:
+            result = session.run_command(name, raw)
+        finally:
+            session.close()
+    if result.kind == "unknown_command":
+        raise CliError(f"{result.text}\n(plugin commands come from enabled plugins in {home}/config.yaml; "
+                       "see: plugin-llm plugins list)")
+    if result.kind == "command_error":
+        print(f"plugin-llm: error: {result.text}", file=sys.stderr)
+        return 1
+    if result.text:
+        print(result.text)
+    return 0
