@@ -175,23 +175,33 @@ def _clean_message(exc: BaseException) -> str:
     return " ".join(text.split())[:500]
 
 
+def _chain(exc: BaseException) -> list[BaseException]:
+    """The exception and its causes (litellm wraps a refused connection in a 500)."""
+    seen: list[BaseException] = []
+    while exc is not None and exc not in seen and len(seen) < 10:
+        seen.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    return seen
+
+
 def _map_error(exc: BaseException, route: Route, secret: str | None, deadline: float) -> PluginLlmError:
-    name = type(exc).__name__
-    status = _status_of(exc)
+    chain = _chain(exc)
+    names = " ".join(type(e).__name__ for e in chain)
     message = _scrub(_clean_message(exc), secret)
-    if "Timeout" in name or isinstance(exc, (TimeoutError, asyncio.TimeoutError)):
+    if "Timeout" in names or any(isinstance(e, TimeoutError) for e in chain):
         err: PluginLlmError = PluginLlmTimeoutError(
             f"{route.provider} did not answer in time (model {route.model}): {message}"
         )
         err.retryable = time.monotonic() < deadline  # type: ignore[attr-defined]
         return err
-    if status is None and ("Connection" in name or isinstance(exc, (ConnectionError, OSError))):
+    if "ConnectError" in names or "APIConnectionError" in names or any(isinstance(e, ConnectionError) for e in chain):
         return PluginLlmProviderError(
             f"cannot reach {route.provider} ({route.base_url or 'default endpoint'}): {message}",
             status=None, provider=route.provider, retryable=True,
         )
+    status = _status_of(exc)
     retryable = status in RETRYABLE_STATUSES
-    label = f"HTTP {status}" if status else name
+    label = f"HTTP {status}" if status else type(exc).__name__
     error = PluginLlmProviderError(
         f"{route.provider} refused the call to model {route.model} ({label}): {message}",
         status=status, provider=route.provider, retryable=retryable,

@@ -31,3 +31,27 @@ def write_config(home: Path, text: str) -> Path:
     if st.st_mtime_ns == old:
         os.utime(path, ns=(st.st_atime_ns, old + 1_000_000))
     return path
+
+
+def audit_lines(home: Path) -> list[dict]:
+    """The call records (not operational events) of <home>/logs/agent.log, oldest first."""
+    import json
+
+    path = home / "logs" / "agent.log"
+    if not path.exists():
+        return []
+    records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return [r for r in records if r.get("event") == "llm.call"]
+
+
+@pytest.fixture
+def custom_route(hermes_home: Path):
+    """Point config.yaml at an OpenAI-compatible server: ``custom_route(base_url, **llm_settings)``."""
+
+    def configure(base_url: str, model: str = "gpt-4o", extra: str = "", **llm: object) -> Path:
+        text = f"model:\n  provider: custom\n  model: {model}\n  base_url: {base_url}\n"
+        if llm:
+            text += "llm:\n" + "".join(f"  {k}: {v}\n" for k, v in llm.items())
+        return write_config(hermes_home, text + extra)
+
+    return configure
