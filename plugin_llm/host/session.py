@@ -49,7 +49,7 @@ import threading
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Generator
+from typing import TYPE_CHECKING, Any, Callable, Generator, Mapping
 
 from plugin_llm.host.compressor import DEFAULT_BUDGET_TOKENS, ContextCompressor
 
@@ -251,7 +251,8 @@ class Session:
     def context_budget_tokens(self) -> int:
         if self._budget is not None:
             return self._budget
-        value = (self._config_raw().get("context") or {}).get("budget_tokens")
+        context = self._config_raw().get("context")
+        value = context.get("budget_tokens") if isinstance(context, Mapping) else None
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             return value
         return DEFAULT_BUDGET_TOKENS
@@ -269,14 +270,14 @@ class Session:
         except Exception:  # config unreadable: the gateway reports it on the call
             return ("local", "local")
 
-    def _config_raw(self) -> dict[str, Any]:
+    def _config_raw(self) -> Mapping[str, Any]:
         try:
             from plugin_llm.config import get_config_source
 
             raw = get_config_source(self.manager.home).current().raw
         except Exception:  # no config module yet, unreadable file: defaults apply
             return {}
-        return raw if isinstance(raw, dict) else {}
+        return raw if isinstance(raw, Mapping) else {}
 
     # --- injected messages ---------------------------------------------------------------
 
