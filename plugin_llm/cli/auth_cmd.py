@@ -35,8 +35,13 @@ class _NoEchoParser(argparse.ArgumentParser):
 
     argparse's "unrecognized arguments: sk-..." would print a key someone typed
     on the command line; the leftovers go to ``args._stray`` and :func:`run`
-    reports them without their values.
+    reports them without their values. Abbreviations are off: argparse's
+    "ambiguous option: --key=sk-..." error would echo the value too.
     """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
 
     def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
         namespace, extras = super().parse_known_args(args, namespace)
@@ -112,7 +117,12 @@ def run(args: argparse.Namespace) -> int:
     if action is None:
         args._auth_parser.print_help()
         return 2
-    return {"list": _cmd_list, "add": _cmd_add, "remove": _cmd_remove, "test": _cmd_test}[action](args)
+    command = {"list": _cmd_list, "add": _cmd_add, "remove": _cmd_remove, "test": _cmd_test}[action]
+    try:
+        return command(args)
+    except OSError as exc:  # unwritable home, disk full...: an operator problem, not a traceback
+        where = f" {exc.filename}" if exc.filename else ""
+        raise CliError(f"auth {action}: cannot access{where}: {exc.strerror or exc}", 1) from None
 
 
 # --------------------------------------------------------------------------- #
