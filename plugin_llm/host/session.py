@@ -262,6 +262,10 @@ class Session:
         """(provider, model): the last route actually used, else what config.yaml selects."""
         if self._last_route is not None:
             return self._last_route
+        return self.configured_route()
+
+    def configured_route(self) -> tuple[str, str]:
+        """(provider, model) that config.yaml selects now (the next request uses it)."""
         try:
             from plugin_llm.config import get_config_source
 
@@ -477,9 +481,11 @@ class Session:
         elif key == "history":
             text = self._history_text()
         else:  # model
-            provider, model = self.route
-            text = (f"model: {model} (provider: {provider or 'inferred'})\n"
-                    "Change it with model: in config.yaml; the next turn uses the new route.")
+            provider, model = self.configured_route()
+            text = f"model: {model} (provider: {provider or 'inferred'}), from {self.manager.home}/config.yaml"
+            if self._last_route is not None and self._last_route != (provider, model):
+                text += f"\nlast request answered by: {self._last_route[1]} (provider: {self._last_route[0]})"
+            text += "\nChange it with model: in config.yaml; the next turn uses the new route."
         return TurnResult(kind="command", text=text, stop_reason="command", command=key)
 
     def reset(self) -> str:
