@@ -1,0 +1,250 @@
+"""The audit record schema (SPEC §7): field names, allowed values, hashing helpers.
+
+Every line of ``agent.log`` is one JSON object. Call records (``kind: "call"``)
+carry the fields below; operational events (``kind: "event"``) carry ``event``
+plus their own fields. Both carry the chain fields ``schema``, ``seq``,
+``prev_hash`` and ``hash`` added by the writer. Field names follow the
+OpenTelemetry GenAI semantic conventions where one exists.
+
+This module is pure: no I/O, no globals that change.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+__all__ = [
+    "SCHEMA_VERSION",
+    # chain / envelope
+    "SCHEMA", "SEQ", "PREV_HASH", "HASH", "TS", "EVENT", "KIND",
+    "KIND_CALL", "KIND_EVENT",
+    # call fields
+    "CALL_ID", "PLUGIN_ID", "PURPOSE", "API", "MODE", "DECISION", "DECISION_REASON",
+    "STATUS", "ERROR_TYPE", "OPERATION_NAME", "PROVIDER_NAME", "REQUEST_MODEL",
+    "RESPONSE_MODEL", "AGENT_ID", "PROFILE", "INPUT_TOKENS", "OUTPUT_TOKENS",
+    "COST_USD", "ATTEMPTS", "LATENCY_MS", "OVERHEAD_MS", "SCHEMA_NAME", "SCHEMA_SHA256",
+    "VALIDATION", "PROMPT_SHA256", "RESPONSE_SHA256", "AUDIT_WRITE_ERROR",
+    "INPUT_MESSAGES", "OUTPUT_MESSAGES", "SYSTEM_INSTRUCTIONS", "OUTPUT_TEXT", "CONTENT_FIELDS",
+    "CALL_FIELDS",
+    # values
+    "APIS", "MODES", "DECISIONS", "STATUSES", "VALIDATIONS",
+    # events
+    "EVENT_LLM_CALL", "EVENT_CHAIN_RESUMED", "EVENT_PLUGIN_LOAD_FAILED", "EVENT_HOOK_ERROR",
+    "EVENT_CONFIG_RELOADED", "EVENT_AUDIT_SETTINGS_CHANGED",
+    # helpers
+    "canonical_json", "sha256_text", "sha256_json", "new_call_id", "call_record",
+    "is_call_record", "config_reload_fields", "changed_entries",
+]
+
+#: Version of the record layout; bumped when a field changes meaning.
+SCHEMA_VERSION = 1
+
+# -- envelope, added by the writer ------------------------------------------------
+SCHEMA = "schema"
+SEQ = "seq"
+PREV_HASH = "prev_hash"
+HASH = "hash"
+TS = "ts"
+EVENT = "event"
+KIND = "kind"
+KIND_CALL = "call"
+KIND_EVENT = "event"
+
+# -- call record fields (SPEC §7) -------------------------------------------------
+CALL_ID = "call_id"
+PLUGIN_ID = "plugin_id"
+PURPOSE = "purpose"
+API = "api"
+MODE = "mode"
+DECISION = "decision"
+DECISION_REASON = "decision_reason"
+STATUS = "status"
+ERROR_TYPE = "error.type"
+OPERATION_NAME = "gen_ai.operation.name"
+PROVIDER_NAME = "gen_ai.provider.name"
+REQUEST_MODEL = "gen_ai.request.model"
+RESPONSE_MODEL = "gen_ai.response.model"
+AGENT_ID = "agent_id"
+PROFILE = "profile"
+INPUT_TOKENS = "gen_ai.usage.input_tokens"
+OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
+COST_USD = "cost_usd"
+ATTEMPTS = "attempts"
+LATENCY_MS = "latency_ms"
+OVERHEAD_MS = "overhead_ms"
+SCHEMA_NAME = "schema_name"
+SCHEMA_SHA256 = "schema_sha256"
+VALIDATION = "validation"
+PROMPT_SHA256 = "prompt_sha256"
+RESPONSE_SHA256 = "response_sha256"
+#: added by the writer to the first line written after lines were lost
+AUDIT_WRITE_ERROR = "audit_write_error"
+
+# -- message content: only with ``audit.log_content: true`` -------------------------
+INPUT_MESSAGES = "gen_ai.input.messages"
+OUTPUT_MESSAGES = "gen_ai.output.messages"
+SYSTEM_INSTRUCTIONS = "gen_ai.system_instructions"
+OUTPUT_TEXT = "gen_ai.output.text"
+#: dropped by the writer unless the operator opted in
+CONTENT_FIELDS: tuple[str, ...] = (INPUT_MESSAGES, OUTPUT_MESSAGES, SYSTEM_INSTRUCTIONS, OUTPUT_TEXT)
+
+#: every field of a call record, in documentation order
+CALL_FIELDS: tuple[str, ...] = (
+    TS, EVENT, KIND, CALL_ID, PLUGIN_ID, PURPOSE, API, MODE, DECISION, DECISION_REASON,
+    STATUS, ERROR_TYPE, OPERATION_NAME, PROVIDER_NAME, REQUEST_MODEL, RESPONSE_MODEL,
+    AGENT_ID, PROFILE, INPUT_TOKENS, OUTPUT_TOKENS, COST_USD, ATTEMPTS, LATENCY_MS,
+    OVERHEAD_MS, SCHEMA_NAME, SCHEMA_SHA256, VALIDATION, PROMPT_SHA256, RESPONSE_SHA256,
+)
+
+APIS = ("complete", "structured")
+MODES = ("sync", "async")
+DECISIONS = ("allowed", "denied")
+STATUSES = ("ok", "denied", "timeout", "provider_error", "schema_error", "quota", "error")
+VALIDATIONS = ("passed", "failed", "none")
+
+# -- event names ------------------------------------------------------------------
+EVENT_LLM_CALL = "llm.call"
+EVENT_CHAIN_RESUMED = "chain_resumed"
+EVENT_PLUGIN_LOAD_FAILED = "plugin_load_failed"
+EVENT_HOOK_ERROR = "hook_error"
+EVENT_CONFIG_RELOADED = "config_reloaded"
+EVENT_AUDIT_SETTINGS_CHANGED = "audit_settings_changed"
+
+
+def canonical_json(record: Mapping[str, Any]) -> bytes:
+    """The bytes the chain hashes: sorted keys, no whitespace, UTF-8, no ASCII escaping."""
+    return json.dumps(record, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def sha256_text(text: str) -> str:
+    """Hex SHA-256 of ``text`` encoded as UTF-8 (prompt and response digests)."""
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def sha256_json(value: Any) -> str:
+    """Hex SHA-256 of a JSON value's canonical form (messages, schemas, trust policies)."""
+    return hashlib.sha256(canonical_json(value)).hexdigest()
+
+
+def new_call_id() -> str:
+    """A fresh call id (``call_`` + 32 hex digits), unique across hosts."""
+    return "call_" + uuid.uuid4().hex
+
+
+def _check(name: str, value: str | None, allowed: Iterable[str]) -> None:
+    if value is not None and value not in allowed:
+        raise ValueError(f"audit record field {name!r} must be one of {', '.join(allowed)}; got {value!r}")
+
+
+def call_record(
+    *,
+    call_id: str,
+    plugin_id: str,
+    api: str,
+    mode: str,
+    decision: str,
+    status: str,
+    purpose: str | None = None,
+    decision_reason: str | None = None,
+    error_type: str | None = None,
+    operation: str = "chat",
+    provider: str | None = None,
+    request_model: str | None = None,
+    response_model: str | None = None,
+    agent_id: str | None = None,
+    profile: str | None = None,
+    input_tokens: int | None = None,
+    output_tokens: int | None = None,
+    cost_usd: float | None = None,
+    attempts: int | None = None,
+    latency_ms: float | None = None,
+    overhead_ms: float | None = None,
+    schema_name: str | None = None,
+    schema_sha256: str | None = None,
+    validation: str = "none",
+    prompt_sha256: str | None = None,
+    response_sha256: str | None = None,
+    content: Mapping[str, Any] | None = None,
+    ts: str | None = None,
+) -> dict[str, Any]:
+    """Build one call record with every SPEC §7 field present (``None`` when unknown).
+
+    ``content`` holds message content keyed by :data:`CONTENT_FIELDS`; the writer
+    drops it unless ``audit.log_content`` is on. Enumerated fields are checked
+    so a typo in the core fails loudly in tests instead of polluting the log.
+    """
+    _check(API, api, APIS)
+    _check(MODE, mode, MODES)
+    _check(DECISION, decision, DECISIONS)
+    _check(STATUS, status, STATUSES)
+    _check(VALIDATION, validation, VALIDATIONS)
+    record: dict[str, Any] = {
+        EVENT: EVENT_LLM_CALL,
+        KIND: KIND_CALL,
+        CALL_ID: call_id,
+        PLUGIN_ID: plugin_id,
+        PURPOSE: purpose,
+        API: api,
+        MODE: mode,
+        DECISION: decision,
+        DECISION_REASON: decision_reason,
+        STATUS: status,
+        ERROR_TYPE: error_type,
+        OPERATION_NAME: operation,
+        PROVIDER_NAME: provider,
+        REQUEST_MODEL: request_model,
+        RESPONSE_MODEL: response_model,
+        AGENT_ID: agent_id,
+        PROFILE: profile,
+        INPUT_TOKENS: input_tokens,
+        OUTPUT_TOKENS: output_tokens,
+        COST_USD: cost_usd,
+        ATTEMPTS: attempts,
+        LATENCY_MS: latency_ms,
+        OVERHEAD_MS: overhead_ms,
+        SCHEMA_NAME: schema_name,
+        SCHEMA_SHA256: schema_sha256,
+        VALIDATION: validation,
+        PROMPT_SHA256: prompt_sha256,
+        RESPONSE_SHA256: response_sha256,
+    }
+    if ts is not None:
+        record[TS] = ts
+    if content:
+        unknown = set(content) - set(CONTENT_FIELDS)
+        if unknown:
+            raise ValueError(f"unknown audit content field(s) {sorted(unknown)}; use {list(CONTENT_FIELDS)}")
+        record.update(content)
+    return record
+
+
+def is_call_record(record: Mapping[str, Any]) -> bool:
+    """True for a call/denial record, False for an operational event."""
+    kind = record.get(KIND)
+    if kind is not None:
+        return kind == KIND_CALL
+    return record.get(EVENT) == EVENT_LLM_CALL
+
+
+def changed_entries(old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> list[str]:
+    """Sorted keys whose value differs between two ``plugins.entries`` mappings."""
+    old = old or {}
+    new = new or {}
+    return sorted(k for k in set(old) | set(new) if k not in old or k not in new or sha256_json(old[k]) != sha256_json(new[k]))
+
+
+def config_reload_fields(old_policy: Mapping[str, Any] | None, new_policy: Mapping[str, Any]) -> dict[str, Any]:
+    """Fields of a ``config_reloaded`` event: digest of the new effective policy and what changed.
+
+    Pass the *effective* per-plugin trust policy (plugin id -> its ``llm`` block
+    after validation), not the raw YAML, so the digest changes only when what
+    the gate enforces changes.
+    """
+    return {
+        "trust_policy_sha256": sha256_json(dict(new_policy)),
+        "changed_entries": changed_entries(old_policy, new_policy),
+    }

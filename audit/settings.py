@@ -1,0 +1,107 @@
+"""Operator settings of the audit log (``audit:`` in ``config.yaml``).
+
+``fsync`` trade-off: with ``"never"`` (default) a record is in the kernel's page
+cache once ``write`` returns, so it survives a crash of the host *process* but
+the last few seconds can be lost if the *machine* loses power; ``"always"``
+calls ``fsync`` after every record, which survives power loss but costs one
+disk flush per call (typically 0.1-10 ms, see ``benchmarks/bench_audit.py``).
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+__all__ = ["AuditSettings", "FSYNC_POLICIES", "parse_audit_settings"]
+
+FSYNC_POLICIES = ("never", "always")
+
+
+@dataclass(frozen=True)
+class AuditSettings:
+    """How the writer behaves. Immutable; swap with ``AuditLog.update_settings``."""
+
+    log_content: bool = False  #: operator opt-in: message content in records
+    required: bool = False  #: fail the call closed when the log can't be written
+    max_bytes: int = 50 * 1024**2  #: rotate agent.log beyond this size; 0 = never rotate
+    backup_count: int = 10  #: keep agent.log.1 .. agent.log.N; 0 = drop the old file on rotation
+    fsync: str = "never"  #: "never" | "always" (see module docstring)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.log_content, bool) or not isinstance(self.required, bool):
+            raise ValueError("audit.log_content and audit.required must be true or false")
+        if isinstance(self.max_bytes, bool) or not isinstance(self.max_bytes, int) or self.max_bytes < 0:
+            raise ValueError(f"audit.max_bytes must be a whole number of bytes >= 0; got {self.max_bytes!r}")
+        if isinstance(self.backup_count, bool) or not isinstance(self.backup_count, int) or self.backup_count < 0:
+            raise ValueError(f"audit.backup_count must be a whole number >= 0; got {self.backup_count!r}")
+        if self.fsync not in FSYNC_POLICIES:
+            raise ValueError(f"audit.fsync must be one of {', '.join(FSYNC_POLICIES)}; got {self.fsync!r}")
+
+
+_SIZE = re.compile(r"^\s*(\d+)\s*([kmg]i?b?|b)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
+
+
+def _parse_size(value: Any) -> int:
+    if isinstance(value, bool):
+        raise ValueError
+    if isinstance(value, int):
+        return value
+    match = _SIZE.match(str(value))
+    if not match:
+        raise ValueError
+    return int(match.group(1)) * _UNITS[(match.group(2) or "")[:1].lower()]
+
+
+def _parse_bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    raise ValueError
+
+
+def parse_audit_settings(section: Mapping[str, Any] | None) -> tuple[AuditSettings, list[str]]:
+    """Settings from the ``audit:`` mapping of config.yaml, plus warnings.
+
+    Never raises for bad values: an invalid value keeps its default (booleans
+    count as false, per SPEC §3) and yields a warning naming the key; unknown
+    keys are warned about with a "did you mean" hint. ``max_bytes`` accepts a
+    number or a size such as ``"50MB"`` / ``"10 MiB"``.
+    """
+    defaults = AuditSettings()
+    warnings: list[str] = []
+    if section is None:
+        return defaults, warnings
+    if not isinstance(section, Mapping):
+        return defaults, [f"audit: expected a mapping, got {type(section).__name__}; using defaults"]
+    known = [f.name for f in fields(AuditSettings)]
+    values: dict[str, Any] = {}
+    for key, raw in section.items():
+        if key not in known:
+            hint = difflib.get_close_matches(str(key), known, n=1)
+            warnings.append(f"audit.{key}: unknown setting" + (f" (did you mean audit.{hint[0]}?)" if hint else ""))
+            continue
+        try:
+            if key in ("log_content", "required"):
+                values[key] = _parse_bool(raw)
+            elif key == "max_bytes":
+                values[key] = _parse_size(raw)
+            elif key == "backup_count":
+                if isinstance(raw, bool) or not isinstance(raw, int):
+                    raise ValueError
+                values[key] = raw
+            else:
+                values[key] = str(raw).strip().lower()
+            AuditSettings(**{key: values[key]})
+        except ValueError:
+            values.pop(key, None)
+            if key in ("log_content", "required"):
+                values[key] = False
+                warnings.append(f"audit.{key}: {raw!r} is not true/false; treated as false")
+            else:
+                warnings.append(f"audit.{key}: invalid value {raw!r}; using the default {getattr(defaults, key)!r}")
+    return AuditSettings(**values), warnings

@@ -1,0 +1,505 @@
+"""The hash-chained, crash- and concurrency-safe writer of ``agent.log``.
+
+One record = one ``write`` of one whole line on an ``O_APPEND`` descriptor,
+made while holding a ``threading.Lock`` (threads of this process) *and* an
+exclusive ``flock`` on ``agent.log.lock`` (other processes sharing the home).
+Under the lock the writer first checks that the file is still the one, and
+the size, it last wrote; if another process appended or rotated meanwhile it
+re-reads the last line (from the end of the file: a few kilobytes, whatever
+the log's size) to take ``seq`` and ``prev_hash`` from there. So any number of
+threads and processes produce one valid chain.
+
+Recovery: if the file does not end where a complete record ends (a crash tore
+the last line, or a short write on a full disk), the writer appends a newline
+(so the torn bytes stay on a line of their own), reports it once on stderr,
+and writes a chained ``chain_resumed`` event naming the torn bytes (offset,
+length, SHA-256); the chain continues from the last complete record.
+``verify`` accepts an unparseable line only when such an event follows it.
+
+Failures never break a call unless ``settings.required``: the record is
+counted as lost, the problem is reported once on stderr, and the next line
+that is written carries ``audit_write_error`` (what failed, how many records
+were lost, since when).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import os
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from audit.chain import GENESIS_HASH, LineFields, fast_fields, parse_fields
+from audit.errors import AuditWriteError
+from audit.logfiles import backup_path, iter_lines_reverse, list_log_files, lock_path
+from audit.processors import build_chain, format_ts
+from audit.records import (
+    AUDIT_WRITE_ERROR,
+    EVENT,
+    EVENT_CHAIN_RESUMED,
+    EVENT_LLM_CALL,
+    HASH,
+    KIND,
+    KIND_CALL,
+    KIND_EVENT,
+    PREV_HASH,
+    SEQ,
+)
+from audit.settings import AuditSettings
+
+__all__ = ["AuditLog", "AuditWriteError", "get_audit_log"]
+
+_FILE_MODE = 0o640
+_MIN_FREE_BYTES = 64 * 1024
+
+WriteFn = Callable[[int, bytes], int]
+
+
+class _Appender:
+    """The structlog "logger" at the end of the chain: hands lines to the locked file."""
+
+    def __init__(self, log: AuditLog) -> None:
+        self._log = weakref.proxy(log)
+
+    def write(self, line: bytes, record: dict[str, Any]) -> dict[str, Any]:
+        self._log._append_locked(line)
+        return record
+
+
+class _ChainLogger(structlog.BoundLoggerBase):
+    """Bound logger whose only method runs the processor chain on a whole record."""
+
+    def write(self, event_dict: dict[str, Any], /) -> dict[str, Any]:
+        args, kwargs = self._process_event("write", None, event_dict)
+        return self._logger.write(*args, **kwargs)
+
+
+class _Failure:
+    """Records lost since the last successful write."""
+
+    __slots__ = ("reason", "lost", "since")
+
+    def __init__(self, reason: str, since: str) -> None:
+        self.reason = reason
+        self.lost = 0
+        self.since = since
+
+    def as_field(self) -> dict[str, Any]:
+        return {"error": self.reason, "lost_records": self.lost, "since": self.since}
+
+
+def _describe(exc: BaseException) -> str:
+    """What failed, without anything that could carry record content or secrets."""
+    if isinstance(exc, OSError):
+        name = errno.errorcode.get(exc.errno or 0, "")
+        text = exc.strerror or str(exc.args[0] if exc.args else "")
+        return f"{type(exc).__name__}: {text}" + (f" ({name})" if name else "")
+    return type(exc).__name__
+
+
+def _last_record(fd: int, size: int) -> tuple[LineFields, int] | None:
+    """Chain fields of the last complete record in ``fd[:size]`` and the offset just after it."""
+    import json
+
+    for offset, line in iter_lines_reverse(fd, size):
+        fields = fast_fields(line)
+        if fields is None:
+            try:
+                fields = parse_fields(json.loads(line))
+            except ValueError:
+                fields = None
+        if fields is not None:
+            end = offset + len(line)
+            return fields, (end + 1 if end < size else end)
+    return None
+
+
+class AuditLog:
+    """Writer of one audit log file (and its rotated backups).
+
+    Thread-safe and safe across processes. Prefer :func:`get_audit_log`, which
+    keeps one instance per file per process. ``redact`` is applied to every
+    string value before hashing; ``clock`` returns epoch seconds (tests);
+    ``write_fn`` replaces ``os.write`` (a seam to simulate a full disk).
+    """
+
+    def __init__(
+        self,
+        path: Path | str,
+        settings: AuditSettings = AuditSettings(),
+        *,
+        redact: Callable[[str], str] | None = None,
+        clock: Callable[[], float] | None = None,
+        write_fn: WriteFn | None = None,
+    ) -> None:
+        self.path = Path(path).expanduser()
+        self._lock_path = lock_path(self.path)
+        self._settings = settings
+        self._redact = redact
+        self._clock = clock or time.time
+        self._write_fn: WriteFn = write_fn or os.write
+        self._tlock = threading.Lock()
+        self._pid = os.getpid()
+        self._fd: int | None = None
+        self._lock_fd: int | None = None
+        self._ident: tuple[int, int] | None = None  # (st_dev, st_ino) of self._fd
+        self._known: tuple[int, int] | None = None  # (st_ino, st_size) right after our last write
+        self._seq = 0
+        self._hash = GENESIS_HASH
+        self._failure: _Failure | None = None
+        self._no_rotate = False
+        self._logger = self._make_logger()
+        _INSTANCES.add(self)
+
+    # -- public API -------------------------------------------------------------
+
+    @property
+    def settings(self) -> AuditSettings:
+        return self._settings
+
+    @property
+    def head(self) -> tuple[int, str]:
+        """``(seq, hash)`` of the last record this instance wrote or resumed from."""
+        return self._seq, self._hash
+
+    def write(self, record: Mapping[str, Any]) -> dict[str, Any]:
+        """Append one call record; returns it as written (with ``seq``, ``prev_hash``, ``hash``).
+
+        ``kind`` defaults to ``"call"`` and ``event`` to ``"llm_call"``. If the
+        log cannot be written: with ``settings.required`` raise
+        :class:`AuditWriteError`; otherwise return the record without chain
+        fields (it was lost and is counted).
+        """
+        event_dict = dict(record)
+        if not all(type(k) is str for k in event_dict):
+            event_dict = {str(k): v for k, v in event_dict.items()}
+        event_dict.setdefault(KIND, KIND_CALL)
+        event_dict.setdefault(EVENT, EVENT_LLM_CALL)
+        return self._emit(event_dict, raise_required=True)
+
+    def write_event(self, event: str, /, **fields: Any) -> None:
+        """Append an operational event (``kind: "event"``), chained like call records.
+
+        Never raises, even with ``required``: events are not calls. A failure
+        is counted and reported like any other lost record.
+        """
+        event_dict = dict(fields)
+        event_dict[EVENT] = str(event)
+        event_dict[KIND] = KIND_EVENT
+        self._emit(event_dict, raise_required=False)
+
+    def check_writable(self) -> None:
+        """Raise :class:`AuditWriteError` unless a record could be appended now.
+
+        Opens (creating if needed) the log and lock files, takes the lock,
+        resynchronises the chain, and checks that some disk space is free.
+        Called before a provider call when ``audit.required`` is true.
+        """
+        with self._tlock:
+            try:
+                self._prepare()
+                try:
+                    self._sync_tail()
+                finally:
+                    fcntl.flock(self._lock_fd, fcntl.LOCK_UN)  # type: ignore[arg-type]
+                st = os.statvfs(self.path.parent)
+                if st.f_bavail * st.f_frsize < _MIN_FREE_BYTES:
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            except OSError as exc:
+                self._close_fds()
+                raise AuditWriteError(self.path, _describe(exc)) from None
+
+    def update_settings(self, settings: AuditSettings) -> None:
+        """Apply new settings (config hot reload) from the next record on."""
+        with self._tlock:
+            self._settings = settings
+            self._logger = self._make_logger()
+
+    def set_redactor(self, redact: Callable[[str], str] | None) -> None:
+        """Replace the redactor (e.g. when credentials are reloaded)."""
+        with self._tlock:
+            self._redact = redact
+            self._logger = self._make_logger()
+
+    def close(self) -> None:
+        """Close the file descriptors; the next write reopens them."""
+        with self._tlock:
+            self._close_fds()
+
+    def __enter__(self) -> AuditLog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"AuditLog({str(self.path)!r}, seq={self._seq})"
+
+    # -- the pipeline -----------------------------------------------------------
+
+    def _make_logger(self) -> _ChainLogger:
+        processors = build_chain(clock=self._clock, redact=self._redact, log_content=self._settings.log_content)
+        return _ChainLogger(_Appender(self), processors=processors, context={})
+
+    def _emit(self, event_dict: dict[str, Any], *, raise_required: bool) -> dict[str, Any]:
+        with self._tlock:
+            try:
+                self._prepare()
+                try:
+                    self._sync_tail()
+                    if self._failure is not None:
+                        event_dict[AUDIT_WRITE_ERROR] = self._failure.as_field()
+                    event_dict[SEQ] = self._seq + 1
+                    event_dict[PREV_HASH] = self._hash
+                    record = self._logger.write(event_dict)
+                    self._seq, self._hash = record[SEQ], record[HASH]
+                finally:
+                    fcntl.flock(self._lock_fd, fcntl.LOCK_UN)  # type: ignore[arg-type]
+            except Exception as exc:  # noqa: BLE001 - a logging failure must not break the call
+                return self._failed(exc, event_dict, raise_required)
+            self._failure = None
+            return record
+
+    def _prepare(self) -> None:
+        """Open what is needed (after a fork: anew) and take the process lock."""
+        if self._pid != os.getpid():
+            self._after_fork()
+        if self._lock_fd is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._lock_fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, _FILE_MODE)
+        fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+
+    def _open_log(self) -> os.stat_result:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, _FILE_MODE)
+        st = os.fstat(self._fd)
+        self._ident = (st.st_dev, st.st_ino)
+        self._known = None
+        return st
+
+    def _sync_tail(self) -> None:
+        """Under the lock: make (seq, hash) match the end of the file on disk."""
+        try:
+            st: os.stat_result | None = os.stat(self.path)
+        except FileNotFoundError:
+            st = None
+        if self._fd is None or st is None or (st.st_dev, st.st_ino) != self._ident:
+            st = self._open_log()  # first use, or another process rotated/removed the file
+        if self._known == (st.st_ino, st.st_size):
+            return
+        self._resume(st)
+
+    def _resume(self, st: os.stat_result) -> None:
+        """Find the last complete record (here or in the backups) and recover a torn tail."""
+        assert self._fd is not None
+        size = st.st_size
+        found = _last_record(self._fd, size)
+        good_end = found[1] if found else 0
+        fields = found[0] if found else self._last_in_backups()
+        self._seq, self._hash = (fields.seq, fields.hash) if fields else (0, GENESIS_HASH)
+        torn_bytes = size - good_end
+        torn_sha = ""
+        if torn_bytes:
+            torn_sha = self._digest_range(good_end, size)
+        if size and os.pread(self._fd, 1, size - 1) != b"\n":
+            self._write_all(b"\n")  # keep torn bytes on their own line; or finish a record missing only "\n"
+            size += 1
+        self._known = (st.st_ino, size)
+        if torn_bytes:
+            self._report(
+                f"audit log {self.path}: {torn_bytes} byte(s) at offset {good_end} are not a complete "
+                f"record (a crash or a full disk during a write); the chain resumes from seq {self._seq}"
+            )
+            self._no_rotate = True  # the event must sit right after the bytes it describes
+            try:
+                event_dict = {
+                    EVENT: EVENT_CHAIN_RESUMED,
+                    KIND: KIND_EVENT,
+                    "file": self.path.name,
+                    "torn_offset": good_end,
+                    "torn_bytes": torn_bytes,
+                    "torn_sha256": torn_sha,
+                    "resumed_from_seq": self._seq,
+                    SEQ: self._seq + 1,
+                    PREV_HASH: self._hash,
+                }
+                record = self._logger.write(event_dict)
+                self._seq, self._hash = record[SEQ], record[HASH]
+            finally:
+                self._no_rotate = False
+
+    def _last_in_backups(self) -> LineFields | None:
+        backups = [p for p in list_log_files(self.path) if p != self.path]
+        for path in reversed(backups):  # newest backup first
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                continue
+            try:
+                found = _last_record(fd, os.fstat(fd).st_size)
+            finally:
+                os.close(fd)
+            if found:
+                return found[0]
+        return None
+
+    def _digest_range(self, start: int, end: int) -> str:
+        assert self._fd is not None
+        digest = hashlib.sha256()
+        pos = start
+        while pos < end:
+            chunk = os.pread(self._fd, min(1 << 20, end - pos), pos)
+            if not chunk:
+                break
+            digest.update(chunk)
+            pos += len(chunk)
+        return digest.hexdigest()
+
+    def _write_all(self, data: bytes) -> None:
+        """Write ``data`` at the end of the file (one ``write`` unless the OS writes short)."""
+        assert self._fd is not None
+        while data:
+            written = self._write_fn(self._fd, data)
+            if written <= 0:
+                raise OSError(errno.EIO, "short write to the audit log")
+            data = data[written:]
+
+    def _append_locked(self, line: bytes) -> None:
+        """Called by the chain's last stage, lock held: rotate if needed, append, fsync."""
+        assert self._known is not None and self._fd is not None
+        size = self._known[1]
+        max_bytes = self._settings.max_bytes
+        if max_bytes and size and size + len(line) > max_bytes and not self._no_rotate:
+            self._rotate()
+            size = 0
+        self._known = None
+        self._write_all(line)
+        if self._settings.fsync == "always":
+            os.fsync(self._fd)
+        self._known = (self._ident[1], size + len(line))  # type: ignore[index]
+
+    def _rotate(self) -> None:
+        """agent.log -> agent.log.1 -> ... -> agent.log.N (dropped), then a fresh agent.log."""
+        keep = self._settings.backup_count
+        for path in list_log_files(self.path)[:-1]:
+            index = int(path.name.rsplit(".", 1)[1])
+            if index >= keep:
+                path.unlink(missing_ok=True)  # beyond retention (or about to be overwritten)
+        if keep == 0:
+            self.path.unlink(missing_ok=True)
+        else:
+            for index in range(keep - 1, 0, -1):
+                src = backup_path(self.path, index)
+                if src.exists():
+                    os.replace(src, backup_path(self.path, index + 1))
+            os.replace(self.path, backup_path(self.path, 1))
+        st = self._open_log()
+        if self._settings.fsync == "always":
+            dir_fd = os.open(self.path.parent, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
+        self._known = (st.st_ino, st.st_size)
+
+    # -- failures ---------------------------------------------------------------
+
+    def _failed(self, exc: Exception, event_dict: dict[str, Any], raise_required: bool) -> dict[str, Any]:
+        reason = _describe(exc)
+        self._known = None  # re-read the tail next time (a partial line may be there)
+        if isinstance(exc, OSError) and exc.errno in (errno.EBADF, None):
+            self._close_fds()
+        if self._failure is None:
+            self._failure = _Failure(reason, format_ts(self._clock()))
+            self._report(
+                f"audit log {self.path} cannot be written ({reason}); "
+                + (
+                    "audit.required is true, so calls fail until it can."
+                    if self._settings.required
+                    else "calls continue; lost records are counted in the next line written "
+                    "(set audit.required: true to fail calls instead)."
+                )
+            )
+        self._failure.lost += 1
+        self._failure.reason = reason
+        if raise_required and self._settings.required:
+            raise AuditWriteError(self.path, reason) from None
+        for key in (SEQ, PREV_HASH, HASH, AUDIT_WRITE_ERROR):
+            event_dict.pop(key, None)
+        return event_dict
+
+    def _report(self, message: str) -> None:
+        try:
+            print(f"plugin-llm: {message}", file=sys.stderr, flush=True)
+        except Exception:  # noqa: BLE001 - stderr itself may be gone
+            pass
+
+    # -- descriptors and fork ---------------------------------------------------
+
+    def _close_fds(self) -> None:
+        for name in ("_fd", "_lock_fd"):
+            fd = getattr(self, name)
+            if fd is not None:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+                setattr(self, name, None)
+        self._ident = None
+        self._known = None
+
+    def _after_fork(self) -> None:
+        """In a forked child: the inherited flock description is shared with the parent, so reopen."""
+        self._pid = os.getpid()
+        self._close_fds()
+
+
+_INSTANCES: weakref.WeakSet[AuditLog] = weakref.WeakSet()
+_REGISTRY: dict[str, AuditLog] = {}
+_REGISTRY_LOCK = threading.Lock()
+
+
+def _reinit_after_fork() -> None:
+    # A thread of the parent may have held these locks at fork time: the child needs fresh ones.
+    global _REGISTRY_LOCK
+    _REGISTRY_LOCK = threading.Lock()
+    for log in list(_INSTANCES):
+        log._tlock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_reinit_after_fork)
+
+
+def get_audit_log(
+    path: Path | str,
+    settings: AuditSettings | None = None,
+    redact: Callable[[str], str] | None = None,
+) -> AuditLog:
+    """The process-wide :class:`AuditLog` for ``path`` (one per resolved path; thread-safe).
+
+    Given ``settings`` or ``redact`` that differ from the instance's, they are
+    applied to it (so the call after a config reload picks them up).
+    """
+    key = os.path.realpath(os.path.expanduser(os.fspath(path)))
+    with _REGISTRY_LOCK:
+        log = _REGISTRY.get(key)
+        if log is None:
+            log = AuditLog(key, settings or AuditSettings(), redact=redact)
+            _REGISTRY[key] = log
+            return log
+    if settings is not None and settings != log.settings:
+        log.update_settings(settings)
+    if redact is not None and redact is not log._redact:
+        log.set_redactor(redact)
+    return log
