@@ -1,0 +1,329 @@
+"""Reading the audit log: filtered streaming, tail, follow, time parsing.
+
+Everything streams over ``agent.log.N`` .. ``agent.log.1``, ``agent.log``
+(oldest first) from a consistent snapshot (see :mod:`audit.logfiles`), one
+line in memory at a time. ``verify`` and ``stats`` live in their own modules
+and are re-exported here, so ``audit.reader`` offers every read.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import re
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+from audit.errors import AuditLogNotFoundError
+from audit.logfiles import iter_lines, iter_lines_reverse, resolve_log_path, snapshot
+from audit.records import PLUGIN_ID, PURPOSE, REQUEST_MODEL, RESPONSE_MODEL, STATUS, TS, is_call_record
+from audit.summary import StatsRow, percentile, stats
+from audit.verifier import VerifyProblem, VerifyResult, verify
+
+__all__ = [
+    "iter_records",
+    "parse_time",
+    "record_time",
+    "tail_records",
+    "follow_records",
+    "TailCursor",
+    "verify",
+    "VerifyResult",
+    "VerifyProblem",
+    "stats",
+    "StatsRow",
+    "percentile",
+]
+
+_RELATIVE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$", re.IGNORECASE)
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+# the writer's own timestamp format: fixed width, UTC, so it compares as text
+_OWN_TS = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
+_GLOB = re.compile(r"[*?\[]")
+
+BadLineHandler = Callable[[Path, int, str], None]
+
+
+def parse_time(text: str, now: datetime | None = None) -> datetime:
+    """An aware datetime from ISO 8601 (``2025-01-31``, ``2025-01-31T12:00:00Z``) or a
+    relative time before ``now`` (``90s``, ``15m``, ``1h``, ``7d``, ``2w``; ``now``).
+
+    ISO times without an offset are local time, as an operator typing them means.
+    """
+    now = now or datetime.now(timezone.utc)
+    if now.tzinfo is None:
+        now = now.astimezone()
+    value = str(text).strip()
+    if value.lower() == "now":
+        return now
+    match = _RELATIVE.match(value)
+    if match:
+        return now - timedelta(seconds=float(match.group(1)) * _UNIT_SECONDS[match.group(2).lower()])
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        raise ValueError(
+            f"cannot read the time {text!r}: use ISO 8601 (2025-01-31 or 2025-01-31T12:00:00Z) "
+            f"or a relative time such as 90s, 15m, 1h, 7d"
+        ) from None
+    return parsed if parsed.tzinfo is not None else parsed.astimezone()
+
+
+def record_time(record: dict[str, Any]) -> datetime | None:
+    """The record's ``ts`` as an aware datetime, or None when missing/unreadable."""
+    value = record.get(TS)
+    if not isinstance(value, str):
+        return None
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=timezone.utc)
+
+
+def _own_ts(moment: datetime) -> str:
+    moment = moment.astimezone(timezone.utc)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+
+
+def _as_set(value: str | Iterable[str] | None) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        items = [v.strip() for v in value.split(",")]
+    else:
+        items = [str(v).strip() for v in value]
+    items = [v for v in items if v]
+    return tuple(items) or None
+
+
+def _needle(value: str) -> bytes | None:
+    """Bytes a matching line must contain (the JSON string as the writer renders it)."""
+    return json.dumps(value, ensure_ascii=False).encode("utf-8")
+
+
+@dataclass(frozen=True)
+class _Filter:
+    plugins: tuple[str, ...] | None
+    statuses: tuple[str, ...] | None
+    models: tuple[str, ...] | None
+    purpose: str | None
+    since: datetime | None
+    until: datetime | None
+    include_events: bool
+
+    def prefilter(self) -> list[tuple[bytes, ...]]:
+        """Groups of byte strings; a line lacking every needle of some group cannot match.
+
+        This lets a selective query skip JSON parsing for most lines. It is
+        sound for lines as the writer renders them (plain JSON string escapes).
+        """
+        groups: list[tuple[bytes, ...]] = []
+        for values in (self.plugins, self.statuses):
+            if values:
+                groups.append(tuple(_needle(v) for v in values))  # type: ignore[misc]
+        if self.models and not any(_GLOB.search(m) for m in self.models):
+            groups.append(tuple(_needle(m) for m in self.models))  # type: ignore[misc]
+        return groups
+
+    def matches(self, record: dict[str, Any]) -> bool:
+        if not self.include_events and not is_call_record(record):
+            return False
+        if self.plugins and record.get(PLUGIN_ID) not in self.plugins:
+            return False
+        if self.statuses and record.get(STATUS) not in self.statuses:
+            return False
+        if self.models:
+            names = [m for m in (record.get(REQUEST_MODEL), record.get(RESPONSE_MODEL)) if isinstance(m, str)]
+            if not any(fnmatch.fnmatchcase(n, pat) for n in names for pat in self.models):
+                return False
+        if self.purpose is not None:
+            purpose = record.get(PURPOSE)
+            if not isinstance(purpose, str) or self.purpose not in purpose.casefold():
+                return False
+        if self.since is not None or self.until is not None:
+            if not self._in_range(record):
+                return False
+        return True
+
+    def _in_range(self, record: dict[str, Any]) -> bool:
+        ts = record.get(TS)
+        if isinstance(ts, str) and _OWN_TS.match(ts):  # fast: compare as text
+            if self.since is not None and ts < _own_ts(self.since):
+                return False
+            if self.until is not None and ts > _own_ts(self.until):
+                return False
+            return True
+        moment = record_time(record)
+        if moment is None:
+            return False
+        return (self.since is None or moment >= self.since) and (self.until is None or moment <= self.until)
+
+
+def _time_arg(value: str | datetime | None, now: datetime | None) -> datetime | None:
+    if value is None or isinstance(value, datetime):
+        return value.astimezone() if isinstance(value, datetime) and value.tzinfo is None else value
+    return parse_time(value, now)
+
+
+def iter_records(
+    path_or_home: str | os.PathLike[str],
+    *,
+    plugin: str | Iterable[str] | None = None,
+    status: str | Iterable[str] | None = None,
+    model: str | Iterable[str] | None = None,
+    since: str | datetime | None = None,
+    until: str | datetime | None = None,
+    purpose: str | None = None,
+    include_events: bool = False,
+    on_bad_line: BadLineHandler | None = None,
+    now: datetime | None = None,
+) -> Iterator[dict[str, Any]]:
+    """Records matching every given filter, oldest first, in constant memory.
+
+    ``plugin``/``status``/``model`` take one value, a comma-separated string or
+    an iterable (any may match); ``model`` matches the requested or the
+    reported model and accepts globs (``gpt-4o*``); ``purpose`` is a
+    case-insensitive substring; ``since``/``until`` are inclusive (datetime,
+    ISO text or relative like ``1h``). Operational events are included only
+    with ``include_events``. Lines that are not JSON are skipped and passed to
+    ``on_bad_line(path, line_number, reason)``; use :func:`verify` to judge them.
+    Raises :class:`AuditLogNotFoundError` when there is no log.
+    """
+    flt = _Filter(
+        plugins=_as_set(plugin),
+        statuses=_as_set(status),
+        models=_as_set(model),
+        purpose=purpose.casefold() if purpose else None,
+        since=_time_arg(since, now),
+        until=_time_arg(until, now),
+        include_events=include_events,
+    )
+    log_path = resolve_log_path(path_or_home)
+    groups = flt.prefilter()
+    loads = json.loads
+    with snapshot(log_path) as snaps:
+        if not snaps:
+            raise AuditLogNotFoundError(log_path)
+        for snap in snaps:
+            for number, _offset, raw in iter_lines(snap):
+                if groups and not all(any(n in raw for n in group) for group in groups):
+                    continue
+                try:
+                    record = loads(raw)
+                except ValueError:
+                    if on_bad_line is not None:
+                        on_bad_line(snap.path, number, "not JSON (torn or edited line)")
+                    continue
+                if not isinstance(record, dict):
+                    if on_bad_line is not None:
+                        on_bad_line(snap.path, number, "not a JSON object")
+                    continue
+                if flt.matches(record):
+                    yield record
+
+
+@dataclass(frozen=True)
+class TailCursor:
+    """Where :func:`follow_records` continues: the active file's identity and size."""
+
+    path: Path
+    inode: int
+    offset: int
+
+
+def tail_records(
+    path_or_home: str | os.PathLike[str], n: int = 10, *, include_events: bool = True
+) -> tuple[list[dict[str, Any]], TailCursor]:
+    """The last ``n`` records (oldest first) read backwards from the end, and a cursor to follow on."""
+    log_path = resolve_log_path(path_or_home)
+    found: list[dict[str, Any]] = []
+    with snapshot(log_path) as snaps:
+        if not snaps:
+            raise AuditLogNotFoundError(log_path)
+        newest = snaps[-1]
+        cursor = TailCursor(log_path, os.fstat(newest.file.fileno()).st_ino if newest.path == log_path else -1, newest.size)
+        for snap in reversed(snaps):
+            if len(found) >= n:
+                break
+            for _offset, line in iter_lines_reverse(snap.file.fileno(), snap.size):
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(record, dict) and (include_events or is_call_record(record)):
+                    found.append(record)
+                    if len(found) >= n:
+                        break
+    found.reverse()
+    return found, cursor
+
+
+def follow_records(
+    cursor: TailCursor,
+    *,
+    include_events: bool = True,
+    poll_interval: float = 0.25,
+    max_wait: float | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Iterator[dict[str, Any]]:
+    """Records appended after ``cursor``, as they arrive, across rotations.
+
+    Polls every ``poll_interval`` seconds; stops after ``max_wait`` seconds
+    (None: until the consumer stops iterating, e.g. on Ctrl-C).
+    """
+    deadline = None if max_wait is None else time.monotonic() + max_wait
+    path = cursor.path
+    f = None
+    buf = b""
+    try:
+        try:
+            f = open(path, "rb")
+            if os.fstat(f.fileno()).st_ino == cursor.inode:
+                f.seek(cursor.offset)
+        except FileNotFoundError:
+            f = None
+        while True:
+            chunk = f.read() if f is not None else b""
+            switch = False
+            if not chunk:  # nothing new: was the file rotated away (or created)?
+                try:
+                    inode: int | None = os.stat(path).st_ino
+                except FileNotFoundError:
+                    inode = None
+                if inode is not None and (f is None or inode != os.fstat(f.fileno()).st_ino):
+                    switch = True
+                    if f is not None:
+                        chunk = f.read()  # lines written just before the rotation
+            if chunk:
+                buf += chunk
+                *lines, buf = buf.split(b"\n")
+                for line in lines:
+                    try:
+                        record = json.loads(line)
+                    except ValueError:
+                        continue
+                    if isinstance(record, dict) and (include_events or is_call_record(record)):
+                        yield record
+            if switch:
+                if f is not None:
+                    f.close()
+                    f = None
+                buf = b""
+                try:
+                    f = open(path, "rb")
+                except FileNotFoundError:
+                    f = None
+                continue
+            if not chunk:
+                if deadline is not None and time.monotonic() >= deadline:
+                    return
+                sleep(poll_interval)
+    finally:
+        if f is not None:
+            f.close()

@@ -1,0 +1,143 @@
+"""Per-plugin and per-model summaries of call records. Pure.
+
+Definitions:
+
+- ``calls``: call records (denials included); operational events are ignored.
+- ``denials``: ``status == "denied"`` (or ``decision == "denied"``).
+- ``errors``: any status other than ``ok`` and ``denied``.
+- tokens and ``cost_usd``: sums of the numeric values present;
+  ``unpriced`` counts successful calls that carry no cost (unpriced model).
+- latency percentiles use the *nearest-rank* method over the ``latency_ms``
+  of calls that were not denied: ``p`` is the value at 1-based rank
+  ``ceil(p/100 * n)`` of the sorted latencies (so p50 of 1..10 is 5, p95 is
+  10). ``None`` when no call has a latency.
+- the model of a call is the provider-reported ``gen_ai.response.model``,
+  else ``gen_ai.request.model``, else ``"-"``.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from audit.records import (
+    COST_USD,
+    DECISION,
+    INPUT_TOKENS,
+    LATENCY_MS,
+    OUTPUT_TOKENS,
+    PLUGIN_ID,
+    REQUEST_MODEL,
+    RESPONSE_MODEL,
+    STATUS,
+    is_call_record,
+)
+
+__all__ = ["StatsRow", "stats", "percentile"]
+
+
+def percentile(sorted_values: Sequence[float], p: float) -> float | None:
+    """Nearest-rank percentile of already sorted values (None for no values)."""
+    n = len(sorted_values)
+    if n == 0:
+        return None
+    rank = max(1, math.ceil(p / 100.0 * n))
+    return sorted_values[min(rank, n) - 1]
+
+
+@dataclass(frozen=True)
+class StatsRow:
+    """One line of the summary: ``dimension`` is ``"plugin"`` or ``"model"``."""
+
+    dimension: str
+    key: str
+    calls: int
+    denials: int
+    errors: int
+    input_tokens: int
+    output_tokens: int
+    cost_usd: float
+    unpriced: int
+    p50_latency_ms: float | None
+    p95_latency_ms: float | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+class _Acc:
+    __slots__ = ("calls", "denials", "errors", "tin", "tout", "cost", "unpriced", "latencies")
+
+    def __init__(self) -> None:
+        self.calls = self.denials = self.errors = self.tin = self.tout = self.unpriced = 0
+        self.cost = 0.0
+        self.latencies = array("d")  # 8 bytes per call, not a Python float object
+
+    def add(self, record: dict[str, Any]) -> None:
+        self.calls += 1
+        status = record.get(STATUS)
+        denied = status == "denied" or record.get(DECISION) == "denied"
+        if denied:
+            self.denials += 1
+        elif status != "ok":
+            self.errors += 1
+        tin, tout, cost, latency = record.get(INPUT_TOKENS), record.get(OUTPUT_TOKENS), record.get(COST_USD), record.get(LATENCY_MS)
+        if _is_number(tin):
+            self.tin += int(tin)
+        if _is_number(tout):
+            self.tout += int(tout)
+        if _is_number(cost):
+            self.cost += float(cost)
+        elif status == "ok":
+            self.unpriced += 1
+        if not denied and _is_number(latency):
+            self.latencies.append(float(latency))
+
+    def row(self, dimension: str, key: str) -> StatsRow:
+        ordered = sorted(self.latencies)
+        return StatsRow(
+            dimension, key, self.calls, self.denials, self.errors, self.tin, self.tout,
+            round(self.cost, 10), self.unpriced, percentile(ordered, 50), percentile(ordered, 95),
+        )
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _model_of(record: dict[str, Any]) -> str:
+    for field in (RESPONSE_MODEL, REQUEST_MODEL):
+        value = record.get(field)
+        if isinstance(value, str) and value:
+            return value
+    return "-"
+
+
+def stats(records: Iterable[dict[str, Any]]) -> list[StatsRow]:
+    """Rows per plugin (sorted by id) then per model (sorted by name).
+
+    Memory grows only with the number of plugins/models and 8 bytes per
+    latency sample (percentiles need every value).
+    """
+    by_plugin: dict[str, _Acc] = {}
+    by_model: dict[str, _Acc] = {}
+    for record in records:
+        if not is_call_record(record):
+            continue
+        plugin = record.get(PLUGIN_ID)
+        plugin_key = plugin if isinstance(plugin, str) and plugin else "-"
+        acc = by_plugin.get(plugin_key)
+        if acc is None:
+            acc = by_plugin[plugin_key] = _Acc()
+        acc.add(record)
+        model_key = _model_of(record)
+        acc = by_model.get(model_key)
+        if acc is None:
+            acc = by_model[model_key] = _Acc()
+        acc.add(record)
+    rows = [acc.row("plugin", key) for key, acc in sorted(by_plugin.items())]
+    rows += [acc.row("model", key) for key, acc in sorted(by_model.items())]
+    return rows
