@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
         from plugin_llm.host.bootstrap import home_environment
 
         with home_environment(home):
-            _Demo(home, sys.stdout).run()
+            _Demo(home, sys.stdout, keep=args.keep).run()
     finally:
         if args.keep:
             print(f"\nDemo home kept at {home}\n  try: HERMES_HOME={home} plugin-llm chat")
@@ -96,9 +96,10 @@ def _seed(examples: Path, home: Path) -> None:
 
 
 class _Demo:
-    def __init__(self, home: Path, out: TextIO) -> None:
+    def __init__(self, home: Path, out: TextIO, *, keep: bool = False) -> None:
         self.home = home
         self.out = out
+        self.keep = keep
 
     def say(self, text: str = "") -> None:
         print(text, file=self.out)
@@ -184,7 +185,7 @@ class _Demo:
         self.say("  paste-to-tasks is trusted (allow_model_override + allowed_models) -> "
                  f"model={result.model!r} allowed")
 
-    def _audit(self, count: int = 10) -> None:
+    def _audit(self, count: int = 12) -> None:
         self.section(7, f"Audit trail: last {count} lines of logs/agent.log")
         records = _last_audit_records(self.home, count)
         if not records:
@@ -198,7 +199,11 @@ class _Demo:
             self.say(f"  {str(r.get('seq', '')):>4}  {str(r.get('plugin_id', '')):<16} "
                      f"{str(r.get('api', r.get('event', ''))):<10} {str(r.get('mode', '')):<5} "
                      f"{str(r.get('decision', '')):<8} {str(r.get('status', '')):<8} {str(model):<14} {tokens}")
-        self.say(f"  verify the chain: HERMES_HOME=<home> plugin-llm audit verify   ({self.home}/logs/agent.log)")
+        self.say(f"  {_verify_line(self.home)}")
+        if self.keep:
+            self.say(f"  inspect it: HERMES_HOME={self.home} plugin-llm audit tail")
+        else:
+            self.say("  (run with --keep to keep this home and inspect the log with plugin-llm audit ...)")
 
 
 def _yaml_for(config_key: str) -> str:
@@ -212,6 +217,19 @@ def _yaml_for(config_key: str) -> str:
     key = plugin_id if all(c.isalnum() or c in "-_/" for c in plugin_id) else json.dumps(plugin_id)
     value = "true" if flag.startswith("allow_") and not flag.startswith("allowed_") else "[...]"
     return f"plugins:\n  entries:\n    {key}:\n      llm:\n        {flag}: {value}"
+
+
+def _verify_line(home: Path) -> str:
+    """One line saying whether the hash chain of the demo's log verifies."""
+    try:
+        from audit import verify  # type: ignore[attr-defined]
+
+        result = verify(home)
+    except Exception as exc:  # the audit package is optional for the demo
+        return f"hash chain: not verified ({type(exc).__name__})"
+    if result.ok:
+        return f"hash chain verified: {result.records} records, no broken, missing or edited line"
+    return f"hash chain BROKEN: {result.first_error}"
 
 
 def _last_audit_records(home: Path, count: int) -> list[dict[str, Any]]:
