@@ -208,3 +208,27 @@ def test_example_inbox_bridge_injects_through_ctx(hermes_home: Path):
         assert session.run_turn("/inbox").text == "Inbox empty."
         session.run_pending()
     assert [r["messages"][-1]["content"] for r in llm.requests] == ["from the webhook", "[system] deploy done"]
+
+
+def test_async_turn_picks_up_a_message_injected_during_the_model_request(hermes_home: Path):
+    holder = {}
+
+    def first(messages, tools):
+        assert holder["session"].turn_active
+        assert holder["session"].inject("late news", role="webhook")  # arrives mid-request
+        return reply("first answer")
+
+    llm = ScriptedLlm(first, reply("second answer"))
+    session = _session(hermes_home, llm=llm)
+    holder["session"] = session
+
+    async def main():
+        with session:
+            return await session.arun_turn("hello")
+
+    result = asyncio.run(main())
+    assert result.text == "second answer" and result.model_requests == 2
+    assert result.injected == ("[webhook] late news",)
+    assert [m["content"] for m in session.history] == ["hello", "first answer", "[webhook] late news",
+                                                       "second answer"]
+    assert not session.turn_active and session.drain_pending() == []
