@@ -274,6 +274,7 @@ class PluginManager:
             self._unregister(record.key)
             if record.module_name:
                 _purge_modules(record.module_name)
+                record.module_name = None
             self._mark_failed(record, message, exc_info=None if isinstance(exc, _LoadError) else exc)
             return
         finally:
@@ -405,6 +406,7 @@ class PluginManager:
             "kind": manifest.kind if manifest else "",
             "source": candidate.source,
             "path": str(candidate.path) if candidate.path else None,
+            "module": record.module_name,
             "entry_point": candidate.entry_point.value if candidate.entry_point is not None else None,
             "enabled": status == STATUS_ENABLED,
             "status": status,

@@ -1,0 +1,266 @@
+"""Hooks: ordering, results, keyword filtering, isolation, time limits, block and context semantics."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import pytest
+
+from plugin_llm.plugins import VALID_HOOKS, PluginManager
+from plugin_llm.plugins.hooks import HookEntry, HookRunner
+from tests.plugin_fixtures import configure, write_plugin
+
+
+def manager_with(home, hooks: dict[str, str], **config) -> PluginManager:
+    """One plugin per entry: ``{plugin_name: code}``; all enabled, in name order."""
+    for name, code in hooks.items():
+        write_plugin(home / "plugins", name, code)
+    configure(home, enabled=list(hooks), **config)
+    m = PluginManager(home)
+    m.discover_plugins()
+    return m
+
+
+def test_valid_hooks_is_the_spec_set():
+    assert VALID_HOOKS == {
+        "pre_tool_call", "post_tool_call", "pre_llm_call", "post_llm_call", "pre_api_request",
+        "post_api_request", "on_session_start", "on_session_end", "on_session_finalize", "on_session_reset",
+        "transform_tool_result", "transform_llm_output",
+    }
+
+
+def test_results_in_registration_order_without_none(hermes_home):
+    m = manager_with(hermes_home, {
+        "a1": "def register(ctx):\n    ctx.register_hook('post_llm_call', lambda: 'a-first')\n"
+              "    ctx.register_hook('post_llm_call', lambda: None)\n"
+              "    ctx.register_hook('post_llm_call', lambda: 'a-third')\n",
+        "b2": "def register(ctx):\n    ctx.register_hook('post_llm_call', lambda: {'b': 2})\n",
+    })
+    assert m.invoke_hook("post_llm_call") == ["a-first", "a-third", {"b": 2}]
+    assert m.invoke_hook("on_session_end") == []
+
+
+def test_callbacks_receive_only_accepted_kwargs_and_params_alias(hermes_home):
+    seen = []
+    runner = HookRunner(lambda: 5.0)
+    runner.register("post_tool_call", "p", lambda tool_name, params, result: seen.append(("params", tool_name, params, result)))
+    runner.register("post_tool_call", "p", lambda args: seen.append(("args", args)))
+    runner.register("post_tool_call", "p", lambda **kw: seen.append(("kw", sorted(kw))))
+    runner.register("post_tool_call", "p", lambda: seen.append(("none",)))
+
+    def keyword_only(*, result, task_id="default"):
+        seen.append(("kwonly", result, task_id))
+
+    runner.register("post_tool_call", "p", keyword_only)
+    runner.run("post_tool_call", {"tool_name": "t", "args": {"x": 1}, "result": "r", "extra": 9})
+    assert seen == [
+        ("params", "t", {"x": 1}, "r"),
+        ("args", {"x": 1}),
+        ("kw", ["args", "extra", "params", "result", "tool_name"]),
+        ("none",),
+        ("kwonly", "r", "default"),
+    ]
+
+
+def test_args_alias_of_params():
+    got = []
+    runner = HookRunner(lambda: 5.0)
+    runner.register("pre_tool_call", "p", lambda args: got.append(args))
+    runner.run("pre_tool_call", {"params": {"a": 1}})
+    assert got == [{"a": 1}]
+
+
+def test_hook_entry_for_callable_object():
+    class Callback:
+        def __call__(self, result):
+            return result
+
+    entry = HookEntry.create("h", "p", Callback())
+    assert entry.accepts == frozenset({"result"})
+    assert entry.select_kwargs({"result": 1, "tool_name": "t"}) == {"result": 1}
+
+
+def test_async_callbacks_are_awaited(hermes_home):
+    m = manager_with(hermes_home, {
+        "asy": "import asyncio\n\nasync def cb(tool_name):\n    await asyncio.sleep(0)\n    return 'async:' + tool_name\n\n"
+               "def register(ctx):\n    ctx.register_hook('post_tool_call', cb)\n",
+    })
+    assert m.invoke_hook("post_tool_call", tool_name="t", args={}, result="") == ["async:t"]
+
+
+def test_unknown_hook_name_warns_but_is_kept(hermes_home, caplog):
+    with caplog.at_level(logging.WARNING, logger="plugin_llm.plugins"):
+        m = manager_with(hermes_home, {"odd": "def register(ctx):\n    ctx.register_hook('on_full_moon', lambda: 'howl')\n"})
+    assert any("unknown hook 'on_full_moon'" in r.getMessage() for r in caplog.records)
+    assert m.invoke_hook("on_full_moon") == ["howl"]
+
+
+def test_register_hook_rejects_non_callable(hermes_home):
+    write_plugin(hermes_home / "plugins", "nc", "def register(ctx):\n    ctx.register_hook('post_llm_call', 'nope')\n")
+    configure(hermes_home, enabled=["nc"])
+    p = PluginManager(hermes_home).list_plugins()[0]
+    assert p["status"] == "failed" and "callback must be callable" in p["error"]
+
+
+def test_exception_is_isolated_and_logged_once_per_distinct_error(hermes_home, caplog):
+    m = manager_with(hermes_home, {
+        "a-bad": "def cb(n):\n    raise ValueError(f'bad value {n % 2}')\n\n"
+                 "def register(ctx):\n    ctx.register_hook('post_llm_call', cb)\n",
+        "b-good": "def register(ctx):\n    ctx.register_hook('post_llm_call', lambda n: n)\n",
+    })
+    with caplog.at_level(logging.WARNING, logger="plugin_llm.plugins"):
+        results = [m.invoke_hook("post_llm_call", n=n) for n in range(6)]
+    assert results == [[0], [1], [2], [3], [4], [5]]
+    failures = [r.getMessage() for r in caplog.records if "hook post_llm_call of plugin a-bad failed" in r.getMessage()]
+    assert len(failures) == 2  # "bad value 0" and "bad value 1", each once
+    assert any("ValueError: bad value 0" in f for f in failures) and any("ValueError: bad value 1" in f for f in failures)
+
+
+SLOW = """
+import threading
+RELEASE = threading.Event()
+
+def slow(**kw):
+    RELEASE.wait(10)
+    return "too late"
+
+def register(ctx):
+    ctx.register_hook("{hook}", slow)
+"""
+
+
+def _release(m, key):
+    import sys
+
+    from tests.plugin_fixtures import by_key
+
+    sys.modules[by_key(m.list_plugins())[key]["module"]].RELEASE.set()
+
+
+def test_timed_out_callback_is_abandoned_and_others_still_run(hermes_home, caplog):
+    m = manager_with(hermes_home, {
+        "a-first": "def register(ctx):\n    ctx.register_hook('post_llm_call', lambda: 'first')\n",
+        "b-slow": SLOW.format(hook="post_llm_call"),
+        "c-last": "def register(ctx):\n    ctx.register_hook('post_llm_call', lambda: 'last')\n",
+    }, plugins={"hook_timeout": 0.2})
+    try:
+        with caplog.at_level(logging.WARNING, logger="plugin_llm.plugins"):
+            assert m.invoke_hook("post_llm_call") == ["first", "last"]
+        assert any("b-slow failed: HookTimeoutError" in r.getMessage() and "0.2s" in r.getMessage()
+                   for r in caplog.records)
+    finally:
+        _release(m, "b-slow")
+
+
+def test_default_hook_timeout_is_30s(hermes_home):
+    m = PluginManager(hermes_home)
+    assert m.settings.hook_timeout == 30.0
+    configure(hermes_home, plugins={"hook_timeout": 2.5})
+    assert m.settings.hook_timeout == 2.5
+
+
+def test_hook_may_invoke_hooks_itself(hermes_home):
+    write_plugin(hermes_home / "plugins", "nest", """
+def register(ctx):
+    ctx.register_hook("on_session_reset", lambda: "inner")
+    ctx.register_hook("on_session_start", lambda: ctx.dispatch_tool("nope", {}))
+""")
+    configure(hermes_home, enabled=["nest"])
+    m = PluginManager(hermes_home)
+    m.discover_plugins()
+    assert "Unknown tool" in m.invoke_hook("on_session_start")[0]
+
+
+def test_callbacks_run_off_the_calling_thread_but_see_its_context(hermes_home):
+    import contextvars
+
+    var = contextvars.ContextVar("test_var", default="unset")
+    seen = []
+    runner = HookRunner(lambda: 5.0)
+    runner.register("post_llm_call", "p", lambda: seen.append((threading.current_thread().name, var.get())))
+    var.set("caller")
+    runner.run("post_llm_call", {})
+    assert seen[0][0].startswith("plugin-hooks-") and seen[0][1] == "caller"
+
+
+# --- pre_tool_call -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("directive, expected", [
+    ({"action": "block", "message": "no deletes"}, "no deletes"),
+    ({"action": "block", "message": ""}, None),
+    ({"action": "block", "message": "   "}, None),
+    ({"action": "block"}, None),
+    ({"action": "block", "message": 42}, None),
+    ({"action": "allow", "message": "fine"}, None),
+    ({"action": "BLOCK", "message": "case matters"}, None),
+    ("block", None),
+    (["block"], None),
+    (True, None),
+    (None, None),
+])
+def test_block_directive_validity(hermes_home, directive, expected):
+    runner_home = hermes_home
+    write_plugin(runner_home / "plugins", "guard", f"def register(ctx):\n    ctx.register_hook('pre_tool_call', lambda: {directive!r})\n")
+    configure(runner_home, enabled=["guard"])
+    m = PluginManager(runner_home)
+    m.discover_plugins()
+    assert m.get_pre_tool_call_block_message("rm", {"path": "/"}) == expected
+
+
+def test_first_valid_block_wins(hermes_home):
+    m = manager_with(hermes_home, {
+        "a": "def register(ctx):\n    ctx.register_hook('pre_tool_call', lambda: {'action': 'block'})\n",
+        "b": "def register(ctx):\n    ctx.register_hook('pre_tool_call', lambda tool_name: {'action': 'block', 'message': 'b says no to ' + tool_name})\n",
+        "c": "def register(ctx):\n    ctx.register_hook('pre_tool_call', lambda: {'action': 'block', 'message': 'c says no'})\n",
+    })
+    assert m.get_pre_tool_call_block_message("rm", {}) == "b says no to rm"
+
+
+def test_guard_sees_tool_name_and_args_as_params(hermes_home):
+    m = manager_with(hermes_home, {
+        "g": "def guard(tool_name, params, task_id=None):\n"
+             "    if params.get('path') == '/':\n        return {'action': 'block', 'message': f'{tool_name} on / ({task_id})'}\n\n"
+             "def register(ctx):\n    ctx.register_hook('pre_tool_call', guard)\n",
+    })
+    assert m.get_pre_tool_call_block_message("rm", {"path": "/"}, task_id="t1") == "rm on / (t1)"
+    assert m.get_pre_tool_call_block_message("rm", {"path": "/tmp"}) is None
+
+
+def test_raising_guard_fails_closed_naming_the_plugin(hermes_home):
+    m = manager_with(hermes_home, {"guard": "def register(ctx):\n    ctx.register_hook('pre_tool_call', lambda: 1 / 0)\n"})
+    message = m.get_pre_tool_call_block_message("rm", {})
+    assert "guard" in message and "ZeroDivisionError" in message and "blocked" in message
+
+
+def test_timed_out_guard_fails_closed(hermes_home):
+    m = manager_with(hermes_home, {"slowguard": SLOW.format(hook="pre_tool_call")}, plugins={"hook_timeout": 0.2})
+    try:
+        message = m.get_pre_tool_call_block_message("rm", {})
+        assert "slowguard" in message and "timed out" in message and "blocked" in message
+    finally:
+        _release(m, "slowguard")
+
+
+def test_no_guards_means_no_block(hermes_home):
+    assert PluginManager(hermes_home).get_pre_tool_call_block_message("anything", {}) is None
+
+
+# --- pre_llm_call ----------------------------------------------------------------------------
+
+
+def test_pre_llm_call_context_strings_and_dicts_joined(hermes_home):
+    m = manager_with(hermes_home, {
+        "a": "def register(ctx):\n    ctx.register_hook('pre_llm_call', lambda user_message: 'Today is Monday.')\n",
+        "b": "def register(ctx):\n    ctx.register_hook('pre_llm_call', lambda: {'context': 'User likes tea.'})\n",
+        "c": "def register(ctx):\n    ctx.register_hook('pre_llm_call', lambda: {'other': 'ignored'})\n"
+             "    ctx.register_hook('pre_llm_call', lambda: 7)\n"
+             "    ctx.register_hook('pre_llm_call', lambda: '   ')\n"
+             "    ctx.register_hook('pre_llm_call', lambda: 1 / 0)\n",
+    })
+    assert m.get_pre_llm_call_context(user_message="hi", session_id="s") == "Today is Monday.\n\nUser likes tea."
+
+
+def test_pre_llm_call_context_empty_without_hooks(hermes_home):
+    assert PluginManager(hermes_home).get_pre_llm_call_context(user_message="hi") == ""
