@@ -1,0 +1,342 @@
+"""``plugin-llm audit tail | query | stats | verify``: the auditor's commands.
+
+Reads ``<home>/logs/agent.log`` and its rotated backups through the ``audit``
+package's read API (never the writer, never litellm). Every listing has
+``--json``; ``query`` streams, so it works on logs of any size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, Iterable, TextIO
+
+from plugin_llm.cli.main import CliError
+
+__all__ = ["register", "run"]
+
+_ENVELOPE = frozenset({"schema", "seq", "prev_hash", "hash", "ts", "event", "kind"})
+# C0/C1 controls and Unicode line separators are shown escaped: a purpose can
+# never draw a fake line (or move the cursor) in the auditor's terminal.
+_CONTROL = {c: repr(chr(c))[1:-1] for c in itertools.chain(range(0x20), range(0x7F, 0xA0), (0x2028, 0x2029))}
+
+
+# -- parser --------------------------------------------------------------------------
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``audit`` and its actions to the ``plugin-llm`` parser."""
+    common = argparse.ArgumentParser(add_help=False)
+    where = common.add_argument_group("log location")
+    where.add_argument("--home", metavar="DIR", help="Hermes home (default: $HERMES_HOME or ~/.hermes); the log is <home>/logs/agent.log")
+    where.add_argument("--log", metavar="FILE", help="read this log file instead (e.g. a copy handed to an auditor)")
+
+    filters = argparse.ArgumentParser(add_help=False)
+    group = filters.add_argument_group("filters (all must match; lists are comma-separated)")
+    group.add_argument("--plugin", metavar="ID[,ID...]", help="plugin id(s)")
+    group.add_argument("--status", metavar="S[,S...]", help="ok, denied, timeout, provider_error, schema_error, quota, error")
+    group.add_argument("--model", metavar="M[,M...]", help="requested or reported model; globs like 'gpt-4o*' allowed")
+    group.add_argument("--since", metavar="TIME", help="ISO 8601 (2025-01-31, 2025-01-31T12:00Z) or relative: 90s, 15m, 1h, 7d")
+    group.add_argument("--until", metavar="TIME", help="same forms as --since; inclusive")
+    group.add_argument("--purpose", metavar="TEXT", help="case-insensitive substring of the call's purpose")
+
+    parser = subparsers.add_parser(
+        "audit",
+        help="tail, query, summarise and verify the audit log",
+        description="Read the tamper-evident audit log ($HERMES_HOME/logs/agent.log and its rotated backups).",
+    )
+    actions = parser.add_subparsers(dest="audit_action", metavar="ACTION")
+
+    tail = actions.add_parser("tail", parents=[common], help="the last records, human-readable",
+                              description="Show the last records (calls, denials and operational events).")
+    tail.add_argument("-n", "--lines", type=_positive_int, default=10, metavar="N", help="how many records (default 10)")
+    tail.add_argument("-f", "--follow", action="store_true", help="keep printing new records until Ctrl-C")
+    tail.add_argument("--max-wait", type=float, default=None, metavar="SECONDS", help="with -f: stop after SECONDS")
+    tail.add_argument("--json", action="store_true", help="one JSON object per line")
+
+    query = actions.add_parser("query", parents=[common, filters], help="filter call records (streaming)",
+                               description="Print the call records matching every filter, oldest first.")
+    query.add_argument("--events", action="store_true", help="include operational events")
+    query.add_argument("--limit", type=_positive_int, default=None, metavar="N", help="stop after N records")
+    query.add_argument("--json", action="store_true", help="one JSON object per line")
+
+    stats = actions.add_parser("stats", parents=[common, filters], help="calls, denials, errors, tokens, cost, latency",
+                               description="Summarise call records per plugin and per model "
+                                           "(latency percentiles: nearest-rank, denials excluded).")
+    stats.add_argument("--json", action="store_true", help="one JSON document")
+
+    verify = actions.add_parser("verify", parents=[common], help="check the hash chain (exit 0 only if whole)",
+                                description="Walk every file oldest first; report the first broken, missing, "
+                                            "reordered, edited or torn line. Exit 0 only when the chain is whole.")
+    verify.add_argument("--strict", action="store_true", help="parse and re-canonicalise every line (slower)")
+    verify.add_argument("--anchor", metavar="SEQ:HASH", help="a head printed by an earlier verify: it must still be there")
+    verify.add_argument("--json", action="store_true", help="one JSON document")
+
+    parser.set_defaults(func=run, _audit_parser=parser)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {value}")
+    return value
+
+
+# -- dispatch ------------------------------------------------------------------------
+
+
+def run(args: argparse.Namespace) -> int:
+    action = getattr(args, "audit_action", None)
+    if action is None:
+        args._audit_parser.print_help()
+        return 2
+    from audit.errors import AuditLogNotFoundError
+
+    handler = {"tail": _tail, "query": _query, "stats": _stats, "verify": _verify}[action]
+    try:
+        return handler(args, _log_path(args))
+    except AuditLogNotFoundError as exc:
+        raise CliError(str(exc)) from None
+    except BrokenPipeError:  # e.g. `plugin-llm audit query | head`
+        _silence_stdout()
+        return 0
+
+
+def _log_path(args: argparse.Namespace) -> Path:
+    from audit.logfiles import resolve_log_path
+
+    if args.log:
+        path = Path(args.log).expanduser()
+        if not path.exists():
+            raise CliError(f"no audit log at {path} (from --log)")
+        return resolve_log_path(path)
+    home = Path(args.home).expanduser() if args.home else _default_home()
+    if args.home and not home.is_dir():
+        raise CliError(f"--home {home}: no such directory")
+    return home / "logs" / "agent.log"
+
+
+def _default_home() -> Path:
+    try:
+        from plugin_llm.config import hermes_home
+    except ImportError:  # the shared helper is not there: same rule, locally
+        raw = os.environ.get("HERMES_HOME", "").strip()
+        return Path(raw or "~/.hermes").expanduser()
+    return hermes_home()
+
+
+def _silence_stdout() -> None:
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+
+
+def _time(text: str | None, option: str) -> Any:
+    if text is None:
+        return None
+    from audit.reader import parse_time
+
+    try:
+        return parse_time(text)
+    except ValueError as exc:
+        raise CliError(f"{option}: {exc}") from None
+
+
+def _filters(args: argparse.Namespace) -> dict[str, Any]:
+    since, until = _time(args.since, "--since"), _time(args.until, "--until")
+    if since is not None and until is not None and since > until:
+        raise CliError(f"--since ({args.since}) is after --until ({args.until})")
+    return {
+        "plugin": args.plugin,
+        "status": args.status,
+        "model": args.model,
+        "since": since,
+        "until": until,
+        "purpose": args.purpose,
+    }
+
+
+class _BadLines:
+    """Counts lines the reader skipped, to say so once at the end."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.first = ""
+
+    def __call__(self, path: Path, line: int, reason: str) -> None:
+        if not self.count:
+            self.first = f"{path}:{line}"
+        self.count += 1
+
+    def report(self) -> None:
+        if self.count:
+            print(
+                f"plugin-llm: warning: skipped {self.count} unreadable line(s), first at {self.first}; "
+                f"run `plugin-llm audit verify`",
+                file=sys.stderr,
+            )
+
+
+# -- actions -------------------------------------------------------------------------
+
+
+def _tail(args: argparse.Namespace, log_path: Path) -> int:
+    from audit.reader import follow_records, tail_records
+
+    records, cursor = tail_records(log_path, args.lines)
+    out = sys.stdout
+    for record in records:
+        _print_record(record, args.json, out)
+    if not args.follow:
+        return 0
+    out.flush()
+    try:
+        for record in follow_records(cursor, max_wait=args.max_wait):
+            _print_record(record, args.json, out)
+            out.flush()
+    except KeyboardInterrupt:  # Ctrl-C is how `tail -f` ends
+        return 0
+    return 0
+
+
+def _query(args: argparse.Namespace, log_path: Path) -> int:
+    from audit.reader import iter_records
+
+    bad = _BadLines()
+    records: Iterable[dict[str, Any]] = iter_records(log_path, include_events=args.events, on_bad_line=bad, **_filters(args))
+    if args.limit is not None:
+        records = itertools.islice(records, args.limit)
+    out = sys.stdout
+    for record in records:
+        _print_record(record, args.json, out)
+    bad.report()
+    return 0
+
+
+def _stats(args: argparse.Namespace, log_path: Path) -> int:
+    from audit.reader import iter_records
+    from audit.summary import stats
+
+    bad = _BadLines()
+    rows = stats(iter_records(log_path, on_bad_line=bad, **_filters(args)))
+    if args.json:
+        doc = {
+            "by_plugin": [r.as_dict() for r in rows if r.dimension == "plugin"],
+            "by_model": [r.as_dict() for r in rows if r.dimension == "model"],
+            "percentiles": "nearest-rank, over calls that were not denied",
+        }
+        print(json.dumps(doc, ensure_ascii=False, indent=2))
+    elif not rows:
+        print("no call records match")
+    else:
+        _print_stats(rows, sys.stdout)
+    bad.report()
+    return 0
+
+
+def _verify(args: argparse.Namespace, log_path: Path) -> int:
+    from audit.verifier import verify
+
+    anchor = None
+    if args.anchor:
+        seq, _, digest = args.anchor.partition(":")
+        if not seq.isdigit() or len(digest) != 64:
+            raise CliError(f"--anchor {args.anchor!r}: expected SEQ:HASH as printed by `plugin-llm audit verify`")
+        anchor = (int(seq), digest.lower())
+    result = verify(log_path, strict=args.strict, anchor=anchor)
+    if args.json:
+        print(json.dumps(result.as_dict(), ensure_ascii=False, indent=2))
+        return 0 if result.ok else 1
+    for warning in result.warnings:
+        print(f"warning: {_clean(str(warning))}")
+    files = f"{len(result.files)} file{'s' if len(result.files) != 1 else ''}"
+    if result.ok:
+        print(f"OK: {result.records} records in {files}, chain whole")
+        if result.head_seq is not None:
+            print(f"head: {result.head_seq}:{result.head_hash}  (keep it; check later with --anchor)")
+        return 0
+    print(f"FAILED: {_clean(str(result.first_error))}")
+    print(f"({result.records} records checked before the problem, in {files})")
+    return 1
+
+
+# -- rendering -----------------------------------------------------------------------
+
+
+def _clean(text: Any) -> str:
+    return str(text).translate(_CONTROL)
+
+
+def _short_ts(value: Any) -> str:
+    if not isinstance(value, str):
+        return "-".ljust(20)
+    from datetime import datetime, timezone
+
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        return _clean(value)[:20].ljust(20)
+    if moment.tzinfo is not None:
+        moment = moment.astimezone(timezone.utc)
+    return moment.strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def _num(value: Any) -> str:
+    return str(value) if isinstance(value, int) and not isinstance(value, bool) else "-"
+
+
+def _cost(value: Any) -> str:
+    return f"${value:.6f}" if isinstance(value, (int, float)) and not isinstance(value, bool) else "-"
+
+
+def format_record(record: dict[str, Any]) -> str:
+    """One human line: time, plugin, status, model, tokens in/out, cost, purpose."""
+    from audit.records import is_call_record
+
+    when = _short_ts(record.get("ts"))
+    if not is_call_record(record):
+        details = " ".join(
+            f"{_clean(k)}={_clean(json.dumps(v, ensure_ascii=False) if not isinstance(v, str) else v)}"
+            for k, v in record.items() if k not in _ENVELOPE
+        )
+        return f"{when}  [{_clean(record.get('event', 'event'))}] {details}".rstrip()
+    model = record.get("gen_ai.response.model") or record.get("gen_ai.request.model") or "-"
+    tokens = f"{_num(record.get('gen_ai.usage.input_tokens'))}/{_num(record.get('gen_ai.usage.output_tokens'))}"
+    return (
+        f"{when}  {_clean(record.get('plugin_id') or '-'):<20} {_clean(record.get('status') or '-'):<14} "
+        f"{_clean(model):<26} {tokens:>11} {_cost(record.get('cost_usd')):>11}  {_clean(record.get('purpose') or '')}"
+    ).rstrip()
+
+
+def _print_record(record: dict[str, Any], as_json: bool, out: TextIO) -> None:
+    out.write((json.dumps(record, ensure_ascii=False) if as_json else format_record(record)) + "\n")
+
+
+def _print_stats(rows: list[Any], out: TextIO) -> None:
+    def ms(value: float | None) -> str:
+        return "-" if value is None else f"{value:.1f}"
+
+    for dimension, title in (("plugin", "PLUGIN"), ("model", "MODEL")):
+        selected = [r for r in rows if r.dimension == dimension]
+        if not selected:
+            continue
+        width = max(len(title), *(len(_clean(r.key)) for r in selected))
+        out.write(
+            f"{title:<{width}}  {'CALLS':>7} {'DENIED':>7} {'ERRORS':>7} {'TOKENS IN':>10} {'TOKENS OUT':>10} "
+            f"{'COST USD':>12} {'P50 MS':>9} {'P95 MS':>9}\n"
+        )
+        for r in selected:
+            out.write(
+                f"{_clean(r.key):<{width}}  {r.calls:>7} {r.denials:>7} {r.errors:>7} {r.input_tokens:>10} "
+                f"{r.output_tokens:>10} {r.cost_usd:>12.6f} {ms(r.p50_latency_ms):>9} {ms(r.p95_latency_ms):>9}\n"
+            )
+        out.write("\n")
