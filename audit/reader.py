@@ -304,14 +304,16 @@ def follow_records(
                 buf += chunk
                 *lines, buf = buf.split(b"\n")
                 for line in lines:
-                    try:
-                        record = json.loads(line)
-                    except ValueError:
-                        continue
-                    if isinstance(record, dict) and (include_events or is_call_record(record)):
+                    record = _loads_or_none(line)
+                    if record is not None and (include_events or is_call_record(record)):
                         yield record
             if switch:
                 if f is not None:
+                    # several rotations between two polls: read the backups newer than our file
+                    for line in _rotated_after(path, os.fstat(f.fileno()).st_ino):
+                        record = _loads_or_none(line)
+                        if record is not None and (include_events or is_call_record(record)):
+                            yield record
                     f.close()
                     f = None
                 buf = b""
@@ -327,3 +329,23 @@ def follow_records(
     finally:
         if f is not None:
             f.close()
+
+
+def _loads_or_none(line: bytes) -> dict[str, Any] | None:
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def _rotated_after(log_path: Path, inode: int) -> Iterator[bytes]:
+    """Lines of the backups newer than the file with ``inode``, oldest first."""
+    with snapshot(log_path) as snaps:
+        inodes = [os.fstat(s.file.fileno()).st_ino for s in snaps]
+        if inode not in inodes:
+            return  # our file was dropped by retention: nothing to bridge
+        for snap in snaps[inodes.index(inode) + 1 :]:
+            if snap.path != log_path:
+                for _number, _offset, raw in iter_lines(snap):
+                    yield raw

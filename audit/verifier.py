@@ -96,7 +96,9 @@ def _bad_kind(body: bytes, has_newline: bool, exc: ValueError) -> tuple[str, str
     pos = getattr(exc, "pos", 0) or 0
     if not has_newline:
         return "torn", "incomplete last line (a crash or a full disk during a write?)"
-    if body.startswith(b"{") and pos >= len(body.decode("utf-8", "replace")) - 1:
+    # a prefix of a record: the parser ran out of input (inside a string, or at the end)
+    msg = getattr(exc, "msg", "")
+    if body.startswith(b"{") and (msg.startswith("Unterminated string") or pos >= len(body.decode("utf-8", "replace")) - 1):
         return "torn", "incomplete record"
     return "bad_json", f"not valid JSON ({exc.__class__.__name__}: {str(exc)[:80]})"
 
