@@ -273,9 +273,11 @@ class LitellmTransport:
     def _prepare(self, litellm: Any, request: TransportRequest, state: _CallState):
         remaining = request.deadline - time.monotonic()
         if remaining <= 0:
-            raise PluginLlmTimeoutError(
+            error = PluginLlmTimeoutError(
                 f"the call's deadline ({request.route.timeout:g} s) expired after {state.attempts} attempt(s)"
             )
+            error.attempts = state.attempts  # type: ignore[attr-defined]
+            raise error
         credential = request.keys.acquire()
         secret = credential.reveal()
         kwargs: dict[str, Any] = dict(
@@ -294,8 +296,11 @@ class LitellmTransport:
         state.attempts += 1
         return credential, secret, kwargs, remaining
 
-    def _failed(self, request: TransportRequest, credential: Credential, secret: str | None, exc: BaseException) -> PluginLlmError:
+    def _failed(self, request: TransportRequest, state: _CallState, credential: Credential, secret: str | None,
+                exc: BaseException) -> PluginLlmError:
         error = _map_error(exc, request.route, secret, request.deadline)
+        error.attempts = state.attempts  # type: ignore[attr-defined]  (the last one raised carries the total)
+        error.provider_seconds = state.provider_seconds  # type: ignore[attr-defined]
         status = getattr(error, "status", None)
         if status in KEY_FAILURE_STATUSES:
             request.keys.report_failure(credential, status, getattr(error, "retry_after", None))
@@ -315,7 +320,7 @@ class LitellmTransport:
         finally:
             state.provider_seconds += time.perf_counter() - started
         if failure is not None:
-            error = self._failed(request, credential, secret, failure)
+            error = self._failed(request, state, credential, secret, failure)
             failure = None
             raise error
         request.keys.report_success(credential)
@@ -332,7 +337,7 @@ class LitellmTransport:
         finally:
             state.provider_seconds += time.perf_counter() - started
         if failure is not None:
-            error = self._failed(request, credential, secret, failure)
+            error = self._failed(request, state, credential, secret, failure)
             failure = None
             raise error
         request.keys.report_success(credential)
