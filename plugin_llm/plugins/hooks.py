@@ -23,7 +23,7 @@ import logging
 import os
 import queue
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from time import monotonic
 from typing import Any, Callable
 
@@ -66,6 +66,7 @@ class HookEntry:
     accepts: frozenset[str] | None
     wants_params: bool = False  # declares ``params`` (alias of ``args``)
     wants_args: bool = False  # declares ``args`` (alias of ``params``)
+    _plans: dict = field(default_factory=dict, repr=False, compare=False)  # keyword set -> selection
 
     @classmethod
     def create(cls, hook: str, plugin_key: str, callback: Callable[..., Any]) -> "HookEntry":
@@ -83,25 +84,38 @@ class HookEntry:
 
     def select_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         """The keyword arguments this callback accepts, with the args/params alias applied."""
-        if self.accepts is None:
-            selected = dict(kwargs)
-        else:
-            accepts = self.accepts
-            selected = {k: v for k, v in kwargs.items() if k in accepts}
-        if self.wants_params and "params" not in selected and "args" in kwargs:
-            selected["params"] = kwargs["args"]
-        if self.wants_args and "args" not in selected and "params" in kwargs:
-            selected["args"] = kwargs["params"]
-        return selected
+        keys = tuple(kwargs)
+        plan = self._plans.get(keys)
+        if plan is None:
+            plan = self._plan(keys)
+            if len(self._plans) < 64:  # hosts call each hook with a fixed set of keywords
+                self._plans[keys] = plan
+        return {target: kwargs[source] for target, source in plan}
+
+    def _plan(self, keys: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+        """(argument name, source keyword) pairs for a given set of offered keywords."""
+        accepts = self.accepts
+        pairs = [(k, k) for k in keys if accepts is None or k in accepts]
+        names = {k for k, _ in pairs}
+        if self.wants_params and "params" not in names and "args" in keys:
+            pairs.append(("params", "args"))
+        if self.wants_args and "args" not in names and "params" in keys:
+            pairs.append(("args", "params"))
+        return tuple(pairs)
 
 
-@dataclass(frozen=True)
 class HookOutcome:
     """What one callback did: ``error`` is None on success (``value`` may be None)."""
 
-    entry: HookEntry
-    value: Any = None
-    error: BaseException | None = None
+    __slots__ = ("entry", "value", "error")
+
+    def __init__(self, entry: HookEntry, value: Any = None, error: BaseException | None = None) -> None:
+        self.entry = entry
+        self.value = value
+        self.error = error
+
+    def __repr__(self) -> str:
+        return f"HookOutcome(plugin={self.entry.plugin_key!r}, hook={self.entry.hook!r}, value={self.value!r}, error={self.error!r})"
 
 
 def _call_one(entry: HookEntry, kwargs: dict[str, Any]) -> HookOutcome:
@@ -140,7 +154,8 @@ class _WorkerPool:
         self._idle = 0
         self._started = 0
 
-    def submit(self, fn: Callable[[Any], None], arg: Any) -> None:
+    def submit(self, fn: Callable[[Any], Callable[[], Any] | None], arg: Any) -> None:
+        """Run ``fn(arg)`` on a worker; a callable it returns is called once the worker is idle again."""
         with self._lock:
             if self._idle:
                 self._idle -= 1  # reserve an idle worker for this job
@@ -157,16 +172,22 @@ class _WorkerPool:
         jobs, lock = self._jobs, self._lock
         while True:
             fn, arg = jobs.get()
+            finish = None
             try:
-                fn(arg)
+                finish = fn(arg)
             except BaseException:  # pragma: no cover - _run_batch never raises
                 _log.exception("hook worker crashed")
+            # Count this worker idle *before* the caller learns the job is done, so that the
+            # caller's next submit reuses it instead of starting a thread.
             with lock:
-                if jobs is not self._jobs:  # the pool was reset (fork): this thread is stale
-                    return
-                if self._idle >= self._max_idle:
-                    return
-                self._idle += 1
+                stale = jobs is not self._jobs  # the pool was reset (fork): this thread is stale
+                leave = stale or self._idle >= self._max_idle
+                if not leave:
+                    self._idle += 1
+            if finish is not None:
+                finish()
+            if leave:
+                return
 
 
 _POOL = _WorkerPool()
@@ -192,24 +213,29 @@ class _Batch:
         self.context = contextvars.copy_context()  # callbacks see the caller's context variables
 
 
-def _run_batch(batch: _Batch) -> None:
-    batch.context.run(_run_batch_in_context, batch)
+def _run_batch(batch: _Batch) -> Callable[[], Any] | None:
+    """Run the batch's callbacks; returns the release of ``done`` (None when abandoned)."""
+    return batch.context.run(_run_batch_in_context, batch)
 
 
-def _run_batch_in_context(batch: _Batch) -> None:
+def _run_batch_in_context(batch: _Batch) -> Callable[[], Any] | None:
     calls, outcomes, lock = batch.calls, batch.outcomes, batch.lock
+    outcome = None
     for index in range(batch.start, len(calls)):
-        with lock:
-            if batch.abandoned:
-                return
+        with lock:  # one critical section per callback: publish the last result, claim the next
+            if batch.abandoned:  # the caller gave up on the previous callback: drop its late result
+                return None
+            if outcome is not None:
+                outcomes[index - 1] = outcome
             batch.current = index
             batch.started = monotonic()
         outcome = _call_one(*calls[index])
-        with lock:
-            if batch.abandoned:  # the caller gave up on this callback: drop its late result
-                return
-            outcomes[index] = outcome
-    batch.done.release()
+    with lock:
+        if batch.abandoned:
+            return None
+        if outcome is not None:
+            outcomes[len(calls) - 1] = outcome
+    return batch.done.release
 
 
 class HookRunner:

@@ -94,6 +94,8 @@ def _sanitise(key: str) -> str:
 
 
 def _purge_modules(name: str) -> None:
+    if name not in sys.modules:  # a plugin's submodules never outlive its package module here
+        return
     prefix = name + "."
     for mod in [m for m in sys.modules if m == name or m.startswith(prefix)]:
         del sys.modules[mod]
@@ -316,7 +318,9 @@ class PluginManager:
         """``hermes_plugins.<key>``, suffixed with a path hash if another directory already uses it."""
         base = f"{MODULE_NAMESPACE}.{_sanitise(key)}"
         existing = sys.modules.get(base)
-        if existing is None or _module_dir(existing) == path.resolve():
+        if existing is None or getattr(existing, "__file__", None) == str(path / "__init__.py"):
+            return base
+        if _module_dir(existing) == path.resolve():
             return base
         return f"{base}_{hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:10]}"
 
