@@ -169,18 +169,31 @@ def register(ctx):
     assert any("stale ctx" in r.getMessage() for r in caplog.records)
 
 
-def test_load_failure_written_to_audit_log_when_available(hermes_home):
-    pytest.importorskip("audit")
-    import audit
+def _audit_events(home, event):
+    path = home / "logs" / "agent.log"
+    lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+    return [r for r in lines if r.get("event") == event]
 
-    if not hasattr(audit, "get_audit_log"):
-        pytest.skip("audit.get_audit_log not available yet")
+
+def test_load_failure_written_to_audit_log(hermes_home):
     write_plugin(hermes_home / "plugins", "bad", "def register(ctx):\n    raise RuntimeError('nope')\n")
     configure(hermes_home, enabled=["bad"])
     PluginManager(hermes_home).discover_plugins()
-    lines = [json.loads(x) for x in (hermes_home / "logs" / "agent.log").read_text().splitlines() if x.strip()]
-    events = [r for r in lines if r.get("event") == "plugin_load_failed"]
-    assert events and "nope" in json.dumps(events[0])
+    [event] = _audit_events(hermes_home, "plugin_load_failed")
+    assert event["plugin_id"] == "bad" and "RuntimeError: nope" in event["error"]
+    assert "hash" in event and "seq" in event  # chained like every audit line
+
+
+def test_hook_error_written_to_audit_log_once_per_distinct_error(hermes_home):
+    write_plugin(hermes_home / "plugins", "flaky", "def register(ctx):\n    ctx.register_hook('post_llm_call', lambda: 1 / 0)\n")
+    configure(hermes_home, enabled=["flaky"])
+    m = PluginManager(hermes_home)
+    m.discover_plugins()
+    for _ in range(5):
+        assert m.invoke_hook("post_llm_call") == []
+    [event] = _audit_events(hermes_home, "hook_error")
+    assert (event["hook"], event["plugin"], event["error.type"]) == ("post_llm_call", "flaky", "ZeroDivisionError")
+    assert "division by zero" in event["message"]
 
 
 # --- module namespaces ---------------------------------------------------------------------

@@ -330,7 +330,7 @@ class PluginManager:
         _log.warning("plugin %s failed to load: %s", record.key, message)
         if exc_info is not None:
             _log.debug("plugin %s load traceback", record.key, exc_info=exc_info)
-        self._audit("plugin_load_failed", plugin_id=record.key, key=record.key, error=message)
+        self._audit("plugin_load_failed", plugin_id=record.key, key=record.key, source=record.candidate.source, error=message)
 
     def _unregister(self, key: str) -> None:
         with self._registry_lock:
@@ -612,8 +612,8 @@ class PluginManager:
             hook=entry.hook,
             plugin=entry.plugin_key,
             plugin_id=entry.plugin_key,
-            error_type=type(error).__name__,
             message=str(error)[:500],
+            **{"error.type": type(error).__name__},
         )
 
     # --- commands ---------------------------------------------------------------------
