@@ -22,13 +22,11 @@ or nothing: a file with one bad entry yields no credentials at all.
 from __future__ import annotations
 
 import contextlib
-import difflib
 import json
 import os
 import re
 import shlex
 import stat
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Mapping
@@ -105,6 +103,8 @@ def _type_name(value: Any) -> str:
 
 
 def _did_you_mean(word: str, choices: tuple[str, ...] | list[str]) -> str:
+    import difflib  # error path only
+
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
     return f"did you mean {close[0]!r}?" if close else "allowed: " + ", ".join(choices)
 
@@ -311,6 +311,8 @@ def write_document(path: Path, doc: Mapping[str, Any]) -> None:
 
     The document is validated first; an invalid one is never written.
     """
+    import tempfile  # CLI write path only (pulls in random/hashlib)
+
     _spec_from_document(dict(doc), path)
     directory = path.parent
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)

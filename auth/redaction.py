@@ -27,7 +27,7 @@ import re
 import threading
 import traceback
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, MutableMapping
+from typing import Any, Iterable, MutableMapping
 from urllib.parse import quote, quote_plus
 
 __all__ = [
@@ -127,7 +127,7 @@ class _Registry:
                 merged.setdefault(variant, repl)
             pairs = tuple(sorted(merged.items(), key=lambda kv: -len(kv[0])))
             # Many secrets: one alternation regex beats a Python-level loop.
-            regex = re.compile("|".join(re.escape(v) for v, _ in pairs)) if len(pairs) > _REGEX_THRESHOLD else None
+            regex = re.compile(_trie_pattern([v for v, _ in pairs])) if len(pairs) > _REGEX_THRESHOLD else None
             self.replacements = dict(pairs)
             self.regex = regex
             self.pairs = pairs  # published last: readers check pairs first
@@ -137,7 +137,38 @@ class _Registry:
 
 
 # Below this many variants a loop of `in` tests is faster than the regex.
-_REGEX_THRESHOLD = 24
+_REGEX_THRESHOLD = 16
+
+
+def _trie_pattern(words: list[str]) -> str:
+    """One regex matching any of ``words``, shaped as a prefix trie.
+
+    A flat ``a|b|c`` alternation makes the regex engine try every secret at
+    every candidate position; a trie fails after a character or two. Greedy
+    optional tails make the longest secret win at a given position.
+    """
+    trie: dict = {}
+    for word in words:
+        node = trie
+        for ch in word:
+            node = node.setdefault(ch, {})
+        node[""] = True
+
+    def emit(node: dict) -> str:
+        end = "" in node
+        branches = []
+        for ch in sorted(k for k in node if k):
+            child, chunk = node[ch], ch
+            while len(child) == 1 and "" not in child:  # compress single-child chains into literals
+                (nxt, child), = child.items()
+                chunk += nxt
+            branches.append(re.escape(chunk) + emit(child))
+        if not branches:
+            return ""
+        body = branches[0] if len(branches) == 1 else "(?:" + "|".join(branches) + ")"
+        return f"(?:{body})?" if end else body
+
+    return emit(trie)
 
 _registry = _Registry()
 
@@ -164,75 +195,87 @@ def register_secret(secret: str | None) -> None:
 
 @dataclass(frozen=True)
 class _Rule:
-    """A shape: run ``regex.sub`` only when one of ``triggers`` occurs."""
+    """A key shape. ``group`` of each match of ``regex`` is the secret part.
+
+    The regex runs only when one of ``triggers`` occurs in the text (cheap
+    substring tests, so clean text costs a few scans). ``lowercase`` rules are
+    written in lower case and matched against ``text.lower()`` — much faster
+    than ``re.IGNORECASE`` — with ``regex_ci`` as the fallback for non-ASCII
+    text, where lower-casing may shift positions.
+    """
 
     triggers: tuple[str, ...]
-    lowercase: bool  # triggers are tested against text.lower()
+    lowercase: bool
     regex: re.Pattern[str]
-    repl: str | Callable[[re.Match[str]], str]
+    regex_ci: re.Pattern[str] | None
+    group: int
 
 
-_NOT_ALREADY = r"(?!\[REDACTED)"
-_NOT_EMPTY_WORD = r"(?!(?:None|null|true|false|undefined)\b)"
+def _rule(triggers: tuple[str, ...], pattern: str, group: int, *, lowercase: bool) -> _Rule:
+    return _Rule(triggers, lowercase, re.compile(pattern), re.compile(pattern, re.I) if lowercase else None, group)
+
+
+# Negative lookaheads: do not re-redact, and leave placeholders like api_key=None alone.
+_NOT_ALREADY = r"(?!\[redacted)"
+_NOT_EMPTY_WORD = r"(?!(?:none|null|true|false|undefined)\b)"
 
 _RULES: tuple[_Rule, ...] = (
-    # Header / keyword / JSON field values: "Authorization: Bearer x",
-    # {'x-api-key': 'x'}, api_key='x', "api_key": "x", client_secret=x ...
-    _Rule(
-        ("authorization", "api_key", "api-key", "apikey", "access_token", "access-token", "auth_token",
-         "auth-token", "secret", "password"),
-        True,
-        re.compile(
-            r"(?i)\b((?:proxy-)?authorization|x-goog-api-key|x-api-key|[a-z]*[_-]?api[_-]?key|apikey"
-            r"|access[_-]?token|auth[_-]?token|refresh[_-]?token|client[_-]?secret|secret[_-]?key|password)"
-            r"(\\?[\"']?\s*[:=]\s*\\?[\"']?)"
-            r"((?:bearer|basic|token)\s+)?" + _NOT_ALREADY + _NOT_EMPTY_WORD
-            + r"(?!(?:bearer|basic|token)\s)([^\s\"',;&}\]\\]+)"
-        ),
-        lambda m: f"{m.group(1)}{m.group(2)}{m.group(3) or ''}{_REDACTED}",
+    # Header / keyword / JSON field values: "Authorization: Bearer x", {'x-api-key': 'x'},
+    # api_key='x', "api_key": "x", OPENAI_API_KEY=x, client_secret=x, password: x ...
+    _rule(
+        ("key", "auth", "access", "refresh", "secret", "passw"),  # every name below contains one
+        r"(authorization|api[_-]?key|access[_-]?token|auth[_-]?token|refresh[_-]?token|client[_-]?secret"
+        r"|secret[_-]?key|password)"
+        r"(\\?[\"']?\s*[:=]\s*\\?[\"']?)"
+        r"((?:bearer|basic|token)\s+)?" + _NOT_ALREADY + _NOT_EMPTY_WORD
+        + r"(?!(?:bearer|basic|token)\s)([^\s\"',;&}\]\\]+)",
+        4,
+        lowercase=True,
     ),
     # Bearer tokens anywhere (e.g. a header echoed in an error body).
-    _Rule(
-        ("bearer",),
-        True,
-        re.compile(r"(?i)\b(bearer\s+)" + _NOT_ALREADY + r"([A-Za-z0-9\-._~+/]{8,}=*)"),
-        r"\1" + _REDACTED,
-    ),
-    # Query-string credentials: ?key=..., &api_key=..., &access_token=...
-    _Rule(
-        ("key=", "token=", "auth=", "sig=", "signature="),
-        True,
-        re.compile(
-            r"(?i)([?&;](?:key|api[_-]?key|apikey|access[_-]?token|token|auth|sig|signature|x-goog-api-key)=)"
-            + _NOT_ALREADY
-            + r"([^&\s#\"'<>]+)"
-        ),
-        r"\1" + _REDACTED,
+    _rule(("bearer",), r"\b(bearer\s+)" + _NOT_ALREADY + r"([a-z0-9\-._~+/]{8,}=*)", 2, lowercase=True),
+    # Query-string credentials: ?key=..., &api_key=..., &access_token=... (one memchr for "=")
+    _rule(
+        ("=",),
+        r"([?&;](?:key|api[_-]?key|access[_-]?token|token|auth|sig|signature|x-goog-api-key)=)"
+        + _NOT_ALREADY
+        + r"([^&\s#\"'<>]+)",
+        2,
+        lowercase=True,
     ),
     # OpenAI / Anthropic / OpenRouter style keys (also half-masked echoes like
     # "sk-proj-abc****wxyz" in provider error messages).
-    _Rule(
-        ("sk-",),
-        False,
-        re.compile(r"(?<![A-Za-z0-9])sk-(?=[A-Za-z_\-]*[0-9*])[A-Za-z0-9_\-*]{12,}"),
-        _REDACTED,
-    ),
+    _rule(("sk-",), r"(?<![A-Za-z0-9])sk-(?=[A-Za-z_\-]*[0-9*])[A-Za-z0-9_\-*]{12,}", 0, lowercase=False),
     # Google API keys.
-    _Rule(("AIza",), False, re.compile(r"AIza[0-9A-Za-z_\-]{35}"), _REDACTED),
+    _rule(("AIza",), r"AIza[0-9A-Za-z_\-]{35}", 0, lowercase=False),
     # Other well-known shapes (Groq, xAI, Hugging Face, GitHub, Perplexity,
     # NVIDIA, Replicate, AWS access key ids).
-    _Rule(
-        ("gsk_", "xai-", "hf_", "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_", "pplx-", "nvapi-", "r8_",
-         "AKIA"),
-        False,
-        re.compile(
-            r"(?<![A-Za-z0-9])(?:gsk_[A-Za-z0-9]{20,}|xai-[A-Za-z0-9]{20,}|hf_[A-Za-z0-9]{20,}"
-            r"|gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{20,}|pplx-[A-Za-z0-9]{20,}"
-            r"|nvapi-[A-Za-z0-9_\-]{20,}|r8_[A-Za-z0-9]{20,}|AKIA[0-9A-Z]{16}(?![0-9A-Z]))"
-        ),
-        _REDACTED,
+    _rule(
+        ("gsk_", "xai-", "hf_", "ghp_", "github_pat_", "pplx-", "nvapi-", "r8_", "AKIA"),
+        r"(?<![A-Za-z0-9])(?:gsk_[A-Za-z0-9]{20,}|xai-[A-Za-z0-9]{20,}|hf_[A-Za-z0-9]{20,}"
+        r"|ghp_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{20,}|pplx-[A-Za-z0-9]{20,}"
+        r"|nvapi-[A-Za-z0-9_\-]{20,}|r8_[A-Za-z0-9]{20,}|AKIA[0-9A-Z]{16}(?![0-9A-Z]))",
+        0,
+        lowercase=False,
     ),
 )
+
+
+def _apply(rule: _Rule, text: str, haystack: str, regex: re.Pattern[str]) -> str:
+    """Replace the secret group of every match (found in ``haystack``) in ``text``."""
+    pieces: list[str] = []
+    last = 0
+    for match in regex.finditer(haystack):
+        start, end = match.span(rule.group)
+        if start < last:  # pragma: no cover - overlapping spans cannot come from one finditer
+            continue
+        pieces.append(text[last:start])
+        pieces.append(_REDACTED)
+        last = end
+    if not pieces:
+        return text
+    pieces.append(text[last:])
+    return "".join(pieces)
 
 
 def redact(text: Any) -> str:
@@ -243,6 +286,8 @@ def redact(text: Any) -> str:
     """
     if not isinstance(text, str):
         text = str(text)
+    if len(text) < MIN_SECRET_LENGTH:  # too short to hold a secret or a key shape
+        return text
     reg = _registry
     if reg.pairs:
         regex = reg.regex
@@ -262,8 +307,14 @@ def redact(text: Any) -> str:
             haystack = text
         for trigger in rule.triggers:
             if trigger in haystack:
-                text = rule.regex.sub(rule.repl, text)
-                low = None
+                if not rule.lowercase:
+                    new = _apply(rule, text, text, rule.regex)
+                elif text.isascii():  # lower() kept every position: match on it
+                    new = _apply(rule, text, low, rule.regex)  # type: ignore[arg-type]
+                else:
+                    new = _apply(rule, text, text, rule.regex_ci)  # type: ignore[arg-type]
+                if new is not text:
+                    text, low = new, None
                 break
     return text
 

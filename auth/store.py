@@ -30,7 +30,6 @@ I/O, which also makes it safe for asyncio tasks (no await happens under it).
 
 from __future__ import annotations
 
-import asyncio
 import math
 import os
 import shlex
@@ -286,6 +285,8 @@ class CredentialStore:
         try:
             return self._acquire(provider, profile, run_commands=False)
         except _NeedsIO:
+            import asyncio  # lazily: most processes never need it here
+
             return await asyncio.to_thread(self._acquire, provider, profile, run_commands=True)
 
     def _acquire(self, provider: str, profile: str | None, *, run_commands: bool) -> Credential:
