@@ -74,7 +74,7 @@ def test_info(populated, capsys):
     assert main(["plugins", "info", "openai"]) == 0
     out = capsys.readouterr().out
     assert "image_gen/openai" in out and "not enabled" in out
-    assert 'plugins.entries["image_gen/openai"].llm' in out
+    assert 'plugins.entries."image_gen/openai".llm' in out
     assert main(["plugins", "info", "hello-world", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["hooks"] == ["post_tool_call"]
 

@@ -126,6 +126,13 @@ def _notes(p: dict[str, Any]) -> list[str]:
     return notes
 
 
+def _trust_block(key: str) -> str:
+    """The config path of the plugin's ``llm`` trust block (its identity is the key)."""
+    from plugin_llm.trust import config_path
+
+    return config_path(key, "allow_model_override").rsplit(".", 1)[0]
+
+
 def _info(home: Path, plugins: list[dict[str, Any]], name: str, as_json: bool) -> int:
     exact = [p for p in plugins if p["key"] == name]
     matches = exact or [p for p in plugins if p["name"] == name]
@@ -150,7 +157,7 @@ def _info(home: Path, plugins: list[dict[str, Any]], name: str, as_json: bool) -
         ("image providers", ", ".join(p["image_gen_providers"])), ("platforms", ", ".join(p["platforms"])),
         ("requires env", ", ".join(p["requires_env"])), ("missing env", ", ".join(p["missing_env"])),
         ("error", p["error"]), ("enable", p["enable_hint"]),
-        ("trust block", f"plugins.entries[\"{p['key']}\"].llm in {home / 'config.yaml'}"),
+        ("trust block", f"{_trust_block(p['key'])} in {home / 'config.yaml'}"),
     ]
     width = max(len(k) for k, _ in fields)
     for key, value in fields:

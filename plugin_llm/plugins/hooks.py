@@ -155,23 +155,29 @@ class _WorkerPool:
         self._started = 0
 
     def submit(self, fn: Callable[[Any], Callable[[], Any] | None], arg: Any) -> None:
-        """Run ``fn(arg)`` on a worker; a callable it returns is called once the worker is idle again."""
+        """Run ``fn(arg)`` on a worker; a callable it returns is called once the worker is idle again.
+
+        Raises RuntimeError (nothing queued) when no thread can be started, e.g. at shutdown.
+        """
         with self._lock:
             if self._idle:
                 self._idle -= 1  # reserve an idle worker for this job
-                spawn = False
-            else:
-                self._started += 1
-                spawn = True
-                number = self._started
-        self._jobs.put((fn, arg))
-        if spawn:
-            threading.Thread(target=self._work, name=f"plugin-hooks-{number}", daemon=True).start()
+                self._jobs.put((fn, arg))
+                return
+            self._started += 1
+            number = self._started
+        thread = threading.Thread(target=self._work, args=((fn, arg),), name=f"plugin-hooks-{number}", daemon=True)
+        try:
+            thread.start()  # a new worker takes this job directly, never from the queue
+        except RuntimeError:
+            with self._lock:
+                self._started -= 1
+            raise
 
-    def _work(self) -> None:
+    def _work(self, job: tuple[Callable[[Any], Any], Any]) -> None:
         jobs, lock = self._jobs, self._lock
         while True:
-            fn, arg = jobs.get()
+            fn, arg = job
             finish = None
             try:
                 finish = fn(arg)
@@ -188,6 +194,7 @@ class _WorkerPool:
                 finish()
             if leave:
                 return
+            job = jobs.get()
 
 
 _POOL = _WorkerPool()
@@ -311,7 +318,12 @@ class HookRunner:
         start = 0
         while start < len(calls):
             batch = _Batch(calls, outcomes, start)
-            _POOL.submit(_run_batch, batch)
+            try:
+                _POOL.submit(_run_batch, batch)
+            except RuntimeError:  # no new threads (interpreter shutdown): run inline, without a time limit
+                finish = _run_batch(batch)
+                if finish is not None:
+                    finish()
             start = self._wait(batch, timeout)
         for outcome in outcomes:
             if outcome.error is not None:

@@ -378,11 +378,10 @@ class PluginManager:
 
     def list_plugins(self) -> list[dict[str, Any]]:
         """One dict per plugin found (enabled or not, loaded or failed), in discovery order."""
-        self.discover_plugins()
-        hooks_by_plugin: dict[str, list[str]] = {}
-        for key in self._records:
-            hooks_by_plugin[key] = list(dict.fromkeys(self._hooks.hooks_of(key)))
-        return [self._describe(record, hooks_by_plugin.get(record.key, [])) for record in list(self._records.values())]
+        with self._discover_lock:  # a concurrent forced re-discovery must not tear the listing
+            self.discover_plugins()
+            records = list(self._records.values())
+        return [self._describe(r, list(dict.fromkeys(self._hooks.hooks_of(r.key)))) for r in records]
 
     def get_plugin(self, name: str) -> dict[str, Any] | None:
         """``list_plugins()`` entry for a key, or for a bare name when it is unambiguous."""
