@@ -6,7 +6,6 @@ import sys
 import textwrap
 import uuid
 from importlib.metadata import entry_points
-from pathlib import Path
 
 import pytest
 
