@@ -156,6 +156,7 @@ class PluginLlm:
         self._config = config_source or get_config_source(Path(home) if home is not None else None)
         self._transport = transport
         self._audit_log = audit_log
+        self._sink_cache: tuple[HostConfig, Any] | None = None
         self._clock = clock
 
     @property
@@ -433,11 +434,15 @@ class PluginLlm:
     def _audit_sink(self, config: HostConfig):
         if self._audit_log is not None:
             return self._audit_log
+        cached = self._sink_cache
+        if cached is not None and cached[0] is config:
+            return cached[1]
         from audit import get_audit_log
 
         sink = get_audit_log(config.home / "logs" / "agent.log", config.audit)
         if sink.settings != config.audit:
             sink.update_settings(config.audit)
+        self._sink_cache = (config, sink)
         return sink
 
     def _write_audit(self, call: _Call, config: HostConfig, record: dict[str, Any]) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import functools
+import math
 import os
 import random
 import threading
@@ -210,6 +211,19 @@ def _map_error(exc: BaseException, route: Route, secret: str | None, deadline: f
     return error
 
 
+def _attempt_timeout(route_timeout: float, remaining: float, attempt: int) -> float:
+    """The timeout handed to litellm for one attempt.
+
+    litellm caches its HTTP client per timeout value, so an exact float per
+    call would cost a new client (and connection) every time. The first
+    attempt uses the route's timeout (it starts within milliseconds of the
+    deadline being set); retries use the remaining time rounded up to 0.1 s.
+    """
+    if attempt == 0 and remaining >= route_timeout - 1.0:
+        return route_timeout
+    return math.ceil(remaining * 10) / 10
+
+
 def _should_retry(exc: BaseException) -> bool:
     return bool(getattr(exc, "retryable", False))
 
@@ -283,7 +297,7 @@ class LitellmTransport:
         kwargs: dict[str, Any] = dict(
             model=request.route.litellm_model,
             messages=request.messages,
-            timeout=remaining,
+            timeout=_attempt_timeout(request.route.timeout, remaining, state.attempts),
             max_retries=0,  # retries are ours, inside the deadline
             **{k: v for k, v in request.params.items() if v is not None},
         )
@@ -395,7 +409,7 @@ def _cost(litellm: Any, route: Route, response: Any) -> float | None:
         return 0.0
     hidden = getattr(response, "_hidden_params", None) or {}
     cost = hidden.get("response_cost")
-    if cost is None:
+    if cost is None and "response_cost" not in hidden:  # litellm already tried: unpriced
         try:
             cost = litellm.completion_cost(completion_response=response)
         except Exception:
