@@ -231,11 +231,11 @@ def _should_retry(exc: BaseException) -> bool:
 # ------------------------------------------------------------ retry policy
 def _wait(retry_state: RetryCallState) -> float:
     exc = retry_state.outcome.exception() if retry_state.outcome else None
+    if getattr(exc, "pooled_key_failed", False):
+        return 0.0  # the failed key cools down (Retry-After included); the next attempt uses another key
     retry_after = getattr(exc, "retry_after", None)
     if retry_after is not None:
         return min(retry_after, RETRY_AFTER_CAP)
-    if getattr(exc, "pooled_key_failed", False):
-        return 0.0  # the next key is another key: no reason to wait
     backoff = min(BACKOFF_CAP, BACKOFF_BASE * 2 ** (retry_state.attempt_number - 1))
     return backoff * (0.5 + random.random() / 2)  # jitter
 

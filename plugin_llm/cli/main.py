@@ -120,5 +120,8 @@ def _plugin_cli_command(name: str):
     return find_cli_command(name)
 
 
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+if __name__ == "__main__":  # pragma: no cover - `python -m plugin_llm.cli.main`
+    # Re-import so CliError raised by subcommands is the same class we catch.
+    from plugin_llm.cli.main import main as _main
+
+    sys.exit(_main())
