@@ -93,21 +93,30 @@ def _replacement_for(secret: str) -> str:
 # --------------------------------------------------------------------------- #
 
 
-class _Registry:
-    """The set of known secrets, published as an immutable snapshot.
+@dataclass(frozen=True)
+class _Snapshot:
+    """What redact() needs, built once per change of the secret set."""
 
-    Writers take a lock and swap in a new tuple; readers (every redact() call)
-    read one attribute and never lock.
+    # (variant, replacement) pairs, longest first so that a secret containing
+    # another secret is replaced whole.
+    pairs: tuple[tuple[str, str], ...] = ()
+    regex: re.Pattern[str] | None = None  # many secrets: one trie regex instead of a loop
+    replacements: dict[str, str] | None = None
+
+
+class _Registry:
+    """The set of known secrets.
+
+    ``add`` only records (cheap, so registering many keys stays linear); the
+    next ``redact`` builds an immutable :class:`_Snapshot`, which readers use
+    without locking.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._known: set[str] = set()
-        # (variant, replacement) pairs, longest variant first so that a secret
-        # containing another secret is replaced whole.
-        self.pairs: tuple[tuple[str, str], ...] = ()
-        self.regex: re.Pattern[str] | None = None
-        self.replacements: dict[str, str] = {}
+        self._variants: dict[str, str] = {}
+        self.snapshot: _Snapshot | None = _Snapshot()
 
     def add(self, secret: str) -> None:
         if secret in self._known:  # fast, lock-free common case (set lookup is atomic)
@@ -117,20 +126,25 @@ class _Registry:
                 return
             self._known.add(secret)
             replacement = _replacement_for(secret)
-            variants = {secret: replacement}
-            # The same secret as it appears in URLs and JSON strings.
-            for variant in (quote(secret, safe=""), quote_plus(secret, safe=""), json.dumps(secret)[1:-1]):
-                if variant != secret and len(variant) >= MIN_SECRET_LENGTH:
-                    variants.setdefault(variant, replacement)
-            merged = dict(self.pairs)
-            for variant, repl in variants.items():
-                merged.setdefault(variant, repl)
-            pairs = tuple(sorted(merged.items(), key=lambda kv: -len(kv[0])))
-            # Many secrets: one alternation regex beats a Python-level loop.
-            regex = re.compile(_trie_pattern([v for v, _ in pairs])) if len(pairs) > _REGEX_THRESHOLD else None
-            self.replacements = dict(pairs)
-            self.regex = regex
-            self.pairs = pairs  # published last: readers check pairs first
+            # The secret itself, and as it appears in URLs and JSON strings.
+            for variant in (secret, quote(secret, safe=""), quote_plus(secret, safe=""), json.dumps(secret)[1:-1]):
+                if len(variant) >= MIN_SECRET_LENGTH:
+                    self._variants.setdefault(variant, replacement)
+            self.snapshot = None
+
+    def current(self) -> _Snapshot:
+        snap = self.snapshot
+        if snap is not None:
+            return snap
+        with self._lock:
+            snap = self.snapshot
+            if snap is None:
+                pairs = tuple(sorted(self._variants.items(), key=lambda kv: -len(kv[0])))
+                regex = None
+                if len(pairs) > _REGEX_THRESHOLD:
+                    regex = re.compile(_trie_pattern([v for v, _ in pairs]))
+                snap = self.snapshot = _Snapshot(pairs, regex, dict(pairs))
+        return snap
 
     def __contains__(self, secret: str) -> bool:
         return secret in self._known
@@ -288,13 +302,14 @@ def redact(text: Any) -> str:
         text = str(text)
     if len(text) < MIN_SECRET_LENGTH:  # too short to hold a secret or a key shape
         return text
-    reg = _registry
-    if reg.pairs:
-        regex = reg.regex
+    snap = _registry.snapshot or _registry.current()
+    if snap.pairs:
+        regex = snap.regex
         if regex is not None:
-            text = regex.sub(lambda m: reg.replacements[m.group(0)], text)
+            replacements = snap.replacements
+            text = regex.sub(lambda m: replacements[m.group(0)], text)  # type: ignore[index]
         else:
-            for secret, replacement in reg.pairs:
+            for secret, replacement in snap.pairs:
                 if secret in text:
                     text = text.replace(secret, replacement)
     low: str | None = None
