@@ -268,29 +268,6 @@ def test_unknown_profile_is_an_audited_error_never_the_default_key(hermes_home, 
 # --------------------------------------------------------------------------- pools over HTTP
 
 
-def _transport_waits_out_a_pooled_keys_retry_after() -> bool:
-    """Known gap (reported to the transport owner): ``_wait`` honours a 429's Retry-After
-    before noticing that the failed key was a pool key, so the retry that should go
-    straight to the next key waits (or gives up when Retry-After exceeds the deadline).
-    The pool tests below are expected to fail only while that is so."""
-    try:
-        from plugin_llm import transport
-
-        exc = PluginLlmProviderError("429", status=429, retryable=True)
-        exc.retry_after, exc.pooled_key_failed = 100.0, True
-        state = types.SimpleNamespace(outcome=types.SimpleNamespace(exception=lambda: exc), attempt_number=1)
-        return transport._wait(state) > 0
-    except Exception:  # the private helper changed: assume fixed and run the tests for real
-        return False
-
-
-pool_rotation_gap = pytest.mark.xfail(
-    _transport_waits_out_a_pooled_keys_retry_after(),
-    reason="plugin_llm.transport._wait must not wait out Retry-After when the failed key was a pool key",
-    strict=True,
-)
-
-
 def pool_route(hermes_home: Path, fake: FakeServer, keys: list[str], **llm) -> None:
     write_auth(hermes_home, {"providers": {"custom": {"keys": keys}}})
     settings = {"max_retries": 3, "timeout": 10, **llm}
@@ -298,7 +275,6 @@ def pool_route(hermes_home: Path, fake: FakeServer, keys: list[str], **llm) -> N
                               "llm:\n" + "".join(f"  {k}: {v}\n" for k, v in settings.items()))
 
 
-@pool_rotation_gap
 def test_429_rotates_to_the_next_key_within_the_call(hermes_home, fake):
     keys = [canary(), canary(), canary()]
     pool_route(hermes_home, fake, keys)
@@ -317,7 +293,6 @@ def test_429_rotates_to_the_next_key_within_the_call(hermes_home, fake):
         assert_no_canary(key, home=hermes_home, objects=[result])
 
 
-@pool_rotation_gap
 def test_all_keys_cooling_is_reported_as_such(hermes_home, fake):
     keys = [canary(), canary()]
     pool_route(hermes_home, fake, keys, timeout=3)
@@ -374,7 +349,6 @@ class _Watch:
         store.acquire, store.report_failure = watched_acquire, watched_report
 
 
-@pool_rotation_gap
 def test_concurrent_threads_never_use_a_cooling_key(hermes_home):
     keys = [canary() for _ in range(4)]
     with _bad_key_server(keys[1]) as server:
@@ -401,7 +375,6 @@ def test_concurrent_threads_never_use_a_cooling_key(hermes_home):
         assert len(sent) - sent.count(keys[1]) == 40  # every call succeeded on a healthy key
 
 
-@pool_rotation_gap
 def test_concurrent_asyncio_tasks_never_use_a_cooling_key(hermes_home):
     keys = [canary() for _ in range(4)]
     with _bad_key_server(keys[2]) as server:
