@@ -293,3 +293,68 @@ def test_remove(home, capsys, monkeypatch):
 def test_auth_without_action_prints_help(capsys):
     code, out, _ = run(capsys, "auth")
     assert code == 2 and "list" in out and "add" in out
+
+
+# --------------------------------------------------------------------------- test
+
+
+def _route(home: Path, base_url: str, keys: dict) -> None:
+    (home / "config.yaml").write_text(
+        f"model:\n  provider: custom\n  model: gpt-4o\n  base_url: {base_url}\nllm:\n  max_retries: 0\n")
+    path = home / "auth.json"
+    path.write_text(json.dumps(keys))
+    os.chmod(path, 0o600)
+
+
+def test_auth_test_makes_one_real_call_with_the_profile_key(home, capsys):
+    from tests.conftest import audit_lines
+    from tests.servers import FakeServer, Reply
+
+    default_key, work_key = canary(), canary()
+    with FakeServer([Reply(content="ok"), Reply(content="ok")]) as server:
+        _route(home, server.base_url, {"providers": {"custom": {"api_key": default_key}},
+                                       "profiles": {"work": {"custom": {"keys": [work_key]}}}})
+        code, out, err = run(capsys, "auth", "test", "custom", "--profile", "work", "--home", str(home))
+        assert code == 0, err
+        code2, out2, err2 = run(capsys, "auth", "test", "custom", "--home", str(home))
+        assert code2 == 0, err2
+        sent = [r.headers.get("Authorization") or r.headers.get("authorization") for r in server.requests]
+    assert sent == [f"Bearer {work_key}", f"Bearer {default_key}"]
+    assert "via pool work:custom#0" in out and "OK: custom/" in out and f"…{work_key[-4:]}" in out
+    for text in (out, err, out2, err2):
+        assert work_key not in text and default_key not in text
+    records = audit_lines(home)
+    assert [(r["plugin_id"], r["profile"], r["status"]) for r in records] == [
+        ("auth-test", "work", "ok"), ("auth-test", None, "ok")]
+
+
+def test_auth_test_reports_the_providers_error_redacted(home, capsys):
+    from tests.servers import FakeServer, Reply
+
+    key = canary()
+
+    def echo(_json, headers, path):
+        auth = headers.get("Authorization") or headers.get("authorization")
+        return 401, {"error": {"message": f"Incorrect API key provided: {auth} ({path}?key={key})",
+                               "type": "invalid_request_error"}}
+
+    with FakeServer([Reply(body=echo)]) as server:
+        _route(home, server.base_url, {"providers": {"custom": {"api_key": key}}})
+        code, out, err = run(capsys, "auth", "test", "custom", "--home", str(home))
+    assert code == 1
+    assert "FAILED: PluginLlmProviderError" in err and "401" in err and "Incorrect API key provided" in err
+    assert key not in out + err
+
+
+def test_auth_test_without_a_key_or_with_an_unknown_profile_makes_no_call(home, capsys, monkeypatch):
+    monkeypatch.delenv("GROQ_API_KEY", raising=False)
+    code, _, err = run(capsys, "auth", "test", "groq", "--home", str(home))
+    assert code == 1 and "no API key for provider 'groq'" in err and "GROQ_API_KEY" in err
+    code, _, err = run(capsys, "auth", "test", "groq", "--profile", "nope", "--home", str(home))
+    assert code == 1 and "unknown credential profile 'nope'" in err
+
+
+def test_auth_test_needs_a_model_for_an_unconfigured_exotic_provider(home, capsys, monkeypatch):
+    monkeypatch.setenv("ACME_API_KEY", canary())
+    code, _, err = run(capsys, "auth", "test", "acme", "--home", str(home))
+    assert code == 2 and "pass --model" in err

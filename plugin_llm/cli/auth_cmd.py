@@ -385,28 +385,94 @@ def _cmd_remove(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- #
 
 
+#: A small, cheap model per provider for ``auth test`` when neither --model nor
+#: the configured route names one for that provider.
+_TEST_MODELS = {
+    "openai": "gpt-4o-mini",
+    "anthropic": "claude-3-5-haiku-latest",
+    "openrouter": "openai/gpt-4o-mini",
+    "gemini": "gemini-2.0-flash",
+    "groq": "llama-3.1-8b-instant",
+    "mistral": "mistral-small-latest",
+    "deepseek": "deepseek-chat",
+    "xai": "grok-3-mini",
+    "together_ai": "meta-llama/Llama-3.2-3B-Instruct-Turbo",
+    "local": "local-echo-1",
+}
+
+AUTH_TEST_IDENTITY = "auth-test"
+
+
+class _AuthTestConfig:
+    """The operator's config, plus provider/model/profile trust for the ``auth-test`` identity only.
+
+    Injected into ``PluginLlm`` (no module patching): the call goes through the
+    real pipeline — routing, credential store, transport, audit log — as the
+    operator asked for it on the command line.
+    """
+
+    def __init__(self, home: Path) -> None:
+        from plugin_llm.config import ConfigSource
+
+        self._inner = ConfigSource(home)
+        self.home = self._inner.home
+        self.path = self._inner.path
+
+    def on_reload(self, callback: Any) -> None:
+        self._inner.on_reload(callback)
+
+    def current(self) -> Any:
+        import dataclasses
+
+        from plugin_llm.trust import TrustPolicy
+
+        config = self._inner.current()
+        policy = TrustPolicy(allow_provider_override=True, allow_model_override=True, allow_profile_override=True)
+        return dataclasses.replace(config, trust={**config.trust, AUTH_TEST_IDENTITY: policy})
+
+
 def _cmd_test(args: argparse.Namespace) -> int:
     """One minimal call with PROVIDER's credentials; reports success or the provider's error, redacted."""
-    from auth import CredentialStore
+    import time
+
+    from auth import get_store
+    from plugin_llm.errors import PluginLlmError
 
     provider = _provider_name(args.provider)
     profile = args.profile.strip() if args.profile else None
     home = _home(args)
-    # Resolve first: a missing key or unknown profile is reported without any call.
-    cred = CredentialStore(home).acquire(provider, profile)
-    _out(f"credential: {cred!r} (key id {cred.key_id})")
-    try:
-        from plugin_llm.llm import auth_test_call
-    except ImportError:
-        raise CliError("auth test needs plugin_llm.llm.auth_test_call, which this build does not provide", 1) from None
-    from plugin_llm.errors import PluginLlmError
+    # Resolve first: a missing key, an unknown profile or a broken auth.json is
+    # reported without any call (PluginLlmConfigError -> exit 1 with the fix).
+    cred = get_store(home).acquire(provider, profile)
+    source = f"{cred.source} {cred.key_id} ({cred.masked})" if cred.source != "none" else "no key (keyless provider)"
+    _out(f"credential: {provider}{' profile ' + profile if profile else ''} via {source}")
 
+    config = _AuthTestConfig(home)
+    configured = config.current().model
+    model = args.model
+    if model is None and (configured.provider or "").lower() != provider:
+        model = _TEST_MODELS.get(provider)
+        if model is None:
+            raise CliError(f"no default test model for provider {provider!r}: pass --model MODEL")
+    from plugin_llm.llm import PluginLlm
+
+    llm = PluginLlm(AUTH_TEST_IDENTITY, home=home, config_source=config)  # type: ignore[arg-type]
+    started = time.monotonic()
     try:
-        result = auth_test_call(home, provider=provider, profile=profile, model=args.model, timeout=args.timeout)
+        result = llm.complete(
+            [{"role": "user", "content": "Reply with the single word: ok"}],
+            provider=provider,
+            model=model,
+            profile=profile,
+            max_tokens=16,
+            timeout=args.timeout,
+            purpose="plugin-llm auth test",
+        )
     except PluginLlmError as exc:
         _out(f"FAILED: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
-    usage = getattr(result, "usage", None)
-    tokens = f", {usage.total_tokens} tokens" if usage is not None else ""
-    _out(f"OK: {result.provider}/{result.model} answered{tokens}")
+    elapsed = time.monotonic() - started
+    usage = result.usage
+    _out(f"OK: {result.provider}/{result.model} answered in {elapsed:.1f} s "
+         f"({usage.input_tokens} in / {usage.output_tokens} out tokens); audited as plugin {AUTH_TEST_IDENTITY!r}")
     return 0
