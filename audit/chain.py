@@ -13,8 +13,8 @@ another tool but unchanged in content still verifies).
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
-from typing import Any
+import re
+from typing import Any, NamedTuple
 
 from audit.records import HASH, PREV_HASH, SEQ, canonical_json
 
@@ -28,7 +28,9 @@ _HASH_KEY = b',"hash":"'
 _SUFFIX_LEN = len(_HASH_KEY) + 64 + 2
 _SEQ_KEY = b'"seq":'
 _PREV_KEY = b'"prev_hash":"'
-_HEX = frozenset(b"0123456789abcdef")
+_DIGITS = re.compile(rb"[0-9]+")
+_HEX64_QUOTED = re.compile(rb'([0-9a-f]{64})"')
+_HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
 def render_line(record: dict[str, Any]) -> tuple[bytes, str]:
@@ -48,17 +50,12 @@ def record_hash(record: dict[str, Any]) -> str:
     return hashlib.sha256(canonical_json(body)).hexdigest()
 
 
-@dataclass(frozen=True, slots=True)
-class LineFields:
+class LineFields(NamedTuple):
     """The chain fields of one line."""
 
     seq: int
     prev_hash: str
     hash: str
-
-
-def _is_hex64(value: Any) -> bool:
-    return isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)
 
 
 def fast_fields(raw: bytes) -> LineFields | None:
@@ -68,31 +65,31 @@ def fast_fields(raw: bytes) -> LineFields | None:
     matches the SHA-256 of the preceding bytes (so those bytes are exactly what
     was hashed) and ``seq``/``prev_hash`` occur once each, so they cannot be
     confused with a nested key. Anything else returns None and the caller
-    parses the JSON (:func:`parse_fields`).
+    parses the JSON (:func:`parse_fields`). This is ``verify``'s hot loop.
     """
     if len(raw) <= _SUFFIX_LEN or raw[-2:] != b'"}' or raw[-_SUFFIX_LEN : -_SUFFIX_LEN + len(_HASH_KEY)] != _HASH_KEY:
         return None
     digest = raw[-66:-2]
-    h = hashlib.sha256(raw[:-_SUFFIX_LEN])
+    h = hashlib.sha256(memoryview(raw)[:-_SUFFIX_LEN])
     h.update(b"}")
     if h.hexdigest().encode("ascii") != digest:
         return None
-    i = raw.find(_SEQ_KEY)
+    i = raw.rfind(_SEQ_KEY)
     j = raw.find(_PREV_KEY)
-    if i < 1 or j < 1 or raw.find(_SEQ_KEY, i + 1) != -1 or raw.find(_PREV_KEY, j + 1) != -1:
+    # exactly one of each, as a key (preceded by "," or "{"; inside a string a quote is escaped)
+    if i < 1 or j < 1 or raw.find(_SEQ_KEY) != i or raw.rfind(_PREV_KEY) != j:
         return None
     if raw[i - 1] not in b",{" or raw[j - 1] not in b",{":
         return None
-    start = i + len(_SEQ_KEY)
-    end = start
-    while end < len(raw) and 48 <= raw[end] <= 57:
-        end += 1
-    if end == start or raw[end] not in b",}":
+    seq = _DIGITS.match(raw, i + len(_SEQ_KEY))
+    prev = _HEX64_QUOTED.match(raw, j + len(_PREV_KEY))
+    if seq is None or prev is None or raw[seq.end() : seq.end() + 1] not in (b",", b"}"):
         return None
-    prev = raw[j + len(_PREV_KEY) : j + len(_PREV_KEY) + 64]
-    if len(prev) != 64 or raw[j + len(_PREV_KEY) + 64 : j + len(_PREV_KEY) + 65] != b'"' or not _HEX.issuperset(prev):
-        return None
-    return LineFields(int(raw[start:end]), prev.decode("ascii"), digest.decode("ascii"))
+    return LineFields(int(seq.group()), prev.group(1).decode("ascii"), digest.decode("ascii"))
+
+
+def _is_hex64(value: Any) -> bool:
+    return isinstance(value, str) and _HEX64.fullmatch(value) is not None
 
 
 def parse_fields(record: Any) -> LineFields | None:

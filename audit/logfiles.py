@@ -33,7 +33,7 @@ __all__ = [
 ]
 
 LOG_NAME = "agent.log"
-_READ_CHUNK = 1 << 20
+_READ_CHUNK = 64 * 1024  # per open file; a snapshot holds every file open at once
 
 
 def resolve_log_path(path_or_home: str | os.PathLike[str]) -> Path:

@@ -115,9 +115,13 @@ EVENT_CONFIG_RELOADED = "config_reloaded"
 EVENT_AUDIT_SETTINGS_CHANGED = "audit_settings_changed"
 
 
+# one encoder, built once: json.dumps(...) with options builds a new one per call
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
 def canonical_json(record: Mapping[str, Any]) -> bytes:
     """The bytes the chain hashes: sorted keys, no whitespace, UTF-8, no ASCII escaping."""
-    return json.dumps(record, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    return _CANONICAL.encode(record).encode("utf-8")
 
 
 def sha256_text(text: str) -> str:

@@ -32,7 +32,7 @@ from typing import Any
 
 from audit.chain import GENESIS_HASH, LineFields, fast_fields, parse_fields, record_hash
 from audit.errors import AuditLogNotFoundError
-from audit.logfiles import iter_lines, resolve_log_path, snapshot
+from audit.logfiles import resolve_log_path, snapshot
 from audit.records import EVENT, EVENT_CHAIN_RESUMED
 
 __all__ = ["VerifyProblem", "VerifyResult", "verify", "PROBLEM_KINDS"]
@@ -145,7 +145,17 @@ def verify(
             for snap in snaps:
                 name = str(snap.path)
                 result.files.append(name)
-                for number, offset, raw in iter_lines(snap):
+                f, size = snap.file, snap.size
+                f.seek(0)
+                offset = number = 0
+                for raw in f:  # iter_lines(), inlined: this loop runs a million times
+                    if offset >= size:
+                        break
+                    number += 1
+                    if offset + len(raw) > size:
+                        raw = raw[: size - offset]
+                    line_offset = offset
+                    offset += len(raw)
                     has_newline = raw.endswith(b"\n")
                     body = raw[:-1] if has_newline else raw
                     record: Any = None
@@ -156,7 +166,7 @@ def verify(
                         except ValueError as exc:
                             kind, detail = _bad_kind(body, has_newline, exc)
                             pending_bytes += len(raw)
-                            pending.append(_Bad(number, offset, raw if pending_bytes <= _MAX_PENDING_BYTES else b"", kind, detail))
+                            pending.append(_Bad(number, line_offset, raw if pending_bytes <= _MAX_PENDING_BYTES else b"", kind, detail))
                             continue
                         fields = parse_fields(record)
                         if fields is None:
@@ -167,7 +177,7 @@ def verify(
                         record = loads(body)
                     if pending:
                         resumed = isinstance(record, dict) and record.get(EVENT) == EVENT_CHAIN_RESUMED
-                        if resumed and _covers(record, pending, offset):
+                        if resumed and _covers(record, pending, line_offset):
                             for bad in pending:
                                 result.warnings.append(VerifyProblem(
                                     name, bad.line, "torn",

@@ -226,3 +226,13 @@ def test_stats_arithmetic_on_a_known_fixture():
     m2 = rows["model", "m2"]
     assert (m2.calls, m2.denials, m2.p50_latency_ms) == (2, 1, 10.0)
     assert json.dumps(alpha.as_dict())
+
+
+def test_parse_line_accepts_exactly_one_json_value():
+    from audit.reader import parse_line
+
+    assert parse_line(b'{"a": 1}\n') == {"a": 1}
+    assert parse_line(b'  [1]') == [1]
+    for bad in (b'{"a": 1}{"b": 2}\n', b'{"a": ', b"garbage", b"\xff{}", b""):
+        with pytest.raises(ValueError):
+            parse_line(bad)
