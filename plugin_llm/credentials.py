@@ -27,6 +27,9 @@ class _StoreKeys:
     def acquire(self):
         return self._store().acquire(self._provider, self._profile)
 
+    async def aacquire(self):
+        return await self._store().aacquire(self._provider, self._profile)
+
     def report_failure(self, credential, status: int, retry_after: float | None = None) -> None:
         self._store().report_failure(credential, status, retry_after)
 

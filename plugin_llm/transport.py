@@ -50,6 +50,7 @@ class KeySource(Protocol):
     """Where the transport gets a key for each attempt (see ``auth``)."""
 
     def acquire(self) -> Credential: ...
+    async def aacquire(self) -> Credential: ...
     def report_failure(self, credential: Credential, status: int, retry_after: float | None = None) -> None: ...
     def report_success(self, credential: Credential) -> None: ...
 
@@ -284,15 +285,17 @@ class LitellmTransport:
             reraise=True,
         )
 
-    def _prepare(self, litellm: Any, request: TransportRequest, state: _CallState):
-        remaining = request.deadline - time.monotonic()
-        if remaining <= 0:
+    @staticmethod
+    def _check_deadline(request: TransportRequest, state: _CallState) -> None:
+        if request.deadline - time.monotonic() <= 0:
             error = PluginLlmTimeoutError(
                 f"the call's deadline ({request.route.timeout:g} s) expired after {state.attempts} attempt(s)"
             )
             error.attempts = state.attempts  # type: ignore[attr-defined]
             raise error
-        credential = request.keys.acquire()
+
+    def _prepare(self, request: TransportRequest, state: _CallState, credential: Credential):
+        remaining = max(request.deadline - time.monotonic(), 0.001)
         secret = credential.reveal()
         kwargs: dict[str, Any] = dict(
             model=request.route.litellm_model,
@@ -324,7 +327,8 @@ class LitellmTransport:
         return error
 
     def _attempt_sync(self, litellm: Any, request: TransportRequest, state: _CallState) -> Any:
-        credential, secret, kwargs, _ = self._prepare(litellm, request, state)
+        self._check_deadline(request, state)
+        credential, secret, kwargs, _ = self._prepare(request, state, request.keys.acquire())
         started = time.perf_counter()
         failure: BaseException | None = None
         try:
@@ -341,7 +345,9 @@ class LitellmTransport:
         return response
 
     async def _attempt_async(self, litellm: Any, request: TransportRequest, state: _CallState) -> Any:
-        credential, secret, kwargs, remaining = self._prepare(litellm, request, state)
+        self._check_deadline(request, state)
+        # aacquire: a first key_cmd run happens in a thread, not on the event loop
+        credential, secret, kwargs, remaining = self._prepare(request, state, await request.keys.aacquire())
         started = time.perf_counter()
         failure: BaseException | None = None
         try:  # wait_for: a hard deadline even if the HTTP stack ignores its timeout

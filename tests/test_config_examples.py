@@ -212,3 +212,20 @@ def test_jsonl_memory_dedups_the_same_memory_written_by_several_processes(tmp_pa
     assert len(texts) == len(set(texts)) == 20 + 4 * 20
     assert sum(1 for t in texts if t.startswith("shared fact")) == 20
     assert re.fullmatch(r"[0-9a-f]{32}", mod.memory_id("x"))
+
+
+def test_auth_json_example_loads_through_the_store(hermes_home: Path, monkeypatch) -> None:
+    from auth import get_store
+
+    target = hermes_home / "auth.json"
+    shutil.copy2(EXAMPLES / "auth.json.example", target)
+    target.chmod(0o600)
+    monkeypatch.setenv("MY_GATEWAY_KEY", "gateway-key-from-env-0001")
+    store = get_store(hermes_home)
+    assert store.acquire("openai").source == "auth.json"
+    pool = [store.acquire("openrouter").key_id for _ in range(2)]
+    assert sorted(pool) == ["openrouter#0", "openrouter#1"]
+    assert store.acquire("custom").reveal() == "gateway-key-from-env-0001"
+    assert "work" in store.profiles()
+    listing = json.dumps(store.describe())
+    assert "REPLACE-WITH-YOUR-KEY" not in listing  # masked
