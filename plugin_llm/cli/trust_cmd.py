@@ -1,0 +1,432 @@
+"""``plugin-llm trust show|check|explain|grant|revoke``: the per-plugin trust policy.
+
+``show`` prints each plugin's effective policy and where every value came from;
+``check`` validates the whole ``plugins:`` section (exit 1 on errors);
+``explain`` dry-runs the gate and prints the YAML that would allow a denied
+call (exit 0 allowed, 1 denied); ``grant``/``revoke`` edit the plugin's entry
+through :mod:`plugin_llm.config_edit` (comments kept, ``config.yaml.bak``).
+
+``revoke PLUGIN FLAG`` without values sets the flag to false and keeps the
+allowlist, so a later ``grant`` restores the same limits; with values it
+removes them from the allowlist (an emptied list allows nothing).
+
+None of these import litellm or load any plugin code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from plugin_llm.cli.main import CliError
+
+__all__ = ["register", "run", "normalize_flag"]
+
+_ACTIONS = ("show", "check", "explain", "grant", "revoke")
+
+
+# ------------------------------------------------------------------ parser
+def _common_options(*, suppress: bool) -> argparse.ArgumentParser:
+    options = argparse.ArgumentParser(add_help=False)
+    extra: dict[str, Any] = {"default": argparse.SUPPRESS} if suppress else {}
+    options.add_argument("--home", metavar="DIR", help="home directory (default: $HERMES_HOME or ~/.hermes)", **extra)
+    options.add_argument("--json", action="store_true", help="machine-readable output", **extra)
+    return options
+
+
+def register(subparsers: Any) -> None:
+    common = _common_options(suppress=False)
+    again = _common_options(suppress=True)
+    parser = subparsers.add_parser(
+        "trust",
+        parents=[common],
+        help="show, check and explain the per-plugin trust policy",
+        description="The trust gate: what each plugin may override (plugins.entries.<id>.llm in config.yaml).",
+    )
+    actions = parser.add_subparsers(dest="trust_action", metavar="ACTION")
+
+    show = actions.add_parser("show", parents=[again], help="effective policy per plugin, with where each value came from")
+    show.add_argument("plugin", nargs="?", help="only this plugin (its key, e.g. image_gen/openai)")
+
+    actions.add_parser("check", parents=[again], help="validate the plugins: section; exit 1 on errors")
+
+    explain = actions.add_parser(
+        "explain", parents=[again], help="dry-run the gate for one plugin (exit 0 allowed, 1 denied)",
+        description="Would the gate allow this call? Prints the deciding rule and, for a denial, the YAML that allows it.",
+    )
+    explain.add_argument("plugin", help="plugin key (e.g. image_gen/openai)")
+    explain.add_argument("--provider", help="provider= the plugin passes")
+    explain.add_argument("--model", help="model= the plugin passes")
+    explain.add_argument("--agent-id", dest="agent_id", help="agent_id= the plugin passes")
+    explain.add_argument("--profile", help="profile= the plugin passes")
+
+    for name, text in (
+        ("grant", "turn an override on (and add VALUES to its allowlist)"),
+        ("revoke", "remove VALUES from an allowlist, or turn the override off"),
+    ):
+        edit = actions.add_parser(name, parents=[again], help=text, description=_EDIT_HELP[name])
+        edit.add_argument("plugin", help="plugin key (e.g. image_gen/openai)")
+        edit.add_argument("flag", help="provider | model | agent_id | profile (or the full key name)")
+        edit.add_argument("values", nargs="*", help="allowlist values (provider and model only)")
+        edit.add_argument("--dry-run", action="store_true", help="print the diff, write nothing")
+        edit.add_argument("--strict", action="store_true", help="refuse a plugin that is not installed")
+    parser.set_defaults(func=run, trust_action=None)
+
+
+_EDIT_HELP = {
+    "grant": "Set allow_<flag>_override: true for the plugin and add VALUES to allowed_<flag>s "
+    "(provider and model only). Creating an allowlist narrows a grant that allowed any value.",
+    "revoke": "With VALUES: remove them from the allowlist (an empty list allows nothing). Without "
+    "VALUES: set allow_<flag>_override: false; the allowlist is kept for a later grant.",
+}
+
+
+def normalize_flag(text: str) -> str:
+    """``provider|model|agent_id|profile`` from a short name or a full trust key."""
+    from plugin_llm.trust import FLAG_KEYS, LIST_KEYS
+
+    word = text.strip().lower().replace("-", "_")
+    if word in FLAG_KEYS:
+        return word
+    for name, key in FLAG_KEYS.items():
+        if word == key:
+            return name
+    for name, key in LIST_KEYS.items():
+        if word == key:
+            return name
+    if word in ("agent", "agentid"):
+        return "agent_id"
+    raise CliError(
+        f"unknown flag {text!r}: use provider, model, agent_id or profile "
+        f"(or a key such as allow_model_override)"
+    )
+
+
+# ------------------------------------------------------------------ run
+def run(args: argparse.Namespace) -> int:
+    action = getattr(args, "trust_action", None) or "show"
+    if not getattr(args, "debug", False):
+        # Discovery problems (broken manifests) are reported by `plugins list`; keep stderr for ours.
+        logging.getLogger("plugin_llm.plugins").addHandler(logging.NullHandler())
+    home = _home(args)
+    from plugin_llm import trust_report as tr
+
+    view = tr.read_config(home)
+    installed = tr.installed_plugins(home)
+    as_json = bool(getattr(args, "json", False))
+    if action == "show":
+        return _show(tr, view, installed, getattr(args, "plugin", None), as_json)
+    if action == "check":
+        return _check(tr, view, installed, as_json)
+    if action == "explain":
+        return _explain(tr, view, installed, args, as_json)
+    if action in ("grant", "revoke"):
+        return _edit(tr, view, installed, args, as_json, grant=action == "grant")
+    raise CliError(f"unknown trust action {action!r}")  # pragma: no cover - argparse rejects it first
+
+
+def _home(args: argparse.Namespace) -> Path:
+    from plugin_llm.config import hermes_home
+
+    given = getattr(args, "home", None)
+    home = Path(given).expanduser() if given else hermes_home()
+    if given and not home.is_dir():
+        raise CliError(f"--home {home}: {'not a directory' if home.exists() else 'does not exist'}")
+    return home
+
+
+def _warn(message: str) -> None:
+    print(f"plugin-llm: warning: {message}", file=sys.stderr)
+
+
+def _dump(data: Any) -> None:
+    print(json.dumps(data, indent=2, ensure_ascii=False, default=str))
+
+
+def _configured_ids(tr: Any, view: Any) -> list[str]:
+    return tr.configured_plugin_ids(view)
+
+
+def _resolve(tr: Any, view: Any, installed: Mapping[str, str], name: str) -> str:
+    if not name.strip():
+        raise CliError("the plugin id is empty")
+    plugin_id, note = tr.resolve_plugin_id(name, installed, _configured_ids(tr, view))
+    if note:
+        _warn(note)
+    return plugin_id
+
+
+# ------------------------------------------------------------------ show
+def _where(line: int | None, view: Any) -> str:
+    return f" ({view.path.name} line {line})" if line is not None else ""
+
+
+def _render_finding(f: Any, view: Any, indent: str = "") -> list[str]:
+    pad = indent + " " * 9
+    fix = f.fix.replace("\n", "\n" + pad + "     ")
+    return [
+        f"{indent}{f.severity:<8} {f.path}{_where(f.line, view)}",
+        f"{pad}{f.problem}",
+        f"{pad}fix: {fix}",
+    ]
+
+
+def _render_plugin(pt: Any, view: Any) -> list[str]:
+    state = "installed" if pt.installed else "NOT INSTALLED"
+    where = f", entry at {view.path.name} line {pt.entry_line}" if pt.entry_line is not None else ""
+    lines = [f"{pt.plugin_id}  ({state}{where})"]
+    if view.error is not None:
+        lines.append("  fail closed: no overrides (config.yaml does not parse)")
+        return lines
+    lines.append(f"  {pt.summary}")
+    if pt.has_entry:
+        width_key = max(len(s.key) for s in pt.settings)
+        width_val = max(len(s.display()) for s in pt.settings)
+        for s in pt.settings:
+            note = f"  (written: {s.written!r})" if s.written is not None else ""
+            lines.append(f"    {s.key:<{width_key}}  {s.display():<{width_val}}  {s.source}{note}")
+    for f in pt.findings:
+        lines.extend(_render_finding(f, view, indent="  "))
+    return lines
+
+
+def _show(tr: Any, view: Any, installed: Mapping[str, str], plugin: str | None, as_json: bool) -> int:
+    findings = tr.check_plugins(view, installed)
+    if plugin is not None:
+        plugin_id = _resolve(tr, view, installed, plugin)
+        if view.error is None and plugin_id not in installed and plugin_id not in _configured_ids(tr, view):
+            known = ", ".join(sorted(set(installed) | set(_configured_ids(tr, view)))) or "none"
+            raise CliError(f"no plugin {plugin_id!r} is installed or configured in {view.home} (known: {known})")
+        policies = [tr.effective_policy(view, plugin_id, installed, findings)]
+        general: list[Any] = []
+    else:
+        policies = tr.effective_policies(view, installed, findings)
+        # a parse error is reported once, at the top
+        general = [f for f in findings if f.plugin_id is None and view.error is None]
+    if as_json:
+        _dump({
+            "config": str(view.path),
+            "exists": view.exists,
+            "error": view.error,
+            "fail_closed": view.error is not None,
+            "plugins": [p.as_dict() for p in policies],
+            "findings": [f.as_dict() for f in general],
+        })
+    else:
+        if view.error is not None:
+            print(f"plugin-llm: error: config.yaml does not parse: {view.error}", file=sys.stderr)
+            print(f"config: {view.path}: does not parse; every plugin override is refused until it is fixed (fail closed)")
+        elif not view.exists:
+            print(f"config: {view.path} (missing: no plugin has any override)")
+        else:
+            print(f"config: {view.path}")
+        if not policies:
+            print("no plugins installed and no entries under plugins.entries")
+        for pt in policies:
+            print()
+            print("\n".join(_render_plugin(pt, view)))
+        if general:
+            print()
+            print("plugins section:")
+            for f in general:
+                print("\n".join(_render_finding(f, view, indent="  ")))
+    return 1 if view.error is not None else 0
+
+
+# ------------------------------------------------------------------ check
+def _check(tr: Any, view: Any, installed: Mapping[str, str], as_json: bool) -> int:
+    findings = tr.check_plugins(view, installed)
+    errors = sum(1 for f in findings if f.severity == tr.ERROR)
+    warnings = len(findings) - errors
+    if as_json:
+        _dump({
+            "config": str(view.path),
+            "ok": errors == 0,
+            "errors": errors,
+            "warnings": warnings,
+            "findings": [f.as_dict() for f in findings],
+        })
+        return 1 if errors else 0
+    for f in findings:
+        print("\n".join(_render_finding(f, view)))
+    if not view.exists:
+        print(f"no {view.path}: nothing to check (no plugin is enabled, none has overrides)")
+    elif findings:
+        print(f"{_plural(errors, 'error')}, {_plural(warnings, 'warning')} in {view.path}")
+    else:
+        entries = len(_configured_ids(tr, view))
+        print(f"plugins section OK: {_plural(entries, 'entry', 'entries')}, {_plural(len(installed), 'plugin')} installed ({view.path})")
+    if errors:
+        print(f"plugin-llm: trust check failed: {_plural(errors, 'error')} in {view.path}", file=sys.stderr)
+    return 1 if errors else 0
+
+
+def _plural(n: int, word: str, plural: str | None = None) -> str:
+    return f"{n} {word if n == 1 else (plural or word + 's')}"
+
+
+# ------------------------------------------------------------------ explain
+def _optional(args: argparse.Namespace, name: str) -> str | None:
+    value = getattr(args, name, None)
+    if value is None:
+        return None
+    if not value.strip():
+        raise CliError(f"--{name.replace('_', '-')} must not be empty")
+    return value.strip()
+
+
+def _explain(tr: Any, view: Any, installed: Mapping[str, str], args: argparse.Namespace, as_json: bool) -> int:
+    from plugin_llm.trust import Overrides
+
+    plugin_id = _resolve(tr, view, installed, args.plugin)
+    provider = _optional(args, "provider")
+    # the gateway's own rule (PluginLlm._admit): the override, else the configured provider
+    active = (provider or view.config.model.provider or "").lower() or None
+    overrides = Overrides(
+        provider=provider, model=_optional(args, "model"), agent_id=_optional(args, "agent_id"),
+        profile=_optional(args, "profile"), active_provider=active,
+    )
+    result = tr.explain(view, plugin_id, overrides, installed)
+    if not result.installed:
+        _warn(f"no installed plugin has the key {plugin_id!r}; this is the policy it would get once installed")
+    if view.error is not None:
+        print(f"plugin-llm: error: config.yaml does not parse: {view.error}", file=sys.stderr)
+    if as_json:
+        _dump(result.as_dict())
+        return 0 if result.decision.allowed else 1
+    d = result.decision
+    print(f"{'ALLOWED' if d.allowed else 'DENIED'}  {d.reason}")
+    if view.error is not None:
+        print(f"  config.yaml does not parse, so every override is refused (fail closed): fix {view.path} first")
+    for rule in result.rules:
+        print(f"  {rule}")
+    if not d.allowed and result.snippet:
+        print(f"\nto allow it, add to {view.path}:\n")
+        print(result.snippet, end="")
+        if "allowed_providers" in result.changes or "allowed_models" in result.changes:
+            print("(a list shown here replaces the existing one)")
+        if result.commands:
+            print("\nor run:")
+            for command in result.commands:
+                print(f"  {command}")
+    if d.allowed:
+        if result.route is not None:
+            r = result.route
+            endpoint = r["base_url"] or "the provider's default endpoint"
+            print(
+                f"route: {r['provider']} / {r['model']} (litellm {r['litellm_model']}), {endpoint}, "
+                f"profile {r['profile'] or 'default'}, agent_id {r['agent_id'] or '-'}, timeout {r['timeout']:g}s"
+            )
+        elif result.route_error:
+            print(f"route: {result.route_error}" if view.error else f"route: cannot be resolved: {result.route_error}")
+    return 0 if d.allowed else 1
+
+
+# ------------------------------------------------------------------ grant / revoke
+def _same_item(a: Any, b: str) -> bool:
+    return isinstance(a, str) and a.strip().lower() == b.strip().lower()
+
+
+def _edit(tr: Any, view: Any, installed: Mapping[str, str], args: argparse.Namespace, as_json: bool, *, grant: bool) -> int:
+    from plugin_llm.config_edit import ConfigEditError, edit_config, get_value, list_add, list_remove, set_value
+    from plugin_llm.trust import FLAG_KEYS, LIST_KEYS
+
+    name = normalize_flag(args.flag)
+    values = [v.strip() for v in args.values]
+    if any(not v for v in values):
+        raise CliError("allowlist values must not be empty")
+    if values and name not in LIST_KEYS:
+        raise CliError(f"{name} has no allowlist: run `plugin-llm trust {'grant' if grant else 'revoke'} {args.plugin} {name}` without values")
+    if view.error is not None:
+        raise CliError(f"config.yaml does not parse, nothing was written: {view.error}", exit_code=1)
+    plugin_id = _resolve(tr, view, installed, args.plugin)
+    notes: list[str] = []
+    if plugin_id not in installed:
+        message = f"no installed plugin has the key {plugin_id!r}"
+        if args.strict:
+            raise CliError(f"{message} (--strict); install it first or check the key with `plugin-llm plugins list`")
+        notes.append(f"{message}; the entry takes effect once it is installed")
+
+    flag = FLAG_KEYS[name]
+    list_key = LIST_KEYS.get(name)
+    base = ("plugins", "entries", plugin_id, "llm")
+
+    def mutate(doc: Any) -> None:
+        current = get_value(doc, base + (list_key,)) if list_key else None
+        if grant:
+            set_value(doc, base + (flag,), True)
+            if values and current is None:
+                notes.append(f"{list_key} did not exist (any {name} was allowed); it now limits the plugin to: {', '.join(values)}")
+            if isinstance(current, list) and any(_same_item(item, "*") for item in current):
+                notes.append(f"{list_key} contains '*', which already allows any {name}")
+            for value in values:
+                if isinstance(current, list) and any(_same_item(item, value) for item in current):
+                    continue
+                list_add(doc, base + (list_key,), value)
+            return
+        if not values:
+            if get_value(doc, base + (flag,)) is not None:
+                set_value(doc, base + (flag,), False)
+            if isinstance(current, list):
+                notes.append(f"{list_key} is kept (inactive while {flag} is false)")
+            return
+        if current is None:
+            raise CliError(
+                f"{tr.entry_key(plugin_id)} has no {list_key} list, so any {name} is allowed while {flag} is true; "
+                f"to allow only some, grant those: plugin-llm trust grant {plugin_id} {name} VALUE..., "
+                f"or revoke the flag: plugin-llm trust revoke {plugin_id} {name}"
+            )
+        items = current if isinstance(current, list) else [current]
+        for value in values:
+            matching = [item for item in items if _same_item(item, value)]
+            if not matching:
+                notes.append(f"{value!r} is not on {list_key}")
+            for item in matching:
+                list_remove(doc, base + (list_key,), item)
+        remaining = get_value(doc, base + (list_key,))
+        if isinstance(remaining, list) and not remaining:
+            notes.append(f"{list_key} is now empty: no {name} is allowed")
+        elif isinstance(remaining, list) and any(_same_item(item, "*") for item in remaining):
+            notes.append(f"{list_key} still contains '*', which allows any {name}")
+
+    try:
+        result = edit_config(view.home, mutate, dry_run=args.dry_run)
+    except ConfigEditError as exc:
+        raise CliError(str(exc), exit_code=1) from None
+    for note in notes:
+        _warn(note)
+    after = tr.read_config(view.home)
+    policy = tr.effective_policy(after, plugin_id, installed, tr.check_plugins(after, installed))
+    written = result.changed and not args.dry_run
+    if as_json:
+        _dump({
+            "plugin_id": plugin_id,
+            "action": "grant" if grant else "revoke",
+            "flag": flag,
+            "values": values,
+            "changed": result.changed,
+            "written": written,
+            "dry_run": args.dry_run,
+            "path": str(result.path),
+            "backup": str(result.backup) if result.backup else None,
+            "diff": result.diff,
+            "notes": notes,
+            "policy": policy.as_dict() if not args.dry_run else None,
+        })
+        return 0
+    if not result.changed:
+        print(f"nothing to change in {result.path}")
+    else:
+        print(result.diff, end="" if result.diff.endswith("\n") else "\n")
+        if args.dry_run:
+            print("dry run: nothing was written")
+            return 0
+        backup = f" (previous version: {result.backup})" if result.backup else ""
+        print(f"wrote {result.path}{backup}")
+    print()
+    print("\n".join(_render_plugin(policy, after)))
+    return 0
