@@ -1,8 +1,19 @@
-"""``plugin-llm plugins list|info``: what plugins exist, which are active, and why not.
+"""``plugin-llm plugins``: list, inspect, install, update, remove, enable and disable plugins.
 
 ``list`` discovers the plugins of the home and loads the enabled ones (their
 registrations are what it counts). It never imports litellm: ``ctx.llm`` is
 only built when a plugin actually calls it.
+
+``install/update/remove`` live in :mod:`plugin_llm.plugins.install` (no
+prompts there); this module asks the questions: the values of missing
+``requires_env`` variables (secrets without echo) and whether to enable the
+new plugin. ``enable/disable`` and the interactive screen (``plugins`` with no
+action, on a terminal) edit config.yaml through :mod:`plugin_llm.config_edit`;
+none of them imports plugin code.
+
+Missing ``requires_env`` values typed at install are saved in
+``<home>/.env`` (mode 0600, ``NAME=value`` lines, the Hermes convention) and
+never echoed; only their names are printed.
 """
 
 from __future__ import annotations
@@ -10,8 +21,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from plugin_llm.cli.main import CliError
 
@@ -27,8 +39,9 @@ def register(subparsers: Any) -> None:
 
     parser = subparsers.add_parser(
         "plugins",
-        help="list and inspect plugins",
-        description="List and inspect plugins. Plugins are opt-in: enable one with plugins.enabled in config.yaml.",
+        help="list and manage plugins",
+        description="List, inspect, install and enable plugins. Plugins are opt-in (plugins.enabled in "
+        "config.yaml). Without an action: an interactive checklist on a terminal, the list otherwise.",
         parents=[common],
     )
     actions = parser.add_subparsers(dest="plugins_action", metavar="ACTION")
@@ -38,6 +51,34 @@ def register(subparsers: Any) -> None:
     )
     info = actions.add_parser("info", parents=[again], help="details of one plugin")
     info.add_argument("name", help="plugin key (e.g. image_gen/openai) or bare name")
+
+    install = actions.add_parser(
+        "install", parents=[again], help="install a plugin from git or a directory",
+        description="Install a plugin into <home>/plugins/. SOURCE: owner/repo (GitHub), a git URL "
+        "(https://, ssh://, git@host:path, file://), URL#subdir, or a local directory (path or path#subdir).",
+    )
+    install.add_argument("source", metavar="SOURCE")
+    install.add_argument("--force", action="store_true", help="replace an existing plugin of the same name")
+    toggle = install.add_mutually_exclusive_group()
+    toggle.add_argument("--enable", dest="enable", action="store_true", default=None, help="enable it (no question)")
+    toggle.add_argument("--no-enable", dest="enable", action="store_false", help="do not enable it (no question)")
+    install.add_argument("--ref", metavar="SHA", help="check out this commit (or tag) and pin it: update refuses pinned installs")
+    install.add_argument("--category", metavar="CAT", help="install as <CAT>/<name> (e.g. memory, context_engine)")
+    install.add_argument("--timeout", type=float, default=None, metavar="SECONDS", help="git timeout (default 120)")
+
+    update = actions.add_parser("update", parents=[again], help="git pull --ff-only an installed plugin")
+    update.add_argument("name", help="plugin key, name or unique leaf")
+    update.add_argument("--timeout", type=float, default=None, metavar="SECONDS", help="git timeout (default 120)")
+
+    remove = actions.add_parser("remove", parents=[again], help="delete an installed plugin (directory and record)")
+    remove.add_argument("name", help="plugin key, name or unique leaf")
+    remove.add_argument("--force", action="store_true", help="remove even with local edits in its git checkout")
+
+    for verb, text in (("enable", "add a plugin to plugins.enabled (and out of plugins.disabled)"),
+                       ("disable", "add a plugin to plugins.disabled (and out of plugins.enabled)")):
+        sub = actions.add_parser(verb, parents=[again], help=text, description=text[0].upper() + text[1:] + ".")
+        sub.add_argument("name", help="plugin key (image_gen/openai), manifest name, or a unique leaf (openai)")
+        sub.add_argument("--dry-run", action="store_true", help="show the config.yaml diff, write nothing")
     parser.set_defaults(func=run, plugins_action=None)
 
 
@@ -50,23 +91,68 @@ def _common_options(*, suppress: bool) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    action = getattr(args, "plugins_action", None) or "list"
+    action = getattr(args, "plugins_action", None)
     home = Path(args.home).expanduser() if getattr(args, "home", None) else None
     if home is not None and home.exists() and not home.is_dir():
         raise CliError(f"--home {home} is not a directory")
     if not getattr(args, "debug", False):
         # Problems are reported in the listing itself; keep stderr for real errors.
         logging.getLogger(_PLUGINS_LOGGER).addHandler(logging.NullHandler())
+    handler = _ACTIONS.get(action or "")
+    if handler is not None:
+        return handler(args, home or _default_home())
+    if action is None and not args.json and _interactive():
+        return _interactive_menu(home or _default_home())
     from plugin_llm.plugins import get_plugin_manager
 
     manager = get_plugin_manager(home)
     config_error = _config_error(manager.home)
     plugins = manager.list_plugins()
-    if action == "list":
-        return _list(manager.home, plugins, args.json, config_error)
+    if action in (None, "list"):
+        code = _list(manager.home, plugins, args.json, config_error)
+        if action is None and not args.json:
+            print(_USAGE)
+        return code
     if action == "info":
         return _info(manager.home, plugins, args.name, args.json)
     raise CliError(f"unknown plugins action {action!r}")  # pragma: no cover - argparse rejects it first
+
+
+_USAGE = """
+Manage plugins:
+  plugin-llm plugins install SOURCE [--enable|--no-enable] [--ref SHA] [--force]
+        SOURCE: owner/repo, a git URL (https://, ssh://, git@host:path, file://)[#subdir], or a directory
+  plugin-llm plugins update NAME        git pull --ff-only (refuses pinned installs and local edits)
+  plugin-llm plugins remove NAME        delete the plugin directory and its install record
+  plugin-llm plugins enable NAME        NAME: key (image_gen/openai), manifest name, or unique leaf (openai)
+  plugin-llm plugins disable NAME
+  plugin-llm plugins info NAME | list [--json]
+Run `plugin-llm plugins` in a terminal for an interactive checklist."""
+
+
+def _default_home() -> Path:
+    from plugin_llm.config import hermes_home
+
+    return hermes_home()
+
+
+def _interactive() -> bool:
+    try:
+        return sys.stdin.isatty() and sys.stdout.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def _emit(args: argparse.Namespace, data: dict[str, Any], lines: list[str]) -> None:
+    if args.json:
+        print(json.dumps(data, indent=2, ensure_ascii=False, default=str))
+    else:
+        for line in lines:
+            print(line)
+
+
+def _install_error(exc: Exception) -> CliError:
+    return CliError(str(exc))
 
 
 def _config_error(home: Path) -> str | None:
@@ -134,21 +220,28 @@ def _trust_block(key: str) -> str:
 
 
 def _info(home: Path, plugins: list[dict[str, Any]], name: str, as_json: bool) -> int:
-    exact = [p for p in plugins if p["key"] == name]
-    matches = exact or [p for p in plugins if p["name"] == name]
-    if not matches:
-        known = ", ".join(p["key"] for p in plugins) or "none"
-        raise CliError(f"no plugin {name!r} in {home} (known: {known})")
-    if len(matches) > 1:
-        raise CliError(f"{name!r} is ambiguous: {', '.join(p['key'] for p in matches)}; use the full key")
-    p = matches[0]
+    from plugin_llm.plugins.install import InstallError, resolve_name
+
+    try:
+        key = resolve_name(name, {p["key"]: p["name"] for p in plugins}, where=f" in {home}")
+    except InstallError as exc:
+        raise CliError(str(exc)) from None
+    p = dict(next(p for p in plugins if p["key"] == key))
+    p["install"] = _install_record(home, key)
+    p["trust_entry"] = _trust_entry(home, key)
     if as_json:
         print(json.dumps(p, indent=2, ensure_ascii=False, default=str))
         return 0
+    install = p["install"] or {}
+    origin = install.get("source")
+    if origin and install.get("ref"):
+        origin += f" (pinned to {install['ref']})"
     fields = [
         ("key", p["key"]), ("name", p["name"]), ("status", p["status"]), ("version", p["version"]),
         ("description", p["description"]), ("author", p["author"]), ("kind", p["kind"]),
         ("source", p["source"]), ("path", p["path"] or p["entry_point"]),
+        ("installed from", origin), ("revision", install.get("revision")),
+        ("installed at", install.get("installed_at")), ("updated at", install.get("updated_at")),
         ("tools", ", ".join(p["tools"])), ("hooks", ", ".join(p["hooks"])),
         ("commands", ", ".join("/" + c for c in p["commands"])),
         ("cli commands", ", ".join(p["cli_commands"])), ("skills", ", ".join(p["skills"])),
@@ -158,6 +251,7 @@ def _info(home: Path, plugins: list[dict[str, Any]], name: str, as_json: bool) -
         ("requires env", ", ".join(p["requires_env"])), ("missing env", ", ".join(p["missing_env"])),
         ("error", p["error"]), ("enable", p["enable_hint"]),
         ("trust block", f"{_trust_block(p['key'])} in {home / 'config.yaml'}"),
+        ("trust entry", _compact(p["trust_entry"]) if p["trust_entry"] is not None else "none (no override allowed)"),
     ]
     width = max(len(k) for k, _ in fields)
     for key, value in fields:
@@ -166,3 +260,336 @@ def _info(home: Path, plugins: list[dict[str, Any]], name: str, as_json: bool) -
     for warning in p["warnings"]:
         print(f"{'warning'.ljust(width)}  {warning}")
     return 0
+
+
+def _install_record(home: Path, key: str) -> dict[str, Any] | None:
+    from plugin_llm.plugins.install import InstallError, read_metadata
+
+    try:
+        entry = read_metadata(home / "plugins").get(key)
+    except InstallError as exc:
+        return {"error": str(exc)}
+    return entry.to_json() if entry is not None else None
+
+
+def _trust_entry(home: Path, key: str) -> Any:
+    """The raw ``plugins.entries.<key>.llm`` block as written (None when absent)."""
+    try:
+        from plugin_llm.config import get_config_source
+
+        raw = get_config_source(home).current().raw
+    except Exception:  # pragma: no cover - reported by the listing already
+        return None
+    plugins = raw.get("plugins") if isinstance(raw, dict) else None
+    entries = plugins.get("entries") if isinstance(plugins, dict) else None
+    entry = entries.get(key) if isinstance(entries, dict) else None
+    return entry.get("llm") if isinstance(entry, dict) else None
+
+
+def _compact(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, default=str)
+
+
+# --------------------------------------------------------------------------- install / update / remove
+
+
+def _ask_yes_no(question: str, input_fn: Callable[[str], str] = input) -> bool:
+    try:
+        answer = input_fn(f"{question} [y/N] ").strip().lower()
+    except EOFError:
+        return False
+    return answer in ("y", "yes")
+
+
+def _prompt_env(
+    home: Path,
+    requirements: list[tuple[str, str]],
+    *,
+    input_fn: Callable[[str], str] = input,
+    getpass_fn: Callable[[str], str] | None = None,
+) -> dict[str, str]:
+    """Ask for each missing variable (secrets masked); empty answer skips it. Values are never printed."""
+    from plugin_llm.plugins.install import is_secret_name
+
+    if getpass_fn is None:
+        from getpass import getpass as getpass_fn
+    values: dict[str, str] = {}
+    print(f"This plugin needs {len(requirements)} environment variable(s) that are not set "
+          f"(saved to {home / '.env'}, mode 0600; enter skips):")
+    for name, description in requirements:
+        label = f"  {name}" + (f" ({description})" if description else "")
+        try:
+            value = (getpass_fn if is_secret_name(name) else input_fn)(f"{label}: ")
+        except EOFError:
+            break
+        value = value.strip()
+        if value:
+            values[name] = value
+    return values
+
+
+def _install(args: argparse.Namespace, home: Path) -> int:
+    from plugin_llm.config_edit import ConfigEditError, edit_config
+    from plugin_llm.plugins import install as inst
+
+    interactive = not args.json and _interactive()
+    timeout = args.timeout if args.timeout is not None else inst.DEFAULT_GIT_TIMEOUT
+    if timeout <= 0:
+        raise CliError("--timeout must be a positive number of seconds")
+    if home.exists() and not home.is_dir():
+        raise CliError(f"home {home} is not a directory")
+    try:
+        source = inst.parse_source(args.source)
+        if not args.json:
+            verb = "Cloning" if source.kind == "git" else "Copying"
+            print(f"{verb} {source.display} ...", file=sys.stderr)
+        home.mkdir(parents=True, exist_ok=True)
+        staged = inst.stage_plugin(home / "plugins", source, ref=args.ref, category=args.category, timeout=timeout)
+    except inst.InstallError as exc:
+        raise CliError(f"{exc}; nothing was installed") from None
+    try:
+        key = staged.key
+        target = staged.target
+        if (target.exists() or target.is_symlink()) and not args.force:
+            raise CliError(f"{target} already exists; use --force to replace it (or `plugin-llm plugins update {key}`)")
+        enable = args.enable
+        if enable is None and interactive:
+            enable = _ask_yes_no(f"Enable {key} now?")
+        enable = bool(enable)
+        if enable:  # refuse before installing when config.yaml cannot be edited
+            try:
+                edit_config(home, lambda doc: None, dry_run=True)
+            except ConfigEditError as exc:
+                raise CliError(f"cannot enable {key}: {exc}; nothing was installed (fix config.yaml or use --no-enable)") from None
+        requirements = [(r.name, r.description) for r in staged.manifest.requires_env]
+        missing = set(inst.missing_env(home, [n for n, _ in requirements]))
+        requirements = [r for r in requirements if r[0] in missing]
+        values = _prompt_env(home, requirements) if requirements and interactive else {}
+        entry = inst.commit_staged(staged, force=args.force)
+    except inst.InstallError as exc:
+        raise CliError(f"{exc}; nothing was installed") from None
+    finally:
+        inst.discard_staged(staged)
+
+    lines = [f"Installed {key}" + (f" {staged.manifest.version}" if staged.manifest.version else "")
+             + f" from {entry.source}" + (f" at {entry.revision[:12]}" if entry.revision else "")
+             + (" (pinned)" if entry.ref else "") + f" into {target}"]
+    if entry.created_files:
+        lines.append(f"Created from *.example: {', '.join(entry.created_files)} (edit them to configure the plugin)")
+    saved: list[str] = []
+    if values:
+        try:
+            inst.write_env_values(home, values)
+            saved = sorted(values)
+            lines.append(f"Saved {', '.join(saved)} to {home / '.env'} (values not shown)")
+        except (inst.InstallError, OSError) as exc:
+            lines.append(f"warning: could not save to {home / '.env'}: {exc}")
+    still_missing = [n for n, _ in requirements if n not in values]
+    if still_missing:
+        lines.append(f"Missing environment: {', '.join(still_missing)} — set them in the environment "
+                     f"or in {home / '.env'}; the plugin loads, but may not work without them")
+    enabled_changes: list[str] = []
+    if enable:
+        try:
+            enabled_changes = _set_enabled(home, key, enable=True, dry_run=False)[1]
+            lines.append(f"Enabled {key} in {home / 'config.yaml'}")
+        except CliError as exc:
+            lines.append(f"warning: installed but not enabled: {exc}")
+            _emit(args, _install_json(entry, target, False, still_missing, saved), lines)
+            return 1
+    else:
+        lines.append(f"Not enabled; enable it with: plugin-llm plugins enable {key}")
+    _emit(args, _install_json(entry, target, enable, still_missing, saved), lines)
+    return 0
+
+
+def _install_json(entry: Any, target: Path, enabled: bool, missing: list[str], saved: list[str]) -> dict[str, Any]:
+    data = {"key": entry.key, "path": str(target), **entry.to_json()}
+    data.update(enabled=enabled, missing_env=missing, env_saved=saved)
+    return data
+
+
+def _update(args: argparse.Namespace, home: Path) -> int:
+    from plugin_llm.plugins import install as inst
+
+    timeout = args.timeout if args.timeout is not None else inst.DEFAULT_GIT_TIMEOUT
+    try:
+        result = inst.update_plugin(home, args.name, timeout=timeout)
+    except inst.InstallError as exc:
+        raise CliError(str(exc)) from None
+    if not result.changed:
+        line = f"{result.key} is already up to date" + (f" ({result.old_revision[:12]})" if result.old_revision else "")
+    else:
+        line = f"Updated {result.key}: {(result.old_revision or '?')[:12]} -> {(result.new_revision or '?')[:12]}"
+    lines = [line]
+    if result.created_files:
+        lines.append(f"Created from *.example: {', '.join(result.created_files)}")
+    _emit(args, {"key": result.key, "changed": result.changed, "old_revision": result.old_revision,
+                 "new_revision": result.new_revision, "created_files": list(result.created_files)}, lines)
+    return 0
+
+
+def _remove(args: argparse.Namespace, home: Path) -> int:
+    from plugin_llm.plugins import install as inst
+
+    refs = _refs(home)
+    try:
+        result = inst.remove_plugin(home, args.name, force=args.force)
+    except inst.InstallError as exc:
+        hint = _not_removable_hint(args.name, refs)
+        raise CliError(f"{exc}{hint}") from None
+    lines = [f"Removed {result.key} ({', '.join(result.removed_paths) or 'no files left'})"]
+    mentions = _config_mentions(home, result.key)
+    if mentions:
+        lines.append(f"config.yaml still mentions {result.key} in {', '.join(mentions)} (kept; "
+                     "`plugin-llm trust check` reports entries of plugins that are not installed)")
+    _emit(args, {"key": result.key, "removed": list(result.removed_paths), "config_mentions": mentions}, lines)
+    return 0
+
+
+def _not_removable_hint(name: str, refs: list[Any]) -> str:
+    for ref in refs:
+        if name in (ref.key, ref.name) and ref.source != "user":
+            if ref.source == "entrypoint":
+                return f" ({ref.key} is a pip-installed plugin: uninstall its distribution with pip)"
+            return f" ({ref.key} is a project plugin in ./.hermes/plugins; remove it there)"
+    return ""
+
+
+def _config_mentions(home: Path, key: str) -> list[str]:
+    try:
+        from plugin_llm.config import get_config_source
+
+        raw = get_config_source(home).current().raw
+    except Exception:  # pragma: no cover - defensive
+        return []
+    plugins = raw.get("plugins") if isinstance(raw, dict) else None
+    if not isinstance(plugins, dict):
+        return []
+    out = []
+    for section in ("enabled", "disabled"):
+        value = plugins.get(section)
+        if isinstance(value, list) and key in value:
+            out.append(f"plugins.{section}")
+    if isinstance(plugins.get("entries"), dict) and key in plugins["entries"]:
+        out.append(f"plugins.entries")
+    return out
+
+
+# --------------------------------------------------------------------------- enable / disable
+
+
+def _refs(home: Path) -> list[Any]:
+    from plugin_llm.cli.plugins_select import known_plugins
+
+    return known_plugins(home)
+
+
+def _resolve_ref(name: str, refs: list[Any], home: Path) -> Any:
+    from plugin_llm.plugins.install import InstallError, resolve_name
+
+    try:
+        key = resolve_name(name, {r.key: r.name for r in refs}, where=f" in {home} (or entry points)")
+    except InstallError as exc:
+        raise CliError(str(exc)) from None
+    return next(r for r in refs if r.key == key)
+
+
+def _set_enabled(home: Path, name: str, *, enable: bool, dry_run: bool) -> tuple[Any, list[str], Any]:
+    from plugin_llm.cli.plugins_select import disable_in, enable_in
+    from plugin_llm.config_edit import ConfigEditError, edit_config
+
+    refs = _refs(home)
+    target = _resolve_ref(name, refs, home)
+    changes: list[str] = []
+
+    def mutate(doc: Any) -> None:
+        changes.extend((enable_in if enable else disable_in)(doc, target, refs))
+
+    try:
+        result = edit_config(home, mutate, dry_run=dry_run)
+    except ConfigEditError as exc:
+        raise CliError(str(exc)) from None
+    return target, changes, result
+
+
+def _toggle(args: argparse.Namespace, home: Path, *, enable: bool) -> int:
+    from plugin_llm.plugins.install import missing_env
+
+    target, changes, result = _set_enabled(home, args.name, enable=enable, dry_run=args.dry_run)
+    verb = "enabled" if enable else "disabled"
+    lines: list[str] = []
+    if not changes:
+        lines.append(f"{target.key} is already {verb}")
+    elif args.dry_run:
+        lines.append(f"Would edit {result.path} ({'; '.join(changes)}); nothing written (--dry-run):")
+        lines.append(result.diff.rstrip("\n"))
+    else:
+        lines.append(f"{target.key} {verb}: {'; '.join(changes)} in {result.path}")
+        if result.backup:
+            lines.append(f"Previous version saved as {result.backup}")
+    missing = missing_env(home, list(target.requires_env)) if enable else []
+    if enable and missing:
+        lines.append(f"Missing environment: {', '.join(missing)} (the plugin loads, but may not work)")
+    if enable and target.error:
+        lines.append(f"warning: {target.key} cannot load as it is: {target.error}")
+    if changes and not args.dry_run:
+        lines.append("Takes effect the next time plugins are loaded (new sessions and commands).")
+    _emit(args, {"key": target.key, "action": "enable" if enable else "disable", "changed": bool(changes),
+                 "changes": changes, "dry_run": args.dry_run, "diff": result.diff,
+                 "backup": str(result.backup) if result.backup else None, "missing_env": missing}, lines)
+    return 0
+
+
+# --------------------------------------------------------------------------- interactive
+
+
+def _interactive_menu(home: Path) -> int:
+    from plugin_llm.cli.plugins_menu import run_menu
+
+    model = _menu_model(home)
+    if not model.refs:
+        print(f"No plugins found in {home / 'plugins'} (or entry points).")
+        print(_USAGE)
+        return 0
+    if not run_menu(model):
+        print("No changes saved.")
+        return 0
+    return _save_menu(home, model)
+
+
+def _menu_model(home: Path) -> Any:
+    from plugin_llm.cli.plugins_select import build_menu
+    from plugin_llm.config import get_config_source
+
+    config = get_config_source(home).current()
+    if config.error:
+        raise CliError(f"{config.error}; fix config.yaml before changing plugins")
+    return build_menu(_refs(home), config.raw)
+
+
+def _save_menu(home: Path, model: Any) -> int:
+    from plugin_llm.cli.plugins_select import apply_menu
+    from plugin_llm.config_edit import ConfigEditError, edit_config
+
+    changes: list[str] = []
+    try:
+        result = edit_config(home, lambda doc: changes.extend(apply_menu(doc, model)))
+    except ConfigEditError as exc:
+        raise CliError(str(exc)) from None
+    if not result.changed:
+        print("Nothing changed.")
+        return 0
+    print(f"Saved {result.path}:")
+    for change in changes:
+        print(f"  {change}")
+    return 0
+
+
+_ACTIONS: dict[str, Callable[[argparse.Namespace, Path], int]] = {
+    "install": _install,
+    "update": _update,
+    "remove": _remove,
+    "enable": lambda args, home: _toggle(args, home, enable=True),
+    "disable": lambda args, home: _toggle(args, home, enable=False),
+}
