@@ -111,7 +111,9 @@ def run(args: argparse.Namespace) -> int:
     action = getattr(args, "trust_action", None) or "show"
     if not getattr(args, "debug", False):
         # Discovery problems (broken manifests) are reported by `plugins list`; keep stderr for ours.
-        logging.getLogger("plugin_llm.plugins").addHandler(logging.NullHandler())
+        logger = logging.getLogger("plugin_llm.plugins")
+        if not any(isinstance(h, logging.NullHandler) for h in logger.handlers):
+            logger.addHandler(logging.NullHandler())
     home = _home(args)
     from plugin_llm import trust_report as tr
 

@@ -1,0 +1,347 @@
+"""``plugin-llm doctor``: is this home ready? One line per check, OK / WARN / FAIL.
+
+Checks, in order: the home and its permissions, ``auth.json`` (mode 0600),
+``config.yaml`` (parses; settings understood), the ``plugins:`` section (the
+findings of ``trust check``), the active route and its credentials (masked),
+the audit log (writable without writing a record, and ``verify``), the
+plugins (load errors, missing environment variables), and litellm (installed,
+its version). Exit code 1 when any check FAILs, else 0.
+
+Read-only: nothing is written to the home. The enabled plugins are loaded
+(that is the only way to see a ``register()`` that fails), but their load
+failures are reported here instead of being appended to the audit log.
+litellm is located and its version read from package metadata, never imported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import stat
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from plugin_llm.cli.main import CliError
+
+__all__ = ["register", "run", "Check", "run_checks", "OK", "WARN", "FAIL"]
+
+OK, WARN, FAIL = "OK", "WARN", "FAIL"
+
+
+@dataclass(frozen=True)
+class Check:
+    status: str  # OK | WARN | FAIL
+    check: str  # short name: home, auth.json, config, trust, route, credentials, audit log, ...
+    message: str
+    fix: str | None = None
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "doctor",
+        help="check the home, config, credentials, audit log and plugins",
+        description="Check that this home is ready: one line per check (OK/WARN/FAIL); exit 1 if any FAILs.",
+    )
+    parser.add_argument("--home", metavar="DIR", help="home directory (default: $HERMES_HOME or ~/.hermes)")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from plugin_llm.config import hermes_home
+
+    home = Path(args.home).expanduser() if args.home else hermes_home()
+    if args.home and home.exists() and not home.is_dir():
+        raise CliError(f"--home {home} is not a directory")
+    if not getattr(args, "debug", False):
+        # Plugin load problems become FAIL/WARN lines; keep the log quiet.
+        for name in ("plugin_llm.plugins", "plugin_llm.config"):
+            _quiet(logging.getLogger(name))
+    checks = run_checks(home)
+    counts = {status: sum(1 for c in checks if c.status == status) for status in (OK, WARN, FAIL)}
+    if args.json:
+        print(json.dumps({"home": str(home), "ok": counts[FAIL] == 0, "counts": counts,
+                          "checks": [asdict(c) for c in checks]}, indent=2, ensure_ascii=False))
+    else:
+        for c in checks:
+            print(f"{c.status:<4}  {c.check}: {c.message}")
+            if c.fix and c.status != OK:
+                print(f"      fix: {c.fix}")
+        print(f"\n{counts[OK]} OK, {counts[WARN]} WARN, {counts[FAIL]} FAIL ({home})")
+    return 1 if counts[FAIL] else 0
+
+
+def _quiet(logger: logging.Logger) -> None:
+    """No "last resort" stderr output for this logger (added once per process)."""
+    if not any(isinstance(h, logging.NullHandler) for h in logger.handlers):
+        logger.addHandler(logging.NullHandler())
+
+
+def run_checks(home: Path) -> list[Check]:
+    """Every check, in the order they are printed; a check that crashes is a FAIL line."""
+    from plugin_llm import trust_report as tr
+
+    out: list[Check] = []
+    view = tr.read_config(home)
+    steps: list[tuple[str, Callable[[], list[Check]]]] = [
+        ("home", lambda: _home(home)),
+        ("auth.json", lambda: _auth_file(home)),
+        ("config", lambda: _config(view)),
+        ("trust", lambda: _trust(tr, view, home)),
+        ("route", lambda: _route_and_credentials(view, home)),
+        ("audit log", lambda: _audit(home, view)),
+        ("plugins", lambda: _plugins(home, view)),
+        ("litellm", _litellm),
+    ]
+    for name, step in steps:
+        try:
+            out.extend(step())
+        except Exception as exc:  # a bug or an odd filesystem must not hide the other checks
+            out.append(Check(FAIL, name, f"the check itself failed: {type(exc).__name__}: {_safe(exc)}"))
+    return out
+
+
+def _safe(exc: BaseException) -> str:
+    try:
+        from auth import redact
+    except ImportError:  # pragma: no cover
+        return str(exc)
+    return redact(str(exc))
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+# ------------------------------------------------------------------ home
+def _writable_by_others(path: Path, what: str) -> Check | None:
+    try:
+        mode = _mode(path)
+    except OSError:
+        return None
+    if mode & 0o022:
+        who = "group and world" if mode & 0o022 == 0o022 else ("world" if mode & 0o002 else "group")
+        return Check(WARN, "home", f"{what} {path} is {who}-writable (mode {mode:04o}): others could change "
+                     "the trust policy, plugins or audit log", f"chmod go-w {path}")
+    return None
+
+
+def _home(home: Path) -> list[Check]:
+    if not home.exists():
+        return [Check(WARN, "home", f"{home} does not exist: defaults apply (local model, no plugins, no overrides)",
+                      f"mkdir -m 700 {home}")]
+    if not home.is_dir():
+        return [Check(FAIL, "home", f"{home} is not a directory", "remove it or point HERMES_HOME elsewhere")]
+    out = [Check(OK, "home", f"{home} (mode {_mode(home):04o})")]
+    for path, what in ((home, "home"), (home / "config.yaml", "config"), (home / "plugins", "plugins directory")):
+        if path.exists():
+            found = _writable_by_others(path, what)
+            if found is not None:
+                out.append(found)
+    return out
+
+
+# ------------------------------------------------------------------ auth.json
+def _auth_file(home: Path) -> list[Check]:
+    from auth import AUTH_FILE_NAME, CredentialStore
+
+    path = home / AUTH_FILE_NAME
+    if not path.exists():
+        return [Check(OK, "auth.json", "none: keys come from environment variables (e.g. OPENAI_API_KEY)")]
+    mode = _mode(path)
+    if mode & 0o077:
+        return [Check(FAIL, "auth.json", f"{path} has mode {mode:04o}: the gateway refuses a key file others can read",
+                      f"chmod 600 {path}")]
+    try:
+        rows = CredentialStore(home).describe()
+    except Exception as exc:  # PluginLlmConfigError: malformed file
+        return [Check(FAIL, "auth.json", _safe(exc), f"fix {path} (see config_examples/auth.json)")]
+    configured = [r for r in rows if r.get("where") != "env"]
+    return [Check(OK, "auth.json", f"mode {mode:04o}, {len(configured)} credential entr{'y' if len(configured) == 1 else 'ies'}")]
+
+
+# ------------------------------------------------------------------ config and trust
+def _config(view: Any) -> list[Check]:
+    if view.error is not None:
+        return [Check(FAIL, "config", f"does not parse: {view.error}; every plugin override is refused (fail closed)",
+                      "fix the YAML at that line and column")]
+    if not view.exists:
+        return [Check(OK, "config", f"no {view.path}: defaults apply (local model, no plugins)")]
+    out = [Check(OK, "config", f"{view.path} parses")]
+    from plugin_llm.plugins.settings import settings_from_raw
+
+    # the plugins: section is `trust check`'s; everything else the gateway warned about is listed here
+    problems = [w for w in view.config.warnings if not w.startswith("plugins")]
+    problems += [p for p in settings_from_raw(view.config.raw).problems if not p.startswith("plugins")]
+    for problem in problems:
+        out.append(Check(WARN, "config", problem, f"edit {view.path}"))
+    return out
+
+
+def _trust(tr: Any, view: Any, home: Path) -> list[Check]:
+    if view.error is not None:
+        # the parse error is the config line's FAIL; one cause, one FAIL
+        return [Check(WARN, "trust", "not checked: config.yaml does not parse (every override is refused meanwhile)",
+                      "fix config.yaml, then run plugin-llm trust check")]
+    findings = tr.check_plugins(view, tr.installed_plugins(home))
+    errors = [f for f in findings if f.severity == tr.ERROR]
+    warnings = [f for f in findings if f.severity != tr.ERROR]
+    if not findings:
+        entries = len(tr.configured_plugin_ids(view))
+        return [Check(OK, "trust", f"plugins section has no problems ({entries} entr{'y' if entries == 1 else 'ies'})")]
+    first = (errors or warnings)[0]
+    where = f" (line {first.line})" if first.line is not None else ""
+    message = f"{len(errors)} error{'s' if len(errors) != 1 else ''}, {len(warnings)} warning{'s' if len(warnings) != 1 else ''}; first: {first.path}{where}: {first.problem}"
+    return [Check(FAIL if errors else WARN, "trust", message, "plugin-llm trust check (each finding with its fix)")]
+
+
+# ------------------------------------------------------------------ route and credentials
+def _route_and_credentials(view: Any, home: Path) -> list[Check]:
+    from auth import KEYLESS_PROVIDERS, CredentialStore
+    from plugin_llm.errors import PluginLlmConfigError, PluginLlmError
+    from plugin_llm.routing import resolve_route
+
+    if view.error is not None:
+        return [Check(WARN, "route", "unknown while config.yaml does not parse (a running gateway keeps its last good route)",
+                      "fix config.yaml")]
+    try:
+        route = resolve_route(view.config)
+    except PluginLlmConfigError as exc:
+        return [Check(FAIL, "route", str(exc), f"set model.provider and model.model in {view.path}")]
+    endpoint = f" at {route.base_url}" if route.base_url else ""
+    out = [Check(OK, "route", f"{route.provider} / {route.model}{endpoint}")]
+    try:
+        cred = CredentialStore(home).acquire(route.provider)
+    except PluginLlmError as exc:
+        keyless = route.provider in KEYLESS_PROVIDERS
+        out.append(Check(WARN if keyless else FAIL, "credentials", f"{route.provider}: {_safe(exc)}",
+                         f"plugin-llm auth add {route.provider} --from-stdin, or export the provider's key variable"))
+        return out
+    if cred.source == "none":
+        out.append(Check(OK, "credentials", f"{route.provider} needs no key"))
+    else:
+        origin = {"env": f"environment variable {cred.key_id}", "key_env": f"key_env {cred.key_id}",
+                  "key_cmd": "key_cmd", "pool": f"auth.json pool ({cred.key_id})"}.get(cred.source, f"auth.json ({cred.key_id})")
+        profile = f", profile {cred.profile}" if cred.profile else ""
+        out.append(Check(OK, "credentials", f"{route.provider}: {cred.masked} from {origin}{profile}"))
+    return out
+
+
+# ------------------------------------------------------------------ audit log
+def _audit(home: Path, view: Any) -> list[Check]:
+    logs = home / "logs"
+    log = logs / "agent.log"
+    required = bool(getattr(view.config.audit, "required", False))
+    consequence = "calls fail closed (audit.required is true)" if required else "calls run but are not audited"
+    writable = _audit_writable(home, logs, log, consequence)
+    out = [writable]
+    if writable.status == FAIL and not logs.is_dir():
+        return out
+    out.extend(_audit_verify(log))
+    return out
+
+
+def _nearest_existing(path: Path) -> Path:
+    while not path.exists() and path.parent != path:
+        path = path.parent
+    return path
+
+
+def _audit_writable(home: Path, logs: Path, log: Path, consequence: str) -> Check:
+    if logs.exists() and not logs.is_dir():
+        return Check(FAIL, "audit log", f"{logs} is not a directory, so {log} cannot be written: {consequence}",
+                     f"move {logs} aside; the log directory is created on the first call")
+    if log.exists() or log.is_symlink():
+        if not log.is_file():
+            return Check(FAIL, "audit log", f"{log} is not a regular file: {consequence}", f"move {log} aside")
+        try:
+            with open(log, "ab"):  # opened for append, nothing written
+                pass
+        except OSError as exc:
+            return Check(FAIL, "audit log", f"{log} cannot be appended to ({exc.strerror}): {consequence}",
+                         f"chmod u+w {log}, or check who owns it")
+        return Check(OK, "audit log", f"{log} is appendable")
+    parent = logs if logs.is_dir() else _nearest_existing(logs)
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        return Check(FAIL, "audit log", f"{log} cannot be created: {parent} is not writable: {consequence}",
+                     f"chmod u+w {parent}, or check who owns it")
+    return Check(OK, "audit log", f"{log} does not exist yet; it is created on the first call")
+
+
+def _audit_verify(log: Path) -> list[Check]:
+    import audit
+    from audit.errors import AuditLogNotFoundError
+
+    try:
+        result = audit.verify(log)
+    except AuditLogNotFoundError:
+        return [Check(OK, "audit verify", "no audit log yet")]
+    except OSError as exc:
+        return [Check(WARN, "audit verify", f"cannot read {log}: {exc.strerror or exc}")]
+    files = len(result.files)
+    if not result.ok:
+        problem = result.first_error
+        return [Check(FAIL, "audit verify", f"chain broken: {problem}" if problem else "chain broken",
+                      "plugin-llm audit verify (the log may have been edited or truncated; keep a copy before rotating)")]
+    out = [Check(OK, "audit verify", f"chain intact: {result.records} record{'s' if result.records != 1 else ''} "
+                 f"in {files} file{'s' if files != 1 else ''}")]
+    for warning in result.warnings[:3]:
+        out.append(Check(WARN, "audit verify", str(warning), "plugin-llm audit verify"))
+    if len(result.warnings) > 3:
+        out.append(Check(WARN, "audit verify", f"... and {len(result.warnings) - 3} more warnings", "plugin-llm audit verify"))
+    return out
+
+
+# ------------------------------------------------------------------ plugins
+def _plugins(home: Path, view: Any) -> list[Check]:
+    from plugin_llm.plugins import PluginManager
+
+    manager = PluginManager(home)
+    # doctor is read-only: a plugin failing to load here is reported as a FAIL line,
+    # not appended to the audit log as the host does (PluginManager has no switch for
+    # this yet, so the instance's event sink is replaced; nothing else is touched).
+    manager._audit = lambda event, **fields: None  # type: ignore[method-assign]
+    plugins = manager.list_plugins()
+    counts: dict[str, int] = {}
+    for p in plugins:
+        counts[p["status"]] = counts.get(p["status"], 0) + 1
+    summary = ", ".join(f"{n} {status}" for status, n in counts.items()) or "none"
+    note = " (config.yaml does not parse: none enabled)" if view.error is not None else ""
+    out = [Check(OK, "plugins", f"{len(plugins)} found: {summary}{note}")]
+    for p in plugins:
+        if p["status"] == "failed":
+            out.append(Check(FAIL, "plugin " + p["key"], f"failed to load: {p['error']}",
+                             f"fix it (plugin-llm plugins info {p['key']}) or add it to plugins.disabled"))
+        elif p["status"] == "enabled":
+            if p["missing_env"]:
+                out.append(Check(WARN, "plugin " + p["key"], f"missing environment variable{'s' if len(p['missing_env']) > 1 else ''} "
+                                 f"{', '.join(p['missing_env'])} (it loads, but may not work)",
+                                 f"export {p['missing_env'][0]}=... before starting the host"))
+            for warning in p.get("warnings") or ():
+                out.append(Check(WARN, "plugin " + p["key"], warning))
+    return out
+
+
+# ------------------------------------------------------------------ litellm
+def _litellm() -> list[Check]:
+    import importlib.metadata
+    import importlib.util
+
+    spec = importlib.util.find_spec("litellm")  # locates the package; does not import it
+    if spec is None:
+        return [Check(FAIL, "litellm", "not installed: every provider call (even the local model) goes through it",
+                      "pip install litellm")]
+    try:
+        version = importlib.metadata.version("litellm")
+    except importlib.metadata.PackageNotFoundError:
+        return [Check(WARN, "litellm", f"found at {spec.origin} but without package metadata (version unknown)",
+                      "reinstall it: pip install --force-reinstall litellm")]
+    out = [Check(OK, "litellm", f"{version} installed (not imported by doctor)")]
+    locations = list(spec.submodule_search_locations or ())
+    if locations and not (Path(locations[0]) / "model_prices_and_context_window_backup.json").is_file():
+        out.append(Check(WARN, "litellm", "its bundled price map is missing: cost_usd cannot be computed offline",
+                         "reinstall litellm"))
+    return out
