@@ -149,7 +149,7 @@ import json, sys, time
 sys.path.insert(0, sys.argv[1])
 from audit import iter_records, verify
 kind, path = sys.argv[2], sys.argv[3]
-t0 = time.perf_counter()
+t0, c0 = time.perf_counter(), time.process_time()
 if kind == "verify":
     r = verify(path)
     detail = f"ok={r.ok} records={r.records} files={len(r.files)}"
@@ -170,8 +170,8 @@ elif kind == "query-json-out":
         out.write(json.dumps(r, ensure_ascii=False) + "\\n")
         n += 1
     detail = f"printed={n}"
-elapsed = time.perf_counter() - t0
-print(json.dumps({"seconds": elapsed, "rss_mb": peak_rss_mb(), "detail": detail}))
+elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
+print(json.dumps({"seconds": elapsed, "cpu": cpu, "rss_mb": peak_rss_mb(), "detail": detail}))
 """
 
 
@@ -194,8 +194,8 @@ def section_read(tmp: Path, big: int, small: int) -> None:
             jobs.insert(1, "verify-strict")
         for kind in jobs:
             r = run_job(kind, path)
-            print(f"    {kind:<16} {r['seconds']:6.2f} s  {n / r['seconds']:>10,.0f} rec/s  peak RSS {r['rss_mb']:6.1f} MB"
-                  f"   {r['detail']}")
+            print(f"    {kind:<16} {r['seconds']:6.2f} s (cpu {r['cpu']:6.2f} s)  {n / r['seconds']:>10,.0f} rec/s  "
+                  f"peak RSS {r['rss_mb']:6.1f} MB   {r['detail']}")
         if n == big:
             print("    (targets: verify and query < 10 s each on 1,000,000 records, RSS flat between sizes)")
 
@@ -299,16 +299,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller counts (a smoke run)")
     parser.add_argument("--dir", type=Path, default=None, help="where to write the test logs (default: a temp dir)")
+    parser.add_argument("--only", choices=["write", "read", "share"], default=None, help="run one section")
     args = parser.parse_args()
     n_write, n_fsync, big, small, rounds = (
         (20_000, 500, 200_000, 20_000, 50) if args.quick else (100_000, 2_000, 1_000_000, 100_000, 300)
     )
     print(f"python {sys.version.split()[0]}   cores: {os.cpu_count()}   quick: {args.quick}")
+    per_record = 30e-6  # used by the share section when the write section is skipped
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp_name:
         tmp = Path(tmp_name)
-        per_record = section_write(tmp, n_write, n_fsync)
-        section_read(tmp, big, small)
-    section_share(rounds, per_record)
+        if args.only in (None, "write", "share"):
+            per_record = section_write(tmp, n_write if args.only != "share" else n_write // 5, n_fsync)
+        if args.only in (None, "read"):
+            section_read(tmp, big, small)
+    if args.only in (None, "share"):
+        section_share(rounds, per_record)
 
 
 if __name__ == "__main__":
