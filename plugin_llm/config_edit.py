@@ -293,7 +293,7 @@ class _Editor:
         after = _leaves(_plain(self.doc)) ^ _leaves(new_plain)
         surprising = sorted(after - before, key=repr)
         if surprising:
-            where = ".".join(str(p) for p in surprising[0][0]) or "(top level)"
+            where = ".".join("[*]" if p == "*" else str(p[1]) for p in surprising[0][0]) or "(top level)"
             raise ConfigEditError(
                 f"the edited {self.path} would not mean what was intended at {where} "
                 f"(a value PyYAML reads differently; quote it); {_NOTHING_WRITTEN}"
@@ -411,7 +411,7 @@ def _leaves(node: Any, path: tuple = ()) -> set:
         if not node:
             out.add((path, ("map", 0)))
         for k, v in node.items():
-            out |= _leaves(v, path + (repr(_norm_leaf(k)),))
+            out |= _leaves(v, path + (_norm_leaf(k),))
     elif isinstance(node, (list, tuple)):
         if not node:
             out.add((path, ("seq", 0)))
