@@ -250,7 +250,7 @@ def section_share(rounds: int, per_record_s: float) -> None:
         import litellm  # noqa: F401
 
         from plugin_llm import PluginLlm
-        from plugin_llm.local_server import LocalModelServer
+        from plugin_llm.local_server import serve_forever  # noqa: F401 - the server process needs it
     except ImportError as exc:
         print(f"\n== share of a PluginLlm.complete call: skipped ({exc}) ==")
         return

@@ -8,8 +8,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from audit import AuditLog, call_record
 from plugin_llm.cli.main import main
 
