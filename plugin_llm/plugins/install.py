@@ -681,6 +681,7 @@ def commit_staged(
             for dest, path in reversed(moved):
                 with contextlib.suppress(OSError):
                     os.rename(dest, path)
+            _prune_empty(plugins_dir, staged.key)  # directories this attempt created
             raise
         finally:
             shutil.rmtree(staged.staging, ignore_errors=True)
