@@ -23,7 +23,7 @@ import json
 import logging
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from plugin_llm.cli.main import CliError
 
@@ -280,10 +280,10 @@ def _trust_entry(home: Path, key: str) -> Any:
         raw = get_config_source(home).current().raw
     except Exception:  # pragma: no cover - reported by the listing already
         return None
-    plugins = raw.get("plugins") if isinstance(raw, dict) else None
-    entries = plugins.get("entries") if isinstance(plugins, dict) else None
-    entry = entries.get(key) if isinstance(entries, dict) else None
-    return entry.get("llm") if isinstance(entry, dict) else None
+    plugins = raw.get("plugins") if isinstance(raw, Mapping) else None
+    entries = plugins.get("entries") if isinstance(plugins, Mapping) else None
+    entry = entries.get(key) if isinstance(entries, Mapping) else None
+    return entry.get("llm") if isinstance(entry, Mapping) else None
 
 
 def _compact(value: Any) -> str:
@@ -293,7 +293,8 @@ def _compact(value: Any) -> str:
 # --------------------------------------------------------------------------- install / update / remove
 
 
-def _ask_yes_no(question: str, input_fn: Callable[[str], str] = input) -> bool:
+def _ask_yes_no(question: str, input_fn: Callable[[str], str] | None = None) -> bool:
+    input_fn = input_fn or input  # looked up at call time (tests replace builtins.input)
     try:
         answer = input_fn(f"{question} [y/N] ").strip().lower()
     except EOFError:
@@ -305,14 +306,17 @@ def _prompt_env(
     home: Path,
     requirements: list[tuple[str, str]],
     *,
-    input_fn: Callable[[str], str] = input,
+    input_fn: Callable[[str], str] | None = None,
     getpass_fn: Callable[[str], str] | None = None,
 ) -> dict[str, str]:
     """Ask for each missing variable (secrets masked); empty answer skips it. Values are never printed."""
     from plugin_llm.plugins.install import is_secret_name
 
+    input_fn = input_fn or input
     if getpass_fn is None:
-        from getpass import getpass as getpass_fn
+        import getpass
+
+        getpass_fn = getpass.getpass
     values: dict[str, str] = {}
     print(f"This plugin needs {len(requirements)} environment variable(s) that are not set "
           f"(saved to {home / '.env'}, mode 0600; enter skips):")
@@ -463,16 +467,16 @@ def _config_mentions(home: Path, key: str) -> list[str]:
         raw = get_config_source(home).current().raw
     except Exception:  # pragma: no cover - defensive
         return []
-    plugins = raw.get("plugins") if isinstance(raw, dict) else None
-    if not isinstance(plugins, dict):
+    plugins = raw.get("plugins") if isinstance(raw, Mapping) else None
+    if not isinstance(plugins, Mapping):
         return []
     out = []
     for section in ("enabled", "disabled"):
         value = plugins.get(section)
         if isinstance(value, list) and key in value:
             out.append(f"plugins.{section}")
-    if isinstance(plugins.get("entries"), dict) and key in plugins["entries"]:
-        out.append(f"plugins.entries")
+    if isinstance(plugins.get("entries"), Mapping) and key in plugins["entries"]:
+        out.append(f"plugins.entries.{key}")
     return out
 
 
