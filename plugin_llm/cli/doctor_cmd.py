@@ -86,14 +86,26 @@ def run_checks(home: Path) -> list[Check]:
 
     out: list[Check] = []
     view = tr.read_config(home)
+    found: list[list[dict[str, Any]]] = []
+
+    def plugins() -> list[dict[str, Any]]:  # discovered and loaded once, used by two checks
+        if not found:
+            found.append(_list_plugins(home))
+        return found[0]
+
+    def installed() -> dict[str, str]:
+        try:
+            return {p["key"]: p["name"] for p in plugins()}
+        except Exception:  # the plugins check reports it; the trust check still runs
+            return tr.installed_plugins(home)
     steps: list[tuple[str, Callable[[], list[Check]]]] = [
         ("home", lambda: _home(home)),
         ("auth.json", lambda: _auth_file(home)),
         ("config", lambda: _config(view)),
-        ("trust", lambda: _trust(tr, view, home)),
+        ("trust", lambda: _trust(tr, view, installed)),
         ("route", lambda: _route_and_credentials(view, home)),
         ("audit log", lambda: _audit(home, view)),
-        ("plugins", lambda: _plugins(home, view)),
+        ("plugins", lambda: _plugins(plugins(), view)),
         ("litellm", _litellm),
     ]
     for name, step in steps:
@@ -181,12 +193,12 @@ def _config(view: Any) -> list[Check]:
     return out
 
 
-def _trust(tr: Any, view: Any, home: Path) -> list[Check]:
+def _trust(tr: Any, view: Any, installed: Callable[[], dict[str, str]]) -> list[Check]:
     if view.error is not None:
         # the parse error is the config line's FAIL; one cause, one FAIL
         return [Check(WARN, "trust", "not checked: config.yaml does not parse (every override is refused meanwhile)",
                       "fix config.yaml, then run plugin-llm trust check")]
-    findings = tr.check_plugins(view, tr.installed_plugins(home))
+    findings = tr.check_plugins(view, installed())
     errors = [f for f in findings if f.severity == tr.ERROR]
     warnings = [f for f in findings if f.severity != tr.ERROR]
     if not findings:
@@ -296,7 +308,7 @@ def _audit_verify(log: Path) -> list[Check]:
 
 
 # ------------------------------------------------------------------ plugins
-def _plugins(home: Path, view: Any) -> list[Check]:
+def _list_plugins(home: Path) -> list[dict[str, Any]]:
     from plugin_llm.plugins import PluginManager
 
     manager = PluginManager(home)
@@ -304,7 +316,10 @@ def _plugins(home: Path, view: Any) -> list[Check]:
     # not appended to the audit log as the host does (PluginManager has no switch for
     # this yet, so the instance's event sink is replaced; nothing else is touched).
     manager._audit = lambda event, **fields: None  # type: ignore[method-assign]
-    plugins = manager.list_plugins()
+    return manager.list_plugins()
+
+
+def _plugins(plugins: list[dict[str, Any]], view: Any) -> list[Check]:
     counts: dict[str, int] = {}
     for p in plugins:
         counts[p["status"]] = counts.get(p["status"], 0) + 1
