@@ -308,7 +308,7 @@ class ConfigSource:
         self._listeners: list = []
 
     def on_reload(self, callback) -> None:
-        """Call ``callback(old, new)`` after each reload (audit events)."""
+        """Call ``callback(old, new)`` after each (re)load; ``old`` is None for the first load."""
         self._listeners.append(callback)
 
     def current(self) -> HostConfig:
@@ -328,7 +328,7 @@ class ConfigSource:
         with self._lock:
             if stamp == self._stamp:
                 return self._current
-            old = self._current
+            old = self._current if self._stamp is not None else None  # None: first load
             new = self._load(stamp, error)
             self._current, self._stamp = new, stamp
         for callback in list(self._listeners):

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Generator, Iterable
 
 from plugin_llm import structured
+from plugin_llm.auditing import host_audit_log, watch_config
 from plugin_llm.config import ConfigSource, HostConfig, get_config_source
 from plugin_llm.credentials import key_source
 from plugin_llm.errors import (
@@ -154,6 +155,8 @@ class PluginLlm:
             raise ValueError("plugin_id must be a non-empty string (the plugin's manifest key)")
         self._plugin_id = plugin_id.strip()
         self._config = config_source or get_config_source(Path(home) if home is not None else None)
+        if audit_log is None:
+            watch_config(self._config)
         self._transport = transport
         self._audit_log = audit_log
         self._sink_cache: tuple[HostConfig, Any] | None = None
@@ -400,14 +403,17 @@ class PluginLlm:
         try:
             route = resolve_route(config, provider=provider, model=model, profile=call.profile, timeout=timeout)
             admitted = _Admitted(config, route, decision, time.monotonic() + route.timeout)
-            if config.audit.required:
-                self._audit_sink(config).check_writable()
         except PluginLlmError as exc:
             record = self._base_record(call, config, None)
             record.update({"status": "error", "error.type": type(exc).__name__, "error.message": str(exc),
                            "gen_ai.request.model": model or config.model.model, "decision_reason": decision.reason})
             self._write_audit(call, config, record)
             raise
+        if config.audit.required:  # fail closed before the provider when the log can't take the record
+            try:
+                self._audit_sink(config).check_writable()
+            except Exception as exc:
+                raise PluginLlmConfigError(str(exc)) from None
         return admitted
 
     def _provider_call(self, call: _Call, admitted: _Admitted, audit_messages, params, tally: "_Tally", *, messages=None):
@@ -437,11 +443,7 @@ class PluginLlm:
         cached = self._sink_cache
         if cached is not None and cached[0] is config:
             return cached[1]
-        from audit import get_audit_log
-
-        sink = get_audit_log(config.home / "logs" / "agent.log", config.audit)
-        if sink.settings != config.audit:
-            sink.update_settings(config.audit)
+        sink = host_audit_log(config.home, config.audit)
         self._sink_cache = (config, sink)
         return sink
 

@@ -40,7 +40,8 @@ def audit_lines(home: Path) -> list[dict]:
     path = home / "logs" / "agent.log"
     if not path.exists():
         return []
-    records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    # split on "\n" only: str.splitlines() would also split on U+2028 inside JSON strings
+    records = [json.loads(line) for line in path.read_text(encoding="utf-8").split("\n") if line.strip()]
     return [r for r in records if r.get("event") == "llm.call"]
 
 

@@ -772,14 +772,9 @@ class PluginManager:
 
     def _audit(self, event: str, **fields: Any) -> None:
         """Operational event in ``<home>/logs/agent.log`` when the audit package is present."""
-        try:
-            from audit import get_audit_log  # type: ignore[attr-defined]
-        except ImportError:
-            return
-        try:
-            get_audit_log(self.home / "logs" / "agent.log").write_event(event, **fields)
-        except Exception:  # an audit problem never breaks plugin loading
-            _log.debug("could not write audit event %s", event, exc_info=True)
+        from plugin_llm.auditing import write_event
+
+        write_event(self.home, event, **fields)
 
 
 class _LoadError(Exception):
