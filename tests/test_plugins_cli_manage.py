@@ -468,3 +468,20 @@ def test_help_lists_the_actions(capsys):
     out = capsys.readouterr().out
     for action in ("list", "info", "install", "update", "remove", "enable", "disable"):
         assert action in out
+
+
+def test_disk_errors_are_one_line_and_install_nothing(hermes_home, tmp_path, capsys, monkeypatch):
+    import shutil
+
+    src = tmp_path / "tool"
+    src.mkdir()
+    for rel, text in plugin_files("tool").items():
+        (src / rel).write_text(text)
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(shutil, "copytree", full_disk)
+    code, _, err = run(capsys, "plugins", "install", str(src))
+    assert code == 2 and "No space left on device; nothing was installed" in err and "Traceback" not in err
+    assert [p.name for p in (hermes_home / "plugins").iterdir()] == []

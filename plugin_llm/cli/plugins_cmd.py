@@ -151,8 +151,9 @@ def _emit(args: argparse.Namespace, data: dict[str, Any], lines: list[str]) -> N
             print(line)
 
 
-def _install_error(exc: Exception) -> CliError:
-    return CliError(str(exc))
+def _os_error(exc: OSError) -> str:
+    where = f" ({exc.filename})" if getattr(exc, "filename", None) else ""
+    return f"{exc.strerror or exc}{where}"
 
 
 def _config_error(home: Path) -> str | None:
@@ -351,6 +352,8 @@ def _install(args: argparse.Namespace, home: Path) -> int:
         staged = inst.stage_plugin(home / "plugins", source, ref=args.ref, category=args.category, timeout=timeout)
     except inst.InstallError as exc:
         raise CliError(f"{exc}; nothing was installed") from None
+    except OSError as exc:  # disk full, permissions: the staging directory is already gone
+        raise CliError(f"cannot install {args.source}: {_os_error(exc)}; nothing was installed") from None
     try:
         key = staged.key
         target = staged.target
@@ -372,6 +375,8 @@ def _install(args: argparse.Namespace, home: Path) -> int:
         entry = inst.commit_staged(staged, force=args.force)
     except inst.InstallError as exc:
         raise CliError(f"{exc}; nothing was installed") from None
+    except OSError as exc:
+        raise CliError(f"cannot install {key}: {_os_error(exc)}; nothing was installed") from None
     finally:
         inst.discard_staged(staged)
 
@@ -421,6 +426,8 @@ def _update(args: argparse.Namespace, home: Path) -> int:
         result = inst.update_plugin(home, args.name, timeout=timeout)
     except inst.InstallError as exc:
         raise CliError(str(exc)) from None
+    except OSError as exc:
+        raise CliError(f"cannot update {args.name}: {_os_error(exc)}") from None
     if not result.changed:
         line = f"{result.key} is already up to date" + (f" ({result.old_revision[:12]})" if result.old_revision else "")
     else:
@@ -442,6 +449,8 @@ def _remove(args: argparse.Namespace, home: Path) -> int:
     except inst.InstallError as exc:
         hint = _not_removable_hint(args.name, refs)
         raise CliError(f"{exc}{hint}") from None
+    except OSError as exc:
+        raise CliError(f"cannot remove {args.name}: {_os_error(exc)} (nothing was removed)") from None
     lines = [f"Removed {result.key} ({', '.join(result.removed_paths) or 'no files left'})"]
     mentions = _config_mentions(home, result.key)
     if mentions:

@@ -51,6 +51,9 @@ def _rows(model: MenuModel) -> list[tuple[str, Any]]:
 
 
 def curses_menu(model: MenuModel) -> bool:  # pragma: no cover - needs a terminal
+    import os
+
+    os.environ.setdefault("ESCDELAY", "25")  # Esc cancels at once, not after curses' default 1 s
     import curses
 
     def main(screen: Any) -> bool:
