@@ -41,6 +41,9 @@ __all__ = [
 
 log = logging.getLogger("plugin_llm.config")
 
+#: libyaml's safe loader when PyYAML was built with it (several times faster), else the pure one
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
 LOCAL_PROVIDER = "local"
 DEFAULT_LOCAL_MODEL = "local-echo-1"
 
@@ -269,7 +272,7 @@ def _parse_trust(plugins: Any, warnings: list[str]) -> dict[str, TrustPolicy]:
 
 def parse_config(home: Path, text: str) -> HostConfig:
     """Parse config.yaml text into a snapshot; raises ``yaml.YAMLError`` or ``ValueError``."""
-    data = yaml.safe_load(text) if text.strip() else {}
+    data = yaml.load(text, Loader=_LOADER) if text.strip() else {}
     if data is None:
         data = {}
     if not isinstance(data, Mapping):

@@ -311,12 +311,9 @@ def _audit_verify(log: Path) -> list[Check]:
 def _list_plugins(home: Path) -> list[dict[str, Any]]:
     from plugin_llm.plugins import PluginManager
 
-    manager = PluginManager(home)
     # doctor is read-only: a plugin failing to load here is reported as a FAIL line,
-    # not appended to the audit log as the host does (PluginManager has no switch for
-    # this yet, so the instance's event sink is replaced; nothing else is touched).
-    manager._audit = lambda event, **fields: None  # type: ignore[method-assign]
-    return manager.list_plugins()
+    # not appended to the audit log as the host does.
+    return PluginManager(home, audit_events=False).list_plugins()
 
 
 def _plugins(plugins: list[dict[str, Any]], view: Any) -> list[Check]:

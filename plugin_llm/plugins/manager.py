@@ -180,8 +180,11 @@ class PluginManager:
     (tests, embedding hosts).
     """
 
-    def __init__(self, home: Path | str | None = None, *, project_dir: Path | str | None = None, entry_points: Iterable[Any] | None = None) -> None:
+    def __init__(self, home: Path | str | None = None, *, project_dir: Path | str | None = None,
+                 entry_points: Iterable[Any] | None = None, audit_events: bool = True) -> None:
         self.home: Path = Path(home).expanduser() if home is not None else default_home()
+        #: write plugin_load_failed / hook_error events to the audit log (False: read-only tools like doctor)
+        self._audit_events = audit_events
         self.project_dir: Path | None = Path(project_dir) if project_dir is not None else None
         self._entry_points = list(entry_points) if entry_points is not None else None
         self._settings = SettingsSource(self.home)
@@ -772,6 +775,8 @@ class PluginManager:
 
     def _audit(self, event: str, **fields: Any) -> None:
         """Operational event in ``<home>/logs/agent.log`` when the audit package is present."""
+        if not self._audit_events:
+            return
         from plugin_llm.auditing import write_event
 
         write_event(self.home, event, **fields)
