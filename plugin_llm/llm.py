@@ -15,7 +15,6 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass, replace
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Generator, Iterable
 
@@ -460,7 +459,6 @@ class PluginLlm:
     def _base_record(self, call: _Call, config: HostConfig, route: Route | None) -> dict[str, Any]:
         elapsed_ms = (self._clock() - call.started) * 1000.0
         return {
-            "ts": datetime.now(timezone.utc).isoformat(timespec="microseconds"),
             "event": "llm.call",
             "call_id": call.call_id,
             "plugin_id": call.plugin_id,
