@@ -736,7 +736,9 @@ def list_add(doc: Any, keys: tuple[str, ...], value: Any) -> bool:
     """Append ``value`` to the list at ``keys`` (created when missing); False when already present.
 
     Strings are compared exactly after stripping. The new item follows the quote
-    style of the existing items; a flow list (``[a, b]``) stays flow.
+    style of the existing items; a flow list (``[a, b]``) stays flow. An empty
+    ``[]`` carries no style of its own and becomes a block list; a lone string
+    (``enabled: foo``, which the host reads as ``[foo]``) becomes a block list too.
     """
     keys = tuple(keys)
     if not keys:
