@@ -243,7 +243,7 @@ class _Editor:
         text = text.replace("\r\n", "\n")
         self.text = text
         try:
-            self.old_plain = yaml.safe_load(text)
+            self.old_plain = _host_load(text)
         except yaml.YAMLError as exc:
             raise ConfigEditError(f"{_yaml_error(path, exc)} ({_NOTHING_WRITTEN}; fix the file first)") from None
         if self.old_plain is not None and not isinstance(self.old_plain, dict):
@@ -280,7 +280,7 @@ class _Editor:
         import yaml
 
         try:
-            new_plain = yaml.safe_load(new_text)
+            new_plain = _host_load(new_text)
         except yaml.YAMLError as exc:  # pragma: no cover - a ruamel bug; refuse rather than write
             raise ConfigEditError(
                 f"the edited {self.path} would not parse ({_yaml_error(self.path, exc)}); {_NOTHING_WRITTEN}"
@@ -298,6 +298,13 @@ class _Editor:
                 f"the edited {self.path} would not mean what was intended at {where} "
                 f"(a value PyYAML reads differently; quote it); {_NOTHING_WRITTEN}"
             )
+
+
+def _host_load(text: str) -> Any:
+    """Parse exactly as the host does (PyYAML safe loading, libyaml when available)."""
+    import yaml
+
+    return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
 
 def _new_yaml(indent: tuple[int, int, int]):
@@ -434,9 +441,10 @@ def _needs_quotes(text: str) -> bool:
     import yaml
 
     try:
-        return yaml.safe_load(text) != text or not isinstance(yaml.safe_load(text), str)
+        value = _host_load(text)
     except yaml.YAMLError:
         return True
+    return not isinstance(value, str) or value != text
 
 
 def _scalar(value: Any, like: Any = None) -> Any:
