@@ -386,4 +386,7 @@ def get_config_source(home: Path | None = None) -> ConfigSource:
         source = _SOURCES.get(key)
         if source is None:
             source = _SOURCES[key] = ConfigSource(path)
-        return source
+    from plugin_llm.home_env import load_home_env
+
+    load_home_env(path)  # once per home: <home>/.env, before plugins or credentials need it
+    return source

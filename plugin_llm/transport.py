@@ -230,43 +230,77 @@ def _should_retry(exc: BaseException) -> bool:
 
 
 # ------------------------------------------------------------ retry policy
-def _wait(retry_state: RetryCallState) -> float:
-    exc = retry_state.outcome.exception() if retry_state.outcome else None
+def _delay(exc: BaseException | None, attempt: int) -> float:
+    """Seconds to wait after failed attempt number ``attempt`` (1-based)."""
     if getattr(exc, "pooled_key_failed", False):
         return 0.0  # the failed key cools down (Retry-After included); the next attempt uses another key
     retry_after = getattr(exc, "retry_after", None)
     if retry_after is not None:
         return min(retry_after, RETRY_AFTER_CAP)
-    backoff = min(BACKOFF_CAP, BACKOFF_BASE * 2 ** (retry_state.attempt_number - 1))
+    backoff = min(BACKOFF_CAP, BACKOFF_BASE * 2 ** (attempt - 1))
     return backoff * (0.5 + random.random() / 2)  # jitter
 
 
-def _stop_for(deadline: float, max_attempts: int):
-    def stop(retry_state: RetryCallState) -> bool:
-        if retry_state.attempt_number >= max_attempts:
-            return True
-        upcoming = retry_state.upcoming_sleep or 0.0
-        return time.monotonic() + upcoming >= deadline
+def _first_retry_delay(exc: PluginLlmError, request: TransportRequest) -> float | None:
+    """The wait before a second attempt, or None when the first failure is final."""
+    if not _should_retry(exc) or request.route.max_retries < 1:
+        return None
+    delay = _delay(exc, 1)
+    return None if time.monotonic() + delay >= request.deadline else delay
 
-    return stop
+
+def _retry_kwargs(request: TransportRequest) -> dict[str, Any]:
+    """tenacity policy for attempts 2..max_retries+1 (attempt 1 ran outside tenacity)."""
+    max_more = request.route.max_retries  # attempts left after the first
+
+    def wait(retry_state: RetryCallState) -> float:
+        exc = retry_state.outcome.exception() if retry_state.outcome else None
+        return _delay(exc, retry_state.attempt_number + 1)
+
+    def stop(retry_state: RetryCallState) -> bool:
+        if retry_state.attempt_number >= max_more:
+            return True
+        return time.monotonic() + (retry_state.upcoming_sleep or 0.0) >= request.deadline
+
+    return dict(stop=stop, wait=wait, retry=retry_if_exception(_should_retry), reraise=True)
 
 
 # ------------------------------------------------------------ the transport
 class LitellmTransport:
-    """Provider calls through litellm; stateless apart from litellm itself."""
+    """Provider calls through litellm; stateless apart from litellm itself.
+
+    The first attempt runs directly; tenacity takes over only after a
+    retryable failure, so the common case pays nothing for the retry machinery.
+    """
 
     def complete(self, request: TransportRequest) -> TransportResponse:
         litellm = _load_litellm()
         state = _CallState()
-        retrying = Retrying(**self._retry_kwargs(request))
-        response = retrying(self._attempt_sync, litellm, request, state)
+        try:
+            response = self._attempt_sync(litellm, request, state)
+        except PluginLlmError as exc:
+            delay = _first_retry_delay(exc, request)
+            if delay is None:
+                raise
+            response = None
+        if response is None:  # retried outside the except block: no chained first failure
+            time.sleep(delay)
+            response = Retrying(**_retry_kwargs(request))(self._attempt_sync, litellm, request, state)
         return self._response(litellm, request, response, state)
 
     async def acomplete(self, request: TransportRequest) -> TransportResponse:
         litellm = _load_litellm()
         state = _CallState()
-        retrying = AsyncRetrying(**self._retry_kwargs(request))
-        response = await retrying(self._attempt_async, litellm, request, state)
+        try:
+            response = await self._attempt_async(litellm, request, state)
+        except PluginLlmError as exc:
+            delay = _first_retry_delay(exc, request)
+            if delay is None:
+                raise
+            response = None
+        if response is None:  # retried outside the except block: no chained first failure
+            await asyncio.sleep(delay)
+            response = await AsyncRetrying(**_retry_kwargs(request))(self._attempt_async, litellm, request, state)
         return self._response(litellm, request, response, state)
 
     def supports_json_schema(self, route: Route) -> bool:
@@ -276,15 +310,6 @@ class LitellmTransport:
         return _supports_schema(route.provider, route.model)
 
     # -- attempts
-    @staticmethod
-    def _retry_kwargs(request: TransportRequest) -> dict[str, Any]:
-        return dict(
-            stop=_stop_for(request.deadline, request.route.max_retries + 1),
-            wait=_wait,
-            retry=retry_if_exception(_should_retry),
-            reraise=True,
-        )
-
     @staticmethod
     def _check_deadline(request: TransportRequest, state: _CallState) -> None:
         if request.deadline - time.monotonic() <= 0:

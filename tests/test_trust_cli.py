@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -19,7 +18,6 @@ from tests.conftest import write_config
 from tests.plugin_fixtures import write_plugin
 
 ROOT = Path(__file__).resolve().parents[1]
-HAS_LITELLM = importlib.util.find_spec("litellm") is not None
 
 
 @pytest.fixture
@@ -207,7 +205,6 @@ def test_check_star_allowlist_is_a_warning(home, capsys):
     assert f["severity"] == "warning" and "'*' allows any provider" in f["problem"]
 
 
-@pytest.mark.skipif(not HAS_LITELLM, reason="litellm's price map is needed")
 def test_check_model_unknown_to_litellm_is_a_warning(home, capsys):
     config(home, """
         plugins:

@@ -44,6 +44,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import Any, Callable, Iterator
 
+from plugin_llm.home_env import ENV_FILENAME, read_env_file
+
 from .manifest import ManifestError, PluginManifest, find_manifest, load_manifest
 
 __all__ = [
@@ -77,7 +79,6 @@ DEFAULT_GIT_TIMEOUT = 120.0
 METADATA_FILENAME = ".install-metadata.json"
 REPOS_DIRNAME = ".repos"
 STAGING_PREFIX = ".install-"
-ENV_FILENAME = ".env"
 _SCHEMES = ("https://", "ssh://", "file://")
 _SCP_LIKE = re.compile(r"^[A-Za-z0-9._-]+@[A-Za-z0-9.-]+:(?!//)\S+$")  # git@github.com:owner/repo.git
 _OWNER_REPO = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,38})/[A-Za-z0-9._-]{1,100}$")
@@ -948,27 +949,6 @@ def is_secret_name(name: str) -> bool:
 
 def _env_path(home: Path) -> Path:
     return Path(home) / ENV_FILENAME
-
-
-def read_env_file(home: Path) -> dict[str, str]:
-    """``<home>/.env`` as a mapping (``NAME=value`` lines; quotes stripped; comments ignored)."""
-    try:
-        text = _env_path(home).read_text(encoding="utf-8")
-    except (FileNotFoundError, UnicodeDecodeError):
-        return {}
-    out: dict[str, str] = {}
-    for line in text.splitlines():
-        line = line.strip()
-        if not line or line.startswith("#") or "=" not in line:
-            continue
-        name, _, value = line.removeprefix("export ").partition("=")
-        name, value = name.strip(), value.strip()
-        if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
-            quote, value = value[0], value[1:-1]
-            if quote == '"':
-                value = value.replace('\\"', '"').replace("\\\\", "\\")
-        out[name] = value
-    return out
 
 
 def _env_line(name: str, value: str) -> str:
