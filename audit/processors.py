@@ -16,7 +16,33 @@ from datetime import datetime, timezone
 from typing import Any
 
 from audit.chain import render_line
-from audit.records import CONTENT_FIELDS, HASH, SCHEMA, SCHEMA_VERSION, TS
+from audit.records import (
+    API,
+    CALL_ID,
+    CONTENT_FIELDS,
+    DECISION,
+    EVENT,
+    HASH,
+    KIND,
+    MODE,
+    OPERATION_NAME,
+    PREV_HASH,
+    PROMPT_SHA256,
+    RESPONSE_SHA256,
+    SCHEMA,
+    SCHEMA_SHA256,
+    SCHEMA_VERSION,
+    STATUS,
+    TS,
+    VALIDATION,
+)
+
+#: fields whose values the host generates itself (ids, digests, enums): they can
+#: carry no secret, so the redactor (the writer's largest cost) skips them
+_HOST_GENERATED = frozenset({
+    API, CALL_ID, DECISION, EVENT, KIND, MODE, OPERATION_NAME, PREV_HASH, PROMPT_SHA256,
+    RESPONSE_SHA256, SCHEMA_SHA256, STATUS, TS, VALIDATION,
+})
 
 __all__ = [
     "Processor",
@@ -131,6 +157,8 @@ def scrub(redact: Redactor | None) -> Processor:
         for key, value in event_dict.items():
             cls = type(value)
             if cls is str:
+                if key in _HOST_GENERATED and value.isascii():
+                    continue
                 if redact is not None or not value.isascii():
                     event_dict[key] = _clean_text(value, redact)
             elif value is None or cls is int or cls is bool:
