@@ -24,7 +24,7 @@ from typing import Any, Mapping
 import yaml
 
 from audit.settings import AuditSettings
-from plugin_llm.trust import DENY_ALL, FLAG_KEYS, LIST_KEYS, TRUST_KEYS, TrustPolicy, config_path
+from plugin_llm.trust import DENY_ALL, LIST_KEYS, TRUST_KEYS, TrustPolicy, config_path
 
 __all__ = [
     "hermes_home",

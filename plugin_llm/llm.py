@@ -14,9 +14,9 @@ import json
 import logging
 import time
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Generator, Iterable
+from typing import Any, Callable, Generator
 
 from plugin_llm import structured
 from plugin_llm.auditing import host_audit_log, watch_config

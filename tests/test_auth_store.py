@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 
 from auth import (
-    Credential,
     CredentialStore,
     get_store,
     redact,

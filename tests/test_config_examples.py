@@ -20,7 +20,7 @@ from plugin_llm.config import parse_config
 from plugin_llm.host import Session
 from plugin_llm.host.bootstrap import load_manager
 
-from tests.test_host_support import EXAMPLES, ScriptedLlm, reply
+from tests.test_host_support import EXAMPLES
 
 CTX_METHODS = {
     "llm.complete", "llm.complete_structured", "llm.acomplete", "llm.acomplete_structured",

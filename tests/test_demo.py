@@ -6,7 +6,6 @@ import os
 import re
 from pathlib import Path
 
-import pytest
 
 from plugin_llm.cli.main import main
 

@@ -397,10 +397,9 @@ def _install(args: argparse.Namespace, home: Path) -> int:
     if still_missing:
         lines.append(f"Missing environment: {', '.join(still_missing)} — set them in the environment "
                      f"or in {home / '.env'}; the plugin loads, but may not work without them")
-    enabled_changes: list[str] = []
     if enable:
         try:
-            enabled_changes = _set_enabled(home, key, enable=True, dry_run=False)[1]
+            _set_enabled(home, key, enable=True, dry_run=False)
             lines.append(f"Enabled {key} in {home / 'config.yaml'}")
         except CliError as exc:
             lines.append(f"warning: installed but not enabled: {exc}")
