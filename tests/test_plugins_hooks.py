@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from plugin_llm.plugins import VALID_HOOKS, PluginManager
-from plugin_llm.plugins.hooks import HookEntry, HookRunner
+from plugin_llm.plugins.hooks import HookEntry, HookRunner, HookTimeoutError
 from tests.plugin_fixtures import configure, write_plugin
 
 
@@ -172,7 +172,16 @@ def register(ctx):
     assert "Unknown tool" in m.invoke_hook("on_session_start")[0]
 
 
-def test_callbacks_run_off_the_calling_thread_but_see_its_context(hermes_home):
+def _in_thread(fn):
+    """Run ``fn()`` on a fresh non-main thread and return its result (the pool path)."""
+    box = {}
+    worker = threading.Thread(target=lambda: box.update(value=fn()))
+    worker.start()
+    worker.join(10)
+    return box["value"]
+
+
+def test_callbacks_see_the_callers_context_on_both_paths(hermes_home):
     import contextvars
 
     var = contextvars.ContextVar("test_var", default="unset")
@@ -180,8 +189,103 @@ def test_callbacks_run_off_the_calling_thread_but_see_its_context(hermes_home):
     runner = HookRunner(lambda: 5.0)
     runner.register("post_llm_call", "p", lambda: seen.append((threading.current_thread().name, var.get())))
     var.set("caller")
-    runner.run("post_llm_call", {})
-    assert seen[0][0].startswith("plugin-hooks-") and seen[0][1] == "caller"
+    runner.run("post_llm_call", {})  # main thread: inline, under SIGALRM
+    assert seen[-1] == ("MainThread", "caller")
+
+    def off_main():
+        var.set("worker-caller")
+        return runner.run("post_llm_call", {})
+
+    _in_thread(off_main)  # any other thread: on the pool, in the caller's context
+    assert seen[-1][0].startswith("plugin-hooks-") and seen[-1][1] == "worker-caller"
+
+
+def _slow_runner(timeout, log):
+    runner = HookRunner(lambda: timeout)
+    runner.register("post_llm_call", "a", lambda: "first")
+
+    def slow():
+        release = threading.Event()
+        try:
+            release.wait(10)
+            return "too late"
+        finally:
+            log.append("slow left")
+
+    runner.register("post_llm_call", "b", slow)
+    runner.register("post_llm_call", "c", lambda: "last")
+    return runner
+
+
+def test_inline_timeout_interrupts_the_callback(hermes_home):
+    log = []
+    outcomes = _slow_runner(0.2, log).run("post_llm_call", {})
+    assert [o.value for o in outcomes] == ["first", None, "last"]
+    assert isinstance(outcomes[1].error, HookTimeoutError) and "interrupted" in str(outcomes[1].error)
+    assert log == ["slow left"]  # interrupted, not left running
+    import signal
+
+    assert signal.getsignal(signal.SIGALRM) is signal.SIG_DFL and signal.getitimer(signal.ITIMER_REAL)[0] == 0
+
+
+def test_pool_timeout_abandons_the_callback(hermes_home):
+    log = []
+    outcomes = _in_thread(lambda: _slow_runner(0.2, log).run("post_llm_call", {}))
+    assert [o.value for o in outcomes] == ["first", None, "last"]
+    assert isinstance(outcomes[1].error, HookTimeoutError) and "background" in str(outcomes[1].error)
+
+
+def test_except_exception_in_a_plugin_does_not_swallow_the_time_limit(hermes_home):
+    def stubborn():
+        try:
+            threading.Event().wait(10)
+        except Exception:  # a plugin's broad handler
+            return "swallowed"
+
+    runner = HookRunner(lambda: 0.2)
+    runner.register("post_llm_call", "p", stubborn)
+    [outcome] = runner.run("post_llm_call", {})
+    assert isinstance(outcome.error, HookTimeoutError)
+
+
+def test_foreign_sigalrm_handler_or_running_loop_uses_the_pool(hermes_home):
+    import asyncio
+    import signal
+
+    names = []
+    runner = HookRunner(lambda: 5.0)
+    runner.register("post_llm_call", "p", lambda: names.append(threading.current_thread().name))
+    mine = lambda signum, frame: None  # noqa: E731
+    previous = signal.signal(signal.SIGALRM, mine)
+    try:
+        runner.run("post_llm_call", {})
+        assert signal.getsignal(signal.SIGALRM) is mine
+    finally:
+        signal.signal(signal.SIGALRM, previous)
+
+    async def inside_loop():
+        runner.run("post_llm_call", {})
+
+    asyncio.run(inside_loop())
+    assert names[0].startswith("plugin-hooks-") and names[1].startswith("plugin-hooks-")
+
+
+def test_nested_invocation_inside_an_inline_callback(hermes_home):
+    runner = HookRunner(lambda: 5.0)
+    runner.register("on_session_reset", "inner", lambda: threading.current_thread().name)
+    runner.register("on_session_start", "outer", lambda: runner.results("on_session_reset", {}))
+    [names] = runner.results("on_session_start", {})
+    assert names[0].startswith("plugin-hooks-")  # the nested one cannot share the timer
+
+
+def test_keyboard_interrupt_is_not_swallowed_inline(hermes_home):
+    def interrupted():
+        raise KeyboardInterrupt
+
+    runner = HookRunner(lambda: 5.0)
+    runner.register("post_llm_call", "p", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        runner.run("post_llm_call", {})
 
 
 # --- pre_tool_call -------------------------------------------------------------------------

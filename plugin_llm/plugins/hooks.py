@@ -6,13 +6,22 @@ Hermes hello-world ``on_tool_call(tool_name, params, result)`` works). A callbac
 that raises or exceeds ``plugins.hook_timeout`` is isolated: the others still
 run, and the error is logged once per distinct (plugin, hook, type, message).
 
-Time limits without killing threads: the callbacks of one invocation run, in
-registration order, on a worker of a small daemon thread pool while the caller
-waits. When a callback overruns, the caller stops waiting for it, records a
-timeout and continues with the next callbacks on a fresh worker. Python cannot
-stop a thread, so **a timed-out callback keeps running in the background** until
-it returns; its result is discarded. Worker threads are daemons, so a stuck
-callback never prevents the process from exiting.
+Time limits, two ways:
+
+* On the main thread (the CLI, ``chat``, a host's own loop), when no event loop
+  runs there and nobody else uses ``SIGALRM``, callbacks run **inline** under an
+  interval timer: when one overruns, ``SIGALRM`` raises inside it (sleeps, socket
+  reads and lock waits are interrupted too) and it is recorded as timed out. This
+  avoids a thread hand-off per invocation (about 70 µs on a small VM). A callback
+  stuck inside C code that retries interrupted system calls by itself cannot be
+  interrupted this way.
+* Everywhere else, the callbacks of one invocation run, in registration order, on
+  a worker of a small daemon thread pool while the caller waits. When a callback
+  overruns, the caller stops waiting for it, records a timeout and continues with
+  the next callbacks on a fresh worker. Python cannot stop a thread, so **a
+  timed-out callback keeps running in the background** until it returns; its
+  result is discarded. Worker threads are daemons, so a stuck callback never
+  prevents the process from exiting.
 """
 
 from __future__ import annotations
@@ -22,6 +31,8 @@ import inspect
 import logging
 import os
 import queue
+import signal
+import sys
 import threading
 from dataclasses import dataclass, field
 from time import monotonic
@@ -132,6 +143,74 @@ def _call_one(entry: HookEntry, kwargs: dict[str, Any]) -> HookOutcome:
 
 async def _await(awaitable: Any) -> Any:
     return await awaitable
+
+
+# --- inline, under SIGALRM (main thread) ---------------------------------------------------
+
+
+class _Alarm(BaseException):
+    """Raised inside an overrunning inline callback (a BaseException: ``except Exception`` in
+    plugin code does not swallow it)."""
+
+
+class _InlineRunner:
+    """Runs callbacks on the calling (main) thread with an ``ITIMER_REAL`` time limit each."""
+
+    def __init__(self) -> None:
+        self.active = False  # an inline invocation is running (nested ones use the pool)
+        self.armed = False  # a callback is running under the timer
+
+    def usable(self) -> bool:
+        if self.active or not hasattr(signal, "setitimer"):
+            return False
+        if threading.current_thread() is not threading.main_thread():
+            return False
+        asyncio = sys.modules.get("asyncio")
+        if asyncio is not None and asyncio.events._get_running_loop() is not None:
+            return False  # async hooks need a thread without a running loop
+        if signal.getsignal(signal.SIGALRM) not in (signal.SIG_DFL, self._on_alarm):
+            return False  # the host uses SIGALRM itself
+        return signal.getitimer(signal.ITIMER_REAL)[0] == 0.0
+
+    def _on_alarm(self, signum: int, frame: Any) -> None:
+        if self.armed:
+            self.armed = False
+            raise _Alarm()
+
+    def run(self, calls: list[tuple[HookEntry, dict[str, Any]]], timeout: float) -> list[HookOutcome]:
+        previous = signal.signal(signal.SIGALRM, self._on_alarm)
+        self.active = True
+        try:
+            return [self._call(entry, kwargs, timeout) for entry, kwargs in calls]
+        finally:
+            self.armed = False
+            signal.setitimer(signal.ITIMER_REAL, 0)  # once per invocation: each callback re-arms it
+            self.active = False
+            signal.signal(signal.SIGALRM, previous)
+
+    def _call(self, entry: HookEntry, kwargs: dict[str, Any], timeout: float) -> HookOutcome:
+        try:
+            signal.setitimer(signal.ITIMER_REAL, timeout)  # replaces the previous callback's timer
+            self.armed = True
+            try:
+                value = entry.callback(**kwargs)
+                if value is not None and not isinstance(value, _SIMPLE_RESULTS) and inspect.isawaitable(value):
+                    import asyncio
+
+                    value = asyncio.run(_await(value))
+            finally:
+                self.armed = False  # an alarm arriving from here on is ignored
+            return HookOutcome(entry, value)
+        except _Alarm:
+            return HookOutcome(entry, None, HookTimeoutError(
+                f"did not return within {timeout:g}s (plugins.hook_timeout); it was interrupted"))
+        except KeyboardInterrupt:  # the operator's Ctrl-C belongs to the host, not to the plugin
+            raise
+        except BaseException as exc:  # isolation: nothing a plugin raises escapes (SystemExit included)
+            return HookOutcome(entry, None, exc)
+
+
+_INLINE = _InlineRunner()
 
 
 # --- daemon worker pool ------------------------------------------------------------------
@@ -314,6 +393,16 @@ class HookRunner:
             return []
         timeout = min(float(self._timeout()), threading.TIMEOUT_MAX)
         calls = [(entry, entry.select_kwargs(kwargs)) for entry in entries]
+        if _INLINE.usable():
+            outcomes = _INLINE.run(calls, timeout)
+        else:
+            outcomes = self._run_on_pool(calls, timeout)
+        for outcome in outcomes:
+            if outcome.error is not None:
+                self._report(outcome.entry, outcome.error)
+        return outcomes
+
+    def _run_on_pool(self, calls: list[tuple[HookEntry, dict[str, Any]]], timeout: float) -> list[HookOutcome]:
         outcomes: list[Any] = [None] * len(calls)
         start = 0
         while start < len(calls):
@@ -325,9 +414,6 @@ class HookRunner:
                 if finish is not None:
                     finish()
             start = self._wait(batch, timeout)
-        for outcome in outcomes:
-            if outcome.error is not None:
-                self._report(outcome.entry, outcome.error)
         return outcomes
 
     @staticmethod
