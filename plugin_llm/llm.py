@@ -267,6 +267,8 @@ class PluginLlm:
 
     def _run_sync(self, flow: _Flow) -> Any:
         transport = self._transport_impl()
+        if hasattr(transport, "ready"):  # one-time litellm import: not part of any call's latency
+            transport.ready()
         try:
             request = next(flow)
             while True:
@@ -281,6 +283,8 @@ class PluginLlm:
 
     async def _run_async(self, flow: _Flow) -> Any:
         transport = self._transport_impl()
+        if hasattr(transport, "aready"):
+            await transport.aready()
         try:
             request = next(flow)
             while True:

@@ -273,6 +273,15 @@ class LitellmTransport:
     retryable failure, so the common case pays nothing for the retry machinery.
     """
 
+    def ready(self) -> None:
+        """Load litellm now (the gateway calls this before a call's clock starts)."""
+        _load_litellm()
+
+    async def aready(self) -> None:
+        """Load litellm in a worker thread: its import takes seconds and must not block the loop."""
+        if _litellm is None:
+            await asyncio.to_thread(_load_litellm)
+
     def complete(self, request: TransportRequest) -> TransportResponse:
         litellm = _load_litellm()
         state = _CallState()

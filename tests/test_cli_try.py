@@ -60,3 +60,10 @@ def test_unknown_command_and_help_never_import_litellm():
     assert out.stdout.strip().endswith("False")
     bad = subprocess.run([sys.executable, "-m", "plugin_llm", "no-such-command"], capture_output=True, text=True)
     assert bad.returncode == 2 and "invalid choice" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_try_warns_when_config_does_not_parse(hermes_home, capsys):
+    write_config(hermes_home, "model: [broken\n")
+    assert main(["try", "--as", "p", "hi"]) == 0
+    err = capsys.readouterr().err
+    assert "config.yaml:2:1" in err and "fail closed" in err

@@ -58,6 +58,12 @@ def run(args: argparse.Namespace) -> int:
 
     home = home_from(args)
     prompt = " ".join(args.prompt)
+    from plugin_llm.config import get_config_source
+
+    config = get_config_source(home).current()
+    if config.error:
+        print(f"plugin-llm: warning: {config.error}\n  config.yaml does not parse: every plugin override is refused "
+              "(fail closed) and calls use the last good route until it is fixed", file=sys.stderr)
     schema = _schema(args.schema)
     llm = PluginLlm(args.plugin, home=home)
     common = dict(
