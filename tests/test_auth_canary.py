@@ -19,7 +19,6 @@ import sys
 import textwrap
 import threading
 import traceback
-import types
 from pathlib import Path
 
 import pytest
@@ -27,6 +26,7 @@ import pytest
 from auth import get_store
 from plugin_llm import PluginLlm, PluginLlmConfigError, PluginLlmProviderError, PluginLlmTrustError
 from tests.conftest import audit_lines, write_config
+from tests.leaks import strings_reachable
 from tests.servers import FakeServer, Reply
 
 USER = [{"role": "user", "content": "ping"}]
@@ -61,38 +61,6 @@ def echo(status: int, extra_headers: dict | None = None):
             dict(extra_headers or {})
 
     return Reply(body=body)
-
-
-def strings_reachable(obj, _seen=None):
-    """Every str reachable through vars()/__slots__/containers (functions and modules are not followed)."""
-    seen = set() if _seen is None else _seen
-    if id(obj) in seen:
-        return
-    seen.add(id(obj))
-    if isinstance(obj, str):
-        yield obj
-        return
-    if isinstance(obj, bytes):
-        yield obj.decode("latin-1")
-        return
-    if obj is None or isinstance(obj, (int, float, bool, type, types.ModuleType, types.FunctionType,
-                                       types.MethodType, types.BuiltinFunctionType)):
-        return
-    if isinstance(obj, dict):
-        for k, v in obj.items():
-            yield from strings_reachable(k, seen)
-            yield from strings_reachable(v, seen)
-        return
-    if isinstance(obj, (list, tuple, set, frozenset)):
-        for v in obj:
-            yield from strings_reachable(v, seen)
-        return
-    if hasattr(obj, "__dict__"):
-        yield from strings_reachable(vars(obj), seen)
-    for cls in type(obj).__mro__:
-        for slot in getattr(cls, "__slots__", ()):
-            if slot not in ("__dict__", "__weakref__") and hasattr(obj, slot):
-                yield from strings_reachable(getattr(obj, slot), seen)
 
 
 def assert_no_canary(secret: str, *, home: Path, caplog=None, exc: BaseException | None = None, objects=()) -> None:
