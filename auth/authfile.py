@@ -311,30 +311,12 @@ def write_document(path: Path, doc: Mapping[str, Any]) -> None:
 
     The document is validated first; an invalid one is never written.
     """
-    import tempfile  # CLI write path only (pulls in random/hashlib)
+    from plugin_llm.atomic_write import write_atomic  # CLI write path only
 
     _spec_from_document(dict(doc), path)
-    directory = path.parent
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     data = (json.dumps(doc, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)  # created 0600
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    if hasattr(os, "O_DIRECTORY"):  # make the rename itself durable
-        with contextlib.suppress(OSError):
-            dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
+    write_atomic(path, data, sync_dir=True)
 
 
 @contextlib.contextmanager

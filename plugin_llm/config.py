@@ -23,7 +23,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from audit.settings import AuditSettings
+from audit.settings import AuditSettings, parse_audit_settings
 from plugin_llm.trust import DENY_ALL, LIST_KEYS, TRUST_KEYS, TrustPolicy, config_path
 
 __all__ = [
@@ -200,27 +200,10 @@ def _parse_llm(raw: Any, warnings: list[str]) -> LlmSettings:
     )
 
 
-def _parse_audit(raw: Any, warnings: list[str]) -> AuditSettings:
-    if raw is None:
-        return AuditSettings()
-    if not isinstance(raw, Mapping):
-        warnings.append("audit: expected a mapping; using defaults")
-        return AuditSettings()
-    d = AuditSettings()
-    known = set(vars(d))
-    values: dict[str, Any] = {}
-    for key, value in raw.items():
-        if key not in known:
-            warnings.append(f"audit.{key}: unknown setting{_did_you_mean(str(key), known)}")
-        elif isinstance(getattr(d, key), bool):
-            values[key] = parse_bool(value, f"audit.{key}", warnings)
-        elif isinstance(getattr(d, key), int):
-            values[key] = _number(raw, key, getattr(d, key), "audit", warnings, integer=True)
-        elif key == "fsync" and value not in ("never", "always"):
-            warnings.append(f"audit.fsync: expected 'never' or 'always', got {value!r}; using {d.fsync!r}")
-        else:
-            values[key] = value
-    return AuditSettings(**values)
+def _audit_settings(raw: Any, warnings: list[str]) -> AuditSettings:
+    settings, problems = parse_audit_settings(raw)  # audit/ owns its section's rules
+    warnings.extend(problems)
+    return settings
 
 
 def _parse_allowlist(value: Any, where: str, warnings: list[str]) -> tuple[str, ...] | None:
@@ -283,7 +266,7 @@ def parse_config(home: Path, text: str) -> HostConfig:
         raw=MappingProxyType(dict(data)),
         model=_parse_model(data.get("model"), warnings),
         llm=_parse_llm(data.get("llm"), warnings),
-        audit=_parse_audit(data.get("audit"), warnings),
+        audit=_audit_settings(data.get("audit"), warnings),
         trust=MappingProxyType(_parse_trust(data.get("plugins"), warnings)),
         warnings=tuple(warnings),
     )

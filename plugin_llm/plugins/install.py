@@ -44,6 +44,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import Any, Callable, Iterator
 
+from plugin_llm.atomic_write import write_atomic
 from plugin_llm.home_env import ENV_FILENAME, read_env_file
 
 from .manifest import ManifestError, PluginManifest, find_manifest, load_manifest
@@ -372,18 +373,7 @@ def read_metadata(plugins_dir: Path) -> dict[str, InstalledPlugin]:
 def _write_metadata(plugins_dir: Path, entries: dict[str, InstalledPlugin]) -> None:
     data = {"version": 1, "plugins": {k: entries[k].to_json() for k in sorted(entries)}}
     text = json.dumps(data, indent=2, ensure_ascii=False) + "\n"
-    path = _metadata_path(plugins_dir)
-    fd, tmp = tempfile.mkstemp(prefix=f"{METADATA_FILENAME}.", suffix=".tmp", dir=plugins_dir)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    write_atomic(_metadata_path(plugins_dir), text.encode("utf-8"))
 
 
 @contextlib.contextmanager
@@ -978,18 +968,7 @@ def write_env_values(home: Path, values: dict[str, str]) -> Path:
         else:
             out.append(line)
     out.extend(_env_line(n, v) for n, v in pending.items())
-    fd, tmp = tempfile.mkstemp(prefix=".env.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            os.fchmod(f.fileno(), 0o600)
-            f.write("\n".join(out) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    write_atomic(path, ("\n".join(out) + "\n").encode("utf-8"))
     return path
 
 
