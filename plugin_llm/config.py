@@ -170,7 +170,15 @@ def _parse_model(raw: Any, warnings: list[str]) -> ModelConfig:
         if not model:
             warnings.append(f"model.model is missing for provider {provider!r}")
     if provider is None:
-        provider = _infer_provider(model) if model else LOCAL_PROVIDER
+        # The route's provider is decided here, once, from config alone: a
+        # model override can then never switch provider, endpoint or key.
+        if base_url:
+            provider = "custom"  # an endpoint without a provider is an OpenAI-compatible one
+        elif "/" in model:
+            provider, _, model = model.partition("/")
+            provider = provider.strip().lower()
+        else:
+            provider = _infer_provider(model) if model else LOCAL_PROVIDER
     if provider == "custom" and not base_url:
         warnings.append("model.provider is 'custom' but model.base_url is not set; calls will fail until it is")
     supports = raw.get("supports_json_schema")

@@ -50,19 +50,22 @@ def resolve_route(
     profile: str | None = None,
     timeout: float | None = None,
 ) -> Route:
-    """Route for a call whose overrides already passed the trust gate."""
+    """Route for a call whose overrides already passed the trust gate.
+
+    The provider is the granted ``provider=`` override or the one config.py
+    decided for ``model:``; a ``model=`` override is a model name *within*
+    that provider (``openai/gpt-4o`` asked of a custom endpoint is sent to that
+    endpoint under that name), so it never changes provider, endpoint or key.
+    """
     base = config.model
     chosen_provider = (provider or base.provider or "").strip().lower()
+    if not chosen_provider:
+        raise PluginLlmConfigError(
+            f"cannot tell which provider serves model {base.model!r}: set model.provider in {config.path}"
+        )
     chosen_model = (model if model is not None else base.model).strip()
     if chosen_model.lower().startswith(chosen_provider + "/"):
         chosen_model = chosen_model[len(chosen_provider) + 1 :]
-    if not chosen_provider:
-        if "/" in chosen_model:
-            chosen_provider, _, chosen_model = chosen_model.partition("/")
-        else:
-            raise PluginLlmConfigError(
-                f"cannot tell which provider serves model {chosen_model!r}: set model.provider in {config.path}"
-            )
     if chosen_provider == LOCAL_PROVIDER and not chosen_model:
         chosen_model = DEFAULT_LOCAL_MODEL
     if not chosen_model:
