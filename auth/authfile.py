@@ -32,6 +32,8 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 from plugin_llm.errors import PluginLlmConfigError
+from plugin_llm.safe_files import read_home_file
+from plugin_llm.safe_json import loads_bounded
 
 from ._secret import SecretRef
 from .providers import normalize_provider
@@ -129,8 +131,8 @@ def _decode(raw: bytes, path: Path) -> dict[str, Any]:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise _error(path, "", f"not valid UTF-8 (byte offset {exc.start})", "save the file as UTF-8") from None
-    try:
-        doc = json.loads(text, object_pairs_hook=_no_duplicates)
+    try:  # nesting is checked first: a deep [[[[...]]]] is an error here, not a RecursionError
+        doc = loads_bounded(text, object_pairs_hook=_no_duplicates)
     except _DuplicateKey as exc:
         raise _error(path, "", f"the key {exc.key!r} appears twice in one object", "keep one of them") from None
     except json.JSONDecodeError as exc:
@@ -259,28 +261,14 @@ def _check_mode(st: os.stat_result, path: Path) -> None:
 
 
 def _read(path: Path) -> tuple[bytes, os.stat_result] | None:
-    """The file's bytes and the ``fstat`` of what was read; None when it does not exist."""
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        raise PluginLlmConfigError(f"{path}: cannot open: {exc.strerror}") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise PluginLlmConfigError(f"{path} is not a regular file")
-        _check_mode(st, path)
-        if st.st_size > _MAX_BYTES:
-            raise PluginLlmConfigError(f"{path} is larger than {_MAX_BYTES // 1024} KiB; is it the right file?")
-        chunks = []
-        while chunk := os.read(fd, 65536):
-            chunks.append(chunk)
-        return b"".join(chunks), st
-    except OSError as exc:
-        raise PluginLlmConfigError(f"{path}: cannot read: {exc.strerror}") from None
-    finally:
-        os.close(fd)
+    """The file's bytes and the ``fstat`` of what was read; None when it does not exist.
+
+    A FIFO, a directory or a device in its place is refused before it is
+    opened for reading (never a hang), the 0600 rule is checked on the opened
+    descriptor before anything is read, and the size is bounded.
+    """
+    got = read_home_file(path, max_bytes=_MAX_BYTES, check=_check_mode)
+    return (got.data, got.stat) if got is not None else None
 
 
 def load_auth(path: Path) -> tuple[AuthSpec, FileSignature]:

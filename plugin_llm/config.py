@@ -24,6 +24,9 @@ from typing import Any, Mapping
 import yaml
 
 from audit.settings import AuditSettings, parse_audit_settings
+from plugin_llm.safe_files import MIB, UnsafeFileError, read_home_text
+from plugin_llm.bounded_repr import short_repr
+from plugin_llm.safe_yaml import load_yaml
 from plugin_llm.trust import DENY_ALL, LIST_KEYS, TRUST_KEYS, TrustPolicy, config_path
 
 __all__ = [
@@ -41,8 +44,8 @@ __all__ = [
 
 log = logging.getLogger("plugin_llm.config")
 
-#: libyaml's safe loader when PyYAML was built with it (several times faster), else the pure one
-_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+#: config.yaml is refused beyond this size (a real one is a few KiB)
+CONFIG_MAX_BYTES = 4 * MIB
 
 LOCAL_PROVIDER = "local"
 DEFAULT_LOCAL_MODEL = "local-echo-1"
@@ -117,7 +120,7 @@ def parse_bool(value: Any, where: str, warnings: list[str]) -> bool:
         return value
     if isinstance(value, str) and value.strip().lower() in ("true", "false"):
         return value.strip().lower() == "true"
-    warnings.append(f"{where}: expected true or false, got {value!r}; treating it as false")
+    warnings.append(f"{where}: expected true or false, got {short_repr(value)}; treating it as false")
     return False
 
 
@@ -125,7 +128,7 @@ def _number(section: Mapping[str, Any], key: str, default: float, where: str, wa
     value = section.get(key, default)
     ok = isinstance(value, int) if integer else isinstance(value, (int, float))
     if isinstance(value, bool) or not ok or value < 0 or (not integer and value == 0):
-        warnings.append(f"{where}.{key}: expected a {'non-negative integer' if integer else 'positive number'}, got {value!r}; using {default}")
+        warnings.append(f"{where}.{key}: expected a {'non-negative integer' if integer else 'positive number'}, got {short_repr(value)}; using {default}")
         return default
     return value
 
@@ -159,16 +162,16 @@ def _parse_model(raw: Any, warnings: list[str]) -> ModelConfig:
     model = raw.get("model", raw.get("default"))
     base_url = raw.get("base_url")
     if provider is not None and not isinstance(provider, str):
-        warnings.append(f"model.provider: expected a string, got {provider!r}")
+        warnings.append(f"model.provider: expected a string, got {short_repr(provider)}")
         provider = None
     if model is not None and not isinstance(model, str):
-        warnings.append(f"model.model: expected a string, got {model!r}")
+        warnings.append(f"model.model: expected a string, got {short_repr(model)}")
         model = None
     provider = provider.strip().lower() if provider else None
     if not model:
         model = DEFAULT_LOCAL_MODEL if provider in (None, LOCAL_PROVIDER) else ""
         if not model:
-            warnings.append(f"model.model is missing for provider {provider!r}")
+            warnings.append(f"model.model is missing for provider {short_repr(provider)}")
     if provider is None:
         # The route's provider is decided here, once, from config alone: a
         # model override can then never switch provider, endpoint or key.
@@ -222,7 +225,8 @@ def _parse_allowlist(value: Any, where: str, warnings: list[str]) -> tuple[str, 
         if len(items) != len(value):
             warnings.append(f"{where}: non-string or blank entries ignored")
         return tuple(items)
-    warnings.append(f"{where}: expected a list, got {type(value).__name__} {value!r}; nothing is allowed until it is a list (e.g. [{value}])")
+    example = value if isinstance(value, str) and len(value) <= 60 else "a, b"
+    warnings.append(f"{where}: expected a list, got {type(value).__name__} {short_repr(value)}; nothing is allowed until it is a list (e.g. [{example}])")
     return ()
 
 
@@ -262,8 +266,12 @@ def _parse_trust(plugins: Any, warnings: list[str]) -> dict[str, TrustPolicy]:
 
 
 def parse_config(home: Path, text: str) -> HostConfig:
-    """Parse config.yaml text into a snapshot; raises ``yaml.YAMLError`` or ``ValueError``."""
-    data = yaml.load(text, Loader=_LOADER) if text.strip() else {}
+    """Parse config.yaml text into a snapshot; raises ``yaml.YAMLError`` or ``ValueError``.
+
+    Parsed by :func:`plugin_llm.safe_yaml.load_yaml`: alias bombs, recursive
+    aliases and absurd nesting are refused (a ``yaml.YAMLError`` with the line).
+    """
+    data = load_yaml(text)
     if data is None:
         data = {}
     if not isinstance(data, Mapping):
@@ -339,10 +347,13 @@ class ConfigSource:
             snapshot = None
             if error is None:
                 try:
-                    text = self.path.read_text(encoding="utf-8")
-                    snapshot = parse_config(self.home, text)
+                    # Bounded, never blocks: a FIFO or a device in its place is an error, not a hang.
+                    text = read_home_text(self.path, max_bytes=CONFIG_MAX_BYTES)
+                    snapshot = parse_config(self.home, text or "")
                 except yaml.YAMLError as exc:
                     error = describe_yaml_error(self.path, exc)
+                except UnsafeFileError as exc:
+                    error = str(exc)
                 except (OSError, UnicodeDecodeError, ValueError) as exc:
                     error = f"{self.path}: {getattr(exc, 'strerror', None) or exc}"
         if snapshot is not None:

@@ -143,20 +143,21 @@ def _stamp(path: Path) -> tuple[int, int, int] | None:
 
 
 def _read(path: Path, *, create: bool, shown: Path) -> _Before | None:
-    try:
-        with open(path, "rb") as f:
-            st = os.fstat(f.fileno())
-            data = f.read()
-    except FileNotFoundError:
+    from plugin_llm.config import CONFIG_MAX_BYTES
+    from plugin_llm.safe_files import UnsafeFileError, read_home_file
+
+    try:  # a FIFO, a device or a directory in its place is refused without blocking
+        got = read_home_file(path, max_bytes=CONFIG_MAX_BYTES)
+    except UnsafeFileError as exc:
+        link = f"{shown} -> " if shown != path else ""  # a symlinked config.yaml: name both
+        raise ConfigEditError(f"{link}{exc}; {_NOTHING_WRITTEN}") from None
+    if got is None:
         if not create:
             raise ConfigEditError(f"{shown} does not exist; {_NOTHING_WRITTEN}") from None
         if not path.parent.is_dir():
             raise ConfigEditError(f"home directory {path.parent} does not exist; {_NOTHING_WRITTEN}") from None
         return None
-    except IsADirectoryError:
-        raise ConfigEditError(f"{shown} is a directory, not a file; {_NOTHING_WRITTEN}") from None
-    except OSError as exc:
-        raise ConfigEditError(f"cannot read {shown}: {exc.strerror or exc}; {_NOTHING_WRITTEN}") from None
+    data, st = got.data, got.stat
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
@@ -301,10 +302,15 @@ class _Editor:
 
 
 def _host_load(text: str) -> Any:
-    """Parse exactly as the host does (PyYAML safe loading, libyaml when available)."""
-    import yaml
+    """Parse exactly as the host does (:func:`plugin_llm.safe_yaml.load_yaml`).
 
-    return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    It runs before ruamel sees the text, so an alias bomb or a recursive alias
+    is refused here (with its line) instead of being expanded by the
+    round-trip loader, :func:`_plain` or :func:`_leaves`.
+    """
+    from plugin_llm.safe_yaml import load_yaml
+
+    return load_yaml(text)
 
 
 def _new_yaml(indent: tuple[int, int, int]):

@@ -8,23 +8,47 @@ already set; every value is registered with the secret redactor.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from pathlib import Path
 
-__all__ = ["ENV_FILENAME", "read_env_file", "load_home_env"]
+from plugin_llm.safe_files import MIB, UnsafeFileError, read_home_text
+
+__all__ = ["ENV_FILENAME", "ENV_MAX_BYTES", "read_env_text", "read_env_file", "load_home_env"]
 
 ENV_FILENAME = ".env"
+#: a .env larger than this is refused unread
+ENV_MAX_BYTES = 1 * MIB
+
+_log = logging.getLogger("plugin_llm.config")
 
 _LOADED: set[Path] = set()
 _LOCK = threading.Lock()
 
 
+def read_env_text(home: Path) -> str | None:
+    """The text of ``<home>/.env`` (None when there is none).
+
+    Read without blocking and bounded (:func:`plugin_llm.safe_files.read_home_text`):
+    a FIFO, a directory or a device there raises
+    :class:`~plugin_llm.safe_files.UnsafeFileError` naming the file.
+    """
+    return read_home_text(Path(home) / ENV_FILENAME, max_bytes=ENV_MAX_BYTES)
+
+
 def read_env_file(home: Path) -> dict[str, str]:
-    """``<home>/.env`` as a mapping (``NAME=value`` lines; quotes stripped; comments ignored)."""
+    """``<home>/.env`` as a mapping (``NAME=value`` lines; quotes stripped; comments ignored).
+
+    A file that cannot be used is logged (once per call, naming the file and
+    the fix) and counts as empty: a broken ``.env`` never stops the host.
+    """
     try:
-        text = (Path(home) / ENV_FILENAME).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
+        text = read_env_text(home)
+    except UnsafeFileError as exc:
+        _log.warning("%s; its variables are not loaded", exc)
+        return {}
+    if text is None:
         return {}
     out: dict[str, str] = {}
     for line in text.splitlines():

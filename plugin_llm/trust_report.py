@@ -28,7 +28,10 @@ from typing import Any, Callable, Iterable, Mapping
 
 import yaml
 
-from plugin_llm.config import HostConfig, describe_yaml_error, parse_config
+from plugin_llm.config import CONFIG_MAX_BYTES, HostConfig, describe_yaml_error, parse_config
+from plugin_llm.safe_files import UnsafeFileError, read_home_text
+from plugin_llm.bounded_repr import short_repr
+from plugin_llm.safe_yaml import compose_yaml
 from plugin_llm.trust import DENY_ALL, FLAG_KEYS, LIST_KEYS, TRUST_KEYS, Decision, Overrides, TrustPolicy, decide
 
 __all__ = [
@@ -242,10 +245,6 @@ class Explanation:
 
 
 # ------------------------------------------------------------------ reading
-def _yaml_loader() -> type:
-    return getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-
-
 def _index_lines(
     node: yaml.Node, path: tuple[Any, ...], out: dict[tuple[Any, ...], int], dups: list[tuple[tuple[Any, ...], int]]
 ) -> None:
@@ -270,15 +269,15 @@ def read_config(home: Path) -> ConfigView:
     path = home / "config.yaml"
     fail_closed = HostConfig(home=home)
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return ConfigView(home, path, False, fail_closed)
-    except (OSError, UnicodeDecodeError) as exc:
-        error = f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}"
+        text = read_home_text(path, max_bytes=CONFIG_MAX_BYTES)  # never blocks on a FIFO, bounded
+    except UnsafeFileError as exc:
+        error = str(exc)
         return ConfigView(home, path, True, replace(fail_closed, error=error), error=error)
+    if text is None:
+        return ConfigView(home, path, False, fail_closed)
     try:
         config = parse_config(home, text)
-        node = yaml.compose(text, Loader=_yaml_loader()) if text.strip() else None
+        node = compose_yaml(text)  # the same bounded loader: checked before any walk below
     except yaml.YAMLError as exc:
         error = describe_yaml_error(path, exc)
         mark = getattr(exc, "problem_mark", None)
@@ -527,20 +526,20 @@ class _Checker:
         if not isinstance(value, list):
             items = [v.strip() for v in value.split(",") if v.strip()] if isinstance(value, str) else []
             example = _flow_list(items) if items else "[plugin-a, image_gen/plugin-b]"
-            self.add(ERROR, keys, f"expected a list of plugin keys, got {_type_name(value)} {value!r}",
+            self.add(ERROR, keys, f"expected a list of plugin keys, got {_type_name(value)} {short_repr(value)}",
                      f"write it as a list: {key}: {example}")
             return
         names = set(self.installed.values())
         for i, item in enumerate(value):
             if not isinstance(item, str) or not item.strip():
-                self.add(ERROR, keys + (i,), f"entry {item!r} is not a plugin key; ignored", "write the plugin's key or name as a string")
+                self.add(ERROR, keys + (i,), f"entry {short_repr(item)} is not a plugin key; ignored", "write the plugin's key or name as a string")
                 continue
             item = item.strip()
             if item in self.installed or item in names:
                 continue
             guess = _did_you_mean(item, list(self.installed) + sorted(names))
             hint = f" (did you mean {guess!r}?)" if guess else ""
-            self.add(WARNING, keys + (i,), f"{item!r} matches no installed plugin{hint}",
+            self.add(WARNING, keys + (i,), f"{short_repr(item)} matches no installed plugin{hint}",
                      f"install it, correct the name, or remove it from plugins.{key}")
 
     def hook_timeout(self, plugins: Mapping[str, Any]) -> None:
@@ -548,7 +547,7 @@ class _Checker:
         if value is None:
             return
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or value == float("inf"):
-            self.add(ERROR, ("plugins", "hook_timeout"), f"expected a positive number of seconds, got {value!r}; 30 is used",
+            self.add(ERROR, ("plugins", "hook_timeout"), f"expected a positive number of seconds, got {short_repr(value)}; 30 is used",
                      "hook_timeout: 30")
 
     # --- plugins.entries
@@ -557,7 +556,7 @@ class _Checker:
         if entry is None:
             return
         if not isinstance(entry, Mapping):
-            self.add(ERROR, keys, f"expected a mapping, got {_type_name(entry)} {entry!r}; no override is granted",
+            self.add(ERROR, keys, f"expected a mapping, got {_type_name(entry)} {short_repr(entry)}; no override is granted",
                      f"write it as a mapping: {entry_key(plugin_id)}: {{llm: {{...}}}}", plugin_id)
             return
         self.not_installed(plugin_id)
@@ -566,7 +565,7 @@ class _Checker:
         if block is None:
             return
         if not isinstance(block, Mapping):
-            self.add(ERROR, keys + ("llm",), f"expected a mapping of trust keys, got {_type_name(block)} {block!r}; no override is granted",
+            self.add(ERROR, keys + ("llm",), f"expected a mapping of trust keys, got {_type_name(block)} {short_repr(block)}; no override is granted",
                      "write llm: as a mapping, e.g. llm: {allow_model_override: true}", plugin_id)
             return
         self.unknown_keys(block, keys + ("llm",), [k for k in _POLICY_ORDER], plugin_id)
@@ -596,7 +595,7 @@ class _Checker:
         if isinstance(value, str) and value.strip().lower() in ("true", "false"):
             return
         self.add(ERROR, ("plugins", "entries", plugin_id, "llm", key),
-                 f"expected true or false, got {_type_name(value)} {value!r}; it counts as false",
+                 f"expected true or false, got {_type_name(value)} {short_repr(value)}; it counts as false",
                  f"{key}: true  (or false; only YAML booleans are understood)", plugin_id)
 
     def allowlist(self, plugin_id: str, key: str, value: Any, block: Mapping[str, Any]) -> None:
@@ -608,11 +607,11 @@ class _Checker:
             return
         if isinstance(value, str):
             items = [v.strip() for v in value.split(",") if v.strip()]
-            self.add(ERROR, keys, f"given as a string {value!r}, not a list; nothing is allowed until it is a list",
+            self.add(ERROR, keys, f"given as a string {short_repr(value)}, not a list; nothing is allowed until it is a list",
                      f"{key}: {_flow_list(items or [value])}", plugin_id)
             return
         if not isinstance(value, list):
-            self.add(ERROR, keys, f"expected a list, got {_type_name(value)} {value!r}; nothing is allowed until it is a list",
+            self.add(ERROR, keys, f"expected a list, got {_type_name(value)} {short_repr(value)}; nothing is allowed until it is a list",
                      f"{key}: [a, b]", plugin_id)
             return
         if not value and flag_on:
@@ -620,7 +619,7 @@ class _Checker:
                      f"add the allowed values, or set {_LIST_FLAG[key]}: false", plugin_id)
         for i, item in enumerate(value):
             if not isinstance(item, (str, int, float)) or isinstance(item, bool) or not str(item).strip():
-                self.add(ERROR, keys + (i,), f"entry {item!r} is not a name; ignored", "write each entry as a string", plugin_id)
+                self.add(ERROR, keys + (i,), f"entry {short_repr(item)} is not a name; ignored", "write each entry as a string", plugin_id)
                 continue
             item = str(item).strip()
             if item == "*":
@@ -631,7 +630,7 @@ class _Checker:
                 names = litellm_model_names() or frozenset()
                 guess = _did_you_mean(item.lower(), names, cutoff=0.85) if len(names) else None
                 hint = f" (did you mean {guess!r}?)" if guess else ""
-                self.add(WARNING, keys + (i,), f"litellm does not know the model {item!r}{hint}",
+                self.add(WARNING, keys + (i,), f"litellm does not know the model {short_repr(item)}{hint}",
                          "check the spelling; a model served by a custom or local endpoint is fine to keep", plugin_id)
 
     def duplicates(self) -> None:

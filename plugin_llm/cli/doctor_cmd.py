@@ -153,7 +153,32 @@ def _home(home: Path) -> list[Check]:
             found = _writable_by_others(path, what)
             if found is not None:
                 out.append(found)
+    out.extend(_env_file(home))
     return out
+
+
+def _not_regular(path: Path) -> str | None:
+    """What ``path`` is when it exists but is not a regular file (a FIFO, a directory, ...), else None."""
+    from plugin_llm.safe_files import describe_file_type
+
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return None if stat.S_ISREG(st.st_mode) else describe_file_type(st.st_mode)
+
+
+def _env_file(home: Path) -> list[Check]:
+    """``<home>/.env``: the host skips a file it cannot use; say so here."""
+    from plugin_llm.home_env import ENV_FILENAME, read_env_text
+    from plugin_llm.safe_files import UnsafeFileError
+
+    path = home / ENV_FILENAME
+    try:
+        read_env_text(home)
+    except UnsafeFileError as exc:
+        return [Check(WARN, "home", f"{_safe(exc)}; its variables are not loaded", f"replace {path} with a regular file of NAME=value lines")]
+    return []
 
 
 # ------------------------------------------------------------------ auth.json
@@ -163,6 +188,10 @@ def _auth_file(home: Path) -> list[Check]:
     path = home / AUTH_FILE_NAME
     if not path.exists():
         return [Check(OK, "auth.json", "none: keys come from environment variables (e.g. OPENAI_API_KEY)")]
+    kind = _not_regular(path)
+    if kind is not None:  # a FIFO's or a directory's mode says nothing: name what it is
+        return [Check(FAIL, "auth.json", f"{path} is {kind}, not a regular file: the gateway refuses it",
+                      f"replace {path} with a regular file (see config_examples/auth.json)")]
     mode = _mode(path)
     if mode & 0o077:
         return [Check(FAIL, "auth.json", f"{path} has mode {mode:04o}: the gateway refuses a key file others can read",

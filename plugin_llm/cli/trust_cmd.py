@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping
 
+from plugin_llm.cli._common import dumps_json, printable
 from plugin_llm.cli.main import CliError
 
 __all__ = ["register", "run", "normalize_flag"]
@@ -142,11 +143,18 @@ def _home(args: argparse.Namespace) -> Path:
 
 
 def _warn(message: str) -> None:
-    print(f"plugin-llm: warning: {message}", file=sys.stderr)
+    print(f"plugin-llm: warning: {printable(message, 2000)}", file=sys.stderr)
 
 
 def _dump(data: Any) -> None:
-    print(json.dumps(data, indent=2, ensure_ascii=False, default=str))
+    print(dumps_json(data))
+
+
+def _print_lines(lines: list[str]) -> None:
+    """Rendered lines carry plugin keys (directory and manifest names): escaped, line by line."""
+    for line in lines:
+        for part in line.split("\n"):
+            print(printable(part, 2000))
 
 
 def _configured_ids(tr: Any, view: Any) -> list[str]:
@@ -178,6 +186,8 @@ def _render_finding(f: Any, view: Any, indent: str = "") -> list[str]:
 
 
 def _render_plugin(pt: Any, view: Any) -> list[str]:
+    from plugin_llm.bounded_repr import short_repr  # a value as written may be anything: shown bounded
+
     state = "installed" if pt.installed else "NOT INSTALLED"
     where = f", entry at {view.path.name} line {pt.entry_line}" if pt.entry_line is not None else ""
     lines = [f"{pt.plugin_id}  ({state}{where})"]
@@ -189,7 +199,7 @@ def _render_plugin(pt: Any, view: Any) -> list[str]:
         width_key = max(len(s.key) for s in pt.settings)
         width_val = max(len(s.display()) for s in pt.settings)
         for s in pt.settings:
-            note = f"  (written: {s.written!r})" if s.written is not None else ""
+            note = f"  (written: {short_repr(s.written)})" if s.written is not None else ""
             lines.append(f"    {s.key:<{width_key}}  {s.display():<{width_val}}  {s.source}{note}")
     for f in pt.findings:
         lines.extend(_render_finding(f, view, indent="  "))
@@ -202,7 +212,7 @@ def _show(tr: Any, view: Any, installed: Mapping[str, str], plugin: str | None, 
         plugin_id = _resolve(tr, view, installed, plugin)
         if view.error is None and plugin_id not in installed and plugin_id not in _configured_ids(tr, view):
             known = ", ".join(sorted(set(installed) | set(_configured_ids(tr, view)))) or "none"
-            raise CliError(f"no plugin {plugin_id!r} is installed or configured in {view.home} (known: {known})")
+            raise CliError(printable(f"no plugin {plugin_id!r} is installed or configured in {view.home} (known: {known})", 2000))
         policies = [tr.effective_policy(view, plugin_id, installed, findings)]
         general: list[Any] = []
     else:
@@ -230,12 +240,12 @@ def _show(tr: Any, view: Any, installed: Mapping[str, str], plugin: str | None, 
             print("no plugins installed and no entries under plugins.entries")
         for pt in policies:
             print()
-            print("\n".join(_render_plugin(pt, view)))
+            _print_lines(_render_plugin(pt, view))
         if general:
             print()
             print("plugins section:")
             for f in general:
-                print("\n".join(_render_finding(f, view, indent="  ")))
+                _print_lines(_render_finding(f, view, indent="  "))
     return 1 if view.error is not None else 0
 
 
@@ -254,7 +264,7 @@ def _check(tr: Any, view: Any, installed: Mapping[str, str], as_json: bool) -> i
         })
         return 1 if errors else 0
     for f in findings:
-        print("\n".join(_render_finding(f, view)))
+        _print_lines(_render_finding(f, view))
     if not view.exists:
         print(f"no {view.path}: nothing to check (no plugin is enabled, none has overrides)")
     elif findings:
@@ -430,5 +440,5 @@ def _edit(tr: Any, view: Any, installed: Mapping[str, str], args: argparse.Names
         backup = f" (previous version: {result.backup})" if result.backup else ""
         print(f"wrote {result.path}{backup}")
     print()
-    print("\n".join(_render_plugin(policy, after)))
+    _print_lines(_render_plugin(policy, after))
     return 0

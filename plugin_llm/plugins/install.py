@@ -45,9 +45,13 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Callable, Iterator
 
 from plugin_llm.atomic_write import write_atomic
-from plugin_llm.home_env import ENV_FILENAME, read_env_file
+from plugin_llm.errors import PluginLlmConfigError
+from plugin_llm.terminal_text import escape_unsafe, unsafe_characters
+from plugin_llm.home_env import ENV_FILENAME, read_env_file, read_env_text
+from plugin_llm.safe_files import MIB, read_home_text
+from plugin_llm.safe_json import loads_bounded
 
-from .manifest import ManifestError, PluginManifest, find_manifest, load_manifest
+from .manifest import MANIFEST_ALIAS_BUDGET, MANIFEST_MAX_BYTES, ManifestError, PluginManifest, find_manifest, load_manifest
 
 __all__ = [
     "InstallError",
@@ -62,6 +66,7 @@ __all__ = [
     "validate_install_name",
     "stage_plugin",
     "commit_staged",
+    "check_target",
     "discard_staged",
     "install_plugin",
     "update_plugin",
@@ -78,6 +83,8 @@ __all__ = [
 
 DEFAULT_GIT_TIMEOUT = 120.0
 METADATA_FILENAME = ".install-metadata.json"
+#: the install record is refused beyond this size (one entry is a few hundred bytes)
+METADATA_MAX_BYTES = 4 * MIB
 REPOS_DIRNAME = ".repos"
 STAGING_PREFIX = ".install-"
 _SCHEMES = ("https://", "ssh://", "file://")
@@ -217,10 +224,15 @@ def validate_install_name(name: str, *, what: str = "plugin name") -> str:
         raise InstallError(f"the {what} {name!r} must not be an absolute path")
     if name.startswith((".", "_")):
         raise InstallError(f"the {what} {name!r} must not start with '.' or '_' (discovery skips such directories)")
-    if any(ord(ch) < 32 or ord(ch) == 127 or ch.isspace() for ch in name) or ":" in name:
-        raise InstallError(f"the {what} {name!r} must not contain whitespace, control characters or ':'")
     if len(name) > 100:
-        raise InstallError(f"the {what} {name[:20]!r}... is longer than 100 characters")
+        raise InstallError(f"the {what} {escape_unsafe(name, 20)!r} is longer than 100 characters")
+    if any(ch.isspace() for ch in name) or ":" in name:
+        raise InstallError(f"the {what} {name!r} must not contain whitespace, control characters or ':'")
+    codes = unsafe_characters(name)
+    if codes:
+        raise InstallError(
+            f"the {what} {escape_unsafe(name)!r} contains control or invisible characters ({', '.join(codes[:5])})"
+        )
     return name
 
 
@@ -358,11 +370,12 @@ def _metadata_path(plugins_dir: Path) -> Path:
 def read_metadata(plugins_dir: Path) -> dict[str, InstalledPlugin]:
     """Installed plugins by key (empty when the file does not exist)."""
     path = _metadata_path(plugins_dir)
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return {}
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
+    try:  # bounded and never blocking (a FIFO is refused); nesting checked before json recurses
+        text = read_home_text(path, max_bytes=METADATA_MAX_BYTES)
+        if text is None:
+            return {}
+        raw = loads_bounded(text)
+    except (PluginLlmConfigError, ValueError) as exc:
         raise InstallError(f"{path} is unreadable ({exc}); move it aside to start a fresh record") from None
     plugins = raw.get("plugins") if isinstance(raw, dict) else None
     if not isinstance(plugins, dict):
@@ -551,6 +564,12 @@ def stage_plugin(
         where = source.display
         manifest = _validate_tree(root, where)
         explicit_name = _manifest_has_name(root)
+        if explicit_name and unsafe_characters(manifest.name):
+            raise InstallError(
+                f"{where}: {find_manifest(root).name}: 'name' {escape_unsafe(manifest.name, 100)!r} contains "
+                f"control or invisible characters ({', '.join(unsafe_characters(manifest.name)[:5])}); "
+                "a plugin name must be printable text: fix name: in the manifest"
+            )
         name = manifest.name if explicit_name else source.default_name()
         validate_install_name(name)
         if not explicit_name and name != manifest.name:
@@ -567,10 +586,13 @@ def stage_plugin(
 def _manifest_has_name(root: Path) -> bool:
     import yaml
 
+    from plugin_llm.safe_yaml import load_yaml
+
     path = find_manifest(root)
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) if path else None
-    except (OSError, yaml.YAMLError):  # pragma: no cover - validated just before
+        text = read_home_text(path, max_bytes=MANIFEST_MAX_BYTES) if path else None
+        data = load_yaml(text, alias_budget=MANIFEST_ALIAS_BUDGET) if text else None
+    except (PluginLlmConfigError, yaml.YAMLError):  # pragma: no cover - validated just before
         return False
     return isinstance(data, dict) and data.get("name") is not None
 
@@ -611,6 +633,79 @@ def _occupied(path: Path) -> bool:
     return path.exists() or path.is_symlink()
 
 
+def _plugin_dirs_in(directory: Path, plugins_dir: Path) -> list[str]:
+    """The plugins directly inside ``directory`` (what makes it a category), relative to plugins/."""
+    try:
+        children = sorted(p for p in directory.iterdir() if p.is_dir() and not p.is_symlink())
+    except OSError:
+        return []
+    return [os.path.relpath(p, plugins_dir) for p in children if find_manifest(p) is not None]
+
+
+def _discovered_key(plugins_dir: Path, path: Path) -> str | None:
+    """The key discovery gives the plugin in ``path`` (None when it finds none there)."""
+    from .discovery import SOURCE_USER, scan_directory
+
+    for cand in scan_directory(plugins_dir, SOURCE_USER):
+        if cand.path is not None and cand.path == path:
+            return cand.key
+    return None
+
+
+def _occupant_problem(plugins_dir: Path, key: str, path: Path, entry: InstalledPlugin | None) -> str | None:
+    """Why ``path`` — where plugin ``key`` lives — is not that plugin's directory (None when it is).
+
+    Install, update and remove only ever delete or replace the one directory of one
+    plugin: never a category directory, a file, a directory without a manifest that
+    plugin-llm did not install, or a directory holding another plugin. Symlinks are
+    the callers' business (unlinked, never followed).
+    """
+    shown = escape_unsafe(str(path), 300)
+    if not path.is_dir():
+        return f"{shown} already exists and is a file, not a plugin directory"
+    if find_manifest(path) is None:
+        nested = _plugin_dirs_in(path, plugins_dir)
+        if nested:
+            listed = ", ".join(escape_unsafe(n, 100) for n in nested[:5]) + (f" (+{len(nested) - 5} more)" if len(nested) > 5 else "")
+            return f"{shown} is a category directory (it holds {listed}), not a plugin"
+        if entry is not None:  # a recorded install whose manifest went missing: still that install
+            return None
+        return f"{shown} already exists and is not a plugin directory (no plugin.yaml); move it away by hand"
+    holder = _discovered_key(plugins_dir, path)
+    if holder is not None and holder != key:
+        return (
+            f"{shown} holds the plugin {escape_unsafe(holder, 100)!r} (its manifest name:), "
+            f"not {escape_unsafe(key, 100)!r}"
+        )
+    return None
+
+
+def _check_replace(plugins_dir: Path, key: str, entry: InstalledPlugin | None, force: bool) -> tuple[Path, list[Path]]:
+    """The install target of ``key`` and the paths an install would replace; InstallError
+    when it must not replace them (never a category or a non-plugin, even with force)."""
+    target = _target_for(plugins_dir, key)
+    old_paths = [p for p in _existing_paths(plugins_dir, key, entry) if _occupied(p)]
+    if target.is_symlink() and (entry is None or not entry.repo):
+        raise InstallError(
+            f"{target} is a symlink not made by plugin-llm (it resolves to {os.path.realpath(target)}); "
+            "remove it by hand first"
+        )
+    if _occupied(target) and not target.is_symlink():
+        problem = _occupant_problem(plugins_dir, key, target, entry)
+        if problem is not None:
+            raise InstallError(f"{problem}; refusing to replace it, even with --force (choose another name or --category)")
+    if old_paths and not force:
+        raise InstallError(f"{target} already exists; use --force to replace it (or `plugins update {key}`)")
+    return target, old_paths
+
+
+def check_target(staged: StagedPlugin, *, force: bool = False) -> None:
+    """Raise :class:`InstallError` if committing ``staged`` would be refused because of what
+    is at its target (so the CLI can say so before asking anything). Nothing is changed."""
+    entries = read_metadata(staged.plugins_dir)
+    _check_replace(staged.plugins_dir, staged.key, entries.get(staged.key), force)
+
+
 def commit_staged(
     staged: StagedPlugin,
     *,
@@ -627,16 +722,7 @@ def commit_staged(
     write_metadata = _metadata_writer or _write_metadata
     with _plugins_lock(plugins_dir):
         entries = read_metadata(plugins_dir)
-        target = _target_for(plugins_dir, staged.key)
-        old_entry = entries.get(staged.key)
-        old_paths = [p for p in _existing_paths(plugins_dir, staged.key, old_entry) if _occupied(p)]
-        if target.is_symlink() and (old_entry is None or not old_entry.repo):
-            raise InstallError(
-                f"{target} is a symlink not made by plugin-llm (it resolves to {os.path.realpath(target)}); "
-                "remove it by hand first"
-            )
-        if old_paths and not force:
-            raise InstallError(f"{target} already exists; use --force to replace it (or `plugins update {staged.key}`)")
+        target, old_paths = _check_replace(plugins_dir, staged.key, entries.get(staged.key), force)
         entry = _entry_from_staged(staged, installed_at=installed_at)  # hashes the tree before it moves
         aside = staged.staging / "previous"
         aside.mkdir()
@@ -875,6 +961,16 @@ def remove_plugin(home: Path, name: str, *, force: bool = False, timeout: float 
     with _plugins_lock(plugins_dir):
         entries = read_metadata(plugins_dir)
         entry = entries.get(key)
+        target = plugins_dir.joinpath(*key.split("/"))
+        if _occupied(target) and not target.is_symlink():
+            problem = _occupant_problem(plugins_dir, key, target, entry)
+            if problem is not None:
+                raise InstallError(f"{problem}; refusing to delete it (nothing was removed)")
+        elif not _occupied(target) and entry is None:
+            raise InstallError(
+                f"{escape_unsafe(key, 100)} is not in {target} (a plugin placed by hand in a directory named "
+                "otherwise); delete its directory by hand (see `plugin-llm plugins info`)"
+            )
         paths = [p for p in _existing_paths(plugins_dir, key, entry) if _occupied(p)]
         for path in paths:
             if not path.is_symlink() and not _within(path, plugins_dir):  # pragma: no cover - defensive
@@ -955,10 +1051,7 @@ def write_env_values(home: Path, values: dict[str, str]) -> Path:
         if "\n" in value or "\r" in value or "\0" in value:
             raise InstallError(f"the value for {name} contains a line break; not saved")
     path = _env_path(home)
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError:
-        lines = []
+    lines = (read_env_text(home) or "").splitlines()  # a FIFO or a device there: an error, not a hang
     pending = dict(values)
     out = []
     for line in lines:

@@ -22,10 +22,13 @@ that plugin as failed and carries on with the others.
 from __future__ import annotations
 
 import logging
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
+
+from plugin_llm.bounded_repr import short_repr
 
 __all__ = [
     "MANIFEST_FILENAMES",
@@ -45,6 +48,10 @@ KNOWN_FIELDS = frozenset(
     {"name", "version", "description", "author", "requires_env", "provides_tools", "provides_hooks", "kind"}
 )
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+#: a manifest is a handful of fields: anything bigger is refused unread
+MANIFEST_MAX_BYTES = 256 * 1024
+#: values YAML aliases may add to a manifest (a real one has none)
+MANIFEST_ALIAS_BUDGET = 1_000
 
 
 class ManifestError(ValueError):
@@ -87,17 +94,17 @@ class PluginManifest:
 def validate_plugin_name(name: Any, where: str) -> str:
     """A plugin (or category) name: a non-empty string that cannot escape its directory."""
     if not isinstance(name, str) or not name.strip():
-        raise ManifestError(f"{where}: 'name' must be a non-empty string, got {name!r}")
+        raise ManifestError(f"{where}: 'name' must be a non-empty string, got {short_repr(name)}")
     name = name.strip()
     if "/" in name or "\\" in name or "\0" in name or name in {".", ".."}:
         raise ManifestError(
-            f"{where}: plugin name {name!r} must be a plain name without path separators "
+            f"{where}: plugin name {short_repr(name)} must be a plain name without path separators "
             "(nested plugins get their '<category>/' prefix from the directory layout)"
         )
     if ":" in name:
-        raise ManifestError(f"{where}: plugin name {name!r} must not contain ':' (it separates plugin and skill names)")
+        raise ManifestError(f"{where}: plugin name {short_repr(name)} must not contain ':' (it separates plugin and skill names)")
     if any(ch.isspace() for ch in name):
-        raise ManifestError(f"{where}: plugin name {name!r} must not contain whitespace")
+        raise ManifestError(f"{where}: plugin name {short_repr(name)} must not contain whitespace")
     return name
 
 
@@ -121,7 +128,7 @@ def _string_list(data: Mapping[str, Any], key: str, where: str) -> tuple[str, ..
     if isinstance(value, str):
         value = [value]
     if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
-        raise ManifestError(f"{where}: {key!r} must be a list of non-empty strings, got {value!r}")
+        raise ManifestError(f"{where}: {key!r} must be a list of non-empty strings, got {short_repr(value)}")
     return tuple(v.strip() for v in value)
 
 
@@ -141,13 +148,13 @@ def _requires_env(data: Mapping[str, Any], where: str) -> tuple[EnvRequirement, 
             name = item["name"].strip()
             description = item.get("description") or ""
             if not isinstance(description, str):
-                raise ManifestError(f"{where}: requires_env {name!r}: 'description' must be a string")
+                raise ManifestError(f"{where}: requires_env {short_repr(name)}: 'description' must be a string")
         else:
             raise ManifestError(
-                f"{where}: each 'requires_env' entry must be a variable name or {{name, description}}, got {item!r}"
+                f"{where}: each 'requires_env' entry must be a variable name or {{name, description}}, got {short_repr(item)}"
             )
         if not _ENV_NAME.match(name):
-            raise ManifestError(f"{where}: requires_env entry {name!r} is not a valid environment variable name")
+            raise ManifestError(f"{where}: requires_env entry {short_repr(name)} is not a valid environment variable name")
         out.append(EnvRequirement(name, description.strip()))
     return tuple(out)
 
@@ -159,9 +166,10 @@ def parse_manifest(text: str, *, default_name: str, category: str | None = None,
     """
     import yaml  # deferred: `import plugin_llm.plugins` stays cheap
 
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # same safe semantics, C speed when available
-    try:
-        data = yaml.load(text, Loader=loader) if text.strip() else {}
+    from plugin_llm.safe_yaml import load_yaml
+
+    try:  # the host's bounded loader: an alias bomb or a recursive alias is refused with its line
+        data = load_yaml(text, alias_budget=MANIFEST_ALIAS_BUDGET)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
@@ -190,18 +198,31 @@ def parse_manifest(text: str, *, default_name: str, category: str | None = None,
 
 
 def find_manifest(directory: Path) -> Path | None:
-    """``plugin.yaml`` (preferred) or ``plugin.yml`` in ``directory``, if present."""
+    """``plugin.yaml`` (preferred) or ``plugin.yml`` in ``directory``, if present.
+
+    Present means anything by that name (a FIFO, a directory, a dangling
+    symlink too): :func:`load_manifest` then says what is wrong with it,
+    rather than the plugin silently turning into a category.
+    """
     for filename in MANIFEST_FILENAMES:
         candidate = directory / filename
-        if candidate.is_file():
+        if os.path.lexists(candidate):
             return candidate
     return None
 
 
 def load_manifest(path: Path, *, category: str | None = None) -> PluginManifest:
-    """Read and parse a manifest file; unreadable files raise :class:`ManifestError` too."""
+    """Read and parse a manifest file; unreadable files raise :class:`ManifestError` too.
+
+    Read with :func:`plugin_llm.safe_files.read_home_text`: a FIFO or a device
+    is refused without blocking, and the size is bounded.
+    """
+    from plugin_llm.safe_files import UnsafeFileError, read_home_text
+
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ManifestError(f"{path}: cannot read manifest: {exc}") from None
+        text = read_home_text(path, max_bytes=MANIFEST_MAX_BYTES)
+    except UnsafeFileError as exc:
+        raise ManifestError(f"cannot read manifest: {exc}") from None
+    if text is None:
+        raise ManifestError(f"{path}: cannot read manifest: it does not exist (a dangling symlink?)")
     return parse_manifest(text, default_name=path.parent.name, category=category, where=str(path))

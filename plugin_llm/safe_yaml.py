@@ -1,0 +1,182 @@
+"""The one YAML loader for files of the home: safe, and bounded (issue 9).
+
+PyYAML's safe loading runs no code, but a 600-byte document of nested aliases
+(a "billion laughs": ``b: &b [*a, *a, ...]`` nine levels deep) stands for
+hundreds of millions of values, and ``a: &a [*a]`` is a list that contains
+itself: whatever walks, copies or prints the result afterwards never returns
+or overflows the stack. :func:`load_yaml` and :func:`compose_yaml` therefore
+check the composed node graph before anything is constructed from it:
+
+- a recursive alias (a collection containing itself) is refused;
+- aliases may add at most ``alias_budget`` nodes to the document;
+- nesting, counted through aliases, is at most ``max_depth`` levels.
+
+A refused document raises :class:`YamlLimitError`, a
+:class:`yaml.MarkedYAMLError` whose mark is the offending anchor or node, so
+every existing ``except yaml.YAMLError`` handler reports ``file:line:col``.
+
+libyaml's loader is used when PyYAML has it (composition in C, several times
+faster; it also refuses nesting beyond 1000 levels by itself); the pure
+loader is a fallback whose composer is guarded so deep nesting cannot raise
+``RecursionError``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+__all__ = [
+    "MAX_DEPTH",
+    "ALIAS_BUDGET",
+    "YamlLimitError",
+    "load_yaml",
+    "compose_yaml",
+    "check_node",
+]
+
+#: nesting levels (mappings and sequences, through aliases); config.yaml needs about five
+MAX_DEPTH = 64
+#: nodes that aliases may add to one document (each use of ``*a`` adds the size of ``&a``)
+ALIAS_BUDGET = 10_000
+
+
+class YamlLimitError(yaml.MarkedYAMLError):
+    """A document refused for its shape (alias expansion, recursion, depth), not its syntax."""
+
+    def __init__(self, problem: str, mark: Any) -> None:
+        super().__init__(problem=problem, problem_mark=mark)
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    return []
+
+
+def check_node(root: yaml.Node, *, max_depth: int = MAX_DEPTH, alias_budget: int = ALIAS_BUDGET) -> None:
+    """Refuse a composed document that is recursive, too deep or expands too much.
+
+    One iterative depth-first walk over the distinct nodes (so linear in the
+    document's size, whatever it expands to). A node reached again after its
+    subtree is complete is an alias: it adds its expanded size to the budget
+    and its depth below the current level. A node reached again while its own
+    subtree is still open contains itself.
+    """
+    size: dict[int, int] = {}  # id(node) -> expanded node count of its subtree
+    depth: dict[int, int] = {}  # id(node) -> expanded depth of its subtree (a scalar is 1)
+    open_ids: set[int] = {id(root)}
+    stack: list[tuple[yaml.Node, Any, list[int]]] = [(root, iter(_children(root)), [1, 0])]
+    added = 0
+    while stack:
+        node, children, acc = stack[-1]
+        child = next(children, None)
+        if child is None:
+            stack.pop()
+            open_ids.discard(id(node))
+            size[id(node)], depth[id(node)] = acc[0], acc[1] + 1
+            if stack:
+                parent = stack[-1][2]
+                parent[0] += acc[0]
+                parent[1] = max(parent[1], acc[1] + 1)
+            continue
+        key = id(child)
+        if key in open_ids:
+            raise YamlLimitError(
+                "a recursive alias: this anchored collection contains itself; write the value out instead", child.start_mark
+            )
+        if key in size:  # an alias of a complete subtree
+            added += size[key]
+            if added > alias_budget:
+                raise YamlLimitError(
+                    f"aliases expand the document beyond {alias_budget} extra values (the anchor here expands to "
+                    f"{size[key]} values; an alias bomb?): write the values out or use fewer aliases",
+                    child.start_mark,
+                )
+            if len(stack) + depth[key] > max_depth:
+                raise YamlLimitError(f"nested deeper than {max_depth} levels through an alias", child.start_mark)
+            acc[0] += size[key]
+            acc[1] = max(acc[1], depth[key])
+            continue
+        if len(stack) + 1 > max_depth:
+            raise YamlLimitError(f"nested deeper than {max_depth} levels", child.start_mark)
+        open_ids.add(key)
+        stack.append((child, iter(_children(child)), [1, 0]))
+
+
+class _BoundedMixin:
+    """``get_single_node`` / ``get_single_data`` that check the graph before construction."""
+
+    max_depth = MAX_DEPTH
+    alias_budget = ALIAS_BUDGET
+
+    def checked_node(self) -> yaml.Node | None:
+        node = self.get_single_node()  # type: ignore[attr-defined]
+        if node is not None:
+            check_node(node, max_depth=self.max_depth, alias_budget=self.alias_budget)
+        return node
+
+    def get_single_data(self) -> Any:
+        node = self.checked_node()
+        return self.construct_document(node) if node is not None else None  # type: ignore[attr-defined]
+
+
+class _PureLoader(_BoundedMixin, yaml.SafeLoader):
+    """The pure-Python loader; its recursive composer stops at ``max_depth`` instead of the stack."""
+
+    _depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        self._depth += 1
+        try:
+            if self._depth > self.max_depth:
+                raise YamlLimitError(f"nested deeper than {self.max_depth} levels", self.peek_event().start_mark)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
+_CSafe = getattr(yaml, "CSafeLoader", None)
+if _CSafe is not None:
+
+    class _CLoader(_BoundedMixin, _CSafe):  # type: ignore[valid-type, misc]
+        """libyaml's loader (composition in C; libyaml itself stops at 1000 levels)."""
+
+    _LOADER: type = _CLoader
+else:  # pragma: no cover - PyYAML built without libyaml
+    _LOADER = _PureLoader
+
+
+def _loader(text: str, max_depth: int, alias_budget: int, pure: bool) -> Any:
+    cls = _PureLoader if pure else _LOADER
+    loader = cls(text)
+    loader.max_depth, loader.alias_budget = max_depth, alias_budget
+    return loader
+
+
+def load_yaml(text: str, *, max_depth: int = MAX_DEPTH, alias_budget: int = ALIAS_BUDGET, pure: bool = False) -> Any:
+    """Safe-load one document (None when empty); raises :class:`yaml.YAMLError` (or :class:`YamlLimitError`).
+
+    ``pure=True`` forces the pure-Python loader (tests; libyaml is used otherwise when available).
+    """
+    if not text.strip():
+        return None
+    loader = _loader(text, max_depth, alias_budget, pure)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
+def compose_yaml(text: str, *, max_depth: int = MAX_DEPTH, alias_budget: int = ALIAS_BUDGET, pure: bool = False) -> yaml.Node | None:
+    """The checked node graph of one document (for line numbers); None when empty."""
+    if not text.strip():
+        return None
+    loader = _loader(text, max_depth, alias_budget, pure)
+    try:
+        return loader.checked_node()
+    finally:
+        loader.dispose()
