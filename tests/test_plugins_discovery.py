@@ -96,7 +96,8 @@ def test_project_dir_defaults_to_cwd(hermes_home, tmp_path, monkeypatch):
     assert "cwd-tool" in by_key(PluginManager(hermes_home).list_plugins())
 
 
-def test_project_overrides_user_for_same_key(hermes_home, tmp_path, monkeypatch):
+def test_project_and_user_plugin_with_one_key_load_neither(hermes_home, tmp_path, monkeypatch):
+    # A project plugin must not take a user plugin's identity (and trust grants): neither loads.
     project = tmp_path / "repo"
     write_plugin(hermes_home / "plugins", "same", "def register(ctx):\n    ctx.register_command('who', lambda a: 'user')\n")
     write_plugin(project / ".hermes" / "plugins", "same", "def register(ctx):\n    ctx.register_command('who', lambda a: 'project')\n")
@@ -104,8 +105,9 @@ def test_project_overrides_user_for_same_key(hermes_home, tmp_path, monkeypatch)
     monkeypatch.setenv("HERMES_ENABLE_PROJECT_PLUGINS", "on")
     m = PluginManager(hermes_home, project_dir=project)
     m.discover_plugins()
-    assert by_key(m.list_plugins())["same"]["source"] == "project"
-    assert m.run_command("who", "") == "project"
+    assert sorted((p["key"], p["source"], p["status"]) for p in m.list_plugins()) == [
+        ("same", "project", "failed"), ("same", "user", "failed")]
+    assert "who" not in m.commands
 
 
 # --- entry points: a real distribution on sys.path ---------------------------------------
@@ -171,7 +173,7 @@ def test_entry_points_injectable(hermes_home, distribution):
     assert [p["key"] for p in m.list_plugins()] == ["injected"]
 
 
-def test_entry_point_overrides_user_and_project(hermes_home, tmp_path, monkeypatch, distribution):
+def test_entry_point_user_and_project_with_one_key_load_none(hermes_home, tmp_path, monkeypatch, distribution):
     suffix = uuid.uuid4().hex[:8]
     write_plugin(hermes_home / "plugins", "shared", "def register(ctx):\n    ctx.register_command('src', lambda a: 'user')\n")
     write_plugin(tmp_path / "p" / ".hermes" / "plugins", "shared",
@@ -181,8 +183,9 @@ def test_entry_point_overrides_user_and_project(hermes_home, tmp_path, monkeypat
     monkeypatch.setenv("HERMES_ENABLE_PROJECT_PLUGINS", "yes")
     configure(hermes_home, enabled=["shared"])
     m = PluginManager(hermes_home, project_dir=tmp_path / "p")
-    assert [(p["key"], p["source"]) for p in m.list_plugins()] == [("shared", "entrypoint")]
-    assert m.run_command("src", "") == "pip"
+    assert [(p["key"], p["source"], p["status"]) for p in m.list_plugins()] == [
+        ("shared", "user", "failed"), ("shared", "project", "failed"), ("shared", "entrypoint", "failed")]
+    assert "src" not in m.commands
 
 
 def test_entry_point_failures_are_isolated(hermes_home, distribution):

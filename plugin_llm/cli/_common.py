@@ -1,4 +1,4 @@
-"""Small helpers shared by CLI subcommands (home option, audit lookup)."""
+"""Small helpers shared by CLI subcommands (home option, audit lookup, printing untrusted text)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,10 @@ from typing import Any
 
 from plugin_llm.config import hermes_home
 
-__all__ = ["add_home_argument", "home_from", "find_audit_record"]
+__all__ = ["add_home_argument", "home_from", "find_audit_record", "printable", "dumps_json", "PRINT_LIMIT"]
+
+#: Default bound on one printed piece of plugin-supplied text (a name, a description, an error).
+PRINT_LIMIT = 500
 
 
 def add_home_argument(parser: argparse.ArgumentParser) -> None:
@@ -37,3 +40,24 @@ def find_audit_record(home: Path, call_id: str, *, tail_bytes: int = 256 * 1024)
             except ValueError:
                 return None
     return None
+
+
+def printable(text: Any, limit: int | None = PRINT_LIMIT) -> str:
+    """Plugin-supplied text as it may be written to a terminal: control characters (C0,
+    DEL, C1), bidi overrides and other invisible characters become visible ``\\x1b`` /
+    ``\\u202e`` escapes, and more than ``limit`` characters are cut with a count.
+
+    Every human-readable printer of text that came from a plugin (manifest fields,
+    error texts, tool and command names) goes through this; ``None`` prints as "".
+    """
+    from plugin_llm.terminal_text import escape_unsafe
+
+    return escape_unsafe(text, limit)
+
+
+def dumps_json(data: Any, *, indent: int | None = 2) -> str:
+    """``--json`` output: UTF-8 kept readable (``ensure_ascii=False``), but the characters
+    json leaves raw that a terminal would act on (DEL, C1, bidi overrides) escaped too."""
+    from plugin_llm.terminal_text import escape_unsafe_json
+
+    return escape_unsafe_json(json.dumps(data, indent=indent, ensure_ascii=False, default=str))

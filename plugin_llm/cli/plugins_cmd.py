@@ -14,6 +14,11 @@ none of them imports plugin code.
 Missing ``requires_env`` values typed at install are saved in
 ``<home>/.env`` (mode 0600, ``NAME=value`` lines, the Hermes convention) and
 never echoed; only their names are printed.
+
+Everything a plugin supplies (manifest fields, error texts, tool and command
+names, file names) is printed through :func:`plugin_llm.cli._common.printable`:
+control characters and bidi overrides are shown as escapes, lengths bounded;
+``--json`` goes through :func:`~plugin_llm.cli._common.dumps_json`.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from plugin_llm.cli._common import dumps_json, printable
 from plugin_llm.cli.main import CliError
 
 __all__ = ["register", "run"]
@@ -145,10 +151,10 @@ def _interactive() -> bool:
 
 def _emit(args: argparse.Namespace, data: dict[str, Any], lines: list[str]) -> None:
     if args.json:
-        print(json.dumps(data, indent=2, ensure_ascii=False, default=str))
+        print(dumps_json(data))
     else:
-        for line in lines:
-            print(line)
+        for line in lines:  # a line may hold a diff: each of its lines is escaped on its own
+            print("\n".join(printable(part, limit=4000) for part in line.split("\n")))
 
 
 def _os_error(exc: OSError) -> str:
@@ -167,7 +173,7 @@ def _config_error(home: Path) -> str | None:
 
 def _list(home: Path, plugins: list[dict[str, Any]], as_json: bool, config_error: str | None) -> int:
     if as_json:
-        print(json.dumps(plugins, indent=2, ensure_ascii=False, default=str))
+        print(dumps_json(plugins))
         return 0
     if config_error:
         print(f"warning: config.yaml is unusable, no plugin is enabled: {config_error}")
@@ -177,8 +183,8 @@ def _list(home: Path, plugins: list[dict[str, Any]], as_json: bool, config_error
         return 0
     headers = ("NAME", "KEY", "STATUS", "VERSION", "SOURCE", "TOOLS", "HOOKS", "CMDS")
     rows = [
-        (p["name"], p["key"], p["status"], p["version"] or "-", p["source"],
-         str(len(p["tools"])), str(len(p["hooks"])), str(len(p["commands"])))
+        (printable(p["name"], 60), printable(p["key"], 100), p["status"], printable(p["version"] or "-", 30),
+         p["source"], str(len(p["tools"])), str(len(p["hooks"])), str(len(p["commands"])))
         for p in plugins
     ]
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
@@ -191,7 +197,7 @@ def _list(home: Path, plugins: list[dict[str, Any]], as_json: bool, config_error
     for p, row in zip(plugins, rows):
         print(fmt(row))
         for line in _notes(p):
-            print(f"    {line}")
+            print(f"    {printable(line, limit=2000)}")
     counts: dict[str, int] = {}
     for p in plugins:
         counts[p["status"]] = counts.get(p["status"], 0) + 1
@@ -226,13 +232,26 @@ def _info(home: Path, plugins: list[dict[str, Any]], name: str, as_json: bool) -
     try:
         key = resolve_name(name, {p["key"]: p["name"] for p in plugins}, where=f" in {home}")
     except InstallError as exc:
-        raise CliError(str(exc)) from None
-    p = dict(next(p for p in plugins if p["key"] == key))
-    p["install"] = _install_record(home, key)
-    p["trust_entry"] = _trust_entry(home, key)
+        raise CliError(printable(str(exc), limit=2000)) from None
+    # Several plugins claiming one key all failed to load: show every one of them.
+    claimants = [dict(p) for p in plugins if p["key"] == key]
+    install, trust_entry = _install_record(home, key), _trust_entry(home, key)
+    for p in claimants:
+        p["install"], p["trust_entry"] = install, trust_entry
     if as_json:
-        print(json.dumps(p, indent=2, ensure_ascii=False, default=str))
+        data = claimants[0]
+        if len(claimants) > 1:
+            data["also_claimed_by"] = claimants[1:]
+        print(dumps_json(data))
         return 0
+    for i, p in enumerate(claimants):
+        if i:
+            print()
+        _print_info(home, p)
+    return 0
+
+
+def _print_info(home: Path, p: dict[str, Any]) -> None:
     install = p["install"] or {}
     origin = install.get("source")
     if origin and install.get("ref"):
@@ -257,10 +276,9 @@ def _info(home: Path, plugins: list[dict[str, Any]], name: str, as_json: bool) -
     width = max(len(k) for k, _ in fields)
     for key, value in fields:
         if value:
-            print(f"{key.ljust(width)}  {value}")
+            print(f"{key.ljust(width)}  {printable(value, limit=2000 if key == 'error' else 500)}")
     for warning in p["warnings"]:
-        print(f"{'warning'.ljust(width)}  {warning}")
-    return 0
+        print(f"{'warning'.ljust(width)}  {printable(warning, limit=2000)}")
 
 
 def _install_record(home: Path, key: str) -> dict[str, Any] | None:
@@ -322,7 +340,7 @@ def _prompt_env(
     print(f"This plugin needs {len(requirements)} environment variable(s) that are not set "
           f"(saved to {home / '.env'}, mode 0600; enter skips):")
     for name, description in requirements:
-        label = f"  {name}" + (f" ({description})" if description else "")
+        label = f"  {name}" + (f" ({printable(description, 200)})" if description else "")
         try:
             value = (getpass_fn if is_secret_name(name) else input_fn)(f"{label}: ")
         except EOFError:
@@ -351,14 +369,14 @@ def _install(args: argparse.Namespace, home: Path) -> int:
         home.mkdir(parents=True, exist_ok=True)
         staged = inst.stage_plugin(home / "plugins", source, ref=args.ref, category=args.category, timeout=timeout)
     except inst.InstallError as exc:
-        raise CliError(f"{exc}; nothing was installed") from None
+        raise CliError(printable(f"{exc}; nothing was installed", limit=2000)) from None
     except OSError as exc:  # disk full, permissions: the staging directory is already gone
-        raise CliError(f"cannot install {args.source}: {_os_error(exc)}; nothing was installed") from None
+        raise CliError(printable(f"cannot install {args.source}: {_os_error(exc)}; nothing was installed", 2000)) from None
     try:
         key = staged.key
         target = staged.target
-        if (target.exists() or target.is_symlink()) and not args.force:
-            raise CliError(f"{target} already exists; use --force to replace it (or `plugin-llm plugins update {key}`)")
+        # before any question: an existing plugin needs --force; a category or a non-plugin is never replaced
+        inst.check_target(staged, force=args.force)
         enable = args.enable
         if enable is None and interactive:
             enable = _ask_yes_no(f"Enable {key} now?")
@@ -374,9 +392,9 @@ def _install(args: argparse.Namespace, home: Path) -> int:
         values = _prompt_env(home, requirements) if requirements and interactive else {}
         entry = inst.commit_staged(staged, force=args.force)
     except inst.InstallError as exc:
-        raise CliError(f"{exc}; nothing was installed") from None
+        raise CliError(printable(f"{exc}; nothing was installed", limit=2000)) from None
     except OSError as exc:
-        raise CliError(f"cannot install {key}: {_os_error(exc)}; nothing was installed") from None
+        raise CliError(printable(f"cannot install {key}: {_os_error(exc)}; nothing was installed", 2000)) from None
     finally:
         inst.discard_staged(staged)
 
@@ -424,9 +442,9 @@ def _update(args: argparse.Namespace, home: Path) -> int:
     try:
         result = inst.update_plugin(home, args.name, timeout=timeout)
     except inst.InstallError as exc:
-        raise CliError(str(exc)) from None
+        raise CliError(printable(str(exc), limit=2000)) from None
     except OSError as exc:
-        raise CliError(f"cannot update {args.name}: {_os_error(exc)}") from None
+        raise CliError(printable(f"cannot update {args.name}: {_os_error(exc)}", limit=2000)) from None
     if not result.changed:
         line = f"{result.key} is already up to date" + (f" ({result.old_revision[:12]})" if result.old_revision else "")
     else:
@@ -447,9 +465,9 @@ def _remove(args: argparse.Namespace, home: Path) -> int:
         result = inst.remove_plugin(home, args.name, force=args.force)
     except inst.InstallError as exc:
         hint = _not_removable_hint(args.name, refs)
-        raise CliError(f"{exc}{hint}") from None
+        raise CliError(printable(f"{exc}{hint}", limit=2000)) from None
     except OSError as exc:
-        raise CliError(f"cannot remove {args.name}: {_os_error(exc)} (nothing was removed)") from None
+        raise CliError(printable(f"cannot remove {args.name}: {_os_error(exc)} (nothing was removed)", 2000)) from None
     lines = [f"Removed {result.key} ({', '.join(result.removed_paths) or 'no files left'})"]
     mentions = _config_mentions(home, result.key)
     if mentions:
@@ -503,7 +521,7 @@ def _resolve_ref(name: str, refs: list[Any], home: Path) -> Any:
     try:
         key = resolve_name(name, {r.key: r.name for r in refs}, where=f" in {home} (or entry points)")
     except InstallError as exc:
-        raise CliError(str(exc)) from None
+        raise CliError(printable(str(exc), limit=2000)) from None
     return next(r for r in refs if r.key == key)
 
 
@@ -594,7 +612,7 @@ def _save_menu(home: Path, model: Any) -> int:
         return 0
     print(f"Saved {result.path}:")
     for change in changes:
-        print(f"  {change}")
+        print(f"  {printable(change)}")
     return 0
 
 

@@ -9,12 +9,16 @@ in place and returns True when the operator confirmed (the caller saves through
 Keys (curses): up/down (or k/j) move, space toggles a plugin (or opens a
 picker), enter opens a picker on a provider row and saves elsewhere, q or Esc
 leaves without saving.
+
+Labels hold plugin keys and manifest descriptions: they are shown through
+:func:`~plugin_llm.cli._common.printable` (no raw control characters, bounded).
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable
 
+from plugin_llm.cli._common import printable
 from plugin_llm.cli.plugins_select import MenuModel, Picker
 
 __all__ = ["run_menu", "prompt_menu", "curses_menu"]
@@ -81,9 +85,9 @@ def curses_menu(model: MenuModel) -> bool:  # pragma: no cover - needs a termina
                 if kind == "header":
                     text, attr = f"  {payload}", curses.A_BOLD
                 elif kind == "item":
-                    text = f" {pointer} [{'✓' if payload.checked else ' '}] {payload.label}"
+                    text = f" {pointer} [{'✓' if payload.checked else ' '}] {printable(payload.label, 300)}"
                 elif kind == "picker":
-                    text = f" {pointer}     {payload.title:<20} ▸ {payload.current.label}"
+                    text = f" {pointer}     {payload.title:<20} ▸ {printable(payload.current.label, 300)}"
                 else:
                     text = payload or ""
                 screen.addnstr(3 + line, 0, text, width - 1, attr)
@@ -119,7 +123,7 @@ def _curses_picker(screen: Any, picker: Picker) -> None:  # pragma: no cover - n
         for i, choice in enumerate(picker.choices[: max(1, height - 3)]):
             mark = "(•)" if i == picker.selected else "( )"
             attr = curses.A_REVERSE if i == pos else curses.A_NORMAL
-            screen.addnstr(3 + i, 0, f" {mark} {choice.label}", width - 1, attr)
+            screen.addnstr(3 + i, 0, f" {mark} {printable(choice.label, 300)}", width - 1, attr)
         key = screen.getch()
         if key in (curses.KEY_UP, ord("k")):
             pos = (pos - 1) % len(picker.choices)
@@ -146,9 +150,9 @@ def prompt_menu(
         if not model.general:
             print_fn("   (no general plugins installed)")
         for i, item in enumerate(model.general, 1):
-            print_fn(f"  {i:>2}. [{'x' if item.checked else ' '}] {item.label}")
-        print_fn(f"   m. Memory provider  ▸ {model.memory.current.label}")
-        print_fn(f"   c. Context engine   ▸ {model.context.current.label}")
+            print_fn(f"  {i:>2}. [{'x' if item.checked else ' '}] {printable(item.label, 300)}")
+        print_fn(f"   m. Memory provider  ▸ {printable(model.memory.current.label, 300)}")
+        print_fn(f"   c. Context engine   ▸ {printable(model.context.current.label, 300)}")
         try:
             answer = input_fn("Toggle numbers (e.g. '1 3'), m/c to pick a provider, s to save, q to quit: ").strip().lower()
         except EOFError:
@@ -171,7 +175,7 @@ def prompt_menu(
 def _prompt_picker(picker: Picker, input_fn: Callable[[str], str], print_fn: Callable[[str], None]) -> None:
     print_fn(f"{picker.title}:")
     for i, choice in enumerate(picker.choices, 1):
-        print_fn(f"  {i:>2}. ({'•' if i - 1 == picker.selected else ' '}) {choice.label}")
+        print_fn(f"  {i:>2}. ({'•' if i - 1 == picker.selected else ' '}) {printable(choice.label, 300)}")
     try:
         answer = input_fn("Number (enter keeps the current one): ").strip()
     except EOFError:

@@ -16,7 +16,6 @@ None of these import litellm or load any plugin code.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 from pathlib import Path

@@ -1,6 +1,6 @@
 """Finding plugins: directories and entry points -> :class:`PluginCandidate` values.
 
-Sources, later overriding earlier for the same key:
+Sources:
 
 1. user      ``$HERMES_HOME/plugins/``
 2. project   ``<project>/.hermes/plugins/`` — only when ``HERMES_ENABLE_PROJECT_PLUGINS``
@@ -10,6 +10,13 @@ Sources, later overriding earlier for the same key:
 In a plugin root, ``<name>/plugin.yaml`` is a plugin with key ``<name>``; a
 directory without a manifest is a category, and ``<cat>/<name>/plugin.yaml`` has
 key ``<cat>/<name>``. Nothing deeper is looked at. Nothing is imported here.
+
+The key is the plugin's identity (its trust block, its enable entry, its audit
+``plugin_id``), so no source may take over another's: when two plugins claim one
+key — two directories of one root, a project plugin and a user plugin, a
+directory and an entry point — *every* claimant fails with an error naming them
+all, and none is loaded. Names with control or invisible characters (see
+:mod:`plugin_llm.terminal_text`) fail too.
 """
 
 from __future__ import annotations
@@ -19,6 +26,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
+
+from plugin_llm.terminal_text import escape_unsafe, unsafe_characters
 
 from .manifest import ManifestError, PluginManifest, find_manifest, load_manifest, validate_plugin_name
 
@@ -33,6 +42,8 @@ __all__ = [
     "scan_directory",
     "entry_point_candidates",
     "discover_candidates",
+    "discover_all_candidates",
+    "candidate_location",
 ]
 
 _log = logging.getLogger("plugin_llm.plugins")
@@ -50,7 +61,9 @@ class PluginCandidate:
     """One plugin found by discovery, not yet loaded.
 
     ``error`` is set when the plugin cannot even be considered (broken manifest,
-    duplicate key); such a candidate is listed as failed and never imported.
+    a key claimed by another plugin, a name with control characters); such a
+    candidate is listed as failed and never imported. ``key`` is always the key
+    the plugin claims, also when another plugin claims it too.
     """
 
     key: str
@@ -79,18 +92,47 @@ def _sorted_children(directory: Path) -> list[Path]:
         return []
 
 
+def _shown(path: Path | str) -> str:
+    """A path as it goes into an error message (directory names are untrusted text)."""
+    return escape_unsafe(str(path), 300)
+
+
+def _unsafe_name(value: str, where: str, what: str, fix: str) -> str | None:
+    """The error for a name with control or invisible characters, else None."""
+    codes = unsafe_characters(value)
+    if not codes:
+        return None
+    return (
+        f"{where}: {what} {escape_unsafe(value, 100)!r} contains control or invisible characters "
+        f"({', '.join(codes[:5])}); a plugin name must be printable text: {fix}"
+    )
+
+
 def _candidate(directory: Path, manifest_path: Path, source: str, category: str | None) -> PluginCandidate:
     fallback_key = f"{category}/{directory.name}" if category else directory.name
     try:
         manifest = load_manifest(manifest_path, category=category)
     except ManifestError as exc:
-        _log.warning("plugin %s skipped: %s", fallback_key, exc)
-        return PluginCandidate(fallback_key, directory.name, source, directory, None, str(exc))
+        error = escape_unsafe(str(exc), 1000)
+        _log.warning("plugin %s skipped: %s", escape_unsafe(fallback_key, 200), error)
+        return PluginCandidate(fallback_key, directory.name, source, directory, None, error)
+    error = _unsafe_name(
+        manifest.name, _shown(manifest_path), "'name'",
+        "change name: in the manifest (or rename the directory when the manifest has no name:)",
+    )
+    if error is not None:
+        _log.warning("plugin %s skipped: %s", escape_unsafe(manifest.key, 200), error)
+        return PluginCandidate(manifest.key, manifest.name, source, directory, None, error)
     return PluginCandidate(manifest.key, manifest.name, source, directory, manifest)
 
 
 def scan_directory(root: Path, source: str) -> list[PluginCandidate]:
-    """Plugins under one root (depth 2 at most), in a stable (sorted) order."""
+    """Plugins under one root (depth 2 at most), in a stable (sorted) order; directories
+    claiming one key all fail (:func:`discover_all_candidates` also checks across sources)."""
+    return _mark_conflicts(_scan(root, source))
+
+
+def _scan(root: Path, source: str) -> list[PluginCandidate]:
     if not root.is_dir():
         return []
     found: list[PluginCandidate] = []
@@ -103,11 +145,15 @@ def scan_directory(root: Path, source: str) -> list[PluginCandidate]:
         nested = [(g, m) for g, m in nested if m is not None]
         if nested:
             try:
-                category = validate_plugin_name(child.name, str(child))
+                category = validate_plugin_name(child.name, _shown(child))
             except ManifestError as exc:
+                category, error = None, escape_unsafe(str(exc), 1000)
+            else:
+                error = _unsafe_name(category, _shown(child), "category directory name", "rename the directory")
+            if error is not None:
                 for grandchild, _ in nested:
                     key = f"{child.name}/{grandchild.name}"
-                    found.append(PluginCandidate(key, grandchild.name, source, grandchild, None, str(exc)))
+                    found.append(PluginCandidate(key, grandchild.name, source, grandchild, None, error))
                 continue
             found.extend(_candidate(g, m, source, category) for g, m in nested)
         elif (child / "__init__.py").is_file():
@@ -115,28 +161,58 @@ def scan_directory(root: Path, source: str) -> list[PluginCandidate]:
             found.append(
                 PluginCandidate(
                     child.name, child.name, source, child, None,
-                    f"{child}: no plugin.yaml (a directory plugin needs a manifest next to its __init__.py)",
+                    f"{_shown(child)}: no plugin.yaml (a directory plugin needs a manifest next to its __init__.py)",
                 )
             )
         else:
-            _log.debug("%s: no plugin.yaml and no nested plugins; ignored", child)
-    return _dedupe(found)
+            _log.debug("%s: no plugin.yaml and no nested plugins; ignored", _shown(child))
+    return found
 
 
-def _dedupe(found: list[PluginCandidate]) -> list[PluginCandidate]:
-    """Two directories of one source claiming the same key: the first wins, the second fails."""
-    seen: dict[str, PluginCandidate] = {}
-    out: list[PluginCandidate] = []
+def candidate_location(cand: PluginCandidate) -> str:
+    """Where a candidate comes from, for messages: its directory, or its entry point."""
+    if cand.path is not None:
+        return _shown(cand.path)
+    ep = cand.entry_point
+    if ep is None:  # pragma: no cover - every candidate has one or the other
+        return f"{cand.source} plugin"
+    dist = getattr(getattr(ep, "dist", None), "name", None)
+    text = f"entry point {ep.name} = {ep.value}" + (f" (distribution {dist})" if dist else "")
+    return escape_unsafe(text, 300)
+
+
+def _conflict_message(key: str, claimants: list[PluginCandidate]) -> str:
+    places = [candidate_location(c) for c in claimants]
+    listed = ", ".join(places[:-1]) + " and " + places[-1]
+    fix = "rename one (manifest name:)" if len(places) == 2 else "rename all but one (manifest name:)"
+    if any(c.source == SOURCE_ENTRY_POINT for c in claimants):
+        fix += ", or uninstall the pip distribution"
+    none = "neither is loaded" if len(places) == 2 else "none is loaded"
+    return f"key '{escape_unsafe(key, 200)}' is claimed by {listed}: {fix} — {none}"
+
+
+def _mark_conflicts(found: list[PluginCandidate]) -> list[PluginCandidate]:
+    """Every candidate whose key another candidate claims too gets the same error naming
+    all of them, so none can take the identity (and the trust grants) of another."""
+    by_key: dict[str, list[PluginCandidate]] = {}
     for cand in found:
-        first = seen.get(cand.key)
-        if first is None:
-            seen[cand.key] = cand
+        by_key.setdefault(cand.key, []).append(cand)
+    errors: dict[str, str] = {}
+    for key, claimants in by_key.items():
+        if len(claimants) > 1:
+            errors[key] = _conflict_message(key, claimants)
+            _log.warning("%s", errors[key])
+    if not errors:
+        return found
+    out = []
+    for cand in found:
+        error = errors.get(cand.key)
+        if error is None:
             out.append(cand)
-        else:
-            message = f"{cand.path}: duplicate plugin key {cand.key!r} (already provided by {first.path})"
-            _log.warning("%s", message)
-            out.append(PluginCandidate(cand.key + f"@{cand.path.name if cand.path else '?'}", cand.name,
-                                       cand.source, cand.path, cand.manifest, message))
+            continue
+        if cand.error:
+            error = f"{error} (besides: {cand.error})"
+        out.append(PluginCandidate(cand.key, cand.name, cand.source, cand.path, cand.manifest, error, cand.entry_point))
     return out
 
 
@@ -156,25 +232,35 @@ def _entry_point_manifest(ep: Any, name: str) -> PluginManifest:
 
 def entry_point_candidates(entry_points: Iterable[Any] | None = None) -> list[PluginCandidate]:
     """Pip-installed plugins (``hermes_agent.plugins``); nothing is imported until load."""
+    return _mark_conflicts(_entry_points(entry_points))
+
+
+def _entry_points(entry_points: Iterable[Any] | None) -> list[PluginCandidate]:
     if entry_points is None:
         from importlib.metadata import entry_points as _entry_points
 
         try:
             entry_points = _entry_points(group=ENTRY_POINT_GROUP)
         except Exception as exc:  # a broken distribution on sys.path
-            _log.warning("cannot read entry points %s: %s", ENTRY_POINT_GROUP, exc)
+            _log.warning("cannot read entry points %s: %s", ENTRY_POINT_GROUP, escape_unsafe(exc))
             return []
     else:
         entry_points = [ep for ep in entry_points if getattr(ep, "group", ENTRY_POINT_GROUP) == ENTRY_POINT_GROUP]
     found: list[PluginCandidate] = []
     for ep in sorted(entry_points, key=lambda e: e.name):
+        where = f"entry point {escape_unsafe(ep.name, 100)!r} ({ENTRY_POINT_GROUP})"
         try:
-            name = validate_plugin_name(ep.name, f"entry point {ep.name!r} ({ENTRY_POINT_GROUP})")
+            name = validate_plugin_name(ep.name, where)
         except ManifestError as exc:
-            found.append(PluginCandidate(str(ep.name), str(ep.name), SOURCE_ENTRY_POINT, None, None, str(exc), ep))
+            found.append(PluginCandidate(str(ep.name), str(ep.name), SOURCE_ENTRY_POINT, None, None,
+                                         escape_unsafe(str(exc), 1000), ep))
+            continue
+        error = _unsafe_name(name, where, "name", "the distribution must use another entry-point name")
+        if error is not None:
+            found.append(PluginCandidate(name, name, SOURCE_ENTRY_POINT, None, None, error, ep))
             continue
         found.append(PluginCandidate(name, name, SOURCE_ENTRY_POINT, None, _entry_point_manifest(ep, name), None, ep))
-    return _dedupe(found)
+    return found
 
 
 def _same_dir(a: Path, b: Path) -> bool:
@@ -184,28 +270,38 @@ def _same_dir(a: Path, b: Path) -> bool:
         return False
 
 
-def discover_candidates(
+def discover_all_candidates(
     home: Path,
     project_dir: Path | None = None,
     entry_points: Iterable[Any] | None = None,
     environ: Mapping[str, str] | None = None,
-) -> dict[str, PluginCandidate]:
-    """All sources merged by key (user < project < entry points), in discovery order."""
-    sources: list[list[PluginCandidate]] = [scan_directory(home / "plugins", SOURCE_USER)]
+) -> list[PluginCandidate]:
+    """Every plugin of every source (user, project, entry points), in discovery order.
+
+    One key claimed by several plugins, in one source or across sources: all of
+    them are returned, each failed with an error naming every claimant.
+    """
+    found = _scan(home / "plugins", SOURCE_USER)
     if project_plugins_enabled(environ):
         project_root = Path.cwd() if project_dir is None else project_dir
         project_plugins = project_root / ".hermes" / "plugins"
         if _same_dir(project_plugins, home / "plugins"):  # cwd is the home's parent: not a project
             _log.debug("%s is the user plugin directory; not scanned twice", project_plugins)
         else:
-            sources.append(scan_directory(project_plugins, SOURCE_PROJECT))
-    sources.append(entry_point_candidates(entry_points))
+            found += _scan(project_plugins, SOURCE_PROJECT)
+    found += _entry_points(entry_points)
+    return _mark_conflicts(found)
+
+
+def discover_candidates(
+    home: Path,
+    project_dir: Path | None = None,
+    entry_points: Iterable[Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> dict[str, PluginCandidate]:
+    """The plugins by key, in discovery order. A key several plugins claim maps to the
+    first claimant, failed (:func:`discover_all_candidates` lists them all)."""
     merged: dict[str, PluginCandidate] = {}
-    for candidates in sources:
-        for cand in candidates:
-            previous = merged.get(cand.key)
-            if previous is not None:
-                _log.debug("plugin %s from %s overrides the one from %s", cand.key, cand.source, previous.source)
-                del merged[cand.key]  # re-insert: the winner takes its own source's position
-            merged[cand.key] = cand
+    for cand in discover_all_candidates(home, project_dir, entry_points, environ):
+        merged.setdefault(cand.key, cand)
     return merged

@@ -32,7 +32,7 @@ from types import MappingProxyType
 from typing import Any, Callable, Iterable
 
 from .context import PluginContext
-from .discovery import SOURCE_ENTRY_POINT, PluginCandidate, discover_candidates
+from .discovery import SOURCE_ENTRY_POINT, PluginCandidate, candidate_location, discover_all_candidates
 from .engines import ContextEngine, MemoryProvider
 from .hooks import HookEntry, HookRunner, HookTimeoutError
 from .registry import (
@@ -229,10 +229,12 @@ class PluginManager:
                 self._unload_all()
             self._generation += 1
             settings = self._settings.current()
-            candidates = discover_candidates(self.home, self.project_dir, self._entry_points)
-            for key, candidate in candidates.items():
+            for candidate in discover_all_candidates(self.home, self.project_dir, self._entry_points):
+                key = candidate.key
                 record = _PluginRecord(candidate, generation=self._generation)
-                self._records[key] = record
+                # Several plugins claiming one key all fail (discovery); each is still listed.
+                record_id = key if key not in self._records else f"{key}@{candidate_location(candidate)}"
+                self._records[record_id] = record
                 if candidate.error is not None:
                     self._mark_failed(record, candidate.error)
                 elif settings.is_disabled(key, candidate.name):
