@@ -23,8 +23,9 @@ __all__ = ["UNSAFE_CHARS", "unsafe_characters", "escape_unsafe", "escape_unsafe_
 #: C0 controls (every one: tab and newline too, so text cannot forge extra lines), DEL,
 #: C1 controls, the Arabic letter mark, zero-width and bidi formatting characters,
 #: line/paragraph separators, word joiners and invisible operators, isolates, BOM,
-#: interlinear annotation marks, and Unicode tag characters.
-_BEYOND_C0 = "\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb\U000e0000-\U000e007f"
+#: interlinear annotation marks, Unicode tag characters, and lone surrogates (undecodable
+#: bytes of a file name: printing one raw would raise UnicodeEncodeError).
+_BEYOND_C0 = "\x7f-\x9f\ud800-\udfff\u061c\u200b-\u200f\u2028-\u202e\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb\U000e0000-\U000e007f"
 UNSAFE_CHARS = re.compile(f"[\x00-\x1f{_BEYOND_C0}]")
 #: what json.dumps leaves raw: it escapes C0 inside strings, and C0 outside strings is its own layout
 _JSON_RAW = re.compile(f"[{_BEYOND_C0}]")

@@ -12,6 +12,7 @@ the one plugin directory they replace.
 from __future__ import annotations
 
 import json
+import os
 import re
 from importlib.metadata import EntryPoint
 from pathlib import Path
@@ -181,13 +182,20 @@ def test_discovery_refuses_control_characters_in_a_manifest_name(hermes_home, na
     assert not RAW_CONTROL.search(p["error"])
 
 
-def test_discovery_refuses_control_characters_in_a_directory_name(hermes_home):
+def test_discovery_refuses_control_characters_in_a_directory_name(hermes_home, capsys):
     root = hermes_home / "plugins"
     write_plugin(root, "evil\x1b[2J", manifest="version: '1'\n")  # no name: the directory names it
     write_plugin(root, "cat\x1b[2J/inner")
+    undecodable = os.fsdecode(bytes(root) + b"/bad\xff")  # a lone surrogate in Python's view of the name
+    write_plugin(Path(undecodable).parent, Path(undecodable).name, manifest="version: '1'\n")
     plugins = PluginManager(hermes_home).list_plugins()
-    assert len(plugins) == 2 and {p["status"] for p in plugins} == {"failed"}
-    assert all("U+001B" in p["error"] and not RAW_CONTROL.search(p["error"]) for p in plugins)
+    assert len(plugins) == 3 and {p["status"] for p in plugins} == {"failed"}
+    assert all("U+" in p["error"] and not RAW_CONTROL.search(p["error"]) for p in plugins)
+    for argv in (["plugins", "list"], ["plugins", "list", "--json"], ["trust", "show"]):
+        main(argv)
+        out = capsys.readouterr().out
+        assert not RAW_CONTROL.search(out) and not re.search("[\ud800-\udfff]", out), argv
+        out.encode("utf-8")  # printable on a UTF-8 terminal (a lone surrogate would raise here)
 
 
 @pytest.mark.parametrize("name", ["evil\x1b[2J", "evil\x9b", "tru\u202ested"])

@@ -103,7 +103,7 @@ def _unsafe_name(value: str, where: str, what: str, fix: str) -> str | None:
     if not codes:
         return None
     return (
-        f"{where}: {what} {escape_unsafe(value, 100)!r} contains control or invisible characters "
+        f"{where}: {what} '{escape_unsafe(value, 100)}' contains control or invisible characters "
         f"({', '.join(codes[:5])}); a plugin name must be printable text: {fix}"
     )
 
@@ -117,7 +117,7 @@ def _candidate(directory: Path, manifest_path: Path, source: str, category: str 
         _log.warning("plugin %s skipped: %s", escape_unsafe(fallback_key, 200), error)
         return PluginCandidate(fallback_key, directory.name, source, directory, None, error)
     error = _unsafe_name(
-        manifest.name, _shown(manifest_path), "'name'",
+        manifest.name, _shown(manifest_path), "the 'name' field",
         "change name: in the manifest (or rename the directory when the manifest has no name:)",
     )
     if error is not None:
@@ -201,7 +201,7 @@ def _mark_conflicts(found: list[PluginCandidate]) -> list[PluginCandidate]:
     for key, claimants in by_key.items():
         if len(claimants) > 1:
             errors[key] = _conflict_message(key, claimants)
-            _log.warning("%s", errors[key])
+            _log.debug("%s", errors[key])  # the manager logs (and audits) each claimant as failed
     if not errors:
         return found
     out = []
@@ -248,7 +248,7 @@ def _entry_points(entry_points: Iterable[Any] | None) -> list[PluginCandidate]:
         entry_points = [ep for ep in entry_points if getattr(ep, "group", ENTRY_POINT_GROUP) == ENTRY_POINT_GROUP]
     found: list[PluginCandidate] = []
     for ep in sorted(entry_points, key=lambda e: e.name):
-        where = f"entry point {escape_unsafe(ep.name, 100)!r} ({ENTRY_POINT_GROUP})"
+        where = f"entry point '{escape_unsafe(ep.name, 100)}' ({ENTRY_POINT_GROUP})"
         try:
             name = validate_plugin_name(ep.name, where)
         except ManifestError as exc:

@@ -225,13 +225,13 @@ def validate_install_name(name: str, *, what: str = "plugin name") -> str:
     if name.startswith((".", "_")):
         raise InstallError(f"the {what} {name!r} must not start with '.' or '_' (discovery skips such directories)")
     if len(name) > 100:
-        raise InstallError(f"the {what} {escape_unsafe(name, 20)!r} is longer than 100 characters")
+        raise InstallError(f"the {what} '{escape_unsafe(name, 20)}' is longer than 100 characters")
     if any(ch.isspace() for ch in name) or ":" in name:
         raise InstallError(f"the {what} {name!r} must not contain whitespace, control characters or ':'")
     codes = unsafe_characters(name)
     if codes:
         raise InstallError(
-            f"the {what} {escape_unsafe(name)!r} contains control or invisible characters ({', '.join(codes[:5])})"
+            f"the {what} '{escape_unsafe(name)}' contains control or invisible characters ({', '.join(codes[:5])})"
         )
     return name
 
@@ -566,7 +566,7 @@ def stage_plugin(
         explicit_name = _manifest_has_name(root)
         if explicit_name and unsafe_characters(manifest.name):
             raise InstallError(
-                f"{where}: {find_manifest(root).name}: 'name' {escape_unsafe(manifest.name, 100)!r} contains "
+                f"{where}: {find_manifest(root).name}: the 'name' field '{escape_unsafe(manifest.name, 100)}' contains "
                 f"control or invisible characters ({', '.join(unsafe_characters(manifest.name)[:5])}); "
                 "a plugin name must be printable text: fix name: in the manifest"
             )
@@ -674,8 +674,8 @@ def _occupant_problem(plugins_dir: Path, key: str, path: Path, entry: InstalledP
     holder = _discovered_key(plugins_dir, path)
     if holder is not None and holder != key:
         return (
-            f"{shown} holds the plugin {escape_unsafe(holder, 100)!r} (its manifest name:), "
-            f"not {escape_unsafe(key, 100)!r}"
+            f"{shown} holds the plugin '{escape_unsafe(holder, 100)}' (its manifest name:), "
+            f"not '{escape_unsafe(key, 100)}'"
         )
     return None
 
