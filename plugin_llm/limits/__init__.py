@@ -1,0 +1,277 @@
+"""Per-plugin budgets and rate limits: admission before the provider call, settlement after.
+
+One way in for the gateway::
+
+    ticket = limits.admit(config.limits, config.home, plugin_id, messages=..., provider=route.provider,
+                          model=route.model, max_tokens=max_tokens, deadline=admitted.deadline)
+    # raises PluginLlmLimitError (a PluginLlmQuotaError) before any provider call
+    ... provider call ...
+    ticket.settle(usage)        # on success: the reservation becomes the actual cost and tokens
+    ticket.release()            # on failure without usage: the reservation is dropped
+
+A plugin without limits costs one dict lookup and gets :data:`UNLIMITED`.
+The store (``local`` SQLite or ``redis``) is chosen by ``limits.store`` and
+opened once per process; ``limits.on_store_error`` decides whether a store
+that fails or does not answer within the call's deadline (capped by
+``limits.store_timeout``) denies the call (default) or lets it through
+unmetered. Nothing here imports litellm or redis at import time.
+
+Operator views: :func:`snapshot` (``plugin-llm limits show``) and
+:func:`reset` (``plugin-llm limits reset``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from plugin_llm.limits.pricing import Estimate, Price, actual_cost_nano, find_price, input_token_bound, worst_case
+from plugin_llm.limits.settings import (
+    NANO,
+    NO_LIMITS,
+    LimitIssue,
+    LimitSettings,
+    OperatorPrice,
+    PluginLimits,
+    limits_path,
+    parse_limit_settings,
+)
+from plugin_llm.limits.store import (
+    LIMIT_NAMES,
+    Admission,
+    Denial,
+    LimitStore,
+    PluginLlmLimitError,
+    Reservation,
+    Snapshot,
+    StoreError,
+    WindowUsage,
+    iso_utc,
+)
+
+__all__ = [
+    "admit",
+    "snapshot",
+    "reset",
+    "store_for",
+    "close_stores",
+    "Ticket",
+    "UNLIMITED",
+    "PluginLlmLimitError",
+    "Denial",
+    "Admission",
+    "Reservation",
+    "Snapshot",
+    "WindowUsage",
+    "LimitStore",
+    "StoreError",
+    "LimitSettings",
+    "PluginLimits",
+    "OperatorPrice",
+    "LimitIssue",
+    "NO_LIMITS",
+    "LIMIT_NAMES",
+    "NANO",
+    "parse_limit_settings",
+    "limits_path",
+    "Estimate",
+    "Price",
+    "find_price",
+    "input_token_bound",
+    "worst_case",
+    "actual_cost_nano",
+    "iso_utc",
+]
+
+log = logging.getLogger("plugin_llm.limits")
+
+
+class Ticket:
+    """One admitted request. ``settle`` or ``release`` exactly once; later calls do nothing.
+
+    ``audit_fields()`` are the fields to add to the call's audit record.
+    Settlement never raises: a store failure is logged, and the reservation
+    then counts until it expires (the call's deadline plus the grace period).
+    """
+
+    __slots__ = ("_store", "_admission", "_price", "_timeout", "_done", "_lock", "estimate", "store_error")
+
+    def __init__(self, store: LimitStore | None, admission: Admission | None, estimate: Estimate | None,
+                 timeout: float, store_error: str | None = None) -> None:
+        self._store = store
+        self._admission = admission
+        self._price = estimate.price if estimate is not None else None
+        self._timeout = timeout
+        self._done = admission is None
+        self._lock = threading.Lock()
+        self.estimate = estimate
+        self.store_error = store_error
+
+    @property
+    def metered(self) -> bool:
+        return self._admission is not None
+
+    def _finish(self) -> Admission | None:
+        with self._lock:
+            if self._done:
+                return None
+            self._done = True
+            return self._admission
+
+    def settle(self, usage: Any = None, *, cost_usd: float | None = None, input_tokens: int | None = None,
+               output_tokens: int | None = None) -> None:
+        """Replace the reservation by what the request used (a ``PluginLlmUsage`` or the numbers)."""
+        admission = self._finish()
+        if admission is None:
+            return
+        if usage is not None:
+            cost_usd = usage.cost_usd if cost_usd is None else cost_usd
+            input_tokens = usage.input_tokens if input_tokens is None else input_tokens
+            output_tokens = usage.output_tokens if output_tokens is None else output_tokens
+        ins, outs = int(input_tokens or 0), int(output_tokens or 0)
+        cost = actual_cost_nano(self._price, cost_usd, ins, outs)
+        self._apply(admission, cost, ins + outs)
+
+    def release(self) -> None:
+        """Drop the reservation (the request failed before using anything known)."""
+        admission = self._finish()
+        if admission is not None:
+            self._apply(admission, 0, 0)
+
+    def _apply(self, admission: Admission, cost_nano: int, tokens: int) -> None:
+        try:
+            self._store.settle(admission, cost_nano, tokens, timeout=self._timeout)
+        except StoreError as exc:
+            log.error("limits: could not settle call of plugin '%s' (its reservation counts until %s): %s",
+                      admission.plugin_id, iso_utc(admission.expires_at), exc)
+
+    def audit_fields(self) -> dict[str, Any]:
+        if self._admission is None and self.store_error is None:
+            return {}
+        fields: dict[str, Any] = {}
+        if self._admission is not None:
+            fields["limits.reserved_usd"] = self._admission.cost_nano / NANO
+            fields["limits.reserved_tokens"] = self._admission.tokens
+        if self.store_error is not None:
+            fields["limits.store_error"] = self.store_error
+        return fields
+
+
+#: the ticket of a plugin without limits: settling it does nothing
+UNLIMITED = Ticket(None, None, None, 0.0)
+
+_STORES: dict[tuple[Any, ...], LimitStore] = {}
+_STORES_LOCK = threading.Lock()
+
+
+def store_for(settings: LimitSettings, home: Path | str) -> LimitStore:
+    """The process-wide store for these settings (one per SQLite file / Redis URL); opened lazily."""
+    identity = settings.store_identity()
+    key = identity + ((str(Path(home)),) if identity[0] == "local" else ())
+    store = _STORES.get(key)
+    if store is not None:
+        return store
+    with _STORES_LOCK:
+        store = _STORES.get(key)
+        if store is None:
+            if settings.store == "redis":
+                from plugin_llm.limits.redis_store import RedisStore
+
+                store = RedisStore(settings.redis_url, prefix=settings.redis_key_prefix, timeout=settings.store_timeout)
+            else:
+                from plugin_llm.limits.local import DB_NAME, LocalStore
+
+                store = LocalStore(Path(home) / DB_NAME)
+            _STORES[key] = store
+    return store
+
+
+def close_stores() -> None:
+    """Close every open store (tests, shutdown)."""
+    with _STORES_LOCK:
+        stores = list(_STORES.values())
+        _STORES.clear()
+    for store in stores:
+        try:
+            store.close()
+        except Exception:  # closing is best effort
+            pass
+
+
+def _refuse(plugin_id: str, limit: str, key: str, reason: str) -> PluginLlmLimitError:
+    return PluginLlmLimitError(Denial(plugin_id=plugin_id, limit=limit, config_key=key, reason=reason))
+
+
+def admit(
+    settings: LimitSettings,
+    home: Path | str,
+    plugin_id: str,
+    *,
+    messages: Iterable[Mapping[str, Any]],
+    provider: str,
+    model: str,
+    max_tokens: int | None,
+    deadline: float,
+    extra: Iterable[Any] = (),
+    now: float | None = None,
+    store: LimitStore | None = None,
+) -> Ticket:
+    """Admit one provider request of ``plugin_id`` or raise :class:`PluginLlmLimitError`.
+
+    ``deadline`` is the call's ``time.monotonic()`` deadline: the store may
+    wait at most until then (and at most ``limits.store_timeout``), and an
+    unsettled reservation stops counting ``limits.reservation_grace`` seconds
+    after it. ``extra`` are request parts that cost input tokens besides the
+    messages (tools, response_format). ``now`` (Unix seconds) and ``store``
+    are for tests.
+    """
+    limits = settings.for_plugin(plugin_id)
+    if limits.empty:
+        return UNLIMITED
+    if limits.error is not None:
+        raise _refuse(plugin_id, "config", limits.error_key or limits.source, limits.error)
+    estimate = worst_case(messages, provider=provider, model=model, max_tokens=max_tokens, settings=settings,
+                          extra=extra, need_price=limits.has_budget)
+    if limits.has_budget and estimate.cost_nano is None:
+        name = f"{provider}/{model}"
+        key = f'limits.prices."{name}"'
+        raise _refuse(plugin_id, "price", key, (
+            f"plugin '{plugin_id}' has a budget ({limits.source}.budget_usd) but the model {name} has no known price, "
+            f"so its cost cannot be counted; set {key}: {{input_per_mtok: ..., output_per_mtok: ...}} "
+            "(US dollars per million tokens) in config.yaml to allow it"))
+    remaining = deadline - time.monotonic()
+    timeout = max(0.0, min(settings.store_timeout, remaining))
+    reservation = Reservation(cost_nano=estimate.cost_nano or 0, tokens=estimate.tokens,
+                              ttl=max(0.0, remaining) + settings.reservation_grace)
+    try:
+        store = store or store_for(settings, home)
+        result = store.admit(plugin_id, reservation, limits, time.time() if now is None else now, timeout=timeout)
+    except StoreError as exc:
+        if settings.on_store_error == "allow":
+            log.warning("limits: store failed, call of plugin '%s' let through unmetered (limits.on_store_error: allow): %s",
+                        plugin_id, exc)
+            return Ticket(None, None, estimate, 0.0, store_error=str(exc))
+        raise _refuse(plugin_id, "store", "limits.on_store_error", (
+            f"call of plugin '{plugin_id}' refused: {exc}; limits.on_store_error is deny (fail closed), "
+            "so calls of plugins with limits are refused until the store answers")) from None
+    if isinstance(result, Denial):
+        raise PluginLlmLimitError(result)
+    return Ticket(store, result, estimate, timeout=max(settings.store_timeout, 0.05))
+
+
+def snapshot(settings: LimitSettings, home: Path | str, plugin_id: str, *, now: float | None = None,
+             store: LimitStore | None = None) -> Snapshot:
+    """The plugin's limits with what is spent and in flight in each current window (raises StoreError)."""
+    limits = settings.for_plugin(plugin_id)
+    store = store or store_for(settings, home)
+    return store.snapshot(plugin_id, limits, time.time() if now is None else now, timeout=settings.store_timeout)
+
+
+def reset(settings: LimitSettings, home: Path | str, plugin_id: str, *, now: float | None = None,
+          store: LimitStore | None = None) -> None:
+    """Forget the plugin's settled usage in the current windows (raises StoreError); the caller audits it."""
+    store = store or store_for(settings, home)
+    store.reset(plugin_id, time.time() if now is None else now, timeout=settings.store_timeout)

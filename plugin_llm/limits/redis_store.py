@@ -1,0 +1,259 @@
+"""The ``redis`` limit store: several gateway hosts sharing one Redis.
+
+Each admission and each settlement is one Lua script run by the server
+(atomic: no other command runs in between), sent as ``EVALSHA`` with a
+fallback to ``EVAL`` when the server does not have the script cached, so a
+call costs one round trip. Keys, per plugin (one hash tag, so a cluster
+keeps them in one slot)::
+
+    <prefix>:{<plugin>}:res         ZSET  reservation id -> expiry
+    <prefix>:{<plugin>}:resv        HASH  reservation id -> "cost tokens minute day month"
+    <prefix>:{<plugin>}:mi:<minute> HASH  r = requests, t = settled tokens   (expires after 2 min)
+    <prefix>:{<plugin>}:d:<day>     STR   settled nano-dollars              (expires after 40 days)
+    <prefix>:{<plugin>}:mo:<month>  STR   settled nano-dollars              (expires after 400 days)
+
+Every socket operation is bounded by the time the caller gives (the call's
+remaining deadline, capped by ``limits.store_timeout``); redis-py's own
+retries are off, so a Redis that is down or stalled fails fast into
+``on_store_error``. ``now`` comes from the caller: hosts sharing a Redis need
+synchronised clocks (NTP), a skew only shifts window edges by the skew.
+redis-py is imported when this store is first used, never at import time.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from typing import Any
+
+from plugin_llm.limits.settings import PluginLimits, redact_url
+from plugin_llm.limits.store import (
+    Admission,
+    Counters,
+    Denial,
+    LimitStore,
+    Reservation,
+    StoreError,
+    buckets_at,
+    deny,
+)
+
+__all__ = ["RedisStore", "ADMIT_LUA", "SETTLE_LUA"]
+
+_TTL_MINUTE = 120
+_TTL_DAY = 40 * 86400
+_TTL_MONTH = 400 * 86400
+
+#: KEYS: res, resv, minute, day, month
+#: ARGV: now, expires, id, cost, tokens, minute, day, month, then the caps in LIMIT_NAMES order (-1 = none)
+ADMIT_LUA = """
+local now = tonumber(ARGV[1])
+local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)
+if #expired > 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+  redis.call('HDEL', KEYS[2], unpack(expired))
+end
+local live = redis.call('HVALS', KEYS[2])
+local tok_held, day_held, month_held = 0, 0, 0
+for i = 1, #live do
+  local c, t, mi, d, mo = string.match(live[i], '^(%d+) (%d+) (%S+) (%S+) (%S+)$')
+  if c then
+    if mi == ARGV[6] then tok_held = tok_held + tonumber(t) end
+    if d == ARGV[7] then day_held = day_held + tonumber(c) end
+    if mo == ARGV[8] then month_held = month_held + tonumber(c) end
+  end
+end
+local earliest = '-1'
+if #live > 0 then
+  local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+  if first[2] then earliest = first[2] end
+end
+local minute = redis.call('HMGET', KEYS[3], 'r', 't')
+local req = tonumber(minute[1] or '0')
+local tok = tonumber(minute[2] or '0')
+local day = tonumber(redis.call('GET', KEYS[4]) or '0')
+local month = tonumber(redis.call('GET', KEYS[5]) or '0')
+local cost, tokens = tonumber(ARGV[4]), tonumber(ARGV[5])
+local used = {0, req, tok, day, month}
+local held = {#live, 0, tok_held, day_held, month_held}
+local ask = {1, 1, tokens, cost, cost}
+for i = 1, 5 do
+  local cap = tonumber(ARGV[8 + i])
+  if cap >= 0 and used[i] + held[i] + ask[i] > cap then
+    return {0, i, used[i], held[i], earliest}
+  end
+end
+redis.call('ZADD', KEYS[1], ARGV[2], ARGV[3])
+redis.call('HSET', KEYS[2], ARGV[3], ARGV[4] .. ' ' .. ARGV[5] .. ' ' .. ARGV[6] .. ' ' .. ARGV[7] .. ' ' .. ARGV[8])
+redis.call('HINCRBY', KEYS[3], 'r', 1)
+redis.call('EXPIRE', KEYS[3], %(ttl_minute)d)
+return {1}
+""" % {"ttl_minute": _TTL_MINUTE}
+
+#: KEYS: res, resv, minute, day, month; ARGV: id, cost, tokens
+SETTLE_LUA = """
+redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('HDEL', KEYS[2], ARGV[1])
+local cost, tokens = tonumber(ARGV[2]), tonumber(ARGV[3])
+if cost > 0 then
+  redis.call('INCRBY', KEYS[4], ARGV[2])
+  redis.call('EXPIRE', KEYS[4], %(ttl_day)d)
+  redis.call('INCRBY', KEYS[5], ARGV[2])
+  redis.call('EXPIRE', KEYS[5], %(ttl_month)d)
+end
+if tokens > 0 then
+  redis.call('HINCRBY', KEYS[3], 't', ARGV[3])
+  redis.call('EXPIRE', KEYS[3], %(ttl_minute)d)
+end
+return 1
+""" % {"ttl_day": _TTL_DAY, "ttl_month": _TTL_MONTH, "ttl_minute": _TTL_MINUTE}
+
+#: KEYS: res, resv, minute, day, month; ARGV: now -> the counters, read-only
+READ_LUA = """
+local now = tonumber(ARGV[1])
+local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. ARGV[1], '+inf', 'WITHSCORES')
+local earliest = '-1'
+if #ids > 0 then earliest = ids[2] end
+local n, tok_held, day_held, month_held = 0, 0, 0, 0
+for i = 1, #ids, 2 do
+  local v = redis.call('HGET', KEYS[2], ids[i])
+  if v then
+    n = n + 1
+    local c, t, mi, d, mo = string.match(v, '^(%d+) (%d+) (%S+) (%S+) (%S+)$')
+    if c then
+      if mi == ARGV[2] then tok_held = tok_held + tonumber(t) end
+      if d == ARGV[3] then day_held = day_held + tonumber(c) end
+      if mo == ARGV[4] then month_held = month_held + tonumber(c) end
+    end
+  end
+end
+local minute = redis.call('HMGET', KEYS[3], 'r', 't')
+return {n, earliest, tok_held, day_held, month_held,
+        tonumber(minute[1] or '0'), tonumber(minute[2] or '0'),
+        tonumber(redis.call('GET', KEYS[4]) or '0'), tonumber(redis.call('GET', KEYS[5]) or '0')}
+"""
+
+
+def _reason(exc: BaseException, secret: str | None) -> str:
+    text = str(exc) or type(exc).__name__
+    if secret:
+        text = text.replace(secret, "***")
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+class RedisStore(LimitStore):
+    """Redis store at ``url``; keys under ``prefix``. Thread-safe (redis-py's pool), fork-safe (it re-opens)."""
+
+    name = "redis"
+
+    def __init__(self, url: str, *, prefix: str = "plugin_llm", timeout: float = 2.0) -> None:
+        try:
+            import redis
+            from redis.backoff import NoBackoff
+            from redis.retry import Retry
+        except ImportError:  # pragma: no cover - redis is a dependency
+            raise StoreError("limits.store is redis but the redis package is not installed: pip install 'redis>=5.3'") from None
+        self._redis = redis
+        self._display = redact_url(url)
+        try:
+            from urllib.parse import urlsplit
+
+            self._secret = urlsplit(url).password
+            self._pool = redis.ConnectionPool.from_url(
+                url, socket_timeout=timeout, socket_connect_timeout=timeout,
+                retry=Retry(NoBackoff(), 0), retry_on_timeout=False, health_check_interval=0,
+            )
+        except (ValueError, redis.RedisError) as exc:
+            raise StoreError(f"limits.redis_url ({self._display}) is not usable: {_reason(exc, None)}") from None
+        self.prefix = prefix
+        self._sha: dict[str, str] = {}
+        self._sha_lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"RedisStore({self._display!r})"
+
+    # -- one round trip, bounded by the caller's time
+    def _script(self, source: str, keys: list[str], args: list[Any], timeout: float):
+        redis = self._redis
+        t = max(0.001, timeout)
+        conn = None
+        try:
+            try:
+                conn = self._pool.get_connection()
+            except TypeError:  # redis-py < 5.3 wants a command name
+                conn = self._pool.get_connection("EVALSHA")
+            conn.socket_timeout = conn.socket_connect_timeout = t
+            sock = getattr(conn, "_sock", None)
+            if sock is not None:
+                sock.settimeout(t)
+            sha = self._sha.get(source)
+            if sha is not None:
+                conn.send_command("EVALSHA", sha, len(keys), *keys, *args)
+                try:
+                    return conn.read_response()
+                except redis.exceptions.NoScriptError:
+                    pass  # the server restarted or flushed its script cache: send the source again
+            conn.send_command("EVAL", source, len(keys), *keys, *args)
+            reply = conn.read_response()
+            if sha is None:
+                import hashlib
+
+                with self._sha_lock:
+                    self._sha[source] = hashlib.sha1(source.encode()).hexdigest()
+            return reply
+        except redis.exceptions.ResponseError as exc:
+            raise StoreError(f"the Redis limits store ({self._display}) refused the script: {_reason(exc, self._secret)}") from None
+        except (redis.RedisError, OSError) as exc:
+            if conn is not None:
+                conn.disconnect()
+            raise StoreError(f"the Redis limits store ({self._display}) failed: {_reason(exc, self._secret)}") from None
+        except BaseException:
+            if conn is not None:
+                conn.disconnect()  # a half-read reply must not be read by the next caller
+            raise
+        finally:
+            if conn is not None:
+                self._pool.release(conn)
+
+    def _keys(self, plugin_id: str, minute: str, day: str, month: str) -> list[str]:
+        p = f"{self.prefix}:{{{plugin_id}}}"
+        return [f"{p}:res", f"{p}:resv", f"{p}:mi:{minute}", f"{p}:d:{day}", f"{p}:mo:{month}"]
+
+    def admit(self, plugin_id: str, reservation: Reservation, limits: PluginLimits, now: float, *,
+              timeout: float) -> Admission | Denial:
+        b = buckets_at(now)
+        rid = uuid.uuid4().hex
+        expires = now + max(0.0, reservation.ttl)
+        caps = (limits.max_concurrent, limits.requests_per_minute, limits.tokens_per_minute,
+                limits.budget_day_nano, limits.budget_month_nano)
+        args = [repr(now), repr(expires), rid, int(reservation.cost_nano), int(reservation.tokens), b.minute, b.day, b.month,
+                *(-1 if c is None else int(c) for c in caps)]
+        reply = self._script(ADMIT_LUA, self._keys(plugin_id, b.minute, b.day, b.month), args, timeout)
+        if int(reply[0]) == 1:
+            return Admission(plugin_id, rid, reservation.cost_nano, reservation.tokens, b, expires)
+        earliest = float(reply[4])
+        return deny(plugin_id, limits, int(reply[1]) - 1, int(reply[2]), int(reply[3]), reservation, b,
+                    earliest if earliest >= 0 else None)
+
+    def settle(self, admission: Admission, cost_nano: int, tokens: int, *, timeout: float) -> None:
+        a, b = admission, admission.buckets
+        self._script(SETTLE_LUA, self._keys(a.plugin_id, b.minute, b.day, b.month),
+                     [a.reservation_id, max(0, int(cost_nano)), max(0, int(tokens))], timeout)
+
+    def counters(self, plugin_id: str, now: float, *, timeout: float) -> Counters:
+        b = buckets_at(now)
+        r = self._script(READ_LUA, self._keys(plugin_id, b.minute, b.day, b.month), [repr(now), b.minute, b.day, b.month], timeout)
+        earliest = float(r[1])
+        return Counters(
+            in_flight=int(r[0]), earliest_expiry=earliest if earliest >= 0 else None,
+            minute_tokens_reserved=int(r[2]), day_reserved=int(r[3]), month_reserved=int(r[4]),
+            minute_requests=int(r[5]), minute_tokens=int(r[6]), day_spent=int(r[7]), month_spent=int(r[8]),
+        )
+
+    def reset(self, plugin_id: str, now: float, *, timeout: float) -> None:
+        b = buckets_at(now)
+        keys = self._keys(plugin_id, b.minute, b.day, b.month)[2:]
+        self._script("redis.call('DEL', KEYS[1], KEYS[2], KEYS[3]) return 1", keys, [], timeout)
+
+    def close(self) -> None:
+        self._pool.disconnect()

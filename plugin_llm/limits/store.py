@@ -1,0 +1,357 @@
+"""The limit store interface, its values, and the admission rule both stores implement.
+
+A store keeps, per plugin: settled spend per calendar bucket (UTC day and
+month, in nano-dollars), requests and settled tokens per UTC minute, and the
+in-flight reservations (each with its worst-case cost and tokens, the buckets
+it was admitted in, and an expiry). ``admit`` checks every limit and records
+the reservation in one atomic step; ``settle`` replaces a reservation by the
+actual usage (added to the buckets it was admitted in); ``release`` drops it.
+A reservation past its expiry no longer counts (its process died), so a
+crash can hold capacity only until the call's deadline plus the grace period.
+
+Windows are fixed calendar buckets: a new minute/day/month is a new key, so
+a window boundary never overwrites spend, and the month keeps every day's.
+"""
+
+from __future__ import annotations
+
+import calendar
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from plugin_llm.errors import PluginLlmQuotaError
+from plugin_llm.limits.settings import NANO, PluginLimits
+
+__all__ = [
+    "LIMIT_NAMES",
+    "Reservation",
+    "Admission",
+    "Denial",
+    "WindowUsage",
+    "Snapshot",
+    "Counters",
+    "Buckets",
+    "StoreError",
+    "PluginLlmLimitError",
+    "LimitStore",
+    "buckets_at",
+    "decide",
+    "deny",
+    "windows",
+    "iso_utc",
+]
+
+#: limits in the order a store checks them; the first one exceeded decides
+LIMIT_NAMES = ("max_concurrent", "requests_per_minute", "tokens_per_minute", "budget_usd.day", "budget_usd.month")
+
+
+class StoreError(Exception):
+    """The store could not answer in time (down, locked, slow, corrupt). Message holds no secret."""
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """What one request asks to hold: worst-case cost (nano-USD; 0 without a budget) and tokens.
+
+    ``ttl`` is the time in seconds until the reservation stops counting if
+    it is never settled (the call's remaining deadline plus the grace period).
+    """
+
+    cost_nano: int
+    tokens: int
+    ttl: float
+
+
+@dataclass(frozen=True)
+class Buckets:
+    """The calendar buckets one instant falls in, and when each ends (UTC)."""
+
+    minute: str
+    day: str
+    month: str
+    minute_ends: float
+    day_ends: float
+    month_ends: float
+
+
+_bucket_cache: tuple[int, Buckets] | None = None  # (minute, buckets), swapped as one object
+
+
+def buckets_at(now: float) -> Buckets:
+    """Buckets of ``now`` (Unix seconds): ``2026-12-01T10:05``, ``2026-12-01``, ``2026-12``."""
+    global _bucket_cache
+    minute = int(now // 60)
+    cached = _bucket_cache
+    if cached is not None and cached[0] == minute:
+        return cached[1]
+    t = time.gmtime(minute * 60)
+    day_start = calendar.timegm((t.tm_year, t.tm_mon, t.tm_mday, 0, 0, 0))
+    next_month = (t.tm_year + (t.tm_mon == 12), t.tm_mon % 12 + 1)
+    value = Buckets(
+        minute=time.strftime("%Y-%m-%dT%H:%M", t),
+        day=time.strftime("%Y-%m-%d", t),
+        month=time.strftime("%Y-%m", t),
+        minute_ends=float((minute + 1) * 60),
+        day_ends=float(day_start + 86400),
+        month_ends=float(calendar.timegm((*next_month, 1, 0, 0, 0))),
+    )
+    _bucket_cache = (minute, value)
+    return value
+
+
+def iso_utc(ts: float | None) -> str | None:
+    return None if ts is None else datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass(frozen=True)
+class Admission:
+    """An admitted request: the reservation the store holds until settled, released or expired."""
+
+    plugin_id: str
+    reservation_id: str
+    cost_nano: int
+    tokens: int
+    buckets: Buckets
+    expires_at: float
+
+
+def _usd(nano: float) -> str:
+    usd = nano / NANO
+    return f"${usd:,.2f}" if usd >= 1 or usd == 0 else f"${usd:.6f}".rstrip("0")
+
+
+@dataclass(frozen=True)
+class Denial:
+    """Why a call was refused: the plugin, the deciding limit, its config key and when it resets.
+
+    ``used`` is what is settled in the current window, ``in_flight`` what
+    admitted calls still hold, ``requested`` what this call needs, ``cap``
+    the limit (money in nano-USD). ``resets_at`` is None when waiting cannot
+    help (the call alone exceeds the cap, or the configuration is wrong).
+    """
+
+    plugin_id: str
+    limit: str
+    config_key: str
+    cap: int | None = None
+    used: int = 0
+    in_flight: int = 0
+    requested: int = 0
+    resets_at: float | None = None
+    reason: str = ""
+
+    @property
+    def message(self) -> str:
+        return self.reason or _describe(self)
+
+    def audit_fields(self) -> dict[str, Any]:
+        """Fields for the ``quota`` audit record of this denial."""
+        return {
+            "decision": "denied",
+            "decision_reason": self.message,
+            "decision_key": self.config_key,
+            "limits.limit": self.limit,
+            "limits.resets_at": iso_utc(self.resets_at),
+        }
+
+    def error(self) -> "PluginLlmLimitError":
+        return PluginLlmLimitError(self)
+
+
+_UNITS = {
+    "max_concurrent": ("calls in flight", str),
+    "requests_per_minute": ("requests this minute", str),
+    "tokens_per_minute": ("tokens this minute", str),
+    "budget_usd.day": ("today (UTC)", _usd),
+    "budget_usd.month": ("this month (UTC)", _usd),
+}
+
+
+def _describe(d: Denial) -> str:
+    what, fmt = _UNITS.get(d.limit, ("", str))
+    head = f"plugin '{d.plugin_id}' is over its {d.limit} limit ({d.config_key} = {fmt(d.cap) if d.cap is not None else '?'})"
+    if d.limit == "max_concurrent":
+        body = f"{d.in_flight} {what} already"
+    elif d.limit == "requests_per_minute":
+        body = f"{d.used} {what} already"
+    else:
+        body = f"{fmt(d.used)} settled + {fmt(d.in_flight)} in flight {what}, this call may use up to {fmt(d.requested)}"
+    if d.cap == 0:
+        tail = "the limit is 0, so no call is admitted until it is raised in config.yaml"
+    elif d.resets_at is None:
+        tail = ("this call alone needs more than the limit: pass a smaller max_tokens or shorter input, "
+                "or raise the limit")
+    elif d.limit == "max_concurrent":
+        tail = f"a slot frees when a call in flight ends (at the latest {iso_utc(d.resets_at)})"
+    else:
+        tail = f"the window resets at {iso_utc(d.resets_at)}"
+    return f"{head}: {body}; {tail}"
+
+
+class PluginLlmLimitError(PluginLlmQuotaError):
+    """A call refused by a limit, before any provider call. Carries the :class:`Denial`."""
+
+    def __init__(self, denial: Denial) -> None:
+        super().__init__(denial.message)
+        self.denial = denial
+        self.plugin_id = denial.plugin_id
+        self.limit = denial.limit
+        self.config_key = denial.config_key
+        self.resets_at = denial.resets_at
+
+
+@dataclass(frozen=True)
+class WindowUsage:
+    """One limit in its current window, for ``limits show``."""
+
+    limit: str
+    config_key: str
+    cap: int
+    used: int
+    in_flight: int
+    resets_at: float | None
+
+    def as_dict(self) -> dict[str, Any]:
+        money = self.limit.startswith("budget_usd")
+        scale = (lambda v: v / NANO) if money else (lambda v: v)
+        return {
+            "limit": self.limit,
+            "config_key": self.config_key,
+            "cap": scale(self.cap),
+            "used": scale(self.used),
+            "in_flight": scale(self.in_flight),
+            "unit": "usd" if money else ("calls" if self.limit == "max_concurrent" else
+                                          "requests" if self.limit == "requests_per_minute" else "tokens"),
+            "resets_at": iso_utc(self.resets_at),
+        }
+
+
+@dataclass(frozen=True)
+class Counters:
+    """What a store read for one plugin at one instant (settled + live reservations)."""
+
+    in_flight: int = 0
+    earliest_expiry: float | None = None
+    minute_requests: int = 0
+    minute_tokens: int = 0
+    minute_tokens_reserved: int = 0
+    day_spent: int = 0
+    day_reserved: int = 0
+    month_spent: int = 0
+    month_reserved: int = 0
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A plugin's usage in the current windows: every configured limit, plus the raw counters."""
+
+    plugin_id: str
+    at: float
+    counters: Counters
+    windows: tuple[WindowUsage, ...]
+
+    def as_dict(self) -> dict[str, Any]:
+        c = self.counters
+        return {
+            "plugin_id": self.plugin_id,
+            "at": iso_utc(self.at),
+            "in_flight": c.in_flight,
+            "spent_usd": {"day": c.day_spent / NANO, "month": c.month_spent / NANO},
+            "reserved_usd": {"day": c.day_reserved / NANO, "month": c.month_reserved / NANO},
+            "minute": {"requests": c.minute_requests, "tokens": c.minute_tokens + c.minute_tokens_reserved},
+            "limits": [w.as_dict() for w in self.windows],
+        }
+
+
+def _caps(limits: PluginLimits) -> tuple[int | None, ...]:
+    return (limits.max_concurrent, limits.requests_per_minute, limits.tokens_per_minute,
+            limits.budget_day_nano, limits.budget_month_nano)
+
+
+def _usage(c: Counters, b: Buckets) -> tuple[tuple[int, int, float | None], ...]:
+    """(used, in_flight, resets_at) per limit, in :data:`LIMIT_NAMES` order."""
+    return (
+        (0, c.in_flight, c.earliest_expiry),
+        (c.minute_requests, 0, b.minute_ends),
+        (c.minute_tokens, c.minute_tokens_reserved, b.minute_ends),
+        (c.day_spent, c.day_reserved, b.day_ends),
+        (c.month_spent, c.month_reserved, b.month_ends),
+    )
+
+
+def _asks(r: Reservation) -> tuple[int, ...]:
+    return (1, 1, r.tokens, r.cost_nano, r.cost_nano)
+
+
+def deny(plugin_id: str, limits: PluginLimits, index: int, used: int, held: int, r: Reservation, b: Buckets,
+         earliest_expiry: float | None) -> Denial:
+    """The Denial for limit ``LIMIT_NAMES[index]`` given what the store saw (shared by both stores)."""
+    name = LIMIT_NAMES[index]
+    cap = _caps(limits)[index]
+    ask = _asks(r)[index]
+    resets = (earliest_expiry, b.minute_ends, b.minute_ends, b.day_ends, b.month_ends)[index]
+    return Denial(
+        plugin_id=plugin_id, limit=name, config_key=limits.key(name), cap=cap, used=used, in_flight=held,
+        requested=ask, resets_at=None if cap is None or ask > cap else resets,
+    )
+
+
+def decide(plugin_id: str, limits: PluginLimits, c: Counters, r: Reservation, b: Buckets) -> Denial | None:
+    """The admission rule (the Redis script implements the same): first limit the request would exceed."""
+    for index, (cap, ask, (used, held, _)) in enumerate(zip(_caps(limits), _asks(r), _usage(c, b))):
+        if cap is not None and used + held + ask > cap:
+            return deny(plugin_id, limits, index, used, held, r, b, c.earliest_expiry)
+    return None
+
+
+def windows(limits: PluginLimits, c: Counters, b: Buckets) -> tuple[WindowUsage, ...]:
+    """The configured limits with their current usage (for snapshots)."""
+    return tuple(
+        WindowUsage(name, limits.key(name), cap, used, held, resets)
+        for name, cap, (used, held, resets) in zip(LIMIT_NAMES, _caps(limits), _usage(c, b))
+        if cap is not None
+    )
+
+
+class LimitStore(ABC):
+    """One interface, two implementations (:mod:`.local`, :mod:`.redis_store`) with identical semantics.
+
+    ``timeout`` bounds how long a method may wait for the store (lock,
+    socket); past it, or on any store failure, :class:`StoreError`.
+    """
+
+    name: str = ""
+
+    @abstractmethod
+    def admit(self, plugin_id: str, reservation: Reservation, limits: PluginLimits, now: float, *,
+              timeout: float) -> Admission | Denial:
+        """Check every limit and hold the reservation, atomically; or say which limit refuses it."""
+
+    @abstractmethod
+    def settle(self, admission: Admission, cost_nano: int, tokens: int, *, timeout: float) -> None:
+        """Replace the reservation by the actual cost and tokens (in the buckets it was admitted in)."""
+
+    def release(self, admission: Admission, *, timeout: float) -> None:
+        """Drop the reservation: the request was not made or cost nothing known."""
+        self.settle(admission, 0, 0, timeout=timeout)
+
+    @abstractmethod
+    def counters(self, plugin_id: str, now: float, *, timeout: float) -> Counters:
+        """The plugin's counters at ``now`` (expired reservations excluded)."""
+
+    def snapshot(self, plugin_id: str, limits: PluginLimits, now: float, *, timeout: float) -> Snapshot:
+        """Usage in the current windows, for ``plugin-llm limits show``."""
+        c = self.counters(plugin_id, now, timeout=timeout)
+        return Snapshot(plugin_id, now, c, windows(limits, c, buckets_at(now)))
+
+    @abstractmethod
+    def reset(self, plugin_id: str, now: float, *, timeout: float) -> None:
+        """Forget the plugin's settled usage in the current windows (minute, day, month).
+
+        Calls in flight keep their reservations and settle normally."""
+
+    def close(self) -> None:
+        """Release connections (optional)."""
