@@ -13,15 +13,37 @@ another tool but unchanged in content still verifies).
 from __future__ import annotations
 
 import hashlib
+import json
 import re
+from itertools import accumulate
 from typing import Any, NamedTuple
 
 from audit.records import HASH, PREV_HASH, SEQ, canonical_json
 
-__all__ = ["GENESIS_HASH", "render_line", "record_hash", "LineFields", "fast_fields", "parse_fields"]
+__all__ = [
+    "GENESIS_HASH",
+    "MAX_LINE_BYTES",
+    "MAX_DEPTH",
+    "LineError",
+    "render_line",
+    "record_hash",
+    "LineFields",
+    "fast_fields",
+    "parse_fields",
+    "nesting_too_deep",
+    "loads_line",
+    "line_verdict",
+]
 
 #: ``prev_hash`` of the very first record of a log
 GENESIS_HASH = "0" * 64
+
+#: the longest line a reader parses. The writer's records are a few KB; even with
+#: ``audit.log_content`` on, a call's messages stay far below this.
+MAX_LINE_BYTES = 16 * 1024 * 1024
+#: the deepest nesting of arrays/objects a reader parses (the writer's records nest
+#: a handful of levels: record > messages > message > content parts > part)
+MAX_DEPTH = 64
 
 _HASH_KEY = b',"hash":"'
 # suffix = ,"hash":" + 64 hex + "}
@@ -100,3 +122,104 @@ def parse_fields(record: Any) -> LineFields | None:
     if isinstance(seq, bool) or not isinstance(seq, int) or seq < 1 or not _is_hex64(prev) or not _is_hex64(digest):
         return None
     return LineFields(seq, prev, digest)
+
+
+# -- parsing a line that may be hostile ----------------------------------------------------
+
+# a JSON string (escapes included); what is left once strings are removed is structure
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+# every byte except the four brackets, deleted by bytes.translate
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+_STEP = [0] * 256
+_STEP[ord("[")] = _STEP[ord("{")] = 1
+_STEP[ord("]")] = _STEP[ord("}")] = -1
+
+
+class LineError(ValueError):
+    """A line refused before or while parsing: too long, nested too deep, a duplicate key.
+
+    ``kind`` is ``"oversized"`` or ``"duplicate_key"`` (``verify``'s verdict);
+    ``reason`` is short and never quotes more than a few characters of the line.
+    """
+
+    def __init__(self, reason: str, kind: str = "oversized") -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.kind = kind
+
+
+def nesting_too_deep(raw: bytes, limit: int = MAX_DEPTH) -> bool:
+    """Do the brackets of ``raw`` (outside JSON strings) nest deeper than ``limit``?
+
+    Linear and C-speed: a line with at most ``limit`` brackets (every record the
+    writer renders) is answered by two ``count`` calls; only a line with more
+    has its strings cut out and its bracket depth summed.
+    """
+    if raw.count(b"[") + raw.count(b"{") <= limit:
+        return False
+    brackets = _STRING.sub(b"", raw).translate(None, _NOT_BRACKETS)
+    return max(accumulate(map(_STEP.__getitem__, brackets)), default=0) > limit
+
+
+def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    record = dict(pairs)
+    if len(record) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                shown = key if len(key) <= 40 else key[:40] + "..."
+                raise LineError(f"duplicate key {json.dumps(shown, ensure_ascii=True)}", "duplicate_key")
+            seen.add(key)
+    return record
+
+
+# JSONDecoder.scan_once parses one value at an index without json.loads' wrapper
+# work (encoding detection, whitespace regexes)
+_SCAN = json.JSONDecoder(object_pairs_hook=_unique_pairs).scan_once
+
+
+def loads_line(raw: bytes) -> Any:
+    """One log line (bytes, with or without its newline) as JSON, refusing what no writer writes.
+
+    Raises :class:`LineError` for a line longer than :data:`MAX_LINE_BYTES`,
+    nested deeper than :data:`MAX_DEPTH` (checked *before* parsing, so a
+    hostile ``[[[[...`` line cannot exhaust the stack) or holding a duplicate
+    key in any object (parsers disagree on which value wins, so such a line
+    has no single meaning); ``ValueError`` when it is not exactly one JSON value.
+    """
+    if len(raw) > MAX_LINE_BYTES + 1:
+        raise LineError(f"longer than {MAX_LINE_BYTES // (1024 * 1024)} MiB")
+    if nesting_too_deep(raw):
+        raise LineError(f"nesting deeper than {MAX_DEPTH}")
+    text = raw.decode("utf-8")
+    start = 0
+    while start < len(text) and text[start] in " \t\r\n":
+        start += 1
+    try:
+        value, end = _SCAN(text, start)
+    except StopIteration:
+        raise ValueError("not JSON") from None
+    if end != len(text) and text[end:].strip(" \t\r\n"):
+        raise ValueError("extra data after the value")
+    return value
+
+
+def line_verdict(body: bytes, record: dict[str, Any], digest: str) -> str:
+    """``"ok"``, ``"edited"`` or ``"not_canonical"`` for a parsed line (``body``: without its newline).
+
+    ``"ok"``: ``body`` is byte for byte how the writer renders ``record`` (canonical
+    JSON without ``hash``, ``"hash"`` appended last: :func:`render_line`) and
+    ``digest`` is the SHA-256 of that rendering. ``"edited"``: the content does
+    not match ``digest``. ``"not_canonical"``: it does, but the bytes were
+    re-encoded (spacing, escapes, key order, number forms) -- no writer wrote them.
+    """
+    rest = {k: v for k, v in record.items() if k != HASH}
+    try:
+        canonical = canonical_json(rest)
+    except (ValueError, TypeError):
+        return "edited"
+    if hashlib.sha256(canonical).hexdigest() != digest:
+        return "edited"
+    if body != canonical[:-1] + _HASH_KEY + digest.encode("ascii") + b'"}':
+        return "not_canonical"
+    return "ok"

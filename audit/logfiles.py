@@ -6,6 +6,10 @@ file writers ``flock`` exclusively. Readers take a *shared* lock only for the
 instant it takes to open every file and note its size (a snapshot): later
 appends and rotations cannot tear or reorder what they read, and they never
 hold writers up for longer than a few system calls.
+
+Readers bound what they hold: a line longer than :data:`audit.chain.MAX_LINE_BYTES`
+is reported as ``None`` (and skipped over in pieces), and a log file that is not
+a regular file (a directory, a FIFO, a device) is refused instead of blocking.
 """
 
 from __future__ import annotations
@@ -13,12 +17,15 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import stat
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
+
+from audit.chain import MAX_LINE_BYTES
 
 __all__ = [
     "LOG_NAME",
@@ -28,6 +35,8 @@ __all__ = [
     "list_log_files",
     "SnapshotFile",
     "snapshot",
+    "open_log_file",
+    "read_bounded_line",
     "iter_lines",
     "iter_lines_reverse",
 ]
@@ -116,15 +125,38 @@ def _shared_lock(log_path: Path, timeout: float = 5.0) -> Iterator[None]:
         os.close(fd)
 
 
+def open_log_file(path: Path) -> BinaryIO:
+    """``path`` opened for reading, refusing anything but a regular file.
+
+    Opened non-blocking, so a FIFO or a device put where a log belongs is
+    refused at once instead of hanging the reader. Raises ``OSError``
+    (``FileNotFoundError`` when it is gone).
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            what = "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "not a regular file"
+            raise OSError(errno.EINVAL, f"{what}, not an audit log file", str(path))
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb", buffering=_READ_CHUNK)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 @contextmanager
 def snapshot(log_path: Path) -> Iterator[list[SnapshotFile]]:
-    """Open every log file (oldest first) at a consistent instant; close them on exit."""
+    """Open every log file (oldest first) at a consistent instant; close them on exit.
+
+    Raises ``OSError`` when one of them cannot be read or is not a regular file.
+    """
     opened: list[SnapshotFile] = []
     try:
         with _shared_lock(log_path):
             for path in list_log_files(log_path):
                 try:
-                    f = open(path, "rb", buffering=_READ_CHUNK)
+                    f = open_log_file(path)
                 except FileNotFoundError:
                     continue
                 opened.append(SnapshotFile(path, f, os.fstat(f.fileno()).st_size))
@@ -134,37 +166,61 @@ def snapshot(log_path: Path) -> Iterator[list[SnapshotFile]]:
             snap.file.close()
 
 
-def iter_lines(snap: SnapshotFile) -> Iterator[tuple[int, int, bytes]]:
+def read_bounded_line(f: BinaryIO, limit: int = MAX_LINE_BYTES) -> tuple[bytes | None, int]:
+    """The next line of ``f`` and its length in bytes; ``(None, length)`` when longer than ``limit``.
+
+    An over-long line is read past in ``limit``-sized pieces, never held whole.
+    ``(b"", 0)`` at the end of the file.
+    """
+    raw = f.readline(limit + 1)
+    if len(raw) <= limit or raw.endswith(b"\n"):
+        return raw, len(raw)
+    length = len(raw)
+    while True:
+        piece = f.readline(limit)
+        length += len(piece)
+        if not piece or piece.endswith(b"\n"):
+            return None, length
+
+
+def iter_lines(snap: SnapshotFile, limit: int = MAX_LINE_BYTES) -> Iterator[tuple[int, int, bytes | None]]:
     """``(line_number, byte_offset, raw)`` for each line up to the snapshot size.
 
     ``raw`` keeps its trailing ``\\n``; a last line without one is torn (or
     being written). Lines are split on ``\\n`` only: JSON escapes every control
     character, so U+2028 and friends inside strings never split a record.
+    ``raw`` is None for a line longer than ``limit`` bytes (it is not read into memory).
     """
     f, size = snap.file, snap.size
     f.seek(0)
     offset = 0
     number = 0
-    for raw in f:
-        if offset >= size:
+    while offset < size:
+        raw, length = read_bounded_line(f, limit)
+        if not length:
             break
         number += 1
-        if offset + len(raw) > size:
+        if raw is not None and offset + length > size:
             raw = raw[: size - offset]
+            length = len(raw)
         yield number, offset, raw
-        offset += len(raw)
+        offset += length
 
 
-def iter_lines_reverse(fd: int, end: int, chunk: int = 8192) -> Iterator[tuple[int, bytes]]:
+def iter_lines_reverse(
+    fd: int, end: int, chunk: int = 8192, limit: int | None = None
+) -> Iterator[tuple[int, bytes | None]]:
     """``(byte_offset, line_without_newline)`` from the end of ``fd[:end]`` backwards.
 
     Reads ``chunk`` bytes at a time with ``pread`` (doubling as needed), so
     finding the last record of a large file costs one or two small reads.
     A final piece without ``\\n`` is yielded first, as it is; empty lines are
-    yielded as ``b""``.
+    yielded as ``b""``. With ``limit``, a line longer than ``limit`` bytes is
+    yielded as ``None`` (with the offset where it starts) and never held whole.
     """
     pos = end
     carry = b""  # start of the earliest line seen so far (may continue further back)
+    overlong = False  # carry is only the start of a line already known to be too long
     final_pending = True  # the piece after the file's last newline is not handled yet
     while pos > 0:
         size = min(chunk, pos)
@@ -175,12 +231,18 @@ def iter_lines_reverse(fd: int, end: int, chunk: int = 8192) -> Iterator[tuple[i
         for i in range(len(parts) - 1, 0, -1):
             line = parts[i]
             off -= len(line)
-            if line or not (final_pending and i == len(parts) - 1):
-                yield off, line
+            if i == len(parts) - 1 and overlong:
+                yield off, None
+                overlong = False
+            elif line or not (final_pending and i == len(parts) - 1):
+                yield off, (None if limit is not None and len(line) > limit else line)
             off -= 1
         if len(parts) > 1:
             final_pending = False
+            overlong = False
         carry = parts[0]
+        if limit is not None and len(carry) > limit:
+            carry, overlong = b"", True  # keep going back to its start, holding nothing
         chunk = min(chunk * 2, 1 << 22)
-    if end > 0 and (carry or not final_pending):
-        yield 0, carry
+    if end > 0 and (carry or overlong or not final_pending):
+        yield 0, None if overlong else carry

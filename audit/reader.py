@@ -2,7 +2,13 @@
 
 Everything streams over ``agent.log.N`` .. ``agent.log.1``, ``agent.log``
 (oldest first) from a consistent snapshot (see :mod:`audit.logfiles`), one
-line in memory at a time. ``verify`` and ``stats`` live in their own modules
+line in memory at a time.
+
+Hostile lines never crash a reader and never get a meaning picked for them: a
+line longer than :data:`audit.chain.MAX_LINE_BYTES`, nested deeper than
+:data:`audit.chain.MAX_DEPTH`, holding a duplicate key, or not JSON is skipped
+and reported to ``on_bad_line(path, line_number, reason)`` (the CLI counts them
+and points at ``verify``, which judges them). ``verify`` and ``stats`` live in their own modules
 and are re-exported here, so ``audit.reader`` offers every read.
 """
 
@@ -19,8 +25,9 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
+from audit.chain import MAX_LINE_BYTES, LineError, loads_line
 from audit.errors import AuditLogNotFoundError
-from audit.logfiles import iter_lines, iter_lines_reverse, resolve_log_path, snapshot
+from audit.logfiles import iter_lines, iter_lines_reverse, open_log_file, resolve_log_path, snapshot
 from audit.records import PLUGIN_ID, PURPOSE, REQUEST_MODEL, RESPONSE_MODEL, STATUS, TS, is_call_record
 from audit.summary import StatsRow, percentile, stats
 from audit.verifier import VerifyProblem, VerifyResult, verify
@@ -49,24 +56,26 @@ _OWN_TS_BYTES = re.compile(rb"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z\Z")
 _GLOB = re.compile(r"[*?\[]")
 
 BadLineHandler = Callable[[Path, int, str], None]
-
-# JSONDecoder.scan_once parses one value at an index without json.loads' wrapper
-# work (encoding detection, whitespace regexes): ~15% of a query's time.
-_SCAN = json.JSONDecoder().scan_once
+_TOO_LONG = f"longer than {MAX_LINE_BYTES // (1024 * 1024)} MiB"
+_TIME_SHOWN = 40  # characters of a rejected time echoed back
 
 
 def parse_line(raw: bytes) -> Any:
-    """One log line (bytes, with or without its newline) as JSON; ValueError if it is not."""
-    text = raw.decode("utf-8")
-    if not text.startswith("{"):
-        return json.loads(text)
-    try:
-        value, end = _SCAN(text, 0)
-    except StopIteration:
-        raise ValueError("not JSON") from None
-    if end != len(text) and text[end:].strip():
-        raise ValueError("extra data after the record")
-    return value
+    """One log line (bytes, with or without its newline) as JSON.
+
+    Raises :class:`audit.chain.LineError` (a ``ValueError``) for a line that is
+    too long, nested too deep or holds a duplicate key, ``ValueError`` when it
+    is not exactly one JSON value.
+    """
+    return loads_line(raw)
+
+
+def _bad_reason(exc: ValueError) -> str:
+    if isinstance(exc, LineError):
+        return exc.reason
+    if isinstance(exc, UnicodeDecodeError):
+        return "not UTF-8 (torn or edited line)"
+    return "not JSON (torn or edited line)"
 
 
 def parse_time(text: str, now: datetime | None = None) -> datetime:
@@ -79,19 +88,29 @@ def parse_time(text: str, now: datetime | None = None) -> datetime:
     if now.tzinfo is None:
         now = now.astimezone()
     value = str(text).strip()
+    shown = value if len(value) <= _TIME_SHOWN else value[:_TIME_SHOWN] + "..."
     if value.lower() == "now":
         return now
     match = _RELATIVE.match(value)
-    if match:
-        return now - timedelta(seconds=float(match.group(1)) * _UNIT_SECONDS[match.group(2).lower()])
     try:
-        parsed = datetime.fromisoformat(value)
-    except ValueError:
+        if match:
+            moment = now - timedelta(seconds=float(match.group(1)) * _UNIT_SECONDS[match.group(2).lower()])
+        else:
+            try:
+                parsed = datetime.fromisoformat(value)
+            except ValueError:
+                raise ValueError(
+                    f"cannot read the time {shown!r}: use ISO 8601 (2025-01-31 or 2025-01-31T12:00:00Z) "
+                    f"or a relative time such as 90s, 15m, 1h, 7d"
+                ) from None
+            moment = parsed if parsed.tzinfo is not None else parsed.astimezone()
+        moment.astimezone(timezone.utc)  # every comparison is made in UTC: it must exist there
+    except (OverflowError, OSError):  # beyond year 1..9999 (OSError: the C library's localtime)
         raise ValueError(
-            f"cannot read the time {text!r}: use ISO 8601 (2025-01-31 or 2025-01-31T12:00:00Z) "
-            f"or a relative time such as 90s, 15m, 1h, 7d"
+            f"the time {shown!r} is out of range: use a time between years 1 and 9999, "
+            f"e.g. 2025-01-31 or a relative time such as 90s, 15m, 1h, 7d"
         ) from None
-    return parsed if parsed.tzinfo is not None else parsed.astimezone()
+    return moment
 
 
 def record_time(record: dict[str, Any]) -> datetime | None:
@@ -252,7 +271,8 @@ def iter_records(
     reported model and accepts globs (``gpt-4o*``); ``purpose`` is a
     case-insensitive substring; ``since``/``until`` are inclusive (datetime,
     ISO text or relative like ``1h``). Operational events are included only
-    with ``include_events``. Lines that are not JSON are skipped and passed to
+    with ``include_events``. Lines that cannot be read (not JSON, too long, too
+    deep, a duplicate key, not an object) are skipped and passed to
     ``on_bad_line(path, line_number, reason)``; use :func:`verify` to judge them.
     Raises :class:`AuditLogNotFoundError` when there is no log.
     """
@@ -273,16 +293,20 @@ def iter_records(
             raise AuditLogNotFoundError(log_path)
         for snap in snaps:
             for number, _offset, raw in iter_lines(snap):
+                if raw is None:
+                    if on_bad_line is not None:
+                        on_bad_line(snap.path, number, _TOO_LONG)
+                    continue
                 if groups and not all(any(n in raw for n in group) for group in groups):
                     continue
                 in_range = flt.time_verdict(raw) if timed else None
                 if in_range is False:
                     continue
                 try:
-                    record = parse_line(raw)
-                except ValueError:  # UnicodeDecodeError is a ValueError too
+                    record = loads_line(raw)
+                except ValueError as exc:  # LineError and UnicodeDecodeError are ValueErrors too
                     if on_bad_line is not None:
-                        on_bad_line(snap.path, number, "not JSON (torn or edited line)")
+                        on_bad_line(snap.path, number, _bad_reason(exc))
                     continue
                 if not isinstance(record, dict):
                     if on_bad_line is not None:
@@ -302,9 +326,17 @@ class TailCursor:
 
 
 def tail_records(
-    path_or_home: str | os.PathLike[str], n: int = 10, *, include_events: bool = True
+    path_or_home: str | os.PathLike[str],
+    n: int = 10,
+    *,
+    include_events: bool = True,
+    on_bad_line: BadLineHandler | None = None,
 ) -> tuple[list[dict[str, Any]], TailCursor]:
-    """The last ``n`` records (oldest first) read backwards from the end, and a cursor to follow on."""
+    """The last ``n`` records (oldest first) read backwards from the end, and a cursor to follow on.
+
+    Unreadable lines met on the way are skipped and passed to
+    ``on_bad_line(path, 0, reason)`` (0: counting lines backwards has no line number).
+    """
     log_path = resolve_log_path(path_or_home)
     found: list[dict[str, Any]] = []
     with snapshot(log_path) as snaps:
@@ -315,8 +347,12 @@ def tail_records(
         for snap in reversed(snaps):
             if len(found) >= n:
                 break
-            for _offset, line in iter_lines_reverse(snap.file.fileno(), snap.size):
-                record = _loads_or_none(line)
+            for _offset, line in iter_lines_reverse(snap.file.fileno(), snap.size, limit=MAX_LINE_BYTES):
+                if not line:
+                    if line is None and on_bad_line is not None:
+                        on_bad_line(snap.path, 0, _TOO_LONG)
+                    continue
+                record = _loads_or_none(line, snap.path, on_bad_line)
                 if record is not None and (include_events or is_call_record(record)):
                     found.append(record)
                     if len(found) >= n:
@@ -332,19 +368,32 @@ def follow_records(
     poll_interval: float = 0.25,
     max_wait: float | None = None,
     sleep: Callable[[float], None] = time.sleep,
+    on_bad_line: BadLineHandler | None = None,
 ) -> Iterator[dict[str, Any]]:
     """Records appended after ``cursor``, as they arrive, across rotations.
 
     Polls every ``poll_interval`` seconds; stops after ``max_wait`` seconds
-    (None: until the consumer stops iterating, e.g. on Ctrl-C).
+    (None: until the consumer stops iterating, e.g. on Ctrl-C). Unreadable
+    lines go to ``on_bad_line(path, 0, reason)``; a line growing past
+    :data:`audit.chain.MAX_LINE_BYTES` is dropped up to its newline, never buffered whole.
     """
     deadline = None if max_wait is None else time.monotonic() + max_wait
     path = cursor.path
     f = None
     buf = b""
+    dropping = False  # inside a line already reported as too long: skip to its newline
+
+    def emit(lines: list[bytes | None]) -> Iterator[dict[str, Any]]:
+        for line in lines:
+            if line is None and on_bad_line is not None:
+                on_bad_line(path, 0, _TOO_LONG)
+            record = _loads_or_none(line, path, on_bad_line) if line else None
+            if record is not None and (include_events or is_call_record(record)):
+                yield record
+
     try:
         try:
-            f = open(path, "rb")
+            f = open_log_file(path)
             if os.fstat(f.fileno()).st_ino == cursor.inode:
                 f.seek(cursor.offset)
         except FileNotFoundError:
@@ -364,22 +413,24 @@ def follow_records(
             if chunk:
                 buf += chunk
                 *lines, buf = buf.split(b"\n")
-                for line in lines:
-                    record = _loads_or_none(line)
-                    if record is not None and (include_events or is_call_record(record)):
-                        yield record
+                if dropping and lines:
+                    lines[0], dropping = b"", False  # the end of the over-long line
+                if dropping:
+                    buf = b""
+                elif len(buf) > MAX_LINE_BYTES:
+                    if on_bad_line is not None:
+                        on_bad_line(path, 0, _TOO_LONG)
+                    buf, dropping = b"", True
+                yield from emit(lines)
             if switch:
                 if f is not None:
                     # several rotations between two polls: read the backups newer than our file
-                    for line in _rotated_after(path, os.fstat(f.fileno()).st_ino):
-                        record = _loads_or_none(line)
-                        if record is not None and (include_events or is_call_record(record)):
-                            yield record
+                    yield from emit(list(_rotated_after(path, os.fstat(f.fileno()).st_ino)))
                     f.close()
                     f = None
-                buf = b""
+                buf, dropping = b"", False
                 try:
-                    f = open(path, "rb")
+                    f = open_log_file(path)
                 except FileNotFoundError:
                     f = None
                 continue
@@ -392,16 +443,22 @@ def follow_records(
             f.close()
 
 
-def _loads_or_none(line: bytes) -> dict[str, Any] | None:
+def _loads_or_none(line: bytes, path: Path, on_bad_line: BadLineHandler | None) -> dict[str, Any] | None:
     try:
-        record = parse_line(line)
-    except ValueError:
+        record = loads_line(line)
+    except ValueError as exc:
+        if on_bad_line is not None:
+            on_bad_line(path, 0, _bad_reason(exc))
         return None
-    return record if isinstance(record, dict) else None
+    if not isinstance(record, dict):
+        if on_bad_line is not None:
+            on_bad_line(path, 0, "not a JSON object")
+        return None
+    return record
 
 
-def _rotated_after(log_path: Path, inode: int) -> Iterator[bytes]:
-    """Lines of the backups newer than the file with ``inode``, oldest first."""
+def _rotated_after(log_path: Path, inode: int) -> Iterator[bytes | None]:
+    """Lines of the backups newer than the file with ``inode``, oldest first (None: too long)."""
     with snapshot(log_path) as snaps:
         inodes = [os.fstat(s.file.fileno()).st_ino for s in snaps]
         if inode not in inodes:
@@ -409,4 +466,4 @@ def _rotated_after(log_path: Path, inode: int) -> Iterator[bytes]:
         for snap in snaps[inodes.index(inode) + 1 :]:
             if snap.path != log_path:
                 for _number, _offset, raw in iter_lines(snap):
-                    yield raw
+                    yield raw.rstrip(b"\n") if raw is not None else None

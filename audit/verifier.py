@@ -3,43 +3,85 @@
 Checks, line by line, oldest file first:
 
 - ``bad_json``   the line is not JSON (and is not a recovered torn line);
+- ``oversized``  the line is longer than :data:`audit.chain.MAX_LINE_BYTES` or
+                 nests deeper than :data:`audit.chain.MAX_DEPTH` (judged before
+                 parsing: a hostile line cannot exhaust memory or the stack);
+- ``duplicate_key`` an object holds the same key twice (parsers disagree on
+                 which value wins, so the line has no single meaning);
 - ``torn``       the line is an incomplete record (a crash during a write) that
                  no ``chain_resumed`` event accounts for;
 - ``not_a_record`` JSON without valid ``seq``/``prev_hash``/``hash``;
 - ``edited``     ``hash`` differs from the SHA-256 of the record's canonical form;
+- ``not_canonical`` the content matches its hash, but the bytes are not the
+                 writer's rendering of it (re-encoded: spacing, escapes, key
+                 order, number forms). The writer's lines are canonical JSON with
+                 ``hash`` last, so a line is only accepted byte for byte;
 - ``broken_link`` ``prev_hash`` is not the previous record's ``hash``;
 - ``seq_gap``    ``seq`` jumps forward (records missing);
 - ``seq_order``  ``seq`` goes back or repeats, or two records were swapped;
+- ``history_start`` the oldest retained record is not seq 1 (see below);
 - ``anchor``     (with ``anchor=``) the record at the anchored ``seq`` has another
-                 hash, or the log ends before it (truncated).
+                 hash, or is not in the log at all (truncated, pruned or deleted).
 
 A torn line is only a *warning* when the writer recorded its recovery: the
 next record is a ``chain_resumed`` event whose ``torn_offset``,
-``torn_bytes`` and ``torn_sha256`` describe exactly those bytes. The oldest
-retained record may have ``seq > 1`` when old files were rotated out; that is
-a warning too. Without an external anchor, removing records from the *end*
-of the newest file cannot be told from a log that simply ends there: keep the
-``head`` that ``verify`` prints and pass it back with ``--anchor``.
+``torn_bytes`` and ``torn_sha256`` describe exactly those bytes.
+
+The start of the chain: the chain continues across the rotated files
+(``agent.log.N`` .. ``agent.log.1``, ``agent.log``), so only the oldest
+retained record can lack a predecessor, and it must be seq 1 with the
+genesis ``prev_hash``. Rotation with ``audit.backup_count`` deletes the oldest
+file and leaves no trace in the files that remain, so a log whose head was
+pruned by retention cannot be told from one whose first lines were deleted:
+both fail with ``history_start`` unless the caller says pruning is expected
+(``allow_pruned_head=True``, ``--allow-pruned-head``); then it is a warning.
+The detail says whether rotated files were present (with none, nothing was
+ever pruned unless ``backup_count`` is 0).
+
+Speed: by default a line in the writer's layout is checked with one SHA-256
+over its bytes (:func:`audit.chain.fast_fields`): its hash covers exactly the
+bytes on disk, so nothing can be injected into it without recomputing that
+hash -- which breaks the next line's link (or, for the last line, the
+``--anchor``). Any other line is parsed (bounded, duplicate keys refused) and
+must re-render to the same bytes. ``strict`` parses *every* line that way,
+which also catches a forger who recomputed the chain but did not render like
+the writer (re-encoded bytes, duplicate keys).
+
+Without an external anchor, removing records from the *end* of the newest
+file cannot be told from a log that simply ends there: keep the ``head`` that
+``verify`` prints and pass it back with ``--anchor``.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from audit.chain import GENESIS_HASH, LineFields, fast_fields, parse_fields, record_hash
+from audit.chain import (
+    GENESIS_HASH,
+    MAX_LINE_BYTES,
+    LineError,
+    LineFields,
+    fast_fields,
+    line_verdict,
+    loads_line,
+    parse_fields,
+)
 from audit.errors import AuditLogNotFoundError
 from audit.logfiles import resolve_log_path, snapshot
 from audit.records import EVENT, EVENT_CHAIN_RESUMED
 
 __all__ = ["VerifyProblem", "VerifyResult", "verify", "PROBLEM_KINDS"]
 
-PROBLEM_KINDS = ("bad_json", "torn", "not_a_record", "edited", "broken_link", "seq_gap", "seq_order", "anchor")
+PROBLEM_KINDS = (
+    "bad_json", "oversized", "duplicate_key", "torn", "not_a_record", "edited", "not_canonical",
+    "broken_link", "seq_gap", "seq_order", "history_start", "anchor",
+)
 _RESUMED_NEEDLE = b'"' + EVENT_CHAIN_RESUMED.encode() + b'"'
 _MAX_PENDING_BYTES = 16 * 1024 * 1024
+_TOO_LONG = f"longer than {MAX_LINE_BYTES // (1024 * 1024)} MiB"
 
 
 @dataclass(frozen=True)
@@ -93,14 +135,36 @@ class _Stop(Exception):
 
 
 def _bad_kind(body: bytes, has_newline: bool, exc: ValueError) -> tuple[str, str]:
-    pos = getattr(exc, "pos", 0) or 0
     if not has_newline:
         return "torn", "incomplete last line (a crash or a full disk during a write?)"
+    if isinstance(exc, LineError):
+        return exc.kind, exc.reason
+    pos = getattr(exc, "pos", 0) or 0
     # a prefix of a record: the parser ran out of input (inside a string, or at the end)
     msg = getattr(exc, "msg", "")
     if body.startswith(b"{") and (msg.startswith("Unterminated string") or pos >= len(body.decode("utf-8", "replace")) - 1):
         return "torn", "incomplete record"
     return "bad_json", f"not valid JSON ({exc.__class__.__name__}: {str(exc)[:80]})"
+
+
+def _skip_rest(f: Any) -> int:
+    """Read past the rest of an over-long line, a piece at a time; its length."""
+    length = 0
+    while True:
+        piece = f.readline(MAX_LINE_BYTES)
+        length += len(piece)
+        if not piece or piece.endswith(b"\n"):
+            return length
+
+
+def _history_start(name: str, number: int, seq: int, rotated: bool) -> str:
+    if rotated:
+        return (f"the oldest retained record is seq {seq}, not seq 1: records 1..{seq - 1} were pruned by "
+                f"rotation (audit.backup_count) or deleted, which the remaining files cannot tell apart; "
+                f"if retention is expected to drop old files, re-run with --allow-pruned-head")
+    return (f"the log was never rotated (no {name}.N beside it), so it must start at seq 1 from the genesis "
+            f"hash, but it starts at seq {seq}: records 1..{seq - 1} were removed; only if audit.backup_count "
+            f"is 0 (rotation discards the old file) is that expected: then re-run with --allow-pruned-head")
 
 
 def _covers(event: dict[str, Any], pending: list[_Bad], event_offset: int) -> bool:
@@ -121,60 +185,81 @@ def verify(
     *,
     strict: bool = False,
     anchor: tuple[int, str] | None = None,
+    allow_pruned_head: bool = False,
 ) -> VerifyResult:
     """Check the whole chain; see the module docstring for what is reported.
 
     By default a line is checked with one SHA-256 over its bytes as written
     (the writer's lines are canonical JSON plus the hash), falling back to
-    parsing and re-canonicalising; ``strict`` always parses. ``anchor`` is a
+    parsing and re-rendering; ``strict`` always parses. ``anchor`` is a
     ``(seq, hash)`` recorded earlier: it must still be in the log.
-    Raises :class:`AuditLogNotFoundError` when there is no log.
+    ``allow_pruned_head`` accepts a log whose oldest record is not seq 1 (old
+    files dropped by retention) with a ``history_start`` warning.
+    Raises :class:`AuditLogNotFoundError` when there is no log, ``OSError``
+    when a log file cannot be read or is not a regular file.
     """
     log_path = resolve_log_path(path_or_home)
     result = VerifyResult(ok=False, records=0, files=[])
     prev: LineFields | None = None
+    first_seq: int | None = None
     pending: list[_Bad] = []
     pending_bytes = 0
     gap: VerifyProblem | None = None  # seq jumped: the next record tells a gap from a swap
     anchor_seen = False
-    loads = json.loads
+    limit = MAX_LINE_BYTES + 1  # the line and its newline
     try:
         with snapshot(log_path) as snaps:
             if not snaps:
                 raise AuditLogNotFoundError(log_path)
+            rotated = len(snaps) > 1 or snaps[0].path != log_path
             for snap in snaps:
                 name = str(snap.path)
                 result.files.append(name)
                 f, size = snap.file, snap.size
                 f.seek(0)
+                readline = f.readline
                 offset = number = 0
-                for raw in f:  # iter_lines(), inlined: this loop runs a million times
-                    if offset >= size:
+                while offset < size:  # iter_lines(), inlined: this loop runs a million times
+                    raw = readline(limit)
+                    if not raw:
                         break
                     number += 1
+                    line_offset = offset
+                    if len(raw) == limit and raw[-1] != 10:  # over-long: never held whole
+                        offset += len(raw) + _skip_rest(f)
+                        pending.append(_Bad(number, line_offset, b"", "oversized", _TOO_LONG))
+                        pending_bytes = _MAX_PENDING_BYTES + 1  # its bytes are not kept: nothing can cover them
+                        continue
                     if offset + len(raw) > size:
                         raw = raw[: size - offset]
-                    line_offset = offset
                     offset += len(raw)
                     has_newline = raw.endswith(b"\n")
                     body = raw[:-1] if has_newline else raw
                     record: Any = None
                     fields = None if strict else fast_fields(body)
-                    if fields is None:
+                    if fields is None or _RESUMED_NEEDLE in body:
                         try:
-                            record = loads(body)
-                        except ValueError as exc:
+                            record = loads_line(body)
+                        except ValueError as exc:  # LineError, UnicodeDecodeError too
                             kind, detail = _bad_kind(body, has_newline, exc)
                             pending_bytes += len(raw)
                             pending.append(_Bad(number, line_offset, raw if pending_bytes <= _MAX_PENDING_BYTES else b"", kind, detail))
                             continue
+                    if fields is None:
                         fields = parse_fields(record)
                         if fields is None:
                             raise _Stop(VerifyProblem(name, number, "not_a_record", "JSON line without valid seq, prev_hash and hash"))
-                        if record_hash(record) != fields.hash:
+                        verdict = line_verdict(body, record, fields.hash)
+                        if verdict == "edited" and strict and fast_fields(body) is not None:
+                            raise _Stop(VerifyProblem(name, number, "not_canonical", (
+                                f"seq {fields.seq}: its hash covers these bytes, but they are not the writer's "
+                                f"rendering of their content (written by another tool, with a recomputed hash?)")))
+                        if verdict == "edited":
                             raise _Stop(VerifyProblem(name, number, "edited", f"seq {fields.seq}: content does not match its hash"))
-                    elif _RESUMED_NEEDLE in body:
-                        record = loads(body)
+                        if verdict == "not_canonical":
+                            raise _Stop(VerifyProblem(name, number, "not_canonical", (
+                                f"seq {fields.seq}: the content matches its hash, but the line is not byte for byte "
+                                f"the writer's rendering (re-encoded: spacing, escapes, key order or number forms)")))
                     if pending:
                         resumed = isinstance(record, dict) and record.get(EVENT) == EVENT_CHAIN_RESUMED
                         if resumed and _covers(record, pending, line_offset):
@@ -195,13 +280,18 @@ def verify(
                             raise _Stop(VerifyProblem(gap.file, gap.line, "seq_order", gap.detail + "; records are out of order"))
                         raise _Stop(gap)
                     if prev is None:
+                        first_seq = fields.seq
                         if fields.seq == 1 and fields.prev_hash != GENESIS_HASH:
                             raise _Stop(VerifyProblem(name, number, "broken_link", "seq 1 does not start from the genesis hash"))
                         if fields.seq > 1:
+                            problem = VerifyProblem(name, number, "history_start",
+                                                    _history_start(str(log_path), number, fields.seq, rotated))
+                            if not allow_pruned_head:
+                                raise _Stop(problem)
                             result.warnings.append(VerifyProblem(
                                 name, number, "history_start",
-                                f"the retained log starts at seq {fields.seq} (older files rotated out?); "
-                                f"its prev_hash cannot be checked",
+                                f"the retained log starts at seq {fields.seq} (older records pruned by retention, "
+                                f"accepted by --allow-pruned-head); its prev_hash cannot be checked",
                             ))
                     elif fields.seq == prev.seq + 1:
                         if fields.prev_hash != prev.hash:
@@ -226,7 +316,10 @@ def verify(
                 if prev is None or prev.seq < anchor[0]:
                     last = result.files[-1]
                     raise _Stop(VerifyProblem(last, 0, "anchor", f"the log ends at seq {prev.seq if prev else 0} but the anchor names seq {anchor[0]} (truncated?)"))
-                result.warnings.append(VerifyProblem(result.files[0], 0, "anchor", f"anchor seq {anchor[0]} is older than the retained log"))
+                raise _Stop(VerifyProblem(result.files[0], 0, "anchor", (
+                    f"the anchored record seq {anchor[0]} is not in the log, which starts at seq {first_seq}: "
+                    f"it was pruned by retention or deleted; an anchor must name a record that is still "
+                    f"retained (keep a newer head from verify)")))
     except _Stop as stop:
         result.first_error = stop.problem
     else:

@@ -112,11 +112,14 @@ def test_truncation_at_a_line_boundary_is_caught_by_an_anchor(log_path):
     assert verify(log_path, anchor=(3, "0" * 64)).first_error.line == 3
 
 
-def test_a_line_reformatted_but_unchanged_in_content_still_verifies(log_path):
+@pytest.mark.parametrize("strict", [False, True], ids=["fast", "strict"])
+def test_a_line_reformatted_but_unchanged_in_content_is_not_the_writers(log_path, strict):
+    # the writer's lines are canonical: a re-encoded line (here: spaces, sorted "hash") was not written by it
     lines = rows(log_path)
-    lines[2] = json.dumps(json.loads(lines[2]), indent=None, ensure_ascii=True).encode() + b"\n"
+    lines[2] = json.dumps(json.loads(lines[2]), indent=None, ensure_ascii=True, sort_keys=True).encode() + b"\n"
     save(log_path, lines)
-    assert verify(log_path).ok
+    problem = verify(log_path, strict=strict).first_error
+    assert (problem.line, problem.kind) == (3, "not_canonical")
 
 
 @pytest.fixture

@@ -10,7 +10,9 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any, Iterable, TextIO
@@ -23,6 +25,8 @@ _ENVELOPE = frozenset({"schema", "seq", "prev_hash", "hash", "ts", "event", "kin
 # C0/C1 controls and Unicode line separators are shown escaped: a purpose can
 # never draw a fake line (or move the cursor) in the auditor's terminal.
 _CONTROL = {c: repr(chr(c))[1:-1] for c in itertools.chain(range(0x20), range(0x7F, 0xA0), (0x2028, 0x2029))}
+_ANCHOR = re.compile(r"([0-9]{1,19}):([0-9a-fA-F]{64})")
+_SHOWN = 40  # characters of a rejected value echoed back in an error
 
 
 # -- parser --------------------------------------------------------------------------
@@ -53,15 +57,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     tail = actions.add_parser("tail", parents=[common], help="the last records, human-readable",
                               description="Show the last records (calls, denials and operational events).")
-    tail.add_argument("-n", "--lines", type=_positive_int, default=10, metavar="N", help="how many records (default 10)")
+    tail.add_argument("-n", "--lines", default="10", metavar="N", help="how many records, N >= 1 (default 10)")
     tail.add_argument("-f", "--follow", action="store_true", help="keep printing new records until Ctrl-C")
-    tail.add_argument("--max-wait", type=float, default=None, metavar="SECONDS", help="with -f: stop after SECONDS")
+    tail.add_argument("--max-wait", default=None, metavar="SECONDS", help="with -f: stop after SECONDS (a number >= 0)")
     tail.add_argument("--json", action="store_true", help="one JSON object per line")
 
     query = actions.add_parser("query", parents=[common, filters], help="filter call records (streaming)",
                                description="Print the call records matching every filter, oldest first.")
     query.add_argument("--events", action="store_true", help="include operational events")
-    query.add_argument("--limit", type=_positive_int, default=None, metavar="N", help="stop after N records")
+    query.add_argument("--limit", default=None, metavar="N", help="stop after N records (N >= 1)")
     query.add_argument("--json", action="store_true", help="one JSON object per line")
 
     stats = actions.add_parser("stats", parents=[common, filters], help="calls, denials, errors, tokens, cost, latency",
@@ -69,23 +73,56 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                            "(latency percentiles: nearest-rank, denials excluded).")
     stats.add_argument("--json", action="store_true", help="one JSON document")
 
-    verify = actions.add_parser("verify", parents=[common], help="check the hash chain (exit 0 only if whole)",
-                                description="Walk every file oldest first; report the first broken, missing, "
-                                            "reordered, edited or torn line. Exit 0 only when the chain is whole.")
-    verify.add_argument("--strict", action="store_true", help="parse and re-canonicalise every line (slower)")
+    verify = actions.add_parser(
+        "verify", parents=[common], help="check the hash chain (exit 0 only if whole)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Walk every file oldest first; report the first broken, missing, reordered, edited, torn,\n"
+                    "re-encoded or unreadable line. Exit 0 only when the chain is whole, 1 when it is not.\n\n"
+                    "The chain runs across the rotated files and must start at seq 1 from the genesis hash.\n"
+                    "Rotation with audit.backup_count deletes the oldest file without a trace, so a log whose\n"
+                    "head was pruned by retention looks exactly like one whose first lines were deleted: both\n"
+                    "fail unless you pass --allow-pruned-head (then it is a warning). Keep the head verify\n"
+                    "prints and pass it back with --anchor: that record must still be there.",
+    )
+    verify.add_argument("--strict", action="store_true",
+                        help="parse every line and require the writer's exact rendering (slower; also catches "
+                             "a rewritten chain with re-encoded lines or duplicate keys)")
     verify.add_argument("--anchor", metavar="SEQ:HASH", help="a head printed by an earlier verify: it must still be there")
+    verify.add_argument("--allow-pruned-head", action="store_true",
+                        help="accept a log whose oldest record is not seq 1 because retention (audit.backup_count) "
+                             "dropped old files; without it that is a failure")
     verify.add_argument("--json", action="store_true", help="one JSON document")
 
     parser.set_defaults(func=run, _audit_parser=parser)
 
 
-def _positive_int(text: str) -> int:
+def _shown(text: str) -> str:
+    """A user's value, quoted and cut short, for an error message."""
+    return repr(text if len(text) <= _SHOWN else text[:_SHOWN] + "...")
+
+
+def _count(text: str | None, option: str) -> int | None:
+    """A whole number >= 1 from ``option``'s text; a huge one is capped (it means "all")."""
+    if text is None:
+        return None
+    value = text.strip().lstrip("0") or "0"
+    if not value.isascii() or not value.isdigit():
+        raise CliError(f"{option} {_shown(text)}: expected a whole number >= 1, e.g. {option} 20")
+    number = int(value) if len(value) <= 19 else sys.maxsize  # no int() of a 5000-digit string
+    if number < 1:
+        raise CliError(f"{option} {_shown(text)}: expected a whole number >= 1, e.g. {option} 20")
+    return min(number, sys.maxsize)
+
+
+def _seconds(text: str | None, option: str) -> float | None:
+    if text is None:
+        return None
     try:
-        value = int(text)
+        value = float(text) if len(text) <= 100 else math.nan
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {value}")
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise CliError(f"{option} {_shown(text)}: expected a number of seconds >= 0, e.g. {option} 30")
     return value
 
 
@@ -107,6 +144,10 @@ def run(args: argparse.Namespace) -> int:
     except BrokenPipeError:  # e.g. `plugin-llm audit query | head`
         _silence_stdout()
         return 0
+    except OSError as exc:  # unreadable, a directory or a FIFO where a log file belongs
+        where = f" {exc.filename}" if exc.filename else ""
+        raise CliError(f"cannot read the audit log{where}: {exc.strerror or type(exc).__name__}; "
+                       f"point --log at an agent.log file (or --home at a Hermes home)") from None
 
 
 def _log_path(args: argparse.Namespace) -> Path:
@@ -120,7 +161,10 @@ def _log_path(args: argparse.Namespace) -> Path:
     home = Path(args.home).expanduser() if args.home else _default_home()
     if args.home and not home.is_dir():
         raise CliError(f"--home {home}: no such directory")
-    return home / "logs" / "agent.log"
+    log = home / "logs" / "agent.log"
+    if log.is_dir():  # resolve_log_path would take it for yet another home
+        raise CliError(f"cannot read the audit log {log}: a directory, not an audit log file")
+    return log
 
 
 def _default_home() -> Path:
@@ -154,7 +198,7 @@ def _time(text: str | None, option: str) -> Any:
 def _filters(args: argparse.Namespace) -> dict[str, Any]:
     since, until = _time(args.since, "--since"), _time(args.until, "--until")
     if since is not None and until is not None and since > until:
-        raise CliError(f"--since ({args.since}) is after --until ({args.until})")
+        raise CliError(f"--since {_shown(args.since)} is after --until {_shown(args.until)}: nothing can match")
     return {
         "plugin": args.plugin,
         "status": args.status,
@@ -166,7 +210,7 @@ def _filters(args: argparse.Namespace) -> dict[str, Any]:
 
 
 class _BadLines:
-    """Counts lines the reader skipped, to say so once at the end."""
+    """Counts lines the reader skipped (not JSON, too long or deep, a duplicate key), to say so once at the end."""
 
     def __init__(self) -> None:
         self.count = 0
@@ -174,14 +218,14 @@ class _BadLines:
 
     def __call__(self, path: Path, line: int, reason: str) -> None:
         if not self.count:
-            self.first = f"{path}:{line}"
+            self.first = f"{path}:{line} ({reason})" if line else f"{path} ({reason})"
         self.count += 1
 
     def report(self) -> None:
         if self.count:
             print(
-                f"plugin-llm: warning: skipped {self.count} unreadable line(s), first at {self.first}; "
-                f"run `plugin-llm audit verify`",
+                f"plugin-llm: warning: skipped {self.count} unreadable line(s), first in {_clean(self.first)}; "
+                f"run `plugin-llm audit verify --strict`",
                 file=sys.stderr,
             )
 
@@ -192,29 +236,35 @@ class _BadLines:
 def _tail(args: argparse.Namespace, log_path: Path) -> int:
     from audit.reader import follow_records, tail_records
 
-    records, cursor = tail_records(log_path, args.lines)
+    lines = _count(args.lines, "--lines")
+    max_wait = _seconds(args.max_wait, "--max-wait")
+    bad = _BadLines()
+    records, cursor = tail_records(log_path, lines or 10, on_bad_line=bad)
     out = sys.stdout
     for record in records:
         _print_record(record, args.json, out)
     if not args.follow:
+        bad.report()
         return 0
     out.flush()
     try:
-        for record in follow_records(cursor, max_wait=args.max_wait):
+        for record in follow_records(cursor, max_wait=max_wait, on_bad_line=bad):
             _print_record(record, args.json, out)
             out.flush()
     except KeyboardInterrupt:  # Ctrl-C is how `tail -f` ends
-        return 0
+        pass
+    bad.report()
     return 0
 
 
 def _query(args: argparse.Namespace, log_path: Path) -> int:
     from audit.reader import iter_records
 
+    limit = _count(args.limit, "--limit")
     bad = _BadLines()
     records: Iterable[dict[str, Any]] = iter_records(log_path, include_events=args.events, on_bad_line=bad, **_filters(args))
-    if args.limit is not None:
-        records = itertools.islice(records, args.limit)
+    if limit is not None:
+        records = itertools.islice(records, limit)
     out = sys.stdout
     for record in records:
         _print_record(record, args.json, out)
@@ -239,6 +289,10 @@ def _stats(args: argparse.Namespace, log_path: Path) -> int:
         print("no call records match")
     else:
         _print_stats(rows, sys.stdout)
+    ignored = sum(r.ignored_values for r in rows if r.dimension == "plugin")
+    if ignored:
+        print(f"note: {ignored} token/cost/latency value(s) no real call can have (negative, not a number or "
+              "absurdly large) were left out of the sums", file=sys.stderr)
     bad.report()
     return 0
 
@@ -247,12 +301,14 @@ def _verify(args: argparse.Namespace, log_path: Path) -> int:
     from audit.verifier import verify
 
     anchor = None
-    if args.anchor:
-        seq, _, digest = args.anchor.partition(":")
-        if not seq.isdigit() or len(digest) != 64:
-            raise CliError(f"--anchor {args.anchor!r}: expected SEQ:HASH as printed by `plugin-llm audit verify`")
-        anchor = (int(seq), digest.lower())
-    result = verify(log_path, strict=args.strict, anchor=anchor)
+    if args.anchor is not None:
+        match = _ANCHOR.fullmatch(args.anchor.strip())
+        if match is None or int(match.group(1)) < 1:
+            raise CliError(f"--anchor {_shown(args.anchor)}: expected SEQ:HASH (SEQ a whole number >= 1 of at "
+                           f"most 19 digits, HASH 64 hex digits) "
+                           f"as printed by `plugin-llm audit verify`")
+        anchor = (int(match.group(1)), match.group(2).lower())
+    result = verify(log_path, strict=args.strict, anchor=anchor, allow_pruned_head=args.allow_pruned_head)
     if args.json:
         print(json.dumps(result.as_dict(), ensure_ascii=False, indent=2))
         return 0 if result.ok else 1
