@@ -7,6 +7,12 @@ Definitions:
 - ``errors``: any status other than ``ok`` and ``denied``.
 - tokens and ``cost_usd``: sums of the numeric values present;
   ``unpriced`` counts successful calls that carry no cost (unpriced model).
+  A value no real call can have (negative, not a number, more than
+  :data:`MAX_TOKENS` tokens, more than :data:`MAX_COST_USD` dollars or
+  :data:`MAX_LATENCY_MS` ms in one record) is left out of the sums and
+  counted in ``ignored_values``: logs written before the gateway clamped
+  provider-reported usage may hold such values, and they must neither crash
+  the summary nor dwarf every real number.
 - latency percentiles use the *nearest-rank* method over the ``latency_ms``
   of calls that were not denied: ``p`` is the value at 1-based rank
   ``ceil(p/100 * n)`` of the sorted latencies (so p50 of 1..10 is 5, p95 is
@@ -36,7 +42,12 @@ from audit.records import (
     is_call_record,
 )
 
-__all__ = ["StatsRow", "stats", "percentile"]
+__all__ = ["StatsRow", "stats", "percentile", "MAX_TOKENS", "MAX_COST_USD", "MAX_LATENCY_MS"]
+
+#: the largest token count, cost and latency one record can plausibly carry
+MAX_TOKENS = 10**9
+MAX_COST_USD = 1e6
+MAX_LATENCY_MS = 1e9
 
 
 def percentile(sorted_values: Sequence[float], p: float) -> float | None:
@@ -63,16 +74,17 @@ class StatsRow:
     unpriced: int
     p50_latency_ms: float | None
     p95_latency_ms: float | None
+    ignored_values: int = 0  #: out-of-range tokens/cost/latency left out of the sums
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
 
 
 class _Acc:
-    __slots__ = ("calls", "denials", "errors", "tin", "tout", "cost", "unpriced", "latencies")
+    __slots__ = ("calls", "denials", "errors", "tin", "tout", "cost", "unpriced", "latencies", "ignored")
 
     def __init__(self) -> None:
-        self.calls = self.denials = self.errors = self.tin = self.tout = self.unpriced = 0
+        self.calls = self.denials = self.errors = self.tin = self.tout = self.unpriced = self.ignored = 0
         self.cost = 0.0
         self.latencies = array("d")  # 8 bytes per call, not a Python float object
 
@@ -85,27 +97,53 @@ class _Acc:
         elif status != "ok":
             self.errors += 1
         tin, tout, cost, latency = record.get(INPUT_TOKENS), record.get(OUTPUT_TOKENS), record.get(COST_USD), record.get(LATENCY_MS)
-        if _is_number(tin):
-            self.tin += int(tin)
-        if _is_number(tout):
-            self.tout += int(tout)
-        if _is_number(cost):
-            self.cost += float(cost)
-        elif status == "ok":
-            self.unpriced += 1
-        if not denied and _is_number(latency):
-            self.latencies.append(float(latency))
+        if tin is not None:
+            value = _in_range(tin, MAX_TOKENS)
+            if value is None:
+                self.ignored += 1
+            else:
+                self.tin += int(value)
+        if tout is not None:
+            value = _in_range(tout, MAX_TOKENS)
+            if value is None:
+                self.ignored += 1
+            else:
+                self.tout += int(value)
+        value = None if cost is None else _in_range(cost, MAX_COST_USD)
+        if value is not None:
+            self.cost += float(value)
+        else:
+            if cost is not None:
+                self.ignored += 1
+            if status == "ok":
+                self.unpriced += 1
+        if not denied and latency is not None:
+            value = _in_range(latency, MAX_LATENCY_MS)
+            if value is None:
+                self.ignored += 1
+            else:
+                self.latencies.append(float(value))
 
     def row(self, dimension: str, key: str) -> StatsRow:
         ordered = sorted(self.latencies)
         return StatsRow(
             dimension, key, self.calls, self.denials, self.errors, self.tin, self.tout,
-            round(self.cost, 10), self.unpriced, percentile(ordered, 50), percentile(ordered, 95),
+            round(self.cost, 10), self.unpriced, percentile(ordered, 50), percentile(ordered, 95), self.ignored,
         )
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+def _in_range(value: Any, limit: float) -> int | float | None:
+    """``value`` if it is a finite number in ``[0, limit]``, else None.
+
+    Ints are compared as ints: ``float()`` of a 401-digit int raises OverflowError.
+    """
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value if 0 <= value <= limit else None
+    if isinstance(value, float) and math.isfinite(value) and 0.0 <= value <= limit:
+        return value
+    return None
 
 
 def _model_of(record: dict[str, Any]) -> str:

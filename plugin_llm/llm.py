@@ -9,9 +9,11 @@ and auditing are the same code for both.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
+import math
 import time
 import uuid
 from dataclasses import dataclass
@@ -34,13 +36,16 @@ from plugin_llm.errors import (
 from plugin_llm.routing import Route, resolve_route
 from plugin_llm.transport import TransportRequest, TransportResponse
 from plugin_llm.trust import Decision, Overrides, enforce
+from plugin_llm.structured import _snippet
 from plugin_llm.types import (
     PluginLlmCompleteResult,
     PluginLlmStructuredResult,
     PluginLlmUsage,
+    checked_usage,
 )
 
-__all__ = ["PluginLlm", "HostLlm", "HostChatResult", "ToolCall", "HOST_IDENTITY"]
+__all__ = ["PluginLlm", "HostLlm", "HostChatResult", "ToolCall", "HOST_IDENTITY", "MAX_NESTING", "MAX_VALUES",
+           "EVENT_CALL_BEGIN"]
 
 log = logging.getLogger("plugin_llm")
 
@@ -90,31 +95,329 @@ class _Call:
     started: float
 
 
+#: bounds of what a plugin passes (``messages``, ``tools``): nesting deeper than
+#: this, or more values in one request, is no real chat request; unbounded it
+#: would exhaust the stack (RecursionError) or the CPU of the host
+MAX_NESTING = 32
+MAX_VALUES = 1_000_000
+#: the longest identifier a plugin may pass (purpose, agent_id, profile, provider, model)
+_MAX_NAME = 256
+#: written before the provider call when ``audit.required`` is true (see ``PluginLlm._admit``)
+EVENT_CALL_BEGIN = "llm.call.begin"
+_MAX_DETAIL = 160  # characters of an unexpected exception's text shown in a message
+_MAX_ANOMALIES = 16
+_MAX_ATTEMPTS = 1000
+
+_HASH_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+_ROLES_TEXT = ", ".join(repr(r) for r in sorted(_MESSAGE_ROLES))
+_PART_EXAMPLE = "{'type': 'text', 'text': '...'}"
+_TOOL_CALL_EXAMPLE = "{'id': 'call_1', 'type': 'function', 'function': {'name': 'f', 'arguments': '{}'}}"
+_TOOL_EXAMPLE = "{'type': 'function', 'function': {'name': 'f', 'parameters': {...}}}"
+_INT_LIMIT = 2**63  # JSON numbers beyond int64 are refused by providers (and by json.dumps past 4300 digits)
+
+
 def _sha256_json(value: Any) -> str:
-    blob = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
-    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+    # surrogatepass: a lone surrogate (valid in a Python str, not in UTF-8) must not make hashing fail
+    return hashlib.sha256(_HASH_ENCODER.encode(value).encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _sha256_text(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+class _Invalid(Exception):
+    """A problem deep inside a plugin's value; the path to it is collected while unwinding."""
+
+    def __init__(self, problem: str) -> None:
+        super().__init__(problem)
+        self.problem = problem
+        self.path: list[str] = []
+
+    def at(self, segment: str) -> "_Invalid":
+        self.path.append(segment)
+        return self
+
+    def message(self, root: str) -> str:
+        path = self.path[::-1]
+        if len(path) > 8:  # 32 levels of a hostile value make an unreadable (but bounded) path: elide the middle
+            path = path[:6] + ["..."] + path[-1:]
+        return f"{root}{''.join(path)} {self.problem}"
+
+
+def _key(key: str) -> str:
+    return f"[{_snippet(key)}]"
+
+
+class _Budget:
+    """Values still allowed in one request (one walk of the plugin's input)."""
+
+    __slots__ = ("left",)
+
+    def __init__(self) -> None:
+        self.left = MAX_VALUES
+
+    def take(self) -> None:
+        self.left -= 1
+        if self.left < 0:
+            raise _Invalid(f"takes the request past {MAX_VALUES:,} values; no real chat request is that large")
+
+
+def _check_json(value: Any, depth: int, budget: _Budget) -> None:
+    """Raise :class:`_Invalid` unless ``value`` is plain JSON, ``depth`` levels in, within the bounds."""
+    budget.take()
+    if isinstance(value, str) or value is None or isinstance(value, bool):
+        return
+    if isinstance(value, int):
+        if not -_INT_LIMIT <= value < _INT_LIMIT:
+            raise _Invalid("is an integer beyond 64 bits; no provider takes it")
+        return
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise _Invalid(f"is {float.__repr__(value)}; JSON has no NaN or infinity")
+        return
+    if depth >= MAX_NESTING:
+        raise _Invalid(f"is nested more than {MAX_NESTING} levels deep (or contains itself); flatten it")
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise _Invalid(f"has a key of type {type(key).__name__}; JSON object keys must be strings")
+            try:
+                _check_json(item, depth + 1, budget)
+            except _Invalid as bad:
+                raise bad.at(_key(key))
+        return
+    if isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            try:
+                _check_json(item, depth + 1, budget)
+            except _Invalid as bad:
+                raise bad.at(f"[{index}]")
+        return
+    raise _Invalid(f"must be plain JSON (str, number, bool, None, list or dict), got {type(value).__name__}")
+
+
+def _need_str(container: dict, key: str, what: str) -> None:
+    value = container.get(key)
+    if not isinstance(value, str):
+        raise _Invalid(f"must be a str ({what}), got {type(value).__name__}").at(_key(key))
+
+
+def _check_part(part: Any, budget: _Budget) -> None:
+    """One OpenAI content part: a dict with a str ``type`` and that type's field."""
+    if not isinstance(part, dict):
+        raise _Invalid(f"must be a content part such as {_PART_EXAMPLE}, got {type(part).__name__}")
+    kind = part.get("type")
+    if not isinstance(kind, str):
+        raise _Invalid(f"must be a str such as 'text' or 'image_url', got {_snippet(kind)}").at("['type']")
+    if kind == "text":
+        _need_str(part, "text", f"the text of a {{'type': 'text'}} part")
+    elif kind == "image_url":
+        image = part.get("image_url")
+        if isinstance(image, dict):
+            try:
+                _need_str(image, "url", "an https:// or data: URL")
+                if "detail" in image and not isinstance(image["detail"], str):
+                    raise _Invalid("must be a str ('auto', 'low' or 'high')").at("['detail']")
+            except _Invalid as bad:
+                raise bad.at("['image_url']")
+        elif not isinstance(image, str):
+            raise _Invalid(f"must be {{'url': 'https://...'}} or a URL str, got {type(image).__name__}").at("['image_url']")
+    elif kind == "input_audio":
+        audio = part.get("input_audio")
+        if not isinstance(audio, dict):
+            raise _Invalid(f"must be {{'data': '<base64>', 'format': 'wav'}}, got {type(audio).__name__}").at("['input_audio']")
+        try:
+            _need_str(audio, "data", "base64 audio")
+        except _Invalid as bad:
+            raise bad.at("['input_audio']")
+    elif kind == "refusal":
+        _need_str(part, "refusal", "the refusal text")
+    elif kind == "file" and not isinstance(part.get("file"), dict):
+        raise _Invalid(f"must be a dict such as {{'file_id': '...'}}, got {type(part.get('file')).__name__}").at("['file']")
+    _check_json(part, 3, budget)  # the rest (and the fields just checked) as plain, bounded JSON
+
+
+def _check_content(role: str, content: Any, budget: _Budget) -> None:
+    if isinstance(content, str):
+        budget.take()
+        return
+    if content is None:
+        if role == "assistant":
+            return
+        raise _Invalid("is None; only an assistant message (with 'tool_calls') may have no content. Pass a str")
+    if isinstance(content, (list, tuple)):
+        if not content:
+            raise _Invalid(f"is an empty list; pass a str or at least one content part such as {_PART_EXAMPLE}")
+        budget.take()
+        for index, part in enumerate(content):
+            try:
+                _check_part(part, budget)
+            except _Invalid as bad:
+                raise bad.at(f"[{index}]")
+        return
+    raise _Invalid(f"must be a str or a list of content parts such as {_PART_EXAMPLE}, got {type(content).__name__}")
+
+
+def _check_tool_calls(value: Any, budget: _Budget) -> None:
+    if not isinstance(value, (list, tuple)):
+        raise _Invalid(f"must be a list of tool calls such as {_TOOL_CALL_EXAMPLE}, got {type(value).__name__}")
+    budget.take()
+    for index, call in enumerate(value):
+        try:
+            if not isinstance(call, dict):
+                raise _Invalid(f"must be a tool call such as {_TOOL_CALL_EXAMPLE}, got {type(call).__name__}")
+            _check_json(call, 3, budget)
+            if "id" in call:
+                _need_str(call, "id", "the tool call id")
+            function = call.get("function")
+            if not isinstance(function, dict):
+                raise _Invalid(f"must be {{'name': ..., 'arguments': '<json>'}}, got {type(function).__name__}").at("['function']")
+            try:
+                _need_str(function, "name", "the tool name")
+                if "arguments" in function:
+                    _need_str(function, "arguments", "the arguments as a JSON string, e.g. json.dumps(args)")
+            except _Invalid as bad:
+                raise bad.at("['function']")
+        except _Invalid as bad:
+            raise bad.at(f"[{index}]")
+
+
+def _check_message(message: dict, budget: _Budget) -> None:
+    budget.take()
+    role = message.get("role")
+    if not isinstance(role, str) or role not in _MESSAGE_ROLES:
+        raise _Invalid(f"must be one of {_ROLES_TEXT}, got {_snippet(role)}").at("['role']")
+    for key, value in message.items():
+        if not isinstance(key, str):
+            raise _Invalid(f"has a key of type {type(key).__name__}; message keys are strings such as "
+                           "'role', 'content', 'name', 'tool_calls' and 'tool_call_id'")
+        if key == "role":
+            continue
+        try:
+            if key == "content":
+                _check_content(role, value, budget)
+            elif key in ("name", "tool_call_id"):
+                if not isinstance(value, str):
+                    raise _Invalid(f"must be a str, got {type(value).__name__}")
+                budget.take()
+            elif key == "tool_calls":
+                _check_tool_calls(value, budget)
+            else:  # provider-specific keys (cache_control, ...) pass through as plain JSON
+                _check_json(value, 2, budget)
+        except _Invalid as bad:
+            raise bad.at(_key(key))
+    if "content" not in message and not message.get("tool_calls") and not message.get("function_call"):
+        raise _Invalid("has no 'content'; add 'content': '<text>' (only an assistant message with 'tool_calls' may omit it)")
 
 
 def _check_messages(messages: Any) -> list[dict[str, Any]]:
+    """Validate ``messages`` (OpenAI chat format) in one walk; return shallow copies.
+
+    Everything the request carries is checked before anything is sent: str
+    keys, known roles, content as a str, a list of content parts (each with a
+    str ``type`` and its field) or - assistant only - None, tool calls, plain
+    JSON values, at most :data:`MAX_NESTING` levels and :data:`MAX_VALUES`
+    values. Errors name the path (``messages[1]['content'][0]['text']``) and
+    show only type names and short snippets, never the whole value.
+    """
     if not isinstance(messages, (list, tuple)) or not messages:
         raise ValueError("messages must be a non-empty list of {'role': ..., 'content': ...} dicts (OpenAI chat format)")
+    budget = _Budget()
+    checked = []
     for i, message in enumerate(messages):
         if not isinstance(message, dict):
             raise ValueError(f"messages[{i}] must be a dict with 'role' and 'content', got {type(message).__name__}")
-        role = message.get("role")
-        if role not in _MESSAGE_ROLES:
-            raise ValueError(f"messages[{i}]['role'] must be one of {sorted(_MESSAGE_ROLES)}, got {role!r}")
-        if "content" not in message and not message.get("tool_calls"):
-            raise ValueError(f"messages[{i}] has no 'content'")
-    return [dict(m) for m in messages]
+        try:
+            _check_message(message, budget)
+        except _Invalid as bad:
+            problem = bad.message(f"messages[{i}]")
+        else:
+            checked.append(dict(message))
+            continue
+        raise ValueError(problem)
+    return checked
+
+
+def _check_tools(tools: Any) -> list[dict[str, Any]] | None:
+    """Validate ``tools`` (OpenAI function-calling form) like messages: plain JSON, bounded, named functions."""
+    if tools is None:
+        return None
+    if not isinstance(tools, (list, tuple)):
+        raise ValueError(f"tools must be a list such as [{_TOOL_EXAMPLE}], got {type(tools).__name__}")
+    budget = _Budget()
+    problem = None
+    for index, tool in enumerate(tools):
+        try:
+            if not isinstance(tool, dict):
+                raise _Invalid(f"must be a tool such as {_TOOL_EXAMPLE}, got {type(tool).__name__}")
+            _check_json(tool, 1, budget)
+            kind = tool.get("type")
+            if not isinstance(kind, str):
+                raise _Invalid(f"must be a str such as 'function', got {_snippet(kind)}").at("['type']")
+            if kind == "function":
+                function = tool.get("function")
+                if not isinstance(function, dict):
+                    raise _Invalid(f"must be {{'name': ..., 'parameters': {{...}}}}, got {type(function).__name__}").at("['function']")
+                try:
+                    _need_str(function, "name", "the tool name")
+                    if "parameters" in function and not isinstance(function["parameters"], dict):
+                        raise _Invalid("must be a JSON Schema dict").at("['parameters']")
+                except _Invalid as bad:
+                    raise bad.at("['function']")
+        except _Invalid as bad:
+            problem = bad.message(f"tools[{index}]")
+            break
+    if problem is not None:
+        raise ValueError(problem)
+    return list(tools) or None
 
 
 def _check_optional_str(name: str, value: Any) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str) or not value.strip():
-        raise ValueError(f"{name} must be a non-empty string when given, got {value!r}")
-    return value.strip()
+        raise ValueError(f"{name} must be a non-empty string when given, got {_snippet(value)}")
+    value = value.strip()
+    if len(value) > _MAX_NAME:
+        raise ValueError(f"{name} must be at most {_MAX_NAME} characters, got {len(value):,} ({_snippet(value)})")
+    return value
+
+
+def _check_params(temperature: Any, max_tokens: Any, timeout: Any) -> None:
+    """The numeric call parameters, before anything is sent."""
+    if temperature is not None and (
+        isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 <= temperature <= 100
+    ):
+        raise ValueError(f"temperature must be a number >= 0 such as 0.2, got {_snippet(temperature)}")
+    if max_tokens is not None and (
+        isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or not 1 <= max_tokens < _INT_LIMIT
+    ):
+        raise ValueError(f"max_tokens must be a whole number >= 1 such as 512, got {_snippet(max_tokens)}")
+    if isinstance(timeout, float) and math.isnan(timeout) or (
+        isinstance(timeout, int) and not isinstance(timeout, bool) and timeout >= _INT_LIMIT
+    ):
+        raise ValueError(f"timeout must be a positive number of seconds such as 30, got {_snippet(timeout)}")
+
+
+def _detail(exc: BaseException) -> str:
+    """A short, redacted, one-line text of an unexpected exception (it may carry anything)."""
+    try:
+        text = str(exc)[: 20 * _MAX_DETAIL]
+        from auth import redact
+
+        text = redact(text)  # before truncating: a cut secret would no longer match
+    except Exception:  # noqa: BLE001 - describing a failure must not fail
+        return type(exc).__name__
+    text = " ".join(text.split())[:_MAX_DETAIL]
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _whole(value: Any, default: int) -> int:
+    return value if type(value) is int and 0 <= value <= _MAX_ATTEMPTS else default
+
+
+def _seconds(value: Any) -> float:
+    return float(value) if type(value) in (int, float) and math.isfinite(value) and 0 <= value < 1e7 else 0.0
 
 
 def _check_forbidden(plugin_id: str, extra: dict[str, Any]) -> None:
@@ -265,6 +568,10 @@ class PluginLlm:
             self._transport = LitellmTransport()
         return self._transport
 
+    # Both shells hand *every* outcome of a transport request to the flow, which
+    # audits it and raises: the flow, not the shell, decides what the plugin sees.
+    # The failure is thrown outside the ``except`` block (no implicit chaining of
+    # the transport's exception, whose frames may hold a key) and dropped after.
     def _run_sync(self, flow: _Flow) -> Any:
         transport = self._transport_impl()
         if hasattr(transport, "ready"):  # one-time litellm import: not part of any call's latency
@@ -272,12 +579,18 @@ class PluginLlm:
         try:
             request = next(flow)
             while True:
+                failure: BaseException | None = None
                 try:
                     response = transport.complete(request)
-                except PluginLlmError as exc:
-                    request = flow.throw(exc)
-                else:
+                except BaseException as exc:  # noqa: BLE001 - audited and re-raised by the flow
+                    failure = exc
+                if failure is None:
                     request = flow.send(response)
+                    continue
+                try:
+                    request = flow.throw(failure)
+                finally:
+                    failure = None
         except StopIteration as done:
             return done.value
 
@@ -288,28 +601,47 @@ class PluginLlm:
         try:
             request = next(flow)
             while True:
+                failure: BaseException | None = None
                 try:
                     response = await transport.acomplete(request)
-                except PluginLlmError as exc:
-                    request = flow.throw(exc)
-                else:
+                except BaseException as exc:  # noqa: BLE001 - incl. CancelledError: audited, then re-raised as is
+                    failure = exc
+                if failure is None:
                     request = flow.send(response)
+                    continue
+                try:
+                    request = flow.throw(failure)
+                finally:
+                    failure = None
         except StopIteration as done:
             return done.value
 
     # ------------------------------------------------------------- pipeline
+    # A flow = argument checks (nothing audited: no call yet) -> admission (audits
+    # its own denials and route errors) -> the guarded steps. From admission on,
+    # every outcome gets exactly one record: the steps audit what they know how
+    # to describe, and ``_guarded`` audits anything else once, as an error.
     def _complete_flow(self, mode, messages, provider, model, temperature, max_tokens, timeout, agent_id, profile,
                        purpose, forbidden, *, tools=None, finish=None) -> _Flow:
         _check_forbidden(self._plugin_id, forbidden)
         messages = _check_messages(messages)
+        tools = _check_tools(tools)
+        _check_params(temperature, max_tokens, timeout)
         params: dict[str, Any] = {"temperature": temperature, "max_tokens": max_tokens}
         if tools:
             params["tools"] = tools
         call = self._new_call("complete", mode, purpose, agent_id, profile, None)
         admitted = self._admit(call, provider, model, timeout)
-        response = yield from self._provider_call(call, admitted, messages, params, _Tally())
-        self._audit_outcome(call, admitted, "ok", messages=messages, response=response, tally=_Tally().add(response))
-        return (finish or self._result)(call, admitted.route, response, response.usage)
+        tally = _Tally()
+        steps = self._complete_steps(call, admitted, tally, messages, params, finish or self._result)
+        return (yield from self._guarded(call, admitted, tally, messages, steps))
+
+    def _complete_steps(self, call, admitted, tally, messages, params, finish) -> _Flow:
+        response = yield from self._provider_call(call, admitted, messages, params, tally)
+        tally.add(response)
+        result = finish(call, admitted.route, response, tally.usage)  # before the record: a failure here is the outcome
+        self._audit_outcome(call, admitted, "ok", messages=messages, response=response, tally=tally)
+        return result
 
     def _structured_flow(self, mode, instructions, input, json_schema, json_mode, schema_name, system_prompt,
                          provider, model, temperature, max_tokens, timeout, agent_id, profile, purpose, forbidden) -> _Flow:
@@ -318,21 +650,30 @@ class PluginLlm:
         blocks = structured.normalise_input(input)
         schema = structured.check_schema(json_schema)
         schema_name = _check_optional_str("schema_name", schema_name)
+        if system_prompt is not None and not isinstance(system_prompt, str):
+            raise ValueError(f"system_prompt must be a str or None, got {type(system_prompt).__name__}")
+        _check_params(temperature, max_tokens, timeout)
         call = self._new_call("structured", mode, purpose, agent_id, profile, schema_name)
         admitted = self._admit(call, provider, model, timeout)
+        tally = _Tally(schema=schema)
+        steps = self._structured_steps(call, admitted, tally, instructions, blocks, schema, schema_name, system_prompt,
+                                       bool(json_mode), temperature, max_tokens)
+        return (yield from self._guarded(call, admitted, tally, None, steps))
+
+    def _structured_steps(self, call, admitted, tally, instructions, blocks, schema, schema_name, system_prompt,
+                          json_mode, temperature, max_tokens) -> _Flow:
         native = schema is not None and bool(self._transport_impl().supports_json_schema(admitted.route))
-        messages = first_messages = structured.build_messages(
+        messages = first_messages = tally.audit_messages = structured.build_messages(
             instructions=instructions, blocks=blocks, json_schema=schema, schema_name=schema_name,
-            system_prompt=None if system_prompt is None else str(system_prompt), native_schema=native,
+            system_prompt=system_prompt, native_schema=native,
         )
         params = {
             "temperature": temperature,
             "max_tokens": max_tokens,
             "response_format": structured.response_format(
-                json_schema=schema, schema_name=schema_name, json_mode=bool(json_mode), native_schema=native
+                json_schema=schema, schema_name=schema_name, json_mode=json_mode, native_schema=native
             ),
         }
-        tally = _Tally(schema=schema)
         max_repairs = admitted.config.llm.structured_repair_attempts
         for repair in range(max_repairs + 1):
             response = yield from self._provider_call(call, admitted, first_messages, params, tally, messages=messages)
@@ -353,11 +694,36 @@ class PluginLlm:
             )
             self._audit_outcome(call, admitted, "schema_error", messages=first_messages, response=response, tally=tally, error=error)
             raise error
-        self._audit_outcome(call, admitted, "ok", messages=first_messages, response=response, tally=tally)
         base = self._result(call, admitted.route, response, tally.usage)
-        return PluginLlmStructuredResult(
+        result = PluginLlmStructuredResult(
             **vars(base), parsed=reply.parsed if reply.content_type == "json" else None, content_type=reply.content_type
         )
+        self._audit_outcome(call, admitted, "ok", messages=first_messages, response=response, tally=tally)
+        return result
+
+    def _guarded(self, call: _Call, admitted: _Admitted, tally: "_Tally", messages, steps: _Flow) -> _Flow:
+        """Run ``steps``; whatever escapes them unaudited is audited once as an error and raised as a PluginLlmError."""
+        failure: BaseException | None = None
+        try:
+            return (yield from steps)
+        except BaseException as exc:  # noqa: BLE001 - the one place an unexpected failure becomes an outcome
+            if tally.audited:
+                raise
+            failure = exc
+        if isinstance(failure, PluginLlmError) or not isinstance(failure, Exception):
+            error, cause = failure, None  # a gateway error (or a cancellation): audited with its own status
+        else:
+            route = admitted.route
+            error = PluginLlmError(
+                f"the gateway failed during the call to {route.provider}/{route.model} ({_detail(failure)}); "
+                f"this is a bug in the host, not in the plugin. The call is in the audit log as {call.call_id}."
+            )
+            cause = type(failure).__name__
+        failure = None
+        audit_messages = messages if messages is not None else tally.audit_messages
+        self._audit_outcome(call, admitted, _status_for(error), messages=audit_messages, response=None, tally=tally,
+                            error=error, cause=cause)
+        raise error
 
     def _result(self, call: _Call, route: Route, response: TransportResponse, usage: PluginLlmUsage) -> PluginLlmCompleteResult:
         return PluginLlmCompleteResult(
@@ -377,8 +743,11 @@ class PluginLlm:
 
     # -- pipeline steps
     def _new_call(self, api, mode, purpose, agent_id, profile, schema_name) -> _Call:
-        if purpose is not None and not isinstance(purpose, str):
-            raise ValueError(f"purpose must be a string, got {type(purpose).__name__}")
+        if purpose is not None:
+            if not isinstance(purpose, str):
+                raise ValueError(f"purpose must be a string, got {type(purpose).__name__}")
+            if len(purpose) > _MAX_NAME:
+                raise ValueError(f"purpose must be a short label of at most {_MAX_NAME} characters, got {len(purpose):,}")
         return _Call(
             call_id=uuid.uuid4().hex,
             plugin_id=self._plugin_id,
@@ -392,7 +761,7 @@ class PluginLlm:
         )
 
     def _admit(self, call: _Call, provider: str | None, model: str | None, timeout: float | None) -> _Admitted:
-        """Trust gate, route, deadline and the audit pre-flight, before any provider call."""
+        """Trust gate, route, deadline and - with ``audit.required`` - the begin record, before any provider call."""
         config = self._config.current()
         provider = _check_optional_str("provider", provider)
         model = _check_optional_str("model", model)
@@ -412,15 +781,50 @@ class PluginLlm:
                            "gen_ai.request.model": model or config.model.model, "decision_reason": decision.reason})
             self._write_audit(call, config, record)
             raise
-        if config.audit.required:  # fail closed before the provider when the log can't take the record
-            try:
-                self._audit_sink(config).check_writable()
-            except Exception as exc:
-                raise PluginLlmConfigError(str(exc)) from None
+        if config.audit.required:
+            self._write_begin(call, admitted)
         return admitted
 
+    def _write_begin(self, call: _Call, admitted: _Admitted) -> None:
+        """With ``audit.required``: put the attempt on record before the provider sees the request.
+
+        A pre-check alone (``check_writable``) cannot promise that the write
+        will succeed - the log can become unwritable between the check and the
+        write (file-size limit, quota, a full disk) - so the proof is a real
+        write: an ``llm.call.begin`` event (``kind: "event"``, so summaries and
+        queries of call records do not count it twice). If it fails the call
+        fails closed with nothing sent. The outcome record follows as usual;
+        a begin without an outcome means the host died, or the log broke,
+        while the provider was working on the call.
+        """
+        config = admitted.config
+        route = admitted.route
+        try:
+            sink = self._audit_sink(config)
+            if hasattr(sink, "check_writable"):
+                sink.check_writable()  # also refuses a nearly full disk, which one small record would not notice
+            sink.write({
+                "event": EVENT_CALL_BEGIN,
+                "kind": "event",
+                "call_id": call.call_id,
+                "plugin_id": call.plugin_id,
+                "purpose": call.purpose,
+                "api": call.api,
+                "mode": call.mode,
+                "gen_ai.provider.name": route.provider,
+                "gen_ai.request.model": route.model,
+                "agent_id": call.agent_id,
+                "profile": call.profile,
+                "schema_name": call.schema_name,
+            })
+        except Exception as exc:  # noqa: BLE001 - any failure to record the attempt refuses the call
+            reason = _detail(exc)
+        else:
+            return
+        raise PluginLlmConfigError(self._required_message(config, reason, sent=False))
+
     def _provider_call(self, call: _Call, admitted: _Admitted, audit_messages, params, tally: "_Tally", *, messages=None):
-        """Yield one transport request; audit and re-raise a transport failure."""
+        """Yield one transport request; audit and raise whatever it ends in other than a usable response."""
         request = TransportRequest(
             route=admitted.route,
             messages=messages if messages is not None else audit_messages,
@@ -428,16 +832,70 @@ class PluginLlm:
             deadline=admitted.deadline,
             params=params,
         )
+        failure: BaseException | None = None
         try:
             response = yield request
-        except PluginLlmError as exc:
-            tally.attempts += int(getattr(exc, "attempts", 1) or 1)
-            tally.provider_seconds += float(getattr(exc, "provider_seconds", 0.0) or 0.0)
-            if tally.schema is not None:
-                tally.validation = "none"
-            self._audit_outcome(call, admitted, _status_for(exc), messages=audit_messages, response=None, tally=tally, error=exc)
-            raise
-        return response
+            response = self._checked_response(response, admitted.route, tally)
+        except BaseException as exc:  # noqa: BLE001 - every transport outcome is audited, then raised
+            failure = exc
+        if failure is None:
+            return response
+        cause = None
+        if isinstance(failure, PluginLlmError) or not isinstance(failure, Exception):
+            error = failure  # the transport's own error, or a cancellation/interrupt: raised as it is
+        else:  # IndexError, KeyError, ... from a transport that let a malformed reply through
+            route = admitted.route
+            error = PluginLlmProviderError(
+                f"the call to {route.provider}/{route.model} failed: the transport raised {_detail(failure)} "
+                f"(a malformed provider reply or a transport bug). The call is in the audit log as {call.call_id}.",
+                provider=route.provider,
+            )
+            cause = type(failure).__name__
+        failure = None
+        tally.attempts += _whole(getattr(error, "attempts", 1), 1)
+        tally.provider_seconds += _seconds(getattr(error, "provider_seconds", 0.0))
+        if tally.schema is not None:
+            tally.validation = "none"
+        status = "error" if cause is not None else _status_for(error)
+        self._audit_outcome(call, admitted, status, messages=audit_messages, response=None, tally=tally,
+                            error=error, cause=cause)
+        raise error
+
+    @staticmethod
+    def _checked_response(response: Any, route: Route, tally: "_Tally") -> TransportResponse:
+        """The transport's response, made safe to use and to record (one pass, no copy when sane).
+
+        Structural problems (not a TransportResponse, text not a str, message
+        not a dict) are a malformed reply: ``PluginLlmProviderError``. Numbers
+        (usage, attempts, seconds) are clamped and the fix is recorded as an
+        anomaly in the call's audit record.
+        """
+        if not isinstance(response, TransportResponse):
+            raise _malformed(route, f"the transport returned {type(response).__name__}, not a TransportResponse")
+        if response.text is not None and not isinstance(response.text, str):
+            raise _malformed(route, f"its text is a {type(response.text).__name__}, not a str")
+        if not isinstance(response.message, dict):
+            raise _malformed(route, f"its message is a {type(response.message).__name__}, not a dict")
+        usage, anomalies = checked_usage(response.usage)
+        changes: dict[str, Any] = {}
+        if anomalies:
+            changes["usage"] = usage
+            tally.note(anomalies)
+        reported = getattr(response, "anomalies", ())  # the transport's own findings (clamped provider numbers)
+        if reported:
+            tally.note(reported if isinstance(reported, (list, tuple)) else (reported,))
+        model = response.model
+        if not isinstance(model, str) or not model or len(model) > _MAX_NAME:
+            changes["model"] = model[:_MAX_NAME] if isinstance(model, str) and model else route.model
+        attempts = response.attempts
+        if type(attempts) is not int or not 1 <= attempts <= _MAX_ATTEMPTS:
+            changes["attempts"] = fixed = _whole(attempts, 1) or 1
+            tally.note((f"attempts: reported {_snippet(attempts)}, recorded as {fixed}",))
+        seconds = response.provider_seconds
+        if _seconds(seconds) != seconds:
+            changes["provider_seconds"] = 0.0
+            tally.note((f"provider_seconds: reported {_snippet(seconds)}, recorded as 0",))
+        return dataclasses.replace(response, **changes) if changes else response
 
     # -- audit
     def _audit_sink(self, config: HostConfig):
@@ -450,15 +908,30 @@ class PluginLlm:
         self._sink_cache = (config, sink)
         return sink
 
+    def _required_message(self, config: HostConfig, reason: str, *, sent: bool) -> str:
+        log_path = getattr(self._audit_log, "path", None) or Path(config.home) / "logs" / "agent.log"
+        what = ("the provider answered, but the reply is withheld because the call could not be recorded"
+                if sent else "the call was not sent to the provider")
+        return (
+            f"the audit log {log_path} could not be written ({reason}) and audit.required is true in "
+            f"{config.path}: {what}. Fix the log (free disk space, permissions, file-size limits) or set "
+            "audit.required: false to log best-effort."
+        )
+
     def _write_audit(self, call: _Call, config: HostConfig, record: dict[str, Any]) -> None:
+        """Append ``record``; never raises, except PluginLlmConfigError when audit.required is true."""
         try:
             self._audit_sink(config).write(record)
-        except Exception as exc:
-            if config.audit.required:
-                raise PluginLlmConfigError(
-                    f"the audit log could not be written and audit.required is true in {config.path}: {exc}"
-                ) from None
-            log.error("audit record for call %s was not written: %s", call.call_id, exc)
+        except Exception as exc:  # noqa: BLE001 - an audit problem must not break a call unless required
+            reason = _detail(exc)
+        else:
+            return
+        if config.audit.required:
+            raise PluginLlmConfigError(self._required_message(config, reason, sent=record.get("status") != "denied"))
+        try:
+            log.error("audit record for call %s was not written: %s", call.call_id, reason)
+        except Exception:  # noqa: BLE001 - a broken logging setup neither
+            pass
 
     def _base_record(self, call: _Call, config: HostConfig, route: Route | None) -> dict[str, Any]:
         elapsed_ms = (self._clock() - call.started) * 1000.0
@@ -495,7 +968,24 @@ class PluginLlm:
         return record
 
     def _audit_outcome(self, call: _Call, admitted: _Admitted, status: str, *, messages, response, tally: "_Tally",
-                       error: BaseException | None = None) -> None:
+                       error: BaseException | None = None, cause: str | None = None) -> None:
+        """Write the call's one outcome record (``tally.audited`` keeps ``_guarded`` from writing a second)."""
+        config = admitted.config
+        try:
+            record = self._outcome_record(call, admitted, status, messages, response, tally, error)
+        except Exception as exc:  # noqa: BLE001 - defence in depth: every input was checked already
+            if status == "ok":
+                raise  # not written yet: _guarded records the failure as the outcome
+            record = self._base_record(call, config, admitted.route)
+            record.update({"status": status, "error.type": type(error).__name__ if error else None,
+                           "decision_reason": admitted.decision.reason, "attempts": tally.attempts,
+                           "audit_record_error": type(exc).__name__})
+        if cause is not None:
+            record["error.cause"] = cause
+        tally.audited = True
+        self._write_audit(call, config, record)
+
+    def _outcome_record(self, call, admitted, status, messages, response, tally, error) -> dict[str, Any]:
         config = admitted.config
         record = self._base_record(call, config, admitted.route)
         latency_ms = record["latency_ms"]
@@ -510,9 +1000,11 @@ class PluginLlm:
             "cost_usd": tally.usage.cost_usd,
             "attempts": tally.attempts,
             "overhead_ms": round(max(0.0, latency_ms - tally.provider_seconds * 1000.0), 3),
-            "prompt_sha256": _sha256_json(messages),
-            "response_sha256": hashlib.sha256((response.text or "").encode("utf-8")).hexdigest() if response else None,
+            "prompt_sha256": _sha256_json(messages) if messages is not None else None,
+            "response_sha256": _sha256_text(response.text or "") if response else None,
         })
+        if tally.anomalies:
+            record["usage_anomaly"] = list(tally.anomalies)
         if call.api == "structured":
             record["schema_sha256"] = structured.schema_sha256(tally.schema)
             record["validation"] = tally.validation
@@ -520,7 +1012,7 @@ class PluginLlm:
         if config.audit.log_content:
             record["gen_ai.input.messages"] = messages
             record["gen_ai.output.text"] = response.text if response else None
-        self._write_audit(call, config, record)
+        return record
 
 
 @dataclass(frozen=True)
@@ -532,9 +1024,10 @@ class _Admitted:
 
 
 class _Tally:
-    """Running totals of one call across transport requests (repairs)."""
+    """Running totals of one call across transport requests (repairs), and whether it is on record."""
 
-    __slots__ = ("usage", "attempts", "provider_seconds", "repairs", "schema", "validation")
+    __slots__ = ("usage", "attempts", "provider_seconds", "repairs", "schema", "validation", "anomalies",
+                 "audited", "audit_messages")
 
     def __init__(self, schema: dict | None = None) -> None:
         self.usage = PluginLlmUsage()
@@ -543,12 +1036,27 @@ class _Tally:
         self.repairs = 0
         self.schema = schema
         self.validation = "none"
+        self.anomalies: list[str] = []
+        self.audited = False
+        self.audit_messages: list[dict[str, Any]] | None = None
 
     def add(self, response: TransportResponse) -> "_Tally":
         self.usage = self.usage + response.usage
         self.attempts += response.attempts
         self.provider_seconds += response.provider_seconds
         return self
+
+    def note(self, anomalies) -> None:
+        for anomaly in anomalies:
+            if len(self.anomalies) >= _MAX_ANOMALIES:
+                return
+            self.anomalies.append(anomaly[:200] if isinstance(anomaly, str) else f"a {type(anomaly).__name__}")
+
+
+def _malformed(route: Route, problem: str) -> PluginLlmProviderError:
+    return PluginLlmProviderError(
+        f"the reply of {route.provider}/{route.model} is malformed: {problem}", provider=route.provider,
+    )
 
 
 def _status_for(exc: BaseException) -> str:
@@ -585,14 +1093,23 @@ class HostLlm(PluginLlm):
 
     def _chat_result(self, call: _Call, route: Route, response: TransportResponse, usage: PluginLlmUsage) -> HostChatResult:
         base = self._result(call, route, response, usage)
+        raw_calls = response.message.get("tool_calls") or ()
+        if not isinstance(raw_calls, (list, tuple)):
+            raise _malformed(route, f"its tool_calls is a {type(raw_calls).__name__}, not a list")
         calls = []
-        for raw in response.message.get("tool_calls") or ():
-            arguments_text = raw["function"].get("arguments") or "{}"
+        for index, raw in enumerate(raw_calls):
+            function = raw.get("function") if isinstance(raw, dict) else None
+            if not isinstance(function, dict) or not isinstance(raw.get("id"), str) or not isinstance(function.get("name"), str):
+                raise _malformed(route, f"tool_calls[{index}] needs a str 'id' and a 'function' with a str 'name'")
+            arguments_text = function.get("arguments") or "{}"
+            if not isinstance(arguments_text, str):
+                raise _malformed(route, f"tool_calls[{index}]['function']['arguments'] is a "
+                                        f"{type(arguments_text).__name__}, not a JSON string")
             try:
                 arguments = json.loads(arguments_text)
-            except ValueError:
+            except (ValueError, RecursionError):
                 arguments = {}
-            calls.append(ToolCall(raw["id"], raw["function"]["name"], arguments if isinstance(arguments, dict) else {}, arguments_text))
+            calls.append(ToolCall(raw["id"], function["name"], arguments if isinstance(arguments, dict) else {}, arguments_text))
         return HostChatResult(
             text=response.text, tool_calls=tuple(calls), message=dict(response.message), usage=usage,
             provider=base.provider, model=base.model, audit=base.audit,

@@ -82,6 +82,27 @@ _VALIDATOR_CACHE_MAX = 256
 # Input blocks
 # --------------------------------------------------------------------------
 
+_SNIPPET = 40  # characters of a bad str value shown in an error message
+_MAX_BLOCKS = 100_000  # input blocks in one call: far beyond any context window
+
+
+def _snippet(value: Any) -> str:
+    """A short description of a bad value for an error message: never an unbounded ``repr``.
+
+    Strings are shown truncated, small numbers and None/bools as they are,
+    anything else (huge ints, containers, arbitrary objects) by type name.
+    """
+    if isinstance(value, str):
+        return repr(str(value[:_SNIPPET])) + ("..." if len(value) > _SNIPPET else "")
+    if value is None or isinstance(value, bool):
+        return repr(value)
+    if type(value) is int and -10**15 < value < 10**15:
+        return int.__repr__(value)
+    if type(value) is float:
+        return float.__repr__(value)
+    return f"a value of type {type(value).__name__}"
+
+
 
 def normalise_input(input: Any) -> tuple[_Block, ...]:  # noqa: A002 - the public parameter name
     """Return ``input`` as a tuple of ``PluginLlmTextInput``/``PluginLlmImageInput``.
@@ -106,6 +127,11 @@ def normalise_input(input: Any) -> tuple[_Block, ...]:  # noqa: A002 - the publi
         raise ValueError(
             "input is empty: complete_structured needs at least one text or image block, "
             "e.g. input=[{'type': 'text', 'text': '...'}]."
+        )
+    if len(input) > _MAX_BLOCKS:
+        raise ValueError(
+            f"input has {len(input):,} blocks; at most {_MAX_BLOCKS:,} are accepted in one call. "
+            "Join small text blocks into one, or split the work over several calls."
         )
     blocks = tuple(_normalise_item(index, item) for index, item in enumerate(input))
     if not any(isinstance(b, PluginLlmImageInput) or b.text.strip() for b in blocks):
@@ -153,7 +179,7 @@ def _block_from_dict(where: str, item: Mapping[str, Any]) -> _Block:
             item.get("file_name", ""),
         )
     raise ValueError(
-        f"{where}: unknown block type {kind!r}. Use 'text' ({{'type': 'text', 'text': '...'}}) or "
+        f"{where}: unknown block type {_snippet(kind)}. Use 'text' ({{'type': 'text', 'text': '...'}}) or "
         "'image' ({'type': 'image', 'data': b'...', 'mime_type': 'image/png'} or "
         "{'type': 'image', 'url': 'https://...'})."
     )
@@ -167,7 +193,7 @@ def _infer_type(where: str, item: Mapping[str, Any]) -> str:
         return "text"
     if has_image and not has_text:
         return "image"
-    keys = ", ".join(repr(k) for k in item) or "no keys"
+    keys = ", ".join(_snippet(k) for k in list(item)[:8]) + (", ..." if len(item) > 8 else "") if item else "no keys"
     raise ValueError(
         f"{where}: cannot tell the block type of a dict with {keys}. Add 'type': 'text' "
         "(with 'text') or 'type': 'image' (with 'data' or 'url')."
@@ -178,10 +204,10 @@ def _reject_unknown_keys(where: str, item: Mapping[str, Any], allowed: frozenset
     """Refuse misspelt keys (``mime`` for ``mime_type``) instead of silently ignoring them."""
     for key in item:
         if key not in allowed:
-            close = difflib.get_close_matches(str(key), sorted(allowed), n=1)
+            close = difflib.get_close_matches(key[:_SNIPPET], sorted(allowed), n=1) if isinstance(key, str) else []
             hint = f" Did you mean {close[0]!r}?" if close else ""
             raise ValueError(
-                f"{where}: unknown key {key!r} in a {item.get('type', 'block')!r} block; "
+                f"{where}: unknown key {_snippet(key)} in a {_snippet(item.get('type', 'block'))} block; "
                 f"allowed keys are {', '.join(sorted(allowed))}.{hint}"
             )
 
@@ -216,7 +242,7 @@ def _image_block(where: str, data: Any, url: Any, mime_type: Any, file_name: Any
     if not isinstance(mime_type, str) or not _MIME_RE.match(mime_type):
         raise ValueError(
             f"{where}: image 'mime_type' must be a media type such as 'image/png' or 'image/jpeg', "
-            f"got {mime_type!r}."
+            f"got {_snippet(mime_type)}."
         )
     return PluginLlmImageInput(data=data, mime_type=mime_type, file_name=file_name)
 
@@ -227,7 +253,7 @@ def _checked_url(where: str, url: Any) -> str:
         raise ValueError(f"{where}: image 'url' must be a str, got {type(url).__name__}.")
     if not url.strip().lower().startswith(_URL_SCHEMES):
         raise ValueError(
-            f"{where}: image 'url' must start with http://, https:// or data:, got {url[:60]!r}. "
+            f"{where}: image 'url' must start with http://, https:// or data:, got {_snippet(url)}. "
             "For a local file, read it and pass data=<bytes> with mime_type."
         )
     return url
@@ -329,7 +355,7 @@ def _validator_class(schema: dict) -> type[Validator]:
     cls = validator_for(schema, default=None) if isinstance(dialect, str) else None  # type: ignore[arg-type]
     if cls is None:
         raise ValueError(
-            f"json_schema: at {_json_path(['$schema'])}: unknown dialect {dialect!r}. Use "
+            f"json_schema: at {_json_path(['$schema'])}: unknown dialect {_snippet(dialect)}. Use "
             "'https://json-schema.org/draft/2020-12/schema' (or another published draft) or omit '$schema'."
         )
     return cls
@@ -353,7 +379,7 @@ def _check_refs_in(resource: referencing.Resource, resolver: referencing.Resolve
             resolver.lookup(ref)
         except referencing.exceptions.Unresolvable:
             raise ValueError(
-                f"json_schema: $ref {ref!r} cannot be resolved. Only references inside the schema "
+                f"json_schema: $ref {_snippet(ref)} cannot be resolved. Only references inside the schema "
                 "('#/$defs/...') and to the JSON Schema meta-schemas are supported; remote schemas "
                 "are never fetched, so inline them under $defs."
             ) from None

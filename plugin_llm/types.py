@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -11,7 +12,16 @@ __all__ = [
     "PluginLlmUsage",
     "PluginLlmCompleteResult",
     "PluginLlmStructuredResult",
+    "MAX_USAGE_TOKENS",
+    "MAX_USAGE_COST_USD",
+    "checked_usage",
 ]
+
+#: more tokens than any one call can use: a provider reporting more is wrong
+MAX_USAGE_TOKENS = 10**9
+#: more dollars than any one call can cost
+MAX_USAGE_COST_USD = 1e6
+_TOKEN_FIELDS = ("input_tokens", "output_tokens", "total_tokens", "cache_read_tokens", "cache_write_tokens")
 
 
 @dataclass(frozen=True)
@@ -93,3 +103,67 @@ class PluginLlmStructuredResult(PluginLlmCompleteResult):
 
     parsed: Any = None
     content_type: str = "text"
+
+
+def _describe_number(value: Any) -> str:
+    """A bounded description of a bad reported value (never the repr of a huge or hostile object)."""
+    if isinstance(value, bool):
+        return f"bool {value}"
+    if isinstance(value, int):
+        if -10**30 < value < 10**30:
+            return int.__repr__(value)
+        if value.bit_length() < 14_000:  # str() of more than 4300 digits raises ValueError
+            return f"an int of {len(int.__repr__(abs(value)))} digits"
+        return f"an int of about {int(math.log10(abs(value))) + 1} digits"
+    if isinstance(value, float):
+        return float.__repr__(value)
+    return f"a {type(value).__name__}"
+
+
+def _checked_tokens(name: str, value: Any, anomalies: list[str]) -> int:
+    if type(value) is int and 0 <= value <= MAX_USAGE_TOKENS:
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        clamped = 0 if value < 0 else min(int(value), MAX_USAGE_TOKENS)
+    elif isinstance(value, float) and math.isfinite(value):
+        clamped = 0 if value < 0 else min(int(value), MAX_USAGE_TOKENS)
+    else:
+        clamped = 0
+    anomalies.append(f"{name}: reported {_describe_number(value)}, recorded as {clamped}")
+    return clamped
+
+
+def _checked_cost(value: Any, anomalies: list[str]) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if isinstance(value, int) and 0 <= value <= MAX_USAGE_COST_USD:
+            return float(value)
+        if isinstance(value, float) and math.isfinite(value) and 0.0 <= value <= MAX_USAGE_COST_USD:
+            return value
+        if (isinstance(value, int) or math.isfinite(value)) and value > MAX_USAGE_COST_USD:
+            anomalies.append(f"cost_usd: reported {_describe_number(value)}, recorded as {MAX_USAGE_COST_USD:g}")
+            return MAX_USAGE_COST_USD
+    anomalies.append(f"cost_usd: reported {_describe_number(value)}, recorded as unknown")
+    return None
+
+
+def checked_usage(usage: Any) -> tuple[PluginLlmUsage, tuple[str, ...]]:
+    """``usage`` as any transport reported it, made sane, plus what had to be fixed.
+
+    Token counts must be ints in ``[0, MAX_USAGE_TOKENS]``: negatives become 0,
+    larger values are clamped, bools and non-numbers count as 0. ``cost_usd``
+    must be ``None`` or a finite number in ``[0, MAX_USAGE_COST_USD]``: NaN,
+    infinities, negatives and non-numbers become ``None`` (unknown), larger
+    values are clamped. Each fix is described (boundedly) in the returned
+    anomalies, which the gateway puts in the audit record. The common case, a
+    sane ``PluginLlmUsage``, is returned as it is.
+    """
+    if not isinstance(usage, PluginLlmUsage):
+        return PluginLlmUsage(), (f"usage: reported {_describe_number(usage)}, not PluginLlmUsage; recorded as 0 tokens",)
+    anomalies: list[str] = []
+    tokens = [_checked_tokens(name, getattr(usage, name), anomalies) for name in _TOKEN_FIELDS]
+    cost = _checked_cost(usage.cost_usd, anomalies)
+    if not anomalies:
+        return usage, ()
+    return PluginLlmUsage(*tokens, cost_usd=cost), tuple(anomalies)
