@@ -224,7 +224,7 @@ class _BadLines:
     def report(self) -> None:
         if self.count:
             print(
-                f"plugin-llm: warning: skipped {self.count} unreadable line(s), first in {_clean(self.first)}; "
+                f"plugin-llm: warning: skipped {self.count} unreadable line(s), first at {_clean(self.first)}; "
                 f"run `plugin-llm audit verify --strict`",
                 file=sys.stderr,
             )
