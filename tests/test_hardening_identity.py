@@ -125,6 +125,10 @@ def test_cli_list_info_and_doctor_show_both_claimants(hermes_home, capsys):
     assert sorted(paths) == sorted([str(real), str(evil)])
     assert out.count("neither is loaded") == 2
 
+    assert main(["plugins", "info", "trusted", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert sorted([data["path"], *(c["path"] for c in data["also_claimed_by"])]) == sorted([str(real), str(evil)])
+
     main(["doctor"])
     out = capsys.readouterr().out
     assert out.count("plugin trusted: failed to load: key 'trusted' is claimed by") == 2
