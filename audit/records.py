@@ -1,8 +1,17 @@
 """The audit record schema (SPEC §7): field names, allowed values, hashing helpers.
 
 Every line of ``agent.log`` is one JSON object. Call records (``kind: "call"``)
-carry the fields below; operational events (``kind: "event"``) carry ``event``
-plus their own fields. Both carry the chain fields ``schema``, ``seq``,
+carry the fields below - exactly one per call outcome (and per denial);
+operational events (``kind: "event"``) carry ``event`` plus their own fields.
+
+With ``audit.required: true`` the gateway also writes an ``llm.call.begin``
+event (:data:`EVENT_LLM_CALL_BEGIN`, ``kind: "event"``, same ``call_id``)
+before the provider sees the request: the only way to be sure the log takes
+the call is to write to it, a pre-check can pass and the log still break
+before the outcome is written (a file-size limit, a quota, a full disk). If
+that write fails the call is refused with nothing sent. Being an event, it
+is not counted by summaries or call queries; a begin without an outcome
+record means the host died, or the log broke, while the call was in flight. Both carry the chain fields ``schema``, ``seq``,
 ``prev_hash`` and ``hash`` added by the writer. Field names follow the
 OpenTelemetry GenAI semantic conventions where one exists.
 
@@ -27,13 +36,13 @@ __all__ = [
     "STATUS", "ERROR_TYPE", "OPERATION_NAME", "PROVIDER_NAME", "REQUEST_MODEL",
     "RESPONSE_MODEL", "AGENT_ID", "PROFILE", "INPUT_TOKENS", "OUTPUT_TOKENS",
     "COST_USD", "ATTEMPTS", "LATENCY_MS", "OVERHEAD_MS", "SCHEMA_NAME", "SCHEMA_SHA256",
-    "VALIDATION", "PROMPT_SHA256", "RESPONSE_SHA256", "AUDIT_WRITE_ERROR",
+    "VALIDATION", "PROMPT_SHA256", "RESPONSE_SHA256", "AUDIT_WRITE_ERROR", "USAGE_ANOMALY", "ERROR_CAUSE",
     "INPUT_MESSAGES", "OUTPUT_MESSAGES", "SYSTEM_INSTRUCTIONS", "OUTPUT_TEXT", "CONTENT_FIELDS",
     "CALL_FIELDS",
     # values
     "APIS", "MODES", "DECISIONS", "STATUSES", "VALIDATIONS",
     # events
-    "EVENT_LLM_CALL", "EVENT_CHAIN_RESUMED", "EVENT_PLUGIN_LOAD_FAILED", "EVENT_HOOK_ERROR",
+    "EVENT_LLM_CALL", "EVENT_LLM_CALL_BEGIN", "EVENT_CHAIN_RESUMED", "EVENT_PLUGIN_LOAD_FAILED", "EVENT_HOOK_ERROR",
     "EVENT_CONFIG_RELOADED", "EVENT_AUDIT_SETTINGS_CHANGED",
     # helpers
     "canonical_json", "sha256_text", "sha256_json", "new_call_id", "call_record",
@@ -83,6 +92,11 @@ PROMPT_SHA256 = "prompt_sha256"
 RESPONSE_SHA256 = "response_sha256"
 #: added by the writer to the first line written after lines were lost
 AUDIT_WRITE_ERROR = "audit_write_error"
+#: present only when needed: what provider-reported usage had to be clamped
+#: (list of short descriptions), and the exception type behind an unexpected
+#: failure (``status: "error"``; ``error.type`` is what the plugin was raised)
+USAGE_ANOMALY = "usage_anomaly"
+ERROR_CAUSE = "error.cause"
 
 # -- message content: only with ``audit.log_content: true`` -------------------------
 INPUT_MESSAGES = "gen_ai.input.messages"
@@ -108,6 +122,8 @@ VALIDATIONS = ("passed", "failed", "none")
 
 # -- event names ------------------------------------------------------------------
 EVENT_LLM_CALL = "llm.call"
+#: written before the provider call when audit.required is true (see the module docstring)
+EVENT_LLM_CALL_BEGIN = "llm.call.begin"
 EVENT_CHAIN_RESUMED = "chain_resumed"
 EVENT_PLUGIN_LOAD_FAILED = "plugin_load_failed"
 EVENT_HOOK_ERROR = "hook_error"

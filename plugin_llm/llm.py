@@ -102,7 +102,8 @@ MAX_NESTING = 32
 MAX_VALUES = 1_000_000
 #: the longest identifier a plugin may pass (purpose, agent_id, profile, provider, model)
 _MAX_NAME = 256
-#: written before the provider call when ``audit.required`` is true (see ``PluginLlm._admit``)
+#: written before the provider call when ``audit.required`` is true (``PluginLlm._write_begin``);
+#: the same name as ``audit.records.EVENT_LLM_CALL_BEGIN`` (not imported: plugin_llm loads audit lazily)
 EVENT_CALL_BEGIN = "llm.call.begin"
 _MAX_DETAIL = 160  # characters of an unexpected exception's text shown in a message
 _MAX_ANOMALIES = 16
@@ -910,7 +911,7 @@ class PluginLlm:
 
     def _required_message(self, config: HostConfig, reason: str, *, sent: bool) -> str:
         log_path = getattr(self._audit_log, "path", None) or Path(config.home) / "logs" / "agent.log"
-        what = ("the provider answered, but the reply is withheld because the call could not be recorded"
+        what = ("the call reached the provider, but its outcome could not be recorded, so its result is withheld"
                 if sent else "the call was not sent to the provider")
         return (
             f"the audit log {log_path} could not be written ({reason}) and audit.required is true in "
@@ -918,8 +919,11 @@ class PluginLlm:
             "audit.required: false to log best-effort."
         )
 
-    def _write_audit(self, call: _Call, config: HostConfig, record: dict[str, Any]) -> None:
-        """Append ``record``; never raises, except PluginLlmConfigError when audit.required is true."""
+    def _write_audit(self, call: _Call, config: HostConfig, record: dict[str, Any], *, sent: bool = False) -> None:
+        """Append ``record``; never raises, except PluginLlmConfigError when audit.required is true.
+
+        ``sent``: whether the provider has seen the request (for the error message).
+        """
         try:
             self._audit_sink(config).write(record)
         except Exception as exc:  # noqa: BLE001 - an audit problem must not break a call unless required
@@ -927,7 +931,7 @@ class PluginLlm:
         else:
             return
         if config.audit.required:
-            raise PluginLlmConfigError(self._required_message(config, reason, sent=record.get("status") != "denied"))
+            raise PluginLlmConfigError(self._required_message(config, reason, sent=sent))
         try:
             log.error("audit record for call %s was not written: %s", call.call_id, reason)
         except Exception:  # noqa: BLE001 - a broken logging setup neither
@@ -983,7 +987,7 @@ class PluginLlm:
         if cause is not None:
             record["error.cause"] = cause
         tally.audited = True
-        self._write_audit(call, config, record)
+        self._write_audit(call, config, record, sent=response is not None or tally.attempts > 0)
 
     def _outcome_record(self, call, admitted, status, messages, response, tally, error) -> dict[str, Any]:
         config = admitted.config

@@ -342,7 +342,7 @@ def test_required_audit_withholds_the_reply_when_the_outcome_cannot_be_written(h
     write_config(hermes_home, "audit:\n  required: true\n")
     transport = Fake()
     sink = CheckPassesWriteFails(hermes_home / "logs" / "agent.log", fail_from=1)  # the begin record gets through
-    with pytest.raises(PluginLlmConfigError, match="reply is withheld"):
+    with pytest.raises(PluginLlmConfigError, match="its result is withheld"):
         PluginLlm("p", transport=transport, audit_log=sink).complete(USER)
     [begin] = sink.writes
     assert begin["event"] == "llm.call.begin" and begin["kind"] == "event" and len(transport.requests) == 1
@@ -357,6 +357,10 @@ def test_required_audit_writes_a_begin_event_then_the_one_outcome(hermes_home, m
     [outcome] = audit_lines(hermes_home)
     assert [b["call_id"] for b in begins] == [outcome["call_id"]] == [result.audit["call_id"]]
     assert begins[0]["kind"] == "event" and lines.index(begins[0]) < lines.index(outcome)
+    from audit.records import EVENT_LLM_CALL_BEGIN
+    from plugin_llm.llm import EVENT_CALL_BEGIN
+
+    assert EVENT_CALL_BEGIN == EVENT_LLM_CALL_BEGIN == "llm.call.begin"
     assert verify(hermes_home).ok
 
 
