@@ -375,7 +375,9 @@ def read_metadata(plugins_dir: Path) -> dict[str, InstalledPlugin]:
         if text is None:
             return {}
         raw = loads_bounded(text)
-    except (PluginLlmConfigError, ValueError) as exc:
+    except PluginLlmConfigError as exc:  # the message names the file and what it is
+        raise InstallError(f"{exc}; or move it aside to start a fresh record") from None
+    except ValueError as exc:
         raise InstallError(f"{path} is unreadable ({exc}); move it aside to start a fresh record") from None
     plugins = raw.get("plugins") if isinstance(raw, dict) else None
     if not isinstance(plugins, dict):
