@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -47,7 +47,7 @@ class UnsafeFileError(PluginLlmConfigError):
 class HomeFile:
     """The bytes read and the ``fstat`` of the descriptor they were read from."""
 
-    data: bytes
+    data: bytes = field(repr=False)  # may hold credentials (auth.json, .env): never in a repr
     stat: os.stat_result
 
 

@@ -8,7 +8,9 @@ or overflows the stack. :func:`load_yaml` and :func:`compose_yaml` therefore
 check the composed node graph before anything is constructed from it:
 
 - a recursive alias (a collection containing itself) is refused;
-- aliases may add at most ``alias_budget`` nodes to the document;
+- aliases may add at most ``alias_budget`` values to the document (a long
+  string counts one value per 64 characters: 10,000 aliases of one
+  megabyte string are refused too);
 - nesting, counted through aliases, is at most ``max_depth`` levels.
 
 A refused document raises :class:`YamlLimitError`, a
@@ -38,8 +40,10 @@ __all__ = [
 
 #: nesting levels (mappings and sequences, through aliases); config.yaml needs about five
 MAX_DEPTH = 64
-#: nodes that aliases may add to one document (each use of ``*a`` adds the size of ``&a``)
+#: values that aliases may add to one document (each use of ``*a`` adds what ``&a`` stands for;
+#: a scalar counts one value per started 64 characters, so a long aliased string counts too)
 ALIAS_BUDGET = 10_000
+_CHARS_PER_VALUE = 64
 
 
 class YamlLimitError(yaml.MarkedYAMLError):
@@ -57,6 +61,11 @@ def _children(node: yaml.Node) -> list[yaml.Node]:
     return []
 
 
+def _weight(node: yaml.Node) -> int:
+    """What one node stands for: 1, plus 1 per 64 characters of a scalar (a long string is many values)."""
+    return 1 + len(node.value) // _CHARS_PER_VALUE if isinstance(node, yaml.ScalarNode) else 1
+
+
 def check_node(root: yaml.Node, *, max_depth: int = MAX_DEPTH, alias_budget: int = ALIAS_BUDGET) -> None:
     """Refuse a composed document that is recursive, too deep or expands too much.
 
@@ -66,10 +75,10 @@ def check_node(root: yaml.Node, *, max_depth: int = MAX_DEPTH, alias_budget: int
     and its depth below the current level. A node reached again while its own
     subtree is still open contains itself.
     """
-    size: dict[int, int] = {}  # id(node) -> expanded node count of its subtree
+    size: dict[int, int] = {}  # id(node) -> expanded weight of its subtree
     depth: dict[int, int] = {}  # id(node) -> expanded depth of its subtree (a scalar is 1)
     open_ids: set[int] = {id(root)}
-    stack: list[tuple[yaml.Node, Any, list[int]]] = [(root, iter(_children(root)), [1, 0])]
+    stack: list[tuple[yaml.Node, Any, list[int]]] = [(root, iter(_children(root)), [_weight(root), 0])]
     added = 0
     while stack:
         node, children, acc = stack[-1]
@@ -92,8 +101,8 @@ def check_node(root: yaml.Node, *, max_depth: int = MAX_DEPTH, alias_budget: int
             added += size[key]
             if added > alias_budget:
                 raise YamlLimitError(
-                    f"aliases expand the document beyond {alias_budget} extra values (the anchor here expands to "
-                    f"{size[key]} values; an alias bomb?): write the values out or use fewer aliases",
+                    f"aliases would repeat more than {alias_budget} values (the anchor here stands for "
+                    f"{size[key]}; an alias bomb?): write the values out or use fewer aliases",
                     child.start_mark,
                 )
             if len(stack) + depth[key] > max_depth:
@@ -103,6 +112,11 @@ def check_node(root: yaml.Node, *, max_depth: int = MAX_DEPTH, alias_budget: int
             continue
         if len(stack) + 1 > max_depth:
             raise YamlLimitError(f"nested deeper than {max_depth} levels", child.start_mark)
+        if isinstance(child, yaml.ScalarNode):  # a leaf: no need to go down
+            size[key], depth[key] = _weight(child), 1
+            acc[0] += size[key]
+            acc[1] = max(acc[1], 1)
+            continue
         open_ids.add(key)
         stack.append((child, iter(_children(child)), [1, 0]))
 

@@ -107,6 +107,9 @@ def test_loader_refuses_alias_bomb_recursion_and_depth_with_the_line(pure):
         load_yaml("[" * 100 + "]" * 100, pure=pure)
     with pytest.raises(yaml.YAMLError, match="nest"):
         load_yaml("- " * 5000 + "x\n", pure=pure)  # the pure composer would overflow the stack
+    long_string = 's: &s "' + "x" * 100_000 + '"\nl: [' + ", ".join(["*s"] * 100) + "]\n"
+    with pytest.raises(YamlLimitError, match="alias bomb"):  # 10 MB of text from 100 KB
+        load_yaml(long_string, pure=pure)
     # ordinary aliases and merge keys keep working
     assert load_yaml("base: &b {x: 1}\nuse: {<<: *b, y: 2}\nlist: &l [1, 2]\nagain: *l\n", pure=pure) == {
         "base": {"x": 1}, "use": {"x": 1, "y": 2}, "list": [1, 2], "again": [1, 2],
