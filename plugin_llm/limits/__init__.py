@@ -23,6 +23,7 @@ Operator views: :func:`snapshot` (``plugin-llm limits show``) and
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from pathlib import Path
@@ -170,7 +171,7 @@ _STORES_LOCK = threading.Lock()
 def store_for(settings: LimitSettings, home: Path | str) -> LimitStore:
     """The process-wide store for these settings (one per SQLite file / Redis URL); opened lazily."""
     identity = settings.store_identity()
-    key = identity + ((str(Path(home)),) if identity[0] == "local" else ())
+    key = identity + ((os.fspath(home),) if identity[0] == "local" else ())
     store = _STORES.get(key)
     if store is not None:
         return store

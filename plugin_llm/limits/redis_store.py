@@ -22,6 +22,8 @@ redis-py is imported when this store is first used, never at import time.
 
 from __future__ import annotations
 
+import hashlib
+import os
 import threading
 import uuid
 from typing import Any
@@ -86,9 +88,9 @@ end
 redis.call('ZADD', KEYS[1], ARGV[2], ARGV[3])
 redis.call('HSET', KEYS[2], ARGV[3], ARGV[4] .. ' ' .. ARGV[5] .. ' ' .. ARGV[6] .. ' ' .. ARGV[7] .. ' ' .. ARGV[8])
 redis.call('HINCRBY', KEYS[3], 'r', 1)
-redis.call('EXPIRE', KEYS[3], %(ttl_minute)d)
+redis.call('EXPIRE', KEYS[3], @TTL_MINUTE@)
 return {1}
-""" % {"ttl_minute": _TTL_MINUTE}
+""".replace("@TTL_MINUTE@", str(_TTL_MINUTE))
 
 #: KEYS: res, resv, minute, day, month; ARGV: id, cost, tokens
 SETTLE_LUA = """
@@ -97,16 +99,16 @@ redis.call('HDEL', KEYS[2], ARGV[1])
 local cost, tokens = tonumber(ARGV[2]), tonumber(ARGV[3])
 if cost > 0 then
   redis.call('INCRBY', KEYS[4], ARGV[2])
-  redis.call('EXPIRE', KEYS[4], %(ttl_day)d)
+  redis.call('EXPIRE', KEYS[4], @TTL_DAY@)
   redis.call('INCRBY', KEYS[5], ARGV[2])
-  redis.call('EXPIRE', KEYS[5], %(ttl_month)d)
+  redis.call('EXPIRE', KEYS[5], @TTL_MONTH@)
 end
 if tokens > 0 then
   redis.call('HINCRBY', KEYS[3], 't', ARGV[3])
-  redis.call('EXPIRE', KEYS[3], %(ttl_minute)d)
+  redis.call('EXPIRE', KEYS[3], @TTL_MINUTE@)
 end
 return 1
-""" % {"ttl_day": _TTL_DAY, "ttl_month": _TTL_MONTH, "ttl_minute": _TTL_MINUTE}
+""".replace("@TTL_DAY@", str(_TTL_DAY)).replace("@TTL_MONTH@", str(_TTL_MONTH)).replace("@TTL_MINUTE@", str(_TTL_MINUTE))
 
 #: KEYS: res, resv, minute, day, month; ARGV: now -> the counters, read-only
 READ_LUA = """
@@ -134,6 +136,20 @@ return {n, earliest, tok_held, day_held, month_held,
 """
 
 
+def _bulk(value: Any) -> bytes:
+    data = value if isinstance(value, bytes) else str(value).encode("utf-8", "surrogatepass")
+    return b"$%d\r\n%s\r\n" % (len(data), data)
+
+
+def _pack_head(command: str, script: str, nkeys: int, nargs: int) -> bytes:
+    return b"*%d\r\n" % (3 + nkeys + nargs) + _bulk(command) + _bulk(script) + _bulk(nkeys)
+
+
+def _pack_tail(keys: list[str], args: list[Any]) -> bytes:
+    """RESP encoding of the keys and arguments (redis-py's generic packer costs more than the round trip)."""
+    return b"".join([_bulk(k) for k in keys] + [_bulk(a) for a in args])
+
+
 def _reason(exc: BaseException, secret: str | None) -> str:
     text = str(exc) or type(exc).__name__
     if secret:
@@ -142,7 +158,7 @@ def _reason(exc: BaseException, secret: str | None) -> str:
 
 
 class RedisStore(LimitStore):
-    """Redis store at ``url``; keys under ``prefix``. Thread-safe (redis-py's pool), fork-safe (it re-opens)."""
+    """Redis store at ``url``; keys under ``prefix``. One connection per thread (opened with the URL's settings), re-opened after a fork."""
 
     name = "redis"
 
@@ -167,39 +183,42 @@ class RedisStore(LimitStore):
             raise StoreError(f"limits.redis_url ({self._display}) is not usable: {_reason(exc, None)}") from None
         self.prefix = prefix
         self._sha: dict[str, str] = {}
-        self._sha_lock = threading.Lock()
+        self._local = threading.local()
 
     def __repr__(self) -> str:
         return f"RedisStore({self._display!r})"
 
     # -- one round trip, bounded by the caller's time
+    def _connection(self):
+        """This thread's connection (created from the URL's settings; re-created after a fork)."""
+        local = self._local
+        conn = getattr(local, "conn", None)
+        if conn is None or local.pid != os.getpid():
+            conn = local.conn = self._pool.connection_class(**self._pool.connection_kwargs)
+            local.pid = os.getpid()
+        return conn
+
     def _script(self, source: str, keys: list[str], args: list[Any], timeout: float):
         redis = self._redis
         t = max(0.001, timeout)
         conn = None
         try:
-            try:
-                conn = self._pool.get_connection()
-            except TypeError:  # redis-py < 5.3 wants a command name
-                conn = self._pool.get_connection("EVALSHA")
+            conn = self._connection()
             conn.socket_timeout = conn.socket_connect_timeout = t
             sock = getattr(conn, "_sock", None)
             if sock is not None:
                 sock.settimeout(t)
+            tail = _pack_tail(keys, args)
             sha = self._sha.get(source)
             if sha is not None:
-                conn.send_command("EVALSHA", sha, len(keys), *keys, *args)
+                conn.send_packed_command([_pack_head("EVALSHA", sha, len(keys), len(args)) + tail], check_health=False)
                 try:
                     return conn.read_response()
                 except redis.exceptions.NoScriptError:
                     pass  # the server restarted or flushed its script cache: send the source again
-            conn.send_command("EVAL", source, len(keys), *keys, *args)
+            conn.send_packed_command([_pack_head("EVAL", source, len(keys), len(args)) + tail], check_health=False)
             reply = conn.read_response()
-            if sha is None:
-                import hashlib
-
-                with self._sha_lock:
-                    self._sha[source] = hashlib.sha1(source.encode()).hexdigest()
+            self._sha[source] = hashlib.sha1(source.encode()).hexdigest()
             return reply
         except redis.exceptions.ResponseError as exc:
             raise StoreError(f"the Redis limits store ({self._display}) refused the script: {_reason(exc, self._secret)}") from None
@@ -209,11 +228,8 @@ class RedisStore(LimitStore):
             raise StoreError(f"the Redis limits store ({self._display}) failed: {_reason(exc, self._secret)}") from None
         except BaseException:
             if conn is not None:
-                conn.disconnect()  # a half-read reply must not be read by the next caller
+                conn.disconnect()  # a half-read reply must not be read by the next call
             raise
-        finally:
-            if conn is not None:
-                self._pool.release(conn)
 
     def _keys(self, plugin_id: str, minute: str, day: str, month: str) -> list[str]:
         p = f"{self.prefix}:{{{plugin_id}}}"
@@ -256,4 +272,7 @@ class RedisStore(LimitStore):
         self._script("redis.call('DEL', KEYS[1], KEYS[2], KEYS[3]) return 1", keys, [], timeout)
 
     def close(self) -> None:
-        self._pool.disconnect()
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            conn.disconnect()
+            self._local.conn = None

@@ -1,0 +1,134 @@
+"""plugin_llm.limits.admit / Ticket: the one way in the gateway uses, on both stores."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+import pytest
+import yaml
+
+from plugin_llm import PluginLlmQuotaError, limits
+from plugin_llm.limits import NANO, PluginLlmLimitError, parse_limit_settings
+from plugin_llm.types import PluginLlmUsage
+from tests.redis_server import redis_server  # noqa: F401  (fixture)
+
+PLUGIN = "my-plugin"
+MESSAGES = [{"role": "user", "content": "Summarise the release notes in one line."}]
+
+
+def settings_for(kind: str, redis_url: str | None, block: str, extra: str = ""):
+    host = "limits:\n"
+    if kind == "redis":
+        host += f"  store: redis\n  redis_url: {redis_url}\n  redis_key_prefix: t{uuid.uuid4().hex[:12]}\n"
+    host += '  prices:\n    "custom/m": {input_per_mtok: 1.0, output_per_mtok: 4.0}\n' + extra
+    data = yaml.safe_load(host + f"plugins:\n  entries:\n    {PLUGIN}:\n      limits: {block}\n")
+    settings, issues = parse_limit_settings(data["limits"], data["plugins"])
+    assert [str(i) for i in issues] == []
+    return settings
+
+
+@pytest.fixture(params=["local", "redis"])
+def kind(request):
+    limits.close_stores()
+    yield request.param, (request.getfixturevalue("redis_server").url if request.param == "redis" else None)
+    limits.close_stores()
+
+
+def call(settings, home, **kw):
+    args = dict(messages=MESSAGES, provider="custom", model="m", max_tokens=100, deadline=time.monotonic() + 10)
+    args.update(kw)
+    return limits.admit(settings, home, PLUGIN, **args)
+
+
+def test_a_plugin_without_limits_never_touches_a_store(tmp_path):
+    settings, _ = parse_limit_settings(None, None)
+    ticket = call(settings, tmp_path)
+    assert ticket is limits.UNLIMITED and not ticket.metered and ticket.audit_fields() == {}
+    ticket.settle(PluginLlmUsage(1, 1, 2, cost_usd=1.0))
+    assert not (tmp_path / "limits.sqlite3").exists()
+
+
+def test_settle_counts_once_and_uses_the_operator_price(kind, tmp_path):
+    settings = settings_for(*kind, "{budget_usd: {day: 1.0}}")
+    ticket = call(settings, tmp_path)
+    fields = ticket.audit_fields()
+    assert fields["limits.reserved_tokens"] == ticket.estimate.tokens and fields["limits.reserved_usd"] > 0
+    usage = PluginLlmUsage(input_tokens=1000, output_tokens=500, total_tokens=1500, cost_usd=123.0)
+    ticket.settle(usage)
+    ticket.settle(usage)  # a second settle (or a release) of the same ticket does nothing
+    ticket.release()
+    snap = limits.snapshot(settings, tmp_path, PLUGIN)
+    # operator price wins over the provider-reported cost: 1000 * $1/M + 500 * $4/M
+    assert snap.counters.day_spent == round(0.003 * NANO) and snap.counters.in_flight == 0
+
+
+def test_a_denial_is_a_quota_error_with_the_audit_fields(kind, tmp_path):
+    settings = settings_for(*kind, "{requests_per_minute: 1}")
+    call(settings, tmp_path).release()
+    with pytest.raises(PluginLlmQuotaError) as caught:
+        call(settings, tmp_path)
+    error = caught.value
+    assert isinstance(error, PluginLlmLimitError)
+    assert (error.plugin_id, error.limit, error.config_key) == (PLUGIN, "requests_per_minute",
+                                                               "plugins.entries.my-plugin.limits.requests_per_minute")
+    assert error.resets_at is not None and error.resets_at % 60 == 0 and error.resets_at > time.time()
+    fields = error.denial.audit_fields()
+    assert fields["decision"] == "denied" and fields["limits.limit"] == "requests_per_minute"
+    assert fields["decision_key"] == error.config_key and fields["limits.resets_at"].endswith(":00Z")
+    assert fields["decision_reason"] == str(error)
+
+
+def test_a_raised_cap_applies_to_the_next_call(kind, tmp_path):
+    low = settings_for(*kind, "{max_concurrent: 1}")
+    held = call(low, tmp_path)
+    with pytest.raises(PluginLlmLimitError):
+        call(low, tmp_path)
+    # what config.py's hot reload hands over on the next call: same store, new limits
+    high = settings_for(*kind, "{max_concurrent: 2}")
+    if kind[0] == "redis":
+        high = type(high)(**{**vars(high), "redis_key_prefix": low.redis_key_prefix})
+    call(high, tmp_path).release()
+    held.release()
+
+
+def test_the_reservation_expires_at_the_deadline_plus_the_grace(kind, tmp_path):
+    settings = settings_for(*kind, "{max_concurrent: 1}", extra="  reservation_grace: 7\n")
+    now = time.time()
+    call(settings, tmp_path, deadline=time.monotonic() + 3, now=now)  # never settled
+    with pytest.raises(PluginLlmLimitError) as caught:
+        call(settings, tmp_path, now=now + 9)
+    assert caught.value.resets_at == pytest.approx(now + 10, abs=0.5)
+    call(settings, tmp_path, now=now + 10.5).release()
+
+
+def test_async_tasks_hammering_one_budget_never_overspend(kind, tmp_path):
+    settings = settings_for(*kind, "{budget_usd: {day: 1.0}}")
+    probe = call(settings, tmp_path)
+    probe.release()
+    worst = probe.estimate
+    worst_usd = worst.cost_nano / NANO
+    fits = 10
+    settings = settings_for(*kind, "{budget_usd: {day: %r}}" % ((fits + 0.5) * worst_usd))
+    admitted = []
+
+    async def task() -> None:
+        for _ in range(3):
+            try:
+                ticket = await asyncio.to_thread(call, settings, tmp_path)
+            except PluginLlmLimitError as exc:
+                assert exc.limit == "budget_usd.day"
+                continue
+            await asyncio.sleep(0.02)  # the provider call
+            # the actual usage is the worst case: the hardest case for the cap
+            ticket.settle(input_tokens=worst.input_tokens, output_tokens=worst.output_tokens)
+            admitted.append(1)
+
+    async def main() -> None:
+        await asyncio.gather(*(task() for _ in range(24)))
+
+    asyncio.run(main())
+    spent = limits.snapshot(settings, tmp_path, PLUGIN).counters.day_spent
+    assert len(admitted) == fits and spent == fits * worst.cost_nano
+    assert spent <= (fits + 0.5) * worst.cost_nano

@@ -1,0 +1,169 @@
+"""plugin_llm.limits.settings and pricing: parsing fails closed; prices are worst cases, never free."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import yaml
+
+from plugin_llm import limits
+from plugin_llm.limits import NANO, PluginLlmLimitError, find_price, input_token_bound, parse_limit_settings, worst_case
+
+
+def parse(text: str):
+    data = yaml.safe_load(text) or {}
+    return parse_limit_settings(data.get("limits"), data.get("plugins"))
+
+
+def test_the_issue_example_parses_into_limits():
+    settings, issues = parse("""
+limits:
+  store: redis
+  redis_url: redis://127.0.0.1:6379/0
+  on_store_error: allow
+plugins:
+  entries:
+    my-plugin:
+      limits:
+        budget_usd: {day: 1.00, month: 20}
+        requests_per_minute: 30
+        tokens_per_minute: 40000
+        max_concurrent: 4
+""")
+    assert issues == []
+    assert (settings.store, settings.on_store_error) == ("redis", "allow")
+    mine = settings.for_plugin("my-plugin")
+    assert (mine.budget_day_nano, mine.budget_month_nano) == (1 * NANO, 20 * NANO)
+    assert (mine.requests_per_minute, mine.tokens_per_minute, mine.max_concurrent) == (30, 40000, 4)
+    assert mine.key("budget_usd.day") == "plugins.entries.my-plugin.limits.budget_usd.day"
+    assert settings.for_plugin("other").empty
+
+
+@pytest.mark.parametrize(
+    ("block", "path", "hint"),
+    [
+        ("{requests_per_minut: 30}", "plugins.entries.p.limits.requests_per_minut", "did you mean 'requests_per_minute'"),
+        ("{budget_usd: {dya: 1}}", "plugins.entries.p.limits.budget_usd.dya", "did you mean 'day'"),
+        ("{budget_usd: 5}", "plugins.entries.p.limits.budget_usd", "expected a mapping"),
+        ("{budget_usd: {day: '$1'}}", "plugins.entries.p.limits.budget_usd.day", "expected a number of US dollars"),
+        ("{budget_usd: {day: -1}}", "plugins.entries.p.limits.budget_usd.day", "between 0 and"),
+        ("{budget_usd: {day: .inf}}", "plugins.entries.p.limits.budget_usd.day", "expected a number"),
+        ("{requests_per_minute: 2.5}", "plugins.entries.p.limits.requests_per_minute", "whole number"),
+        ("{max_concurrent: true}", "plugins.entries.p.limits.max_concurrent", "whole number"),
+        ("{tokens_per_minute: null}", "plugins.entries.p.limits.tokens_per_minute", "whole number"),
+        ("[30]", "plugins.entries.p.limits", "expected a mapping"),
+    ],
+)
+def test_a_malformed_plugin_block_denies_the_plugin_with_one_error(block, path, hint):
+    settings, issues = parse(f"plugins:\n  entries:\n    p:\n      limits: {block}\n")
+    assert [(i.severity, i.path) for i in issues] == [("error", path)]
+    assert hint in str(issues[0])
+    with pytest.raises(PluginLlmLimitError) as caught:
+        limits.admit(settings, "/nonexistent", "p", messages=[{"role": "user", "content": "hi"}],
+                     provider="local", model="local-echo-1", max_tokens=10, deadline=time.monotonic() + 5)
+    assert caught.value.limit == "config" and caught.value.config_key == path
+    assert "plugin 'p'" in str(caught.value) and hint in str(caught.value)
+    # an unrelated plugin is not affected
+    assert limits.admit(settings, "/nonexistent", "q", messages=[{"role": "user", "content": "hi"}], provider="local",
+                        model="local-echo-1", max_tokens=10, deadline=time.monotonic() + 5) is limits.UNLIMITED
+
+
+def test_a_host_section_error_denies_every_limited_plugin_but_not_unlimited_ones():
+    settings, issues = parse("limits:\n  stor: redis\nplugins:\n  entries:\n    p: {limits: {max_concurrent: 2}}\n")
+    assert [i.path for i in issues] == ["limits.stor"] and "did you mean 'store'" in str(issues[0])
+    assert settings.for_plugin("p").error and "limits.stor" in settings.for_plugin("p").error
+    assert settings.for_plugin("unlimited").empty
+    settings, issues = parse("limits:\n  on_store_error: sometimes\n  defaults: {max_concurrent: 1}\n")
+    assert issues[0].path == "limits.on_store_error" and settings.for_plugin("anyone").error
+
+
+def test_defaults_apply_to_plugins_without_a_block_and_an_empty_block_opts_out():
+    settings, issues = parse("""
+limits:
+  defaults: {requests_per_minute: 10}
+plugins:
+  entries:
+    own: {limits: {requests_per_minute: 99}}
+    exempt: {limits: {}}
+    bare: {limits: }
+    trust_only: {llm: {allow_model_override: true}}
+""")
+    assert issues == []
+    assert settings.for_plugin("own").requests_per_minute == 99
+    assert settings.for_plugin("exempt").empty
+    assert settings.for_plugin("bare").requests_per_minute == 10  # `limits:` with no value never lifts the defaults
+    assert settings.for_plugin("trust_only").requests_per_minute == 10
+    assert settings.for_plugin("trust_only").source == "limits.defaults"
+
+
+def test_redis_url_password_never_shows():
+    settings, issues = parse("limits: {store: redis, redis_url: 'redis://:hunter2-canary@10.0.0.5:6380/2'}")
+    assert issues == []
+    assert "hunter2-canary" not in repr(settings)
+    assert settings.redis_url_display == "redis://***@10.0.0.5:6380/2"
+    _, issues = parse("limits: {redis_url: 'http://user:hunter2-canary@x'}")
+    assert issues and all("hunter2-canary" not in str(i) for i in issues)
+
+
+def test_operator_prices_parse_and_a_bad_price_leaves_the_model_unpriced():
+    settings, issues = parse("""
+limits:
+  prices:
+    custom/my-model: {input_per_mtok: 0.5, output_per_mtok: 1.5, max_output_tokens: 8192}
+    custom/broken: {input_per_mtok: 0.5}
+    custom/typo: {input_per_mtk: 1, output_per_mtok: 1}
+""")
+    assert sorted(i.path for i in issues) == ['limits.prices."custom/broken"', 'limits.prices."custom/typo".input_per_mtk']
+    price = find_price("custom", "my-model", settings.prices)
+    assert price.operator and price.input_nano == pytest.approx(500) and price.max_output_tokens == 8192
+    assert find_price("custom", "broken", settings.prices) is None
+
+
+def test_prices_come_from_litellms_map_at_the_worst_tier_and_custom_models_are_unpriced():
+    mini = find_price("openai", "gpt-4o-mini", {})
+    assert mini is not None and mini.input_nano == pytest.approx(150) and mini.max_output_tokens == 16384
+    gemini = find_price("gemini", "gemini-2.5-pro", {})
+    assert gemini is not None and gemini.input_nano == pytest.approx(2500)  # the >200k-token tier, not 1250
+    assert find_price("custom", "gpt-4o-mini", {}) is None  # an operator endpoint: the map's price is not its price
+    assert find_price("groq", "gpt-4o-mini", {}) is None  # a bare name listed for another provider
+    assert find_price("local", "local-echo-1", {}).input_nano == 0
+
+
+def test_input_bound_is_at_least_one_token_per_byte_and_counts_images_and_tools():
+    text = "héllo wörld 你好 🙂" * 50
+    bound = input_token_bound([{"role": "user", "content": text}])
+    assert bound >= len(text.encode("utf-8"))
+    image = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64," + "A" * 10**6}}]}]
+    assert 1000 <= input_token_bound(image) < 10_000  # a fixed worst case, not the size of the data URL
+    tools = [{"type": "function", "function": {"name": "x" * 500}}]
+    assert input_token_bound([{"role": "user", "content": "hi"}], [tools]) > input_token_bound([{"role": "user", "content": "hi"}]) + 500
+
+
+def test_worst_case_output_is_max_tokens_else_the_models_limit_else_the_default():
+    settings, _ = parse("limits: {default_max_output_tokens: 777}")
+    messages = [{"role": "user", "content": "hi"}]
+    assert worst_case(messages, provider="openai", model="gpt-4o-mini", max_tokens=50, settings=settings).output_tokens == 50
+    assert worst_case(messages, provider="openai", model="gpt-4o-mini", max_tokens=None, settings=settings).output_tokens == 16384
+    unknown = worst_case(messages, provider="custom", model="x", max_tokens=None, settings=settings)
+    assert unknown.output_tokens == 777 and unknown.cost_nano is None
+
+
+def test_a_budget_on_an_unpriced_model_is_refused_with_the_key_to_set(tmp_path):
+    settings, _ = parse("plugins:\n  entries:\n    p: {limits: {budget_usd: {day: 5}}}\n")
+    with pytest.raises(PluginLlmLimitError) as caught:
+        limits.admit(settings, tmp_path, "p", messages=[{"role": "user", "content": "hi"}], provider="custom",
+                     model="my-model", max_tokens=10, deadline=time.monotonic() + 5)
+    assert caught.value.limit == "price"
+    assert caught.value.config_key == 'limits.prices."custom/my-model"'
+    assert "no known price" in str(caught.value) and "input_per_mtok" in str(caught.value)
+    assert not (tmp_path / "limits.sqlite3").exists()  # refused before the store
+
+
+def test_importing_the_package_loads_neither_litellm_nor_redis():
+    import subprocess
+    import sys
+
+    code = "import sys, plugin_llm.limits; print('litellm' in sys.modules, 'redis' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "False"]

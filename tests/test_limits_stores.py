@@ -1,0 +1,331 @@
+"""Both limit stores, the same cases: atomic admission, settlement, windows, expiry, faults.
+
+The Redis cases run against a real redis-server started on 127.0.0.1
+(tests/redis_server.py); they fail when it is not installed.
+"""
+
+from __future__ import annotations
+
+import calendar
+import multiprocessing
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from plugin_llm import limits
+from plugin_llm.limits import NANO, Denial, PluginLimits, PluginLlmLimitError, Reservation, StoreError, parse_limit_settings
+from plugin_llm.limits.local import LocalStore
+from plugin_llm.limits.redis_store import RedisStore
+from tests.redis_server import own_redis_server, redis_server  # noqa: F401  (fixtures)
+
+REPO = Path(__file__).resolve().parents[1]
+T0 = calendar.timegm((2026, 3, 31, 23, 59, 30))  # 30 s before a day *and* a month boundary
+PLUGIN = "my-plugin"
+
+
+def L(**kw) -> PluginLimits:
+    for window in ("day", "month"):
+        if f"budget_{window}" in kw:
+            kw[f"budget_{window}_nano"] = round(kw.pop(f"budget_{window}") * NANO)
+    return PluginLimits(source=f"plugins.entries.{PLUGIN}.limits", **kw)
+
+
+def R(cost_usd: float = 0.0, tokens: int = 0, ttl: float = 60.0) -> Reservation:
+    return Reservation(cost_nano=round(cost_usd * NANO), tokens=tokens, ttl=ttl)
+
+
+def make_store(kind: str, where: str):
+    if kind == "local":
+        return LocalStore(where)
+    return RedisStore(where, prefix=f"t{uuid.uuid4().hex[:12]}")
+
+
+@pytest.fixture(params=["local", "redis"])
+def store_spec(request, tmp_path):
+    """(kind, where): the SQLite path or the Redis URL, so child processes can open the same store."""
+    if request.param == "local":
+        return "local", str(tmp_path / "limits.sqlite3")
+    return "redis", request.getfixturevalue("redis_server").url
+
+
+@pytest.fixture
+def store(store_spec):
+    s = make_store(*store_spec)
+    yield s
+    s.close()
+
+
+def admit(store, limits_, r, now=T0):
+    return store.admit(PLUGIN, r, limits_, now, timeout=5.0)
+
+
+# ----------------------------------------------------------------- semantics
+def test_budget_reserves_worst_case_and_denial_names_plugin_limit_key_and_reset(store):
+    day = L(budget_day=1.0)
+    held = [admit(store, day, R(0.3)) for _ in range(3)]
+    assert all(isinstance(a, limits.Admission) for a in held)
+    denial = admit(store, day, R(0.3))
+    assert isinstance(denial, Denial)
+    assert (denial.plugin_id, denial.limit, denial.config_key) == (PLUGIN, "budget_usd.day", "plugins.entries.my-plugin.limits.budget_usd.day")
+    assert denial.resets_at == T0 + 30  # next UTC midnight
+    assert (denial.used, denial.in_flight, denial.requested) == (0, round(0.9 * NANO), round(0.3 * NANO))
+    message = denial.message
+    assert "plugin 'my-plugin'" in message and "budget_usd.day" in message and "2026-04-01T00:00:00Z" in message
+    # settling at the actual (smaller) cost frees the difference
+    store.settle(held[0], round(0.05 * NANO), 100, timeout=5)
+    assert isinstance(admit(store, day, R(0.3)), limits.Admission)
+    c = store.counters(PLUGIN, T0, timeout=5)
+    assert (c.day_spent, c.day_reserved, c.in_flight) == (round(0.05 * NANO), round(0.9 * NANO), 3)
+
+
+def test_release_drops_the_reservation_and_costs_nothing(store):
+    cap = L(budget_day=1.0, max_concurrent=1)
+    a = admit(store, cap, R(1.0))
+    assert isinstance(admit(store, cap, R(0.01)), Denial)
+    store.release(a, timeout=5)
+    assert isinstance(admit(store, cap, R(1.0)), limits.Admission)
+    assert store.counters(PLUGIN, T0, timeout=5).day_spent == 0
+
+
+def test_a_call_that_alone_exceeds_the_cap_says_waiting_will_not_help(store):
+    denial = admit(store, L(budget_day=0.10), R(0.25))
+    assert isinstance(denial, Denial) and denial.resets_at is None and "smaller max_tokens" in denial.message
+    denial = admit(store, L(requests_per_minute=0), R())
+    assert "the limit is 0" in denial.message
+
+
+def test_requests_per_minute_counts_admissions_and_resets_next_minute(store):
+    rpm = L(requests_per_minute=3)
+    for _ in range(3):
+        store.release(admit(store, rpm, R()), timeout=5)  # released calls were still requests
+    denial = admit(store, rpm, R())
+    assert denial.limit == "requests_per_minute" and denial.resets_at == T0 + 30 and denial.used == 3
+    assert isinstance(admit(store, rpm, R(), now=T0 + 31), limits.Admission)
+
+
+def test_tokens_per_minute_hold_reserved_tokens_then_the_actual_ones(store):
+    tpm = L(tokens_per_minute=1000)
+    a = admit(store, tpm, R(tokens=800))
+    denial = admit(store, tpm, R(tokens=300))
+    assert denial.limit == "tokens_per_minute" and (denial.used, denial.in_flight) == (0, 800)
+    store.settle(a, 0, 500, timeout=5)
+    assert isinstance(admit(store, tpm, R(tokens=300)), limits.Admission)
+    assert admit(store, tpm, R(tokens=300)).limit == "tokens_per_minute"
+
+
+def test_max_concurrent_counts_calls_in_flight(store):
+    conc = L(max_concurrent=2)
+    a, b = admit(store, conc, R(ttl=10)), admit(store, conc, R(ttl=20))
+    denial = admit(store, conc, R())
+    assert denial.limit == "max_concurrent" and denial.in_flight == 2 and denial.resets_at == pytest.approx(T0 + 10)
+    store.settle(b, 0, 0, timeout=5)
+    assert isinstance(admit(store, conc, R()), limits.Admission)
+
+
+def test_window_roll_over_keeps_earlier_spend(store):
+    caps = L(budget_day=1.0, budget_month=1.5)
+    a = admit(store, caps, R(0.9))
+    # admitted on March 31, settled after midnight: the spend belongs to March 31 (and March)
+    store.settle(a, round(0.9 * NANO), 10, timeout=5)
+    april = T0 + 60
+    c = store.counters(PLUGIN, april, timeout=5)
+    assert (c.day_spent, c.month_spent) == (0, 0)  # new day, new month: fresh windows ...
+    march = store.counters(PLUGIN, T0, timeout=5)
+    assert (march.day_spent, march.month_spent) == (round(0.9 * NANO),) * 2  # ... and March's spend is still there
+    # within one month, a new day keeps the month's spend
+    may1, may2 = calendar.timegm((2026, 5, 1, 12, 0, 0)), calendar.timegm((2026, 5, 2, 12, 0, 0))
+    store.settle(admit(store, caps, R(0.9), now=may1), round(0.9 * NANO), 0, timeout=5)
+    denial = admit(store, caps, R(0.9), now=may2)
+    assert denial.limit == "budget_usd.month" and denial.used == round(0.9 * NANO)
+    assert denial.resets_at == calendar.timegm((2026, 6, 1, 0, 0, 0))
+    assert isinstance(admit(store, caps, R(0.5), now=may2), limits.Admission)
+
+
+def test_an_unsettled_reservation_stops_counting_after_its_expiry(store):
+    caps = L(budget_day=1.0, max_concurrent=1)
+    admit(store, caps, R(1.0, ttl=5))  # never settled
+    assert isinstance(admit(store, caps, R(0.5), now=T0 + 4), Denial)
+    assert isinstance(admit(store, caps, R(0.5), now=T0 + 6), limits.Admission)
+
+
+def test_snapshot_and_reset(store):
+    caps = L(budget_day=2.0, requests_per_minute=10, max_concurrent=5)
+    store.settle(admit(store, caps, R(0.5)), round(0.25 * NANO), 40, timeout=5)
+    admit(store, caps, R(0.5))
+    snap = store.snapshot(PLUGIN, caps, T0, timeout=5).as_dict()
+    by_limit = {w["limit"]: w for w in snap["limits"]}
+    assert by_limit["budget_usd.day"] == {
+        "limit": "budget_usd.day", "config_key": "plugins.entries.my-plugin.limits.budget_usd.day", "cap": 2.0,
+        "used": 0.25, "in_flight": 0.5, "unit": "usd", "resets_at": "2026-04-01T00:00:00Z",
+    }
+    assert by_limit["requests_per_minute"]["used"] == 2 and by_limit["max_concurrent"]["in_flight"] == 1
+    store.reset(PLUGIN, T0, timeout=5)
+    c = store.counters(PLUGIN, T0, timeout=5)
+    assert (c.day_spent, c.minute_requests, c.in_flight) == (0, 0, 1)  # calls in flight keep their reservation
+
+
+def test_plugins_are_counted_separately_and_large_budgets_stay_exact(store):
+    big = PluginLimits(budget_month_nano=900_000 * NANO, source="x")
+    a = store.admit("other", R(123_456.789123456), big, T0, timeout=5)
+    store.settle(a, 123_456_789_123_456, 0, timeout=5)
+    assert store.counters("other", T0, timeout=5).month_spent == 123_456_789_123_456
+    assert store.counters(PLUGIN, T0, timeout=5).month_spent == 0
+
+
+# ----------------------------------------------------------------- concurrency
+PRICE = round(0.01 * NANO)
+CAP_CALLS = 10
+
+
+def _hammer(kind: str, where: str, threads: int, calls: int, queue) -> None:
+    """One process: ``threads`` threads each trying ``calls`` slow calls (20 ms between admit and settle)."""
+    store = make_store(kind, where) if kind == "local" else RedisStore(where, prefix=os.environ["LIMITS_TEST_PREFIX"])
+    caps = L(budget_day=(CAP_CALLS + 0.5) * PRICE / NANO)
+    admitted = []
+
+    def worker():
+        for _ in range(calls):
+            result = store.admit(PLUGIN, Reservation(PRICE, 50, 30.0), caps, time.time(), timeout=10)
+            if isinstance(result, limits.Admission):
+                time.sleep(0.02)  # the provider call
+                store.settle(result, PRICE, 50, timeout=10)  # actual cost = worst case: the hardest case
+                admitted.append(1)
+
+    pool = [threading.Thread(target=worker) for _ in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    queue.put(len(admitted))
+
+
+def test_processes_times_threads_never_exceed_the_budget(store_spec, monkeypatch):
+    kind, where = store_spec
+    prefix = f"t{uuid.uuid4().hex[:12]}"
+    monkeypatch.setenv("LIMITS_TEST_PREFIX", prefix)
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_hammer, args=(kind, where, 8, 3, queue)) for _ in range(4)]  # 32 callers, 96 tries
+    for p in procs:
+        p.start()
+    counts = [queue.get(timeout=60) for _ in procs]
+    for p in procs:
+        p.join(30)
+    check = LocalStore(where) if kind == "local" else RedisStore(where, prefix=prefix)
+    spent = check.counters(PLUGIN, time.time(), timeout=5).day_spent
+    assert sum(counts) * PRICE == spent
+    assert spent <= (CAP_CALLS + 0.5) * PRICE  # zero overspend ...
+    assert sum(counts) == CAP_CALLS  # ... and the budget was used, not refused early
+
+
+# ----------------------------------------------------------------- crashes and faults
+_HOLDER = """
+import sys, time
+from plugin_llm.limits import PluginLimits, Reservation, NANO
+from plugin_llm.limits.local import LocalStore
+from plugin_llm.limits.redis_store import RedisStore
+kind, where, prefix = sys.argv[1:4]
+store = LocalStore(where) if kind == "local" else RedisStore(where, prefix=prefix)
+caps = PluginLimits(budget_day_nano=NANO, max_concurrent=1, source="plugins.entries.my-plugin.limits")
+print(type(store.admit("my-plugin", Reservation(NANO, 10, 3.0), caps, time.time(), timeout=5)).__name__, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_killed_process_reservation_expires(store_spec):
+    kind, where = store_spec
+    prefix = f"t{uuid.uuid4().hex[:12]}"
+    child = subprocess.Popen([sys.executable, "-c", _HOLDER, kind, where, prefix], stdout=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        assert child.stdout.readline().strip() == "Admission"
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(10)
+    store = LocalStore(where) if kind == "local" else RedisStore(where, prefix=prefix)
+    caps = PluginLimits(budget_day_nano=NANO, max_concurrent=1, source="plugins.entries.my-plugin.limits")
+    now = time.time()
+    held = store.admit(PLUGIN, R(0.5), caps, now, timeout=5)
+    assert isinstance(held, Denial) and held.limit == "max_concurrent"  # the dead process's call still counts ...
+    later = store.admit(PLUGIN, R(0.5), caps, now + 4, timeout=5)
+    assert isinstance(later, limits.Admission)  # ... until its deadline plus grace (3 s here) passed
+
+
+def _settings(text: str):
+    import yaml
+
+    data = yaml.safe_load(text)
+    settings, issues = parse_limit_settings(data.get("limits"), data.get("plugins"))
+    assert [i for i in issues if i.severity == "error"] == []
+    return settings
+
+
+@pytest.fixture
+def fresh_stores():
+    limits.close_stores()
+    yield
+    limits.close_stores()
+
+
+@pytest.mark.parametrize("policy", ["deny", "allow"])
+@pytest.mark.parametrize("fault", ["kill", "pause"])
+def test_redis_down_or_hung_follows_on_store_error_within_the_deadline(own_redis_server, tmp_path, policy, fault, fresh_stores):
+    settings = _settings(f"""
+limits: {{store: redis, redis_url: "{own_redis_server.url}", on_store_error: {policy}}}
+plugins: {{entries: {{{PLUGIN}: {{limits: {{requests_per_minute: 100}}}}}}}}
+""")
+    call = dict(messages=[{"role": "user", "content": "hi"}], provider="local", model="local-echo-1", max_tokens=5)
+    ticket = limits.admit(settings, tmp_path, PLUGIN, deadline=time.monotonic() + 5, **call)
+    assert ticket.metered
+    ticket.settle(cost_usd=0.0, input_tokens=1, output_tokens=1)
+    own_redis_server.kill() if fault == "kill" else own_redis_server.pause()
+    started = time.monotonic()
+    if policy == "deny":
+        with pytest.raises(PluginLlmLimitError) as caught:
+            limits.admit(settings, tmp_path, PLUGIN, deadline=time.monotonic() + 1.0, **call)
+        assert caught.value.limit == "store" and caught.value.config_key == "limits.on_store_error"
+        assert "Redis limits store (redis://127.0.0.1:" in str(caught.value) and "fail closed" in str(caught.value)
+    else:
+        ticket = limits.admit(settings, tmp_path, PLUGIN, deadline=time.monotonic() + 1.0, **call)
+        assert not ticket.metered and "Redis" in ticket.audit_fields()["limits.store_error"]
+        ticket.settle(cost_usd=0.1)  # unmetered: nothing to settle, nothing raised
+    assert time.monotonic() - started < 5.0  # bounded by the 1 s deadline, not by a TCP timeout
+
+
+def test_local_store_locked_by_another_process_follows_on_store_error_within_the_deadline(tmp_path, fresh_stores):
+    settings = _settings(f"plugins: {{entries: {{{PLUGIN}: {{limits: {{max_concurrent: 3}}}}}}}}")
+    call = dict(messages=[{"role": "user", "content": "hi"}], provider="local", model="local-echo-1", max_tokens=5)
+    limits.admit(settings, tmp_path, PLUGIN, deadline=time.monotonic() + 5, **call).release()
+    other = sqlite3.connect(tmp_path / "limits.sqlite3", isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")  # another process holds the write lock and never lets go
+    try:
+        started = time.monotonic()
+        with pytest.raises(PluginLlmLimitError) as caught:
+            limits.admit(settings, tmp_path, PLUGIN, deadline=time.monotonic() + 0.5, **call)
+        assert caught.value.limit == "store" and "locked" in str(caught.value)
+        assert time.monotonic() - started < 5.0
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    ticket = limits.admit(settings, tmp_path, PLUGIN, deadline=time.monotonic() + 5, **call)
+    assert ticket.metered
+
+
+def test_an_unreachable_redis_url_is_a_store_error_with_no_password(fresh_stores, tmp_path):
+    store = RedisStore("redis://:hunter2-canary@127.0.0.1:1/0", timeout=0.5)
+    with pytest.raises(StoreError) as caught:
+        store.admit(PLUGIN, R(), L(max_concurrent=1), T0, timeout=0.5)
+    assert "hunter2-canary" not in str(caught.value) and "redis://***@127.0.0.1:1/0" in str(caught.value)
+
+
+def test_a_hot_reloaded_cap_applies_to_the_next_admission(store):
+    store.settle(admit(store, L(budget_day=1.0), R(1.0)), NANO, 0, timeout=5)
+    assert isinstance(admit(store, L(budget_day=1.0), R(0.5)), Denial)
+    assert isinstance(admit(store, L(budget_day=2.0), R(0.5)), limits.Admission)  # limits are passed per call
