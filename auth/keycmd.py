@@ -35,10 +35,20 @@ def run_key_cmd(argv: Sequence[str], *, where: str, timeout: float = DEFAULT_KEY
     """Run ``argv`` and return its stripped stdout; ``where`` names the entry in errors.
 
     Raises :class:`PluginLlmConfigError` when the command cannot start, exits
-    non-zero, times out, prints nothing, or prints more than one line.
+    non-zero, times out, prints nothing, or prints more than one line. The
+    error is raised from a frame that holds none of the command's output and
+    chains no exception that does (``subprocess.TimeoutExpired`` carries the
+    partial output), so a traceback printed with its locals shows no key.
     """
     name = os.path.basename(argv[0]) if argv else "?"
     label = f"key_cmd of {where} ({name!r})"
+    key, problem = _run(argv, label, timeout)  # the process object (it keeps the output) stays in there
+    if problem is not None:
+        raise PluginLlmConfigError(f"{label}: {problem}")
+    return key  # type: ignore[return-value]
+
+
+def _run(argv: Sequence[str], label: str, timeout: float) -> tuple[str | None, str | None]:
     try:
         proc = subprocess.Popen(
             list(argv),
@@ -55,27 +65,39 @@ def run_key_cmd(argv: Sequence[str], *, where: str, timeout: float = DEFAULT_KEY
         raise PluginLlmConfigError(f"{label}: not executable (permission denied)") from None
     except OSError as exc:
         raise PluginLlmConfigError(f"{label}: cannot start: {exc.strerror}") from None
+    return _collect(proc, timeout)
+
+
+def _collect(proc: subprocess.Popen, timeout: float) -> tuple[str | None, str | None]:
+    """(the key, None) or (None, what went wrong) — never an exception that holds the output."""
+    timed_out = False
     try:
-        out, _err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        _kill_group(proc)
+        output = proc.communicate(timeout=timeout)[0]
+    except subprocess.TimeoutExpired:  # its .output may hold part of the key: not chained to anything
+        timed_out = True
+        output = b""
+    finally:
+        if proc.poll() is None:  # timed out or interrupted (e.g. KeyboardInterrupt): do not leave it running
+            _kill_group(proc)
+    if timed_out:
         with contextlib.suppress(Exception):
             proc.communicate(timeout=1.0)
-        raise PluginLlmConfigError(f"{label}: did not finish within {timeout:g} s and was killed") from None
-    finally:
-        if proc.poll() is None:  # interrupted (e.g. KeyboardInterrupt): do not leave it running
-            _kill_group(proc)
-    if proc.returncode != 0:
-        raise PluginLlmConfigError(f"{label}: exited with status {proc.returncode}; {_NOT_SHOWN}")
+        return None, f"did not finish within {timeout:g} s and was killed"
+    return _key_from(proc.returncode, output)
+
+
+def _key_from(returncode: int, output: bytes) -> tuple[str | None, str | None]:
+    if returncode != 0:
+        return None, f"exited with status {returncode}; {_NOT_SHOWN}"
     try:
-        key = out.decode("utf-8").strip()
+        key = output.decode("utf-8").strip()
     except UnicodeDecodeError:
-        raise PluginLlmConfigError(f"{label}: printed bytes that are not UTF-8; {_NOT_SHOWN}") from None
+        return None, f"printed bytes that are not UTF-8; {_NOT_SHOWN}"
     if not key:
-        raise PluginLlmConfigError(f"{label}: printed nothing on stdout; it must print the key")
+        return None, "printed nothing on stdout; it must print the key"
     if any(ch.isspace() or ord(ch) < 32 for ch in key):
-        raise PluginLlmConfigError(
-            f"{label}: printed more than one line or a value with spaces; it must print only the key "
+        return None, (
+            "printed more than one line or a value with spaces; it must print only the key "
             f"(a password manager that prints extra lines needs a small wrapper printing the first line); {_NOT_SHOWN}"
         )
-    return key
+    return key, None

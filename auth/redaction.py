@@ -27,11 +27,14 @@ import re
 import threading
 import traceback
 from dataclasses import dataclass
-from typing import Any, Iterable, MutableMapping
+from typing import Any, Callable, Iterable, MutableMapping
 from urllib.parse import quote, quote_plus
 
 __all__ = [
     "redact",
+    "redact_secrets",
+    "redact_clipped",
+    "key_shaped",
     "redact_obj",
     "register_secret",
     "mask",
@@ -44,6 +47,11 @@ __all__ = [
 #: Strings shorter than this are not registered: masking every "abc" would make
 #: logs unreadable and a 7-character "secret" is not one worth protecting here.
 MIN_SECRET_LENGTH = 8
+#: A key handed to :func:`redact_secrets` / :func:`redact_clipped` by its user
+#: (the transport's own key) is hidden from this length on.
+MIN_GIVEN_SECRET_LENGTH = 4
+#: The shortest trailing piece of a known secret :func:`redact_clipped` hides.
+MIN_FRAGMENT_LENGTH = 4
 
 _REDACTED = "[REDACTED]"
 
@@ -81,6 +89,11 @@ def mask(secret: str | None) -> str:
     body = len(secret) - len(prefix)
     tail = secret[-4:] if body >= 12 else ""
     return f"{prefix}…{tail}"
+
+
+def _variants(secret: str) -> set[str]:
+    """The secret itself, and as it appears in URLs and JSON strings."""
+    return {secret, quote(secret, safe=""), quote_plus(secret, safe=""), json.dumps(secret)[1:-1]}
 
 
 def _replacement_for(secret: str) -> str:
@@ -126,8 +139,7 @@ class _Registry:
                 return
             self._known.add(secret)
             replacement = _replacement_for(secret)
-            # The secret itself, and as it appears in URLs and JSON strings.
-            for variant in (secret, quote(secret, safe=""), quote_plus(secret, safe=""), json.dumps(secret)[1:-1]):
+            for variant in _variants(secret):
                 if len(variant) >= MIN_SECRET_LENGTH:
                     self._variants.setdefault(variant, replacement)
             self.snapshot = None
@@ -223,10 +235,56 @@ class _Rule:
     regex: re.Pattern[str]
     regex_ci: re.Pattern[str] | None
     group: int
+    #: ``accept(match, text)`` decides whether a match is a secret (None: every match is)
+    accept: Callable[[re.Match[str], str], bool] | None = None
 
 
-def _rule(triggers: tuple[str, ...], pattern: str, group: int, *, lowercase: bool) -> _Rule:
-    return _Rule(triggers, lowercase, re.compile(pattern), re.compile(pattern, re.I) if lowercase else None, group)
+def _rule(triggers: tuple[str, ...], pattern: str, group: int, *, lowercase: bool,
+          accept: Callable[[re.Match[str], str], bool] | None = None) -> _Rule:
+    return _Rule(triggers, lowercase, re.compile(pattern), re.compile(pattern, re.I) if lowercase else None, group,
+                 accept)
+
+
+def key_shaped(value: str) -> bool:
+    """Whether a bare word looks like a credential rather than an English word.
+
+    At least 8 characters and either letters mixed with digits
+    (``hunter2hunter2``, ``goog0123...``), at least 16 characters mixing upper
+    and lower case (base64-ish tokens), or at least 32 characters of anything
+    without spaces. ``must``, ``missing``, ``Required``, ``123`` are not.
+    """
+    n = len(value)
+    if n < 8:
+        return False
+    if n >= 32:
+        return True
+    has_digit = has_alpha = has_upper = has_lower = False
+    for ch in value:
+        if ch.isdigit():
+            has_digit = True
+        elif ch.isalpha():
+            has_alpha = True
+            if ch.isupper():
+                has_upper = True
+            else:
+                has_lower = True
+    return (has_digit and has_alpha) or (n >= 16 and has_upper and has_lower)
+
+
+def _field_value_is_secret(match: re.Match[str], text: str) -> bool:
+    """``api_key: <value>``: a value after ``=``, in quotes or after a scheme — or a key-shaped word.
+
+    A field name followed by a colon and a plain word is prose
+    (``providers.openai.api_key: must be a string``), not a credential.
+    """
+    start, end = match.span(4)
+    value = text[start:end]
+    if not any(ch.isalnum() for ch in value):  # {"api_key": "..."} in a hint
+        return False
+    separator = match.group(2)
+    if match.group(3) or "=" in separator or separator.endswith(("\"", "'")):
+        return True
+    return key_shaped(value)
 
 
 # Negative lookaheads: do not re-redact, and leave placeholders like api_key=None alone.
@@ -245,6 +303,7 @@ _RULES: tuple[_Rule, ...] = (
         + r"(?!(?:bearer|basic|token)\s)([^\s\"',;&}\]\\]+)",
         4,
         lowercase=True,
+        accept=_field_value_is_secret,
     ),
     # Bearer tokens anywhere (e.g. a header echoed in an error body).
     _rule(("bearer",), r"\b(bearer\s+)" + _NOT_ALREADY + r"([a-z0-9\-._~+/]{8,}=*)", 2, lowercase=True),
@@ -279,9 +338,12 @@ def _apply(rule: _Rule, text: str, haystack: str, regex: re.Pattern[str]) -> str
     """Replace the secret group of every match (found in ``haystack``) in ``text``."""
     pieces: list[str] = []
     last = 0
+    accept = rule.accept
     for match in regex.finditer(haystack):
         start, end = match.span(rule.group)
         if start < last:  # pragma: no cover - overlapping spans cannot come from one finditer
+            continue
+        if accept is not None and not accept(match, text):
             continue
         pieces.append(text[last:start])
         pieces.append(_REDACTED)
@@ -290,6 +352,88 @@ def _apply(rule: _Rule, text: str, haystack: str, regex: re.Pattern[str]) -> str
         return text
     pieces.append(text[last:])
     return "".join(pieces)
+
+
+def _hide_registered(text: str) -> str:
+    snap = _registry.snapshot or _registry.current()
+    if snap.pairs:
+        regex = snap.regex
+        if regex is not None:
+            replacements = snap.replacements
+            text = regex.sub(lambda m: replacements[m.group(0)], text)  # type: ignore[index]
+        else:
+            for secret, replacement in snap.pairs:
+                if secret in text:
+                    text = text.replace(secret, replacement)
+    return text
+
+
+def _hide_given(text: str, secrets: tuple[str | None, ...]) -> str:
+    """Replace each of ``secrets`` (and its URL/JSON forms) in ``text``; a None or tiny one is skipped."""
+    for secret in secrets:
+        if not isinstance(secret, str) or len(secret) < MIN_GIVEN_SECRET_LENGTH:
+            continue
+        replacement = _replacement_for(secret)
+        for variant in sorted(_variants(secret), key=len, reverse=True):
+            if variant in text:
+                text = text.replace(variant, replacement)
+    return text
+
+
+def redact_secrets(text: Any, *secrets: str | None) -> str:
+    """``text`` with every registered secret and each of ``secrets`` hidden — but no key *shapes*.
+
+    For text a provider wrote (a model's reply, tool-call arguments, the
+    reported model name): a reply that echoes the request's ``Authorization``
+    header must not hand the key to the plugin, but a reply that merely
+    *discusses* ``api_key=...`` or shows an ``sk-...`` example must stay
+    intact. ``secrets`` are keys known to the caller (the transport passes the
+    one it just sent), hidden even when shorter than :data:`MIN_SECRET_LENGTH`
+    (down to :data:`MIN_GIVEN_SECRET_LENGTH`).
+    """
+    if not isinstance(text, str):
+        text = str(text)
+    if secrets:
+        text = _hide_given(text, secrets)
+    if len(text) < MIN_SECRET_LENGTH:
+        return text
+    return _hide_registered(text)
+
+
+def redact_clipped(text: Any, limit: int, *secrets: str | None, fragment: int = MIN_FRAGMENT_LENGTH) -> str:
+    """Redact, *then* cut to ``limit`` characters, then hide a key cut off at the end.
+
+    Cutting first would leave all but the tail of a key that straddles the
+    limit in the text, unrecognisable to :func:`redact`. Text that was already
+    cut before it got here (a provider or library truncating an echoed header)
+    may end in the first characters of a key: a trailing fragment of at least
+    ``fragment`` characters of a registered secret, or of one of ``secrets``,
+    is replaced by ``[REDACTED]`` too.
+    """
+    text = redact(_hide_given(text if isinstance(text, str) else str(text), secrets))
+    if len(text) > limit:
+        text = text[:limit]
+    return _hide_trailing_fragment(text, secrets, fragment)
+
+
+def _hide_trailing_fragment(text: str, secrets: tuple[str | None, ...], fragment: int) -> str:
+    fragment = max(fragment, 1)
+    candidates = [v for v, _ in (_registry.snapshot or _registry.current()).pairs]
+    for secret in secrets:
+        if isinstance(secret, str) and len(secret) >= MIN_GIVEN_SECRET_LENGTH:
+            candidates.extend(_variants(secret))
+    cut = len(text)
+    for secret in candidates:
+        if len(secret) <= fragment:
+            continue
+        head = secret[:fragment]
+        i = text.find(head, max(0, len(text) - len(secret) + 1))
+        while i != -1 and i < cut:
+            if secret.startswith(text[i:]):
+                cut = i  # the earliest start is the longest fragment
+                break
+            i = text.find(head, i + 1)
+    return text if cut == len(text) else text[:cut] + _REDACTED
 
 
 def redact(text: Any) -> str:
@@ -302,16 +446,7 @@ def redact(text: Any) -> str:
         text = str(text)
     if len(text) < MIN_SECRET_LENGTH:  # too short to hold a secret or a key shape
         return text
-    snap = _registry.snapshot or _registry.current()
-    if snap.pairs:
-        regex = snap.regex
-        if regex is not None:
-            replacements = snap.replacements
-            text = regex.sub(lambda m: replacements[m.group(0)], text)  # type: ignore[index]
-        else:
-            for secret, replacement in snap.pairs:
-                if secret in text:
-                    text = text.replace(secret, replacement)
+    text = _hide_registered(text)
     low: str | None = None
     for rule in _RULES:
         if rule.lowercase:
