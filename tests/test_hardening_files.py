@@ -313,6 +313,19 @@ def test_special_install_record_is_an_install_error(hermes_home, kind):
         no_block(lambda: read_metadata(path.parent), path)
 
 
+def test_doctor_names_a_fifo_auth_json_and_env_for_what_they_are(hermes_home, capsys):
+    from plugin_llm.cli.main import main
+
+    auth_json, env = hermes_home / "auth.json", hermes_home / ".env"
+    make_special(auth_json, "fifo")
+    make_special(env, "fifo")
+    assert no_block(lambda: main(["doctor"]), auth_json, env) == 1
+    out = capsys.readouterr().out
+    assert f"FAIL  auth.json: {auth_json} is a FIFO (named pipe), not a regular file" in out
+    assert f"{env} is a FIFO (named pipe), not a regular file" in out and "its variables are not loaded" in out
+    assert "mode 0600" not in out and "Traceback" not in out
+
+
 DEV_ZERO_SCRIPT = """
 import json, os
 from pathlib import Path
