@@ -132,3 +132,40 @@ def test_async_tasks_hammering_one_budget_never_overspend(kind, tmp_path):
     spent = limits.snapshot(settings, tmp_path, PLUGIN).counters.day_spent
     assert len(admitted) == fits and spent == fits * worst.cost_nano
     assert spent <= (fits + 0.5) * worst.cost_nano
+
+
+def test_aadmit_waits_for_a_hung_redis_off_the_event_loop(tmp_path):
+    from tests.redis_server import RedisServer, _free_port
+
+    server = RedisServer(_free_port(), tmp_path)
+    server.start()
+    limits.close_stores()
+    try:
+        settings = settings_for("redis", server.url, "{max_concurrent: 5}")
+        server.pause()
+        ticks = []
+
+        async def ticker() -> None:
+            while True:
+                await asyncio.sleep(0.05)
+                ticks.append(1)
+
+        async def main() -> PluginLlmLimitError:
+            tick = asyncio.create_task(ticker())
+            try:
+                await limits.aadmit(settings, tmp_path, PLUGIN, messages=MESSAGES, provider="custom", model="m",
+                                    max_tokens=10, deadline=time.monotonic() + 1.0)
+            except PluginLlmLimitError as exc:
+                return exc
+            finally:
+                tick.cancel()
+            raise AssertionError("admitted by a hung Redis")
+
+        started = time.monotonic()
+        error = asyncio.run(main())
+        assert error.limit == "store" and time.monotonic() - started < 5.0
+        assert len(ticks) >= 3  # the loop kept running while the store call waited
+    finally:
+        limits.close_stores()
+        server.resume()
+        server.kill()

@@ -167,3 +167,23 @@ def test_importing_the_package_loads_neither_litellm_nor_redis():
     code = "import sys, plugin_llm.limits; print('litellm' in sys.modules, 'redis' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]
+
+
+def test_check_limits_reports_refusing_and_fail_open_configurations():
+    settings, _ = parse("""
+limits: {on_store_error: allow}
+plugins:
+  entries:
+    a: {limits: {tokens_per_minute: 1000, max_concurrent: 0}}
+    b: {limits: {budget_usd: {month: 3}}}
+    c: {limits: {budget_usd: {day: 1}}}
+""")
+    found = {(f.severity, f.path, f.plugin_id) for f in limits.check_limits(
+        settings, provider="openai", model="gpt-4o-mini", plugin_models={"b": ["custom/mystery-1", "gpt-4o"]})}
+    assert found == {
+        ("warning", "limits.on_store_error", None),
+        ("warning", "plugins.entries.a.limits.max_concurrent", "a"),
+        ("warning", "plugins.entries.a.limits.tokens_per_minute", "a"),  # 16384 output tokens > 1000
+        ("error", 'limits.prices."custom/mystery-1"', "b"),
+    }
+    assert limits.check_limits(parse("")[0], provider="custom", model="m") == []

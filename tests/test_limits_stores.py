@@ -329,3 +329,46 @@ def test_a_hot_reloaded_cap_applies_to_the_next_admission(store):
     store.settle(admit(store, L(budget_day=1.0), R(1.0)), NANO, 0, timeout=5)
     assert isinstance(admit(store, L(budget_day=1.0), R(0.5)), Denial)
     assert isinstance(admit(store, L(budget_day=2.0), R(0.5)), limits.Admission)  # limits are passed per call
+
+
+def test_odd_plugin_ids_get_keys_of_their_own(store):
+    one = L(max_concurrent=1)
+    ids = ["a", "a}:res", "we{ird}\nid", "名前/插件"]
+    for plugin_id in ids:
+        assert isinstance(store.admit(plugin_id, R(), one, T0, timeout=5), limits.Admission)
+    for plugin_id in ids:
+        assert isinstance(store.admit(plugin_id, R(), one, T0, timeout=5), Denial)
+        assert store.counters(plugin_id, T0, timeout=5).in_flight == 1
+
+
+def test_a_restarted_redis_is_used_again_and_gets_the_script_back(own_redis_server):
+    store = RedisStore(own_redis_server.url, prefix="restart")
+    assert isinstance(store.admit(PLUGIN, R(), L(max_concurrent=5), T0, timeout=5), limits.Admission)
+    own_redis_server.kill()
+    with pytest.raises(StoreError):
+        store.admit(PLUGIN, R(), L(max_concurrent=5), T0, timeout=1)
+    own_redis_server.start()  # same port, empty, no cached scripts: EVALSHA gets NOSCRIPT, EVAL follows
+    assert isinstance(store.admit(PLUGIN, R(), L(max_concurrent=5), T0, timeout=5), limits.Admission)
+    assert store.counters(PLUGIN, T0, timeout=5).in_flight == 1
+
+
+def test_a_corrupt_local_database_is_a_store_error(tmp_path):
+    path = tmp_path / "limits.sqlite3"
+    path.write_bytes(b"this is not a database" * 100)
+    with pytest.raises(StoreError) as caught:
+        LocalStore(path).admit(PLUGIN, R(), L(max_concurrent=1), T0, timeout=1)
+    assert str(path) in str(caught.value) and "not a database" in str(caught.value)
+
+
+def test_the_local_store_works_in_a_forked_child(tmp_path):
+    store = LocalStore(tmp_path / "limits.sqlite3")
+    one = L(max_concurrent=2)
+    assert isinstance(store.admit(PLUGIN, R(), one, T0, timeout=5), limits.Admission)
+    pid = os.fork()
+    if pid == 0:  # child: the inherited connection is set aside, a new one is opened
+        ok = isinstance(store.admit(PLUGIN, R(), one, T0, timeout=5), limits.Admission)
+        ok = ok and isinstance(store.admit(PLUGIN, R(), one, T0, timeout=5), Denial)
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert store.counters(PLUGIN, T0, timeout=5).in_flight == 2  # the parent sees the child's reservation

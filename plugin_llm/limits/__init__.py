@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from plugin_llm.limits.checks import check_limits
 from plugin_llm.limits.pricing import Estimate, Price, actual_cost_nano, find_price, input_token_bound, worst_case
 from plugin_llm.limits.settings import (
     NANO,
@@ -55,6 +56,7 @@ from plugin_llm.limits.store import (
 
 __all__ = [
     "admit",
+    "aadmit",
     "snapshot",
     "reset",
     "store_for",
@@ -77,6 +79,7 @@ __all__ = [
     "LIMIT_NAMES",
     "NANO",
     "parse_limit_settings",
+    "check_limits",
     "limits_path",
     "Estimate",
     "Price",
@@ -141,6 +144,20 @@ class Ticket:
         admission = self._finish()
         if admission is not None:
             self._apply(admission, 0, 0)
+
+    async def asettle(self, usage: Any = None, **numbers: Any) -> None:
+        """:meth:`settle` in a worker thread (a slow store never blocks the event loop)."""
+        if not self._done:
+            import asyncio
+
+            await asyncio.to_thread(self.settle, usage, **numbers)
+
+    async def arelease(self) -> None:
+        """:meth:`release` in a worker thread."""
+        if not self._done:
+            import asyncio
+
+            await asyncio.to_thread(self.release)
 
     def _apply(self, admission: Admission, cost_nano: int, tokens: int) -> None:
         try:
@@ -261,6 +278,17 @@ def admit(
     if isinstance(result, Denial):
         raise PluginLlmLimitError(result)
     return Ticket(store, result, estimate, timeout=max(settings.store_timeout, 0.05))
+
+
+async def aadmit(settings: LimitSettings, home: Path | str, plugin_id: str, **call: Any) -> Ticket:
+    """Async twin of :func:`admit` (same arguments): the store work runs in a worker thread, so a
+    Redis that is slow to answer holds this call only, never the event loop. Unlimited plugins
+    return at once without a thread hop."""
+    if settings.for_plugin(plugin_id).empty:
+        return UNLIMITED
+    import asyncio
+
+    return await asyncio.to_thread(admit, settings, home, plugin_id, **call)
 
 
 def snapshot(settings: LimitSettings, home: Path | str, plugin_id: str, *, now: float | None = None,

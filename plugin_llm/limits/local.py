@@ -111,9 +111,9 @@ class LocalStore(LimitStore):
         self._busy_ms = -1
         self._lock = threading.Lock()  # a parent thread may have held it at fork time
 
-    def _connect(self) -> sqlite3.Connection:
+    def _connect(self, timeout: float) -> sqlite3.Connection:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=5.0)
+        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=max(0.001, timeout))
         try:
             conn.execute("PRAGMA page_size = 1024")  # only on creation: small pages, fewer bytes per WAL frame
             conn.execute("PRAGMA journal_mode=WAL")
@@ -132,7 +132,7 @@ class LocalStore(LimitStore):
         try:
             conn = self._conn
             if conn is None:
-                conn = self._conn = self._connect()
+                conn = self._conn = self._connect(timeout - (time.monotonic() - start))
             busy_ms = max(1, int((timeout - (time.monotonic() - start)) * 1000)) // 10 * 10 or 1
             if busy_ms != self._busy_ms:
                 conn.execute(f"PRAGMA busy_timeout = {busy_ms:d}")

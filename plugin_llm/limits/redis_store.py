@@ -12,6 +12,8 @@ keeps them in one slot)::
     <prefix>:{<plugin>}:d:<day>     STR   settled nano-dollars              (expires after 40 days)
     <prefix>:{<plugin>}:mo:<month>  STR   settled nano-dollars              (expires after 400 days)
 
+(``<plugin>`` is the plugin id when it is plain, else ``sha256-<hex digest>``.)
+
 Every socket operation is bounded by the time the caller gives (the call's
 remaining deadline, capped by ``limits.store_timeout``); redis-py's own
 retries are off, so a Redis that is down or stalled fails fast into
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import threading
 import uuid
 from typing import Any
@@ -53,7 +56,9 @@ local now = tonumber(ARGV[1])
 local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)
 if #expired > 0 then
   redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-  redis.call('HDEL', KEYS[2], unpack(expired))
+  for i = 1, #expired, 500 do  -- unpack() has a stack limit: delete in slices
+    redis.call('HDEL', KEYS[2], unpack(expired, i, math.min(i + 499, #expired)))
+  end
 end
 local live = redis.call('HVALS', KEYS[2])
 local tok_held, day_held, month_held = 0, 0, 0
@@ -134,6 +139,17 @@ return {n, earliest, tok_held, day_held, month_held,
         tonumber(minute[1] or '0'), tonumber(minute[2] or '0'),
         tonumber(redis.call('GET', KEYS[4]) or '0'), tonumber(redis.call('GET', KEYS[5]) or '0')}
 """
+
+
+_PLAIN_ID = re.compile(r"^[A-Za-z0-9_.\-/@+:]{1,128}$")
+
+
+def _key_id(plugin_id: str) -> str:
+    """The plugin id inside a key: verbatim when plain, else a digest (a brace or a newline in an id
+    must not be able to reach into another plugin's keys)."""
+    if _PLAIN_ID.match(plugin_id):
+        return plugin_id
+    return "sha256-" + hashlib.sha256(plugin_id.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def _bulk(value: Any) -> bytes:
@@ -232,7 +248,7 @@ class RedisStore(LimitStore):
             raise
 
     def _keys(self, plugin_id: str, minute: str, day: str, month: str) -> list[str]:
-        p = f"{self.prefix}:{{{plugin_id}}}"
+        p = f"{self.prefix}:{{{_key_id(plugin_id)}}}"
         return [f"{p}:res", f"{p}:resv", f"{p}:mi:{minute}", f"{p}:d:{day}", f"{p}:mo:{month}"]
 
     def admit(self, plugin_id: str, reservation: Reservation, limits: PluginLimits, now: float, *,
