@@ -7,7 +7,14 @@ module exposes ``register(subparsers)``, which adds its parser and sets
 
 Operator mistakes raise :class:`CliError` (or a ``PluginLlmError``) and are
 printed as one line on stderr with exit code 2 (1 for gateway errors);
-``--debug`` shows the traceback.
+``--debug`` shows the traceback. Ctrl-C anywhere prints ``plugin-llm: interrupted``
+and exits 130, without a traceback.
+
+As the process's entry point (``main()`` without ``argv``: the console script,
+``python -m plugin_llm``), the process ends when the command is done, even if a
+plugin left a non-daemon thread running: output is flushed, the audit logs are
+closed (no write is cut short), logging is shut down and the process exits with
+``os._exit`` (``atexit`` handlers do not run in that case).
 """
 
 from __future__ import annotations
@@ -15,7 +22,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import logging
+import os
 import sys
+import threading
 from typing import Sequence
 
 __all__ = ["CliError", "main", "SUBCOMMANDS"]
@@ -70,7 +80,19 @@ def _selected_command(argv: Sequence[str]) -> str | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    """Run one ``plugin-llm`` command; its exit code. Without ``argv`` (the process's entry
+    point) it also ends the process once the command is done (see the module docstring)."""
+    try:
+        code = _main(list(sys.argv[1:] if argv is None else argv))
+    except KeyboardInterrupt:  # the operator's Ctrl-C, wherever it arrived
+        print("plugin-llm: interrupted", file=sys.stderr)
+        code = 130
+    if argv is None:
+        _exit_if_threads_remain(code)
+    return code
+
+
+def _main(argv: list[str]) -> int:
     selected = _selected_command(argv)
     known = _available()
     if selected is not None and selected not in known:
@@ -96,9 +118,44 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"plugin-llm: {type(exc).__name__}: {_safe(exc)}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("plugin-llm: interrupted", file=sys.stderr)
-        return 130
+
+
+def _exit_if_threads_remain(code: int) -> None:
+    """End the process now when a non-daemon thread (a plugin's) would keep it alive."""
+    main_thread = threading.main_thread()
+    stray = [t for t in threading.enumerate() if t is not main_thread and not t.daemon and t.is_alive()]
+    if not stray:
+        return  # the normal exit: atexit handlers run
+    logging.getLogger("plugin_llm").debug(
+        "exiting with %d non-daemon thread(s) still running: %s", len(stray), ", ".join(t.name[:60] for t in stray[:5]))
+    _flush_streams()
+    _close_audit_logs()
+    try:
+        logging.shutdown()
+    except Exception:  # pragma: no cover - a broken handler must not keep the process alive
+        pass
+    _flush_streams()
+    os._exit(code)
+
+
+def _flush_streams() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # e.g. a closed pipe
+            pass
+
+
+def _close_audit_logs() -> None:
+    """Close every audit log this process opened (each waits for a write in progress)."""
+    writer = sys.modules.get("audit.writer")  # not imported: nothing was written
+    if writer is None:
+        return
+    for log in list(getattr(writer, "_INSTANCES", ())):
+        try:
+            log.close()
+        except Exception:  # pragma: no cover - closing is best effort
+            pass
 
 
 def _safe(exc: BaseException) -> str:

@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Generator, Mapping
 
 from plugin_llm.host.compressor import DEFAULT_BUDGET_TOKENS, ContextCompressor
+from plugin_llm.plugins.isolation import MAX_TEXT, error_text, safe_str, type_name
 
 if TYPE_CHECKING:  # pragma: no cover
     from plugin_llm.plugins import PluginManager
@@ -459,11 +460,12 @@ class Session:
             )
         try:
             out = yield _CommandRun(key, raw_args)
-        except Exception as exc:
-            _log.warning("command /%s failed: %s: %s", key, type(exc).__name__, exc)
-            return TurnResult(kind="command_error", text=f"/{key} failed: {type(exc).__name__}: {exc}",
+        except Exception as exc:  # the manager turns every other plugin BaseException into one
+            text = error_text(exc)  # the handler's exception: formatted without trusting it
+            _log.warning("command /%s failed: %s", key, text)
+            return TurnResult(kind="command_error", text=f"/{key} failed: {text}",
                               stop_reason="command_error", command=key)
-        text = out if out is None or isinstance(out, str) else str(out)
+        text = out if out is None or type(out) is str else (safe_str(out, MAX_TEXT) or f"<{type_name(out)}>")
         return TurnResult(kind="command", text=text, stop_reason="command", command=key)
 
     def _builtin(self, key: str, raw_args: str) -> TurnResult:
@@ -631,9 +633,9 @@ class Session:
                         out = yield _ToolDispatch(call.name, dict(call.arguments or {}), dict(
                             session_id=self.session_id, tool_call_id=call.id))
                     except Exception as exc:  # the dispatcher isolates handlers; this is a last guard
-                        _log.warning("tool %s failed: %s: %s", call.name, type(exc).__name__, exc)
-                        out = json.dumps({"error": f"{type(exc).__name__}: {exc}"})
-                    out = out if isinstance(out, str) else json.dumps(out, default=str)
+                        _log.warning("tool %s failed: %s", call.name, error_text(exc))
+                        out = json.dumps({"error": error_text(exc)})
+                    out = out if type(out) is str else (safe_str(out, MAX_TEXT) or f"<{type_name(out)}>")
                     self.history.append(_tool_message(call.id, call.name, out))
                     runs.append(ToolRun(call.id, call.name, dict(call.arguments or {}), out))
                 continue
@@ -679,7 +681,7 @@ class Session:
         try:
             return list(self.manager.invoke_hook(name, **kwargs) or [])
         except Exception as exc:  # the manager isolates callbacks; never let a hook end a turn
-            _log.warning("hook %s failed: %s: %s", name, type(exc).__name__, exc)
+            _log.warning("hook %s failed: %s", name, error_text(exc))
             return []
 
     def _turn_context(self, user_text: str, first: bool) -> str:
@@ -690,9 +692,9 @@ class Session:
                 conversation_history=_copy_messages(self.history), is_first_turn=first,
                 model=self.route[1], platform=self.platform)
         except Exception as exc:
-            _log.warning("pre_llm_call context failed: %s: %s", type(exc).__name__, exc)
+            _log.warning("pre_llm_call context failed: %s", error_text(exc))
             context = ""
-        if isinstance(context, str) and context.strip():
+        if type(context) is str and context.strip():
             parts.append(context.strip())
         provider = self._memory_provider()
         if provider is not None:
@@ -758,8 +760,8 @@ class Session:
     def _transform_output(self, text: str) -> str | None:
         results = self._hook("transform_llm_output", response_text=text, session_id=self.session_id,
                              model=self.route[1], platform=self.platform)
-        for value in results:  # first string wins, like transform_tool_result
-            if isinstance(value, str):
+        for value in results:  # first string wins, like transform_tool_result (plain data: exact types)
+            if type(value) is str:
                 return value
         return None
 

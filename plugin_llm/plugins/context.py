@@ -14,6 +14,7 @@ plugin's key — the identity the operator's trust block is written for.
 from __future__ import annotations
 
 import inspect
+import json
 import logging
 import re
 from collections.abc import Mapping
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from .engines import ContextEngine, MemoryProvider
+from .isolation import UnusableValue, plain
 from .manifest import PluginManifest
 from .registry import (
     BUILTIN_COMMANDS,
@@ -410,9 +412,18 @@ class PluginContext:
 
     def dispatch_tool(self, tool_name: str, args: dict, **kw: Any) -> str:
         """Run a registered tool through the host's one execution path (guards and
-        hooks included). The active session, if any, is passed as ``parent_agent``."""
+        hooks included). The active session, if any, is passed as ``parent_agent``.
+
+        Always returns a string (errors as JSON ``{"error": ...}``). The name,
+        arguments and keywords are copied into plain data first, so the other
+        plugins' hooks and the handler never see this plugin's objects.
+        """
+        try:
+            name, args, kw = plain(tool_name), plain(args), plain(kw)
+        except UnusableValue as exc:
+            return json.dumps({"error": f"plugin {self._key}: dispatch_tool(): an argument cannot be used: {exc}"})
         kw.pop("parent_agent", None)  # the host decides who the parent is
-        return self._manager.dispatch_tool(tool_name, args, parent_agent=self._manager.active_session, **kw)
+        return self._manager.dispatch_tool(name, args, parent_agent=self._manager.active_session, **kw)
 
 
 def _env_names(requires_env: Any, who: str) -> tuple[str, ...]:

@@ -22,11 +22,31 @@ Time limits, two ways:
   timed-out callback keeps running in the background** until it returns; its
   result is discarded. Worker threads are daemons, so a stuck callback never
   prevents the process from exiting.
+
+A callback that catches the interruption (``except BaseException`` in a loop) is
+not let off: after a short grace the timer keeps firing and every interpreter
+check point in its code raises again, so control leaves any ``try`` it sits in;
+in practice it unwinds within milliseconds. Limits: a callback blocked in C code
+that never returns to the interpreter (a C extension loop, a system call retried
+on EINTR) cannot be stopped on the main thread; on the pool it is abandoned.
+
+Everything a callback returns or raises is read while its time limit still runs,
+through :mod:`.isolation`: return values are copied into plain built-in types
+(``HookOutcome.value``) and errors are formatted into bounded text
+(``HookOutcome.error_text``), so no hostile ``__str__``, ``Mapping.get`` or
+``str`` subclass reaches the host. A ``KeyboardInterrupt`` a plugin raises
+itself is isolated like any error; the operator's Ctrl-C (a real SIGINT) stops
+the invocation and propagates.
+
+:func:`call_limited` runs any plugin callable (the manager's import +
+``register(ctx)``) under the same limit, on the same two paths.
 """
 
 from __future__ import annotations
 
+import _thread
 import contextvars
+import functools
 import inspect
 import logging
 import os
@@ -38,7 +58,9 @@ from dataclasses import dataclass, field
 from time import monotonic
 from typing import Any, Callable
 
-__all__ = ["VALID_HOOKS", "HookEntry", "HookOutcome", "HookTimeoutError", "HookRunner"]
+from .isolation import SIGINT_WATCH, HostInterrupt, UnusableValue, error_text, exact_str, plain, shown, type_name
+
+__all__ = ["VALID_HOOKS", "HookEntry", "HookOutcome", "HookTimeoutError", "HookRunner", "call_limited"]
 
 _log = logging.getLogger("plugin_llm.plugins")
 
@@ -60,7 +82,10 @@ VALID_HOOKS = frozenset(
     }
 )
 
-_SIMPLE_RESULTS = (str, dict, list, tuple, int, float, bool)
+#: Seconds a callback that caught its timeout gets to unwind before every check point raises.
+_GRACE = 0.1
+#: Interval of the timer while a callback is being forced out (interrupts blocking calls).
+_FORCE_INTERVAL = 0.01
 
 
 class HookTimeoutError(TimeoutError):
@@ -116,29 +141,53 @@ class HookEntry:
 
 
 class HookOutcome:
-    """What one callback did: ``error`` is None on success (``value`` may be None)."""
+    """What one callback did: ``error`` is None on success (``value`` may be None).
 
-    __slots__ = ("entry", "value", "error")
+    ``value`` is plain data (see :func:`.isolation.plain`) or an opaque object;
+    ``error_text`` is ``Type: message``, bounded, read under the time limit.
+    """
 
-    def __init__(self, entry: HookEntry, value: Any = None, error: BaseException | None = None) -> None:
+    __slots__ = ("entry", "value", "error", "error_text")
+
+    def __init__(self, entry: HookEntry, value: Any = None, error: BaseException | None = None,
+                 text: str | None = None) -> None:
         self.entry = entry
         self.value = value
         self.error = error
+        self.error_text = text if text is not None or error is None else error_text(error)
+
+    @property
+    def timed_out(self) -> bool:
+        return type(self.error) is HookTimeoutError
 
     def __repr__(self) -> str:
-        return f"HookOutcome(plugin={self.entry.plugin_key!r}, hook={self.entry.hook!r}, value={self.value!r}, error={self.error!r})"
+        value = type_name(self.value) if self.value is not None else None
+        return (f"HookOutcome(plugin={self.entry.plugin_key!r}, hook={self.entry.hook!r}, "
+                f"value={value}, error={self.error_text!r})")
+
+
+def _settle(value: Any) -> Any:
+    """A callback's return value, awaited if needed, as plain data (runs under the time limit)."""
+    if type(value) is not str and type(value) is not dict and inspect.isawaitable(value):
+        import asyncio  # deferred: most hosts never register an async hook
+
+        value = asyncio.run(_await(value))  # callers guarantee no loop runs on this thread
+        if value is None:
+            return None
+    try:
+        return plain(value)
+    except UnusableValue as exc:
+        raise UnusableValue(f"it returned a {type_name(value)} that cannot be used: {exc}") from None
 
 
 def _call_one(entry: HookEntry, kwargs: dict[str, Any]) -> HookOutcome:
     try:
         value = entry.callback(**kwargs)
-        if value is not None and not isinstance(value, _SIMPLE_RESULTS) and inspect.isawaitable(value):
-            import asyncio  # deferred: most hosts never register an async hook
-
-            value = asyncio.run(_await(value))  # async hook: a worker thread has no running loop
+        if value is not None:
+            value = _settle(value)
         return HookOutcome(entry, value)
-    except BaseException as exc:  # isolation: nothing a plugin raises escapes (SystemExit included)
-        return HookOutcome(entry, None, exc)
+    except BaseException as exc:  # isolation: nothing a plugin raises escapes (a worker never gets a real Ctrl-C)
+        return HookOutcome(entry, None, exc, error_text(exc))
 
 
 async def _await(awaitable: Any) -> Any:
@@ -148,9 +197,22 @@ async def _await(awaitable: Any) -> Any:
 # --- inline, under SIGALRM (main thread) ---------------------------------------------------
 
 
-class _Alarm(BaseException):
+class _Alarm(HostInterrupt):
     """Raised inside an overrunning inline callback (a BaseException: ``except Exception`` in
     plugin code does not swallow it)."""
+
+
+class _ForcedAlarm(_Alarm):
+    """Raised at every check point of a callback that caught its :class:`_Alarm`.
+
+    Creating it re-trips SIGALRM (``__init__`` is ``interrupt_main(SIGALRM)``,
+    a C call). ``raise _ForcedAlarm`` creates it inside the interpreter after the
+    handler's last check point, so the trip is not consumed by the handler itself
+    but by the plugin's next check point, which raises again: a ``try`` cannot
+    hold on to control, the code around it runs into the next raise.
+    """
+
+    __init__ = staticmethod(functools.partial(_thread.interrupt_main, signal.SIGALRM))
 
 
 class _InlineRunner:
@@ -159,6 +221,8 @@ class _InlineRunner:
     def __init__(self) -> None:
         self.active = False  # an inline invocation is running (nested ones use the pool)
         self.armed = False  # a callback is running under the timer
+        self.fired = False  # its time is up and it was interrupted once
+        self.forced = False  # it caught that: every check point raises until it is left
 
     def usable(self) -> bool:
         if self.active or not hasattr(signal, "setitimer"):
@@ -173,41 +237,55 @@ class _InlineRunner:
         return signal.getitimer(signal.ITIMER_REAL)[0] == 0.0
 
     def _on_alarm(self, signum: int, frame: Any) -> None:
-        if self.armed:
-            self.armed = False
+        if not self.armed:
+            return  # a late or periodic alarm after the callback returned
+        if not self.fired:
+            self.fired = True
+            signal.setitimer(signal.ITIMER_REAL, _GRACE, _FORCE_INTERVAL)  # in case it is caught
             raise _Alarm()
+        self.forced = True
+        raise _ForcedAlarm  # the class, not an instance: see _ForcedAlarm
 
     def run(self, calls: list[tuple[HookEntry, dict[str, Any]]], timeout: float) -> list[HookOutcome]:
         previous = signal.signal(signal.SIGALRM, self._on_alarm)
+        sigint = SIGINT_WATCH.enter()
         self.active = True
         try:
-            return [self._call(entry, kwargs, timeout) for entry, kwargs in calls]
+            outcomes = []
+            for entry, kwargs in calls:
+                outcomes.append(self._call(entry, kwargs, timeout))
+                if SIGINT_WATCH.raised != sigint:  # the operator's Ctrl-C, whatever the plugin did with it
+                    raise KeyboardInterrupt
+            return outcomes
         finally:
             self.armed = False
             signal.setitimer(signal.ITIMER_REAL, 0)  # once per invocation: each callback re-arms it
             self.active = False
-            signal.signal(signal.SIGALRM, previous)
+            SIGINT_WATCH.leave(sigint)
+            signal.signal(signal.SIGALRM, previous)  # pending alarms were handled (as no-ops) before this
 
     def _call(self, entry: HookEntry, kwargs: dict[str, Any], timeout: float) -> HookOutcome:
+        self.fired = self.forced = False
         try:
-            signal.setitimer(signal.ITIMER_REAL, timeout)  # replaces the previous callback's timer
+            signal.setitimer(signal.ITIMER_REAL, timeout)  # replaces the previous callback's timer (and interval)
             self.armed = True
             try:
                 value = entry.callback(**kwargs)
-                if value is not None and not isinstance(value, _SIMPLE_RESULTS) and inspect.isawaitable(value):
-                    import asyncio
-
-                    value = asyncio.run(_await(value))
+                if value is not None:
+                    value = _settle(value)  # still under the limit: reading it runs plugin code
+                outcome = HookOutcome(entry, value)
+            except _Alarm:
+                raise
+            except BaseException as exc:  # isolation: SystemExit, the plugin's own KeyboardInterrupt, ...
+                outcome = HookOutcome(entry, None, exc, error_text(exc))  # a hanging __str__ is interrupted too
             finally:
-                self.armed = False  # an alarm arriving from here on is ignored
-            return HookOutcome(entry, value)
+                self.armed = False  # first thing once the callback is left: no alarm raises from here on
         except _Alarm:
-            return HookOutcome(entry, None, HookTimeoutError(
-                f"did not return within {timeout:g}s (plugins.hook_timeout); it was interrupted"))
-        except KeyboardInterrupt:  # the operator's Ctrl-C belongs to the host, not to the plugin
-            raise
-        except BaseException as exc:  # isolation: nothing a plugin raises escapes (SystemExit included)
-            return HookOutcome(entry, None, exc)
+            forced = " (it caught the interruption and was forced out)" if self.forced else ""
+            error = HookTimeoutError(
+                f"did not return within {timeout:g}s (plugins.hook_timeout); it was interrupted{forced}")
+            return HookOutcome(entry, None, error, f"HookTimeoutError: {error}")
+        return outcome
 
 
 _INLINE = _InlineRunner()
@@ -324,12 +402,67 @@ def _run_batch_in_context(batch: _Batch) -> Callable[[], Any] | None:
     return batch.done.release
 
 
+def _run_on_pool(calls: list[tuple[HookEntry, dict[str, Any]]], timeout: float) -> list[HookOutcome]:
+    outcomes: list[Any] = [None] * len(calls)
+    start = 0
+    while start < len(calls):
+        batch = _Batch(calls, outcomes, start)
+        try:
+            _POOL.submit(_run_batch, batch)
+        except RuntimeError:  # no new threads (interpreter shutdown): run inline, without a time limit
+            finish = _run_batch(batch)
+            if finish is not None:
+                finish()
+        start = _wait(batch, timeout)
+    return outcomes
+
+
+def _wait(batch: _Batch, timeout: float) -> int:
+    """Wait for the batch; returns where the next batch starts (len(calls) when all done)."""
+    wait = timeout
+    while not batch.done.acquire(timeout=wait):
+        with batch.lock:
+            index = batch.current
+            if batch.outcomes[index] is not None:  # finished just now; the worker moves on
+                wait = timeout
+                continue
+            elapsed = monotonic() - batch.started
+            if elapsed < timeout:
+                wait = timeout - elapsed
+                continue
+            batch.abandoned = True
+            entry = batch.calls[index][0]
+            error = HookTimeoutError(
+                f"did not return within {timeout:g}s (plugins.hook_timeout); it keeps running in the background"
+            )
+            batch.outcomes[index] = HookOutcome(entry, None, error, f"HookTimeoutError: {error}")
+        return index + 1
+    return len(batch.calls)
+
+
+def _run_limited(calls: list[tuple[HookEntry, dict[str, Any]]], timeout: float) -> list[HookOutcome]:
+    if _INLINE.usable():
+        return _INLINE.run(calls, timeout)
+    return _run_on_pool(calls, timeout)
+
+
+def call_limited(what: str, plugin_key: str, fn: Callable[[], Any], timeout: float) -> HookOutcome:
+    """Run ``fn()`` (plugin code) under a hook's time limit and isolation; its outcome.
+
+    Inline under SIGALRM on the main thread, else on a daemon worker that is
+    abandoned on timeout. Only the operator's Ctrl-C propagates.
+    """
+    entry = HookEntry(what, plugin_key, fn, frozenset())
+    return _run_limited([(entry, {})], min(float(timeout), threading.TIMEOUT_MAX))[0]
+
+
 class HookRunner:
     """Registered callbacks per hook and their isolated, time-limited invocation.
 
     ``timeout`` is called on every invocation (it reads ``plugins.hook_timeout``
-    from the current config); ``on_error(entry, error)`` is called once per
-    distinct error (the manager writes the audit ``hook_error`` event).
+    from the current config); ``on_error(entry, error, text)`` is called once per
+    distinct error with its safe ``Type: message`` text (the manager writes the
+    audit ``hook_error`` event).
     """
 
     _MAX_REPORTED = 1024
@@ -337,7 +470,7 @@ class HookRunner:
     def __init__(
         self,
         timeout: Callable[[], float],
-        on_error: Callable[[HookEntry, BaseException], None] | None = None,
+        on_error: Callable[[HookEntry, BaseException, str], None] | None = None,
     ) -> None:
         self._timeout = timeout
         self._on_error = on_error
@@ -348,15 +481,15 @@ class HookRunner:
     # registration ---------------------------------------------------------------------
 
     def register(self, hook: str, plugin_key: str, callback: Callable[..., Any]) -> HookEntry:
-        if not isinstance(hook, str) or not hook.strip():
-            raise ValueError(f"hook name must be a non-empty string, got {hook!r}")
+        if not issubclass(type(hook), str) or not exact_str(hook).strip():
+            raise ValueError(f"hook name must be a non-empty string, got {shown(hook)}")
+        hook = exact_str(hook).strip()
         if not callable(callback):
-            raise TypeError(f"hook {hook!r}: callback must be callable, got {type(callback).__name__}")
-        hook = hook.strip()
+            raise TypeError(f"hook {shown(hook)}: callback must be callable, got {type_name(callback)}")
         if hook not in VALID_HOOKS:
             _log.warning(
-                "plugin %s registered unknown hook %r (kept; the host fires: %s)",
-                plugin_key, hook, ", ".join(sorted(VALID_HOOKS)),
+                "plugin %s registered unknown hook %s (kept; the host fires: %s)",
+                plugin_key, shown(hook), ", ".join(sorted(VALID_HOOKS)),
             )
         entry = HookEntry.create(hook, plugin_key, callback)
         with self._lock:
@@ -393,62 +526,19 @@ class HookRunner:
             return []
         timeout = min(float(self._timeout()), threading.TIMEOUT_MAX)
         calls = [(entry, entry.select_kwargs(kwargs)) for entry in entries]
-        if _INLINE.usable():
-            outcomes = _INLINE.run(calls, timeout)
-        else:
-            outcomes = self._run_on_pool(calls, timeout)
+        outcomes = _run_limited(calls, timeout)
         for outcome in outcomes:
             if outcome.error is not None:
-                self._report(outcome.entry, outcome.error)
+                self._report(outcome)
         return outcomes
-
-    def _run_on_pool(self, calls: list[tuple[HookEntry, dict[str, Any]]], timeout: float) -> list[HookOutcome]:
-        outcomes: list[Any] = [None] * len(calls)
-        start = 0
-        while start < len(calls):
-            batch = _Batch(calls, outcomes, start)
-            try:
-                _POOL.submit(_run_batch, batch)
-            except RuntimeError:  # no new threads (interpreter shutdown): run inline, without a time limit
-                finish = _run_batch(batch)
-                if finish is not None:
-                    finish()
-            start = self._wait(batch, timeout)
-        return outcomes
-
-    @staticmethod
-    def _wait(batch: _Batch, timeout: float) -> int:
-        """Wait for the batch; returns where the next batch starts (len(calls) when all done)."""
-        wait = timeout
-        while not batch.done.acquire(timeout=wait):
-            with batch.lock:
-                index = batch.current
-                if batch.outcomes[index] is not None:  # finished just now; the worker moves on
-                    wait = timeout
-                    continue
-                elapsed = monotonic() - batch.started
-                if elapsed < timeout:
-                    wait = timeout - elapsed
-                    continue
-                batch.abandoned = True
-                entry = batch.calls[index][0]
-                batch.outcomes[index] = HookOutcome(
-                    entry,
-                    None,
-                    HookTimeoutError(
-                        f"did not return within {timeout:g}s (plugins.hook_timeout); "
-                        "it keeps running in the background"
-                    ),
-                )
-            return index + 1
-        return len(batch.calls)
 
     def results(self, hook: str, kwargs: dict[str, Any]) -> list[Any]:
         """Non-None return values of the callbacks that succeeded, in registration order."""
         return [o.value for o in self.run(hook, kwargs) if o.error is None and o.value is not None]
 
-    def _report(self, entry: HookEntry, error: BaseException) -> None:
-        signature = (entry.plugin_key, entry.hook, type(error).__name__, str(error))
+    def _report(self, outcome: HookOutcome) -> None:
+        entry, error, text = outcome.entry, outcome.error, outcome.error_text or ""
+        signature = (entry.plugin_key, entry.hook, text)
         with self._lock:
             if signature in self._reported:
                 return
@@ -456,13 +546,13 @@ class HookRunner:
                 self._reported.clear()
             self._reported.add(signature)
         _log.warning(
-            "hook %s of plugin %s failed: %s: %s (further identical errors are not logged)",
-            entry.hook, entry.plugin_key, type(error).__name__, error,
+            "hook %s of plugin %s failed: %s (further identical errors are not logged)",
+            entry.hook, entry.plugin_key, text,
         )
-        if not isinstance(error, HookTimeoutError):
+        if not outcome.timed_out and _log.isEnabledFor(logging.DEBUG):
             _log.debug("hook %s of plugin %s traceback", entry.hook, entry.plugin_key, exc_info=error)
         if self._on_error is not None:
             try:
-                self._on_error(entry, error)
+                self._on_error(entry, error, text)
             except Exception:  # reporting must never break the host
                 _log.debug("hook error reporter failed", exc_info=True)

@@ -34,7 +34,18 @@ from typing import Any, Callable, Iterable
 from .context import PluginContext
 from .discovery import SOURCE_ENTRY_POINT, PluginCandidate, candidate_location, discover_all_candidates
 from .engines import ContextEngine, MemoryProvider
-from .hooks import HookEntry, HookRunner, HookTimeoutError
+from .hooks import HookEntry, HookRunner, call_limited
+from .isolation import (
+    MAX_TEXT,
+    SIGINT_WATCH,
+    bounded,
+    error_text,
+    exact_str,
+    plain,
+    safe_str,
+    shown,
+    type_name,
+)
 from .registry import (
     BUILTIN_COMMANDS,
     CliCommandEntry,
@@ -48,7 +59,7 @@ from .registry import (
 )
 from .settings import BUILTIN_CONTEXT_ENGINES, BUILTIN_MEMORY_PROVIDERS, PluginSettings, SettingsSource, default_home
 
-__all__ = ["PluginManager", "BUILTIN_COMMANDS", "UnknownCommandError", "MODULE_NAMESPACE"]
+__all__ = ["PluginManager", "BUILTIN_COMMANDS", "UnknownCommandError", "PluginCommandError", "MODULE_NAMESPACE"]
 
 _log = logging.getLogger("plugin_llm.plugins")
 
@@ -64,6 +75,15 @@ _STATUS_LOADING = "loading"
 
 class UnknownCommandError(LookupError):
     """``run_command``/``arun_command`` for a name no plugin registered."""
+
+
+class PluginCommandError(RuntimeError):
+    """A command handler raised something that is not an ``Exception`` (``SystemExit``,
+    its own ``KeyboardInterrupt``, ...); the message names the command and plugin."""
+
+
+#: Characters of a plugin's failure kept in ``list_plugins()``' ``error`` and the audit event.
+_MAX_LOAD_ERROR = 1000
 
 
 @dataclass
@@ -83,9 +103,7 @@ class _PluginRecord:
         return self.candidate.key
 
 
-def _error_text(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+_error_text = error_text  # every exception from plugin code is formatted without trusting it
 
 
 def _sanitise(key: str) -> str:
@@ -145,13 +163,80 @@ def _tool_error(message: str) -> str:
     return json.dumps({"error": message}, ensure_ascii=False)
 
 
-def _stringify(result: Any) -> str:
-    if isinstance(result, str):
+def _guarded(fn: Callable[..., Any], *args: Any) -> tuple[Any, BaseException | None]:
+    """``fn(*args)`` (plugin code, on this thread): ``(value, None)`` or ``(None, what it raised)``.
+
+    Nothing escapes but the operator's Ctrl-C, which is re-raised even when the
+    plugin swallowed it; a ``KeyboardInterrupt`` the plugin raises itself is returned.
+    """
+    sigint = SIGINT_WATCH.enter()
+    try:
+        value, error = fn(*args), None
+    except BaseException as exc:
+        value, error = None, exc
+    finally:
+        interrupted = SIGINT_WATCH.leave(sigint)
+    if interrupted:
+        raise KeyboardInterrupt
+    return value, error
+
+
+async def _aguarded(awaitable: Any) -> tuple[Any, BaseException | None]:
+    """:func:`_guarded` for an awaitable run on this loop; the host cancelling this task propagates."""
+    import asyncio
+
+    sigint = SIGINT_WATCH.enter()
+    try:
+        value, error = await awaitable, None
+    except asyncio.CancelledError as exc:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():  # a real cancellation of the host's task
+            raise
+        value, error = None, exc  # raised by the plugin itself
+    except BaseException as exc:
+        value, error = None, exc
+    finally:
+        interrupted = SIGINT_WATCH.leave(sigint)
+    if interrupted:
+        raise KeyboardInterrupt
+    return value, error
+
+
+def _opaque_text(obj: Any) -> str:
+    text = safe_str(obj, MAX_TEXT)
+    return text if text is not None else f"<{type_name(obj)}>"
+
+
+def _tool_text(result: Any) -> str:
+    """A tool handler's return value as the result string: strings as they are, other values
+    JSON-encoded; read as plain data (see :mod:`.isolation`), bounded to ``MAX_TEXT``."""
+    if type(result) is str:
+        return bounded(result, MAX_TEXT)
+    result = plain(result)
+    if type(result) is str:
         return result
     try:
-        return json.dumps(result, ensure_ascii=False, default=str)
-    except (TypeError, ValueError):
-        return str(result)
+        text = json.dumps(result, ensure_ascii=False, default=_opaque_text)
+    except (TypeError, ValueError):  # e.g. an int too long to print
+        text = _opaque_text(result)
+    return bounded(text, MAX_TEXT)
+
+
+def _command_text(result: Any) -> str | None:
+    """A command handler's return value as text (None stays None)."""
+    if result is None:
+        return None
+    if issubclass(type(result), str):
+        return bounded(exact_str(result), MAX_TEXT)
+    return _opaque_text(plain(result))
+
+
+def _command_failure(entry: CommandEntry, exc: BaseException) -> Exception:
+    """What ``run_command`` raises for a failed handler: its own ``Exception`` unchanged (callers
+    format it with ``error_text``), anything else as a :class:`PluginCommandError`."""
+    if issubclass(type(exc), Exception):
+        return exc  # type: ignore[return-value]
+    return PluginCommandError(f"/{entry.name} (plugin {entry.plugin_key}) raised {error_text(exc)}")
 
 
 def _handler_kwargs(handler: Callable[..., Any], offered: dict[str, Any]) -> dict[str, Any]:
@@ -257,36 +342,60 @@ class PluginManager:
         self._hooks.clear()
 
     def _load(self, record: _PluginRecord) -> None:
+        """Import the plugin and call ``register(ctx)``, isolated and under ``plugins.hook_timeout``.
+
+        Whatever goes wrong (an exception or any other BaseException, a hang)
+        marks the plugin failed; only the operator's Ctrl-C propagates.
+        """
         candidate = record.candidate
         assert candidate.manifest is not None
         record.status = _STATUS_LOADING
         started = time.perf_counter()
-        phase = "import failed"
-        try:
+        timeout = self._hook_timeout()
+        registering = [False]
+
+        def load() -> None:  # plugin code from here on: runs under the time limit
             register, plugin_dir = self._import(record)
             if register is None:
                 where = candidate.path / "__init__.py" if candidate.path else candidate.entry_point.value
                 raise _LoadError(f"no register(ctx) function in {where}")
             if not callable(register):
-                raise _LoadError(f"register is not callable ({type(register).__name__})")
-            phase = "register() raised"
+                raise _LoadError(f"register is not callable ({type_name(register)})")
             ctx = PluginContext(self, candidate.manifest, plugin_dir, record.generation)
+            registering[0] = True
             result = register(ctx)
-            if inspect.isawaitable(result):
+            if result is not None and inspect.isawaitable(result):
                 _run_awaitable(result)
-        except BaseException as exc:
-            if isinstance(exc, KeyboardInterrupt):
-                raise
-            message = exc.message if isinstance(exc, _LoadError) else f"{phase}: {_error_text(exc)}"
-            self._unregister(record.key)
-            if record.module_name:
-                _purge_modules(record.module_name)
-                record.module_name = None
-            self._mark_failed(record, message, exc_info=None if isinstance(exc, _LoadError) else exc)
-            return
+
+        try:
+            outcome = call_limited("register", record.key, load, timeout)
+        except KeyboardInterrupt:  # the operator's Ctrl-C: leave nothing half-registered, then stop
+            record.status, record.error = STATUS_FAILED, "loading was interrupted (Ctrl-C)"
+            self._discard(record)
+            raise
         finally:
             record.load_ms = (time.perf_counter() - started) * 1000
-        record.status = STATUS_ENABLED
+        error = outcome.error
+        if error is None:
+            record.status = STATUS_ENABLED
+            return
+        record.status = STATUS_FAILED  # first: a register() still running on a worker is refused from now on
+        self._discard(record)
+        if type(error) is _LoadError:
+            self._mark_failed(record, error.message)
+        elif outcome.timed_out:
+            what = f"register() {error}" if registering[0] else f"importing the plugin {error}".replace("return", "finish", 1)
+            self._mark_failed(record, f"{what}; raise plugins.hook_timeout in config.yaml if it needs longer")
+        else:
+            phase = "register() raised" if registering[0] else "import failed"
+            self._mark_failed(record, f"{phase}: {outcome.error_text}", exc_info=error)
+
+    def _discard(self, record: _PluginRecord) -> None:
+        """Remove what a plugin that failed to load registered, and its modules."""
+        self._unregister(record.key)
+        if record.module_name:
+            _purge_modules(record.module_name)
+            record.module_name = None
 
     def _import(self, record: _PluginRecord) -> tuple[Any, Path | None]:
         """The plugin's ``register`` (or None) and its directory."""
@@ -330,6 +439,7 @@ class PluginManager:
         return f"{base}_{hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:10]}"
 
     def _mark_failed(self, record: _PluginRecord, message: str, exc_info: BaseException | None = None) -> None:
+        message = bounded(exact_str(message), _MAX_LOAD_ERROR)
         record.status = STATUS_FAILED
         record.error = message
         _log.warning("plugin %s failed to load: %s", record.key, message)
@@ -588,36 +698,39 @@ class PluginManager:
         """
         for outcome in self._hooks.run("pre_tool_call", {**kw, "tool_name": tool_name, "args": args}):
             if outcome.error is not None:
-                what = "timed out" if isinstance(outcome.error, HookTimeoutError) else "failed"
+                what = "timed out" if outcome.timed_out else "failed"
+                name = bounded(exact_str(tool_name), 100) if issubclass(type(tool_name), str) else type_name(tool_name)
                 return (
                     f"the pre_tool_call guard of plugin '{outcome.entry.plugin_key}' {what} "
-                    f"({_error_text(outcome.error)}); '{tool_name}' is blocked (fail-closed)"
+                    f"({outcome.error_text}); '{name}' is blocked (fail-closed)"
                 )
-            value = outcome.value
-            if isinstance(value, Mapping) and value.get("action") == "block":
+            value = outcome.value  # plain data: exact types only (see hooks.HookOutcome)
+            if type(value) is dict and value.get("action") == "block":
                 message = value.get("message")
-                if isinstance(message, str) and message.strip():
+                if type(message) is str and message.strip():
                     return message
         return None
 
     def get_pre_llm_call_context(self, **kw: Any) -> str:
         """pre_llm_call contributions (a string or ``{"context": str}``), joined with a blank line."""
         parts = []
-        for value in self._hooks.results("pre_llm_call", kw):
-            if isinstance(value, Mapping):
+        for value in self._hooks.results("pre_llm_call", kw):  # plain data: exact types only
+            if type(value) is dict:
                 value = value.get("context")
-            if isinstance(value, str) and value.strip():
+            if type(value) is str and value.strip():
                 parts.append(value.strip("\n"))
         return "\n\n".join(parts)
 
-    def _on_hook_error(self, entry: HookEntry, error: BaseException) -> None:
+    def _on_hook_error(self, entry: HookEntry, error: BaseException, text: str) -> None:
+        name = type_name(error)
+        message = text[len(name) + 2:] if text.startswith(name + ": ") else text
         self._audit(
             "hook_error",
             hook=entry.hook,
             plugin=entry.plugin_key,
             plugin_id=entry.plugin_key,
-            message=str(error)[:500],
-            **{"error.type": type(error).__name__},
+            message=message[:500],
+            **{"error.type": name},
         )
 
     # --- commands ---------------------------------------------------------------------
@@ -642,34 +755,52 @@ class PluginManager:
     async def arun_command(self, name: str, raw_args: str = "") -> str | None:
         """Run a plugin slash command; async handlers are awaited on this loop, sync ones
         run in a worker thread so they may block (e.g. call ``ctx.llm.complete``).
-        Raises :class:`UnknownCommandError` for an unknown name; handler errors propagate."""
+        Raises :class:`UnknownCommandError` for an unknown name; a handler's ``Exception``
+        propagates, anything else it raises becomes a :class:`PluginCommandError`."""
         import asyncio
 
         entry = self._require_command(name)
         handler = entry.handler
-        if inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(getattr(handler, "__call__", None)):
-            result = await handler(raw_args)
+        try:
+            is_async = inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(getattr(handler, "__call__", None))
+        except Exception:
+            is_async = False
+        if is_async:
+            result, failure = await _aguarded(handler(raw_args))
         else:
-            result = await asyncio.to_thread(handler, raw_args)
-            if inspect.isawaitable(result):
-                result = await result
-        return None if result is None else result if isinstance(result, str) else str(result)
+            result, failure = await asyncio.to_thread(_guarded, handler, raw_args)
+            if failure is None and result is not None and inspect.isawaitable(result):
+                result, failure = await _aguarded(result)
+        if failure is None:
+            result, failure = _guarded(_command_text, result)
+        if failure is not None:
+            raise _command_failure(entry, failure)
+        return result
 
     def run_command(self, name: str, raw_args: str = "") -> str | None:
         """Sync twin of :meth:`arun_command` (usable with or without a running loop)."""
         entry = self._require_command(name)
+        result, failure = _guarded(self._run_command_handler, entry, raw_args)
+        if failure is not None:
+            raise _command_failure(entry, failure)
+        return result
+
+    @staticmethod
+    def _run_command_handler(entry: CommandEntry, raw_args: str) -> str | None:
         result = entry.handler(raw_args)
-        if inspect.isawaitable(result):
+        if result is not None and inspect.isawaitable(result):
             result = _run_awaitable(result)
-        return None if result is None else result if isinstance(result, str) else str(result)
+        return _command_text(result)
 
     # --- tools ------------------------------------------------------------------------
 
     def _tool_for(self, tool_name: str, args: Any) -> tuple[ToolEntry | None, Any, str | None]:
-        entry = self._registry.tools.get(tool_name) if isinstance(tool_name, str) else None
+        name = exact_str(tool_name) if issubclass(type(tool_name), str) else None  # no subclass __hash__/__eq__
+        entry = self._registry.tools.get(name) if name is not None else None
         if entry is None:
-            return None, args, _tool_error(f"Unknown tool: {tool_name!r}")
-        if isinstance(args, str):  # raw JSON arguments as the model sent them
+            return None, args, _tool_error(f"Unknown tool: {shown(tool_name)}")
+        if issubclass(type(args), str):  # raw JSON arguments as the model sent them
+            args = exact_str(args)
             try:
                 args = json.loads(args) if args.strip() else {}
             except ValueError as exc:
@@ -682,11 +813,9 @@ class PluginManager:
         if missing:
             return None, args, _tool_error(f"Tool '{tool_name}' is unavailable: missing environment variable(s) {', '.join(missing)}")
         if entry.check_fn is not None:
-            try:
-                ok = bool(entry.check_fn())
-            except Exception as exc:
-                ok = False
-                _log.warning("tool %s: check_fn raised %s", tool_name, _error_text(exc))
+            ok, failure = _guarded(lambda: bool(entry.check_fn()))
+            if failure is not None:
+                _log.warning("tool %s: check_fn raised %s", entry.name, error_text(failure))
             if not ok:
                 return None, args, _tool_error(f"Tool '{tool_name}' is unavailable right now (its availability check failed)")
         return entry, args, None
@@ -705,15 +834,29 @@ class PluginManager:
             offered["parent_agent"] = parent_agent
         return entry.handler(args, **_handler_kwargs(entry.handler, offered))
 
+    def _run_handler(self, entry: ToolEntry, args: Any, parent_agent: Any, kw: dict[str, Any]) -> str:
+        value = self._handler_call(entry, args, parent_agent, kw)
+        if value is not None and inspect.isawaitable(value):
+            value = _run_awaitable(value)
+        return _tool_text(value)
+
+    async def _arun_handler(self, entry: ToolEntry, args: Any, parent_agent: Any, kw: dict[str, Any]) -> str:
+        value = self._handler_call(entry, args, parent_agent, kw)
+        if value is not None and inspect.isawaitable(value):
+            value = await value
+        return _tool_text(value)
+
     def _tool_failed(self, entry: ToolEntry, exc: BaseException) -> str:
-        _log.warning("tool %s (plugin %s) raised %s", entry.name, entry.plugin_key, _error_text(exc))
-        _log.debug("tool %s traceback", entry.name, exc_info=exc)
-        return _tool_error(f"Tool '{entry.name}' failed: {_error_text(exc)}")
+        text = error_text(exc)
+        _log.warning("tool %s (plugin %s) raised %s", entry.name, entry.plugin_key, text)
+        if _log.isEnabledFor(logging.DEBUG):
+            _log.debug("tool %s traceback", entry.name, exc_info=exc)
+        return _tool_error(f"Tool '{entry.name}' failed: {text}")
 
     def _after_tool(self, tool_name: str, args: Any, result: str, hook_kw: dict[str, Any]) -> str:
         payload = {**hook_kw, "tool_name": tool_name, "args": args, "result": result}
         for value in self._hooks.results("transform_tool_result", payload):
-            if isinstance(value, str):
+            if type(value) is str:  # plain data: a str subclass arrives as an exact str
                 result = value
                 payload["result"] = result
                 break
@@ -726,23 +869,21 @@ class PluginManager:
         pre_tool_call guards (a block or a failing guard stops the call) ->
         the handler (sync, or async run to completion; it gets ``args`` plus the
         keyword arguments its signature accepts, ``parent_agent`` only when given) ->
-        transform_tool_result (first string wins) -> post_tool_call.
+        transform_tool_result (first string wins) -> post_tool_call. Always returns a
+        ``str``: whatever the handler returns or raises is read through :mod:`.isolation`.
         """
         entry, args, error = self._tool_for(tool_name, args)
         if entry is None:
             return error  # type: ignore[return-value]
+        tool_name = entry.name
         hook_kw = self._hook_kwargs(kw, parent_agent)
         block = self.get_pre_tool_call_block_message(tool_name, args, **hook_kw)
         if block is not None:
             _log.info("tool %s blocked: %s", tool_name, block)
             return _tool_error(f"Tool '{tool_name}' was blocked by plugin policy: {block}")
-        try:
-            value = self._handler_call(entry, args, parent_agent, kw)
-            if inspect.isawaitable(value):
-                value = _run_awaitable(value)
-            result = _stringify(value)
-        except Exception as exc:
-            result = self._tool_failed(entry, exc)
+        result, failure = _guarded(self._run_handler, entry, args, parent_agent, kw)
+        if failure is not None:
+            result = self._tool_failed(entry, failure)
         return self._after_tool(tool_name, args, result, hook_kw)
 
     async def adispatch_tool(self, tool_name: str, args: Any, *, parent_agent: Any = None, **kw: Any) -> str:
@@ -753,22 +894,19 @@ class PluginManager:
         entry, args, error = self._tool_for(tool_name, args)
         if entry is None:
             return error  # type: ignore[return-value]
+        tool_name = entry.name
         hook_kw = self._hook_kwargs(kw, parent_agent)
         if self._hooks.has_hook("pre_tool_call"):
             block = await asyncio.to_thread(self.get_pre_tool_call_block_message, tool_name, args, **hook_kw)
             if block is not None:
                 _log.info("tool %s blocked: %s", tool_name, block)
                 return _tool_error(f"Tool '{tool_name}' was blocked by plugin policy: {block}")
-        try:
-            if entry.is_async or inspect.iscoroutinefunction(entry.handler):
-                value = self._handler_call(entry, args, parent_agent, kw)
-            else:
-                value = await asyncio.to_thread(self._handler_call, entry, args, parent_agent, kw)
-            if inspect.isawaitable(value):
-                value = await value
-            result = _stringify(value)
-        except Exception as exc:
-            result = self._tool_failed(entry, exc)
+        if entry.is_async or inspect.iscoroutinefunction(entry.handler):
+            result, failure = await _aguarded(self._arun_handler(entry, args, parent_agent, kw))
+        else:
+            result, failure = await asyncio.to_thread(_guarded, self._run_handler, entry, args, parent_agent, kw)
+        if failure is not None:
+            result = self._tool_failed(entry, failure)
         if self._hooks.has_hook("transform_tool_result") or self._hooks.has_hook("post_tool_call"):
             return await asyncio.to_thread(self._after_tool, tool_name, args, result, hook_kw)
         return result
