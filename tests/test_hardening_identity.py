@@ -150,7 +150,8 @@ def test_plugins_list_info_and_trust_show_escape_plugin_text(hermes_home, capsys
     write_plugin(root, "quiet", manifest={"name": "quiet", "description": "x" * 5000 + HOSTILE})
     configure(hermes_home, enabled=["loud"], plugins={"entries": {"loud": {"llm": {"allow_model_override": True}}}})
 
-    for argv in (["plugins", "list"], ["plugins", "info", "loud"], ["plugins", "info", "quiet"], ["trust", "show"]):
+    for argv in (["plugins", "list"], ["plugins", "info", "loud"], ["plugins", "info", "quiet"], ["trust", "show"],
+                 ["doctor"]):
         main(argv)
         captured = capsys.readouterr()
         assert not RAW_CONTROL.search(captured.out + captured.err), argv
@@ -164,7 +165,8 @@ def test_plugins_list_info_and_trust_show_escape_plugin_text(hermes_home, capsys
 
 def test_json_output_escapes_what_json_dumps_leaves_raw(hermes_home, capsys):
     write_plugin(hermes_home / "plugins", "loud", manifest={"name": "loud", "description": HOSTILE})
-    for argv in (["plugins", "list", "--json"], ["plugins", "info", "loud", "--json"], ["trust", "show", "--json"]):
+    for argv in (["plugins", "list", "--json"], ["plugins", "info", "loud", "--json"], ["trust", "show", "--json"],
+                 ["doctor", "--json"]):
         main(argv)
         out = capsys.readouterr().out
         assert not RAW_CONTROL.search(out), argv

@@ -16,7 +16,6 @@ litellm is located and its version read from package metadata, never imported.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import stat
@@ -24,6 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from plugin_llm.cli._common import dumps_json, printable
 from plugin_llm.cli.main import CliError
 
 __all__ = ["register", "run", "Check", "run_checks", "OK", "WARN", "FAIL"]
@@ -63,13 +63,13 @@ def run(args: argparse.Namespace) -> int:
     checks = run_checks(home)
     counts = {status: sum(1 for c in checks if c.status == status) for status in (OK, WARN, FAIL)}
     if args.json:
-        print(json.dumps({"home": str(home), "ok": counts[FAIL] == 0, "counts": counts,
-                          "checks": [asdict(c) for c in checks]}, indent=2, ensure_ascii=False))
+        print(dumps_json({"home": str(home), "ok": counts[FAIL] == 0, "counts": counts,
+                          "checks": [asdict(c) for c in checks]}))
     else:
-        for c in checks:
-            print(f"{c.status:<4}  {c.check}: {c.message}")
+        for c in checks:  # plugin keys and load errors are plugin-supplied text: escaped
+            print(f"{c.status:<4}  {printable(c.check)}: {printable(c.message, limit=2000)}")
             if c.fix and c.status != OK:
-                print(f"      fix: {c.fix}")
+                print(f"      fix: {printable(c.fix, limit=2000)}")
         print(f"\n{counts[OK]} OK, {counts[WARN]} WARN, {counts[FAIL]} FAIL ({home})")
     return 1 if counts[FAIL] else 0
 
