@@ -169,3 +169,25 @@ def test_aadmit_waits_for_a_hung_redis_off_the_event_loop(tmp_path):
         limits.close_stores()
         server.resume()
         server.kill()
+
+
+def test_a_success_without_any_usage_is_charged_its_reservation(kind, tmp_path):
+    settings = settings_for(*kind, "{budget_usd: {day: 1.0}, tokens_per_minute: 100000}")
+    ticket = call(settings, tmp_path)
+    ticket.settle(PluginLlmUsage())  # no tokens, no cost: unknown is never free
+    c = limits.snapshot(settings, tmp_path, PLUGIN).counters
+    assert (c.day_spent, c.minute_tokens) == (ticket.estimate.cost_nano, ticket.estimate.tokens)
+
+
+def test_a_store_defect_is_treated_as_a_store_failure(tmp_path, caplog):
+    class Broken(limits.LimitStore):
+        def admit(self, *a, **k):
+            raise KeyError("bug")
+
+        settle = counters = reset = admit
+
+    settings = settings_for("local", None, "{max_concurrent: 1}")
+    with pytest.raises(PluginLlmLimitError) as caught:
+        call(settings, tmp_path, store=Broken())
+    assert caught.value.limit == "store" and "KeyError" in str(caught.value)
+    assert "failed unexpectedly" in caplog.text

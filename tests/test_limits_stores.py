@@ -104,10 +104,13 @@ def test_a_call_that_alone_exceeds_the_cap_says_waiting_will_not_help(store):
 
 def test_requests_per_minute_counts_admissions_and_resets_next_minute(store):
     rpm = L(requests_per_minute=3)
-    for _ in range(3):
+    for _ in range(2):
         store.release(admit(store, rpm, R()), timeout=5)  # released calls were still requests
+    held = admit(store, rpm, R(), now=T0 + 1)
     denial = admit(store, rpm, R())
-    assert denial.limit == "requests_per_minute" and denial.resets_at == T0 + 30 and denial.used == 3
+    assert denial.limit == "requests_per_minute" and denial.resets_at == T0 + 30
+    assert (denial.used, denial.in_flight) == (2, 1) and "3 requests this minute already" in denial.message
+    store.settle(held, 0, 0, timeout=5)
     assert isinstance(admit(store, rpm, R(), now=T0 + 31), limits.Admission)
 
 
@@ -166,7 +169,8 @@ def test_snapshot_and_reset(store):
         "limit": "budget_usd.day", "config_key": "plugins.entries.my-plugin.limits.budget_usd.day", "cap": 2.0,
         "used": 0.25, "in_flight": 0.5, "unit": "usd", "resets_at": "2026-04-01T00:00:00Z",
     }
-    assert by_limit["requests_per_minute"]["used"] == 2 and by_limit["max_concurrent"]["in_flight"] == 1
+    assert (by_limit["requests_per_minute"]["used"], by_limit["requests_per_minute"]["in_flight"]) == (1, 1)
+    assert by_limit["max_concurrent"]["in_flight"] == 1 and snap["minute"] == {"requests": 2, "tokens": 40 + R(0.5).tokens}
     store.reset(PLUGIN, T0, timeout=5)
     c = store.counters(PLUGIN, T0, timeout=5)
     assert (c.day_spent, c.minute_requests, c.in_flight) == (0, 0, 1)  # calls in flight keep their reservation

@@ -1,13 +1,15 @@
 """Per-plugin budgets and rate limits: admission before the provider call, settlement after.
 
-One way in for the gateway::
+One way in for the gateway, once per provider request (a structured call's
+repairs are requests of their own, each with its real messages)::
 
-    ticket = limits.admit(config.limits, config.home, plugin_id, messages=..., provider=route.provider,
-                          model=route.model, max_tokens=max_tokens, deadline=admitted.deadline)
-    # raises PluginLlmLimitError (a PluginLlmQuotaError) before any provider call
-    ... provider call ...
-    ticket.settle(usage)        # on success: the reservation becomes the actual cost and tokens
-    ticket.release()            # on failure without usage: the reservation is dropped
+    ticket = limits.admit(config.limits, config.home, plugin_id, messages=request.messages,
+                          provider=route.provider, model=route.model, max_tokens=params["max_tokens"],
+                          deadline=admitted.deadline, extra=(params.get("tools"), params.get("response_format")))
+    # raises PluginLlmLimitError (a PluginLlmQuotaError) before the request is sent
+    ... provider request ...
+    ticket.settle(response.usage)   # success: the reservation becomes the actual cost and tokens
+    ticket.release()                # failure: the reservation is dropped (the request still counts per minute)
 
 A plugin without limits costs one dict lookup and gets :data:`UNLIMITED`.
 The store (``local`` SQLite or ``redis``) is chosen by ``limits.store`` and
@@ -127,7 +129,10 @@ class Ticket:
 
     def settle(self, usage: Any = None, *, cost_usd: float | None = None, input_tokens: int | None = None,
                output_tokens: int | None = None) -> None:
-        """Replace the reservation by what the request used (a ``PluginLlmUsage`` or the numbers)."""
+        """Replace the reservation by what the request used (a ``PluginLlmUsage`` or the numbers).
+
+        A request that succeeded but reports neither tokens nor a cost is
+        charged its reservation (the worst case): unknown is never free."""
         admission = self._finish()
         if admission is None:
             return
@@ -135,9 +140,11 @@ class Ticket:
             cost_usd = usage.cost_usd if cost_usd is None else cost_usd
             input_tokens = usage.input_tokens if input_tokens is None else input_tokens
             output_tokens = usage.output_tokens if output_tokens is None else output_tokens
-        ins, outs = int(input_tokens or 0), int(output_tokens or 0)
-        cost = actual_cost_nano(self._price, cost_usd, ins, outs)
-        self._apply(admission, cost, ins + outs)
+        ins, outs = max(0, int(input_tokens or 0)), max(0, int(output_tokens or 0))
+        if ins == 0 and outs == 0 and cost_usd is None:
+            self._apply(admission, admission.cost_nano, admission.tokens)
+            return
+        self._apply(admission, actual_cost_nano(self._price, cost_usd, ins, outs), ins + outs)
 
     def release(self) -> None:
         """Drop the reservation (the request failed before using anything known)."""
@@ -165,6 +172,9 @@ class Ticket:
         except StoreError as exc:
             log.error("limits: could not settle call of plugin '%s' (its reservation counts until %s): %s",
                       admission.plugin_id, iso_utc(admission.expires_at), exc)
+        except Exception:  # a finished call never fails because its bookkeeping did
+            log.exception("limits: settling a call of plugin '%s' failed (its reservation counts until %s)",
+                          admission.plugin_id, iso_utc(admission.expires_at))
 
     def audit_fields(self) -> dict[str, Any]:
         if self._admission is None and self.store_error is None:
@@ -219,6 +229,19 @@ def close_stores() -> None:
             pass
 
 
+_last_unmetered_warning = 0.0
+
+
+def _warn_unmetered(plugin_id: str, exc: StoreError) -> None:
+    """At most one warning a minute while the store is down (every call is in the audit log anyway)."""
+    global _last_unmetered_warning
+    now = time.monotonic()
+    if now - _last_unmetered_warning >= 60.0:
+        _last_unmetered_warning = now
+        log.warning("limits: the store failed, calls of limited plugins (here '%s') go through unmetered "
+                    "(limits.on_store_error: allow): %s", plugin_id, exc)
+
+
 def _refuse(plugin_id: str, limit: str, key: str, reason: str) -> PluginLlmLimitError:
     return PluginLlmLimitError(Denial(plugin_id=plugin_id, limit=limit, config_key=key, reason=reason))
 
@@ -265,12 +288,17 @@ def admit(
     reservation = Reservation(cost_nano=estimate.cost_nano or 0, tokens=estimate.tokens,
                               ttl=max(0.0, remaining) + settings.reservation_grace)
     try:
-        store = store or store_for(settings, home)
-        result = store.admit(plugin_id, reservation, limits, time.time() if now is None else now, timeout=timeout)
+        try:
+            store = store or store_for(settings, home)
+            result = store.admit(plugin_id, reservation, limits, time.time() if now is None else now, timeout=timeout)
+        except StoreError:
+            raise
+        except Exception as exc:  # a defect in a store: logged with its traceback, then treated as a store failure
+            log.exception("limits: the %s store failed unexpectedly", settings.store)
+            raise StoreError(f"the {settings.store} limits store failed unexpectedly ({type(exc).__name__})") from None
     except StoreError as exc:
         if settings.on_store_error == "allow":
-            log.warning("limits: store failed, call of plugin '%s' let through unmetered (limits.on_store_error: allow): %s",
-                        plugin_id, exc)
+            _warn_unmetered(plugin_id, exc)
             return Ticket(None, None, estimate, 0.0, store_error=str(exc))
         raise _refuse(plugin_id, "store", "limits.on_store_error", (
             f"call of plugin '{plugin_id}' refused: {exc}; limits.on_store_error is deny (fail closed), "

@@ -44,27 +44,29 @@ CREATE TABLE IF NOT EXISTS reservations (
 # key's prefix with no second index (every index is one more page written per transaction).
 
 _PURGE = "DELETE FROM reservations WHERE plugin = ? AND expires <= ?"
+#: one statement for every counter; reservations past their expiry (?5) are ignored, and counted (last
+#: column) so that the purge runs only when there is something to purge
 _READ = """
-SELECT COUNT(*), MIN(expires),
-       COALESCE(SUM(CASE WHEN minute = ?2 THEN tokens END), 0),
-       COALESCE(SUM(CASE WHEN day = ?3 THEN nano END), 0),
-       COALESCE(SUM(CASE WHEN month = ?4 THEN nano END), 0),
+SELECT COALESCE(SUM(expires > ?5), 0), MIN(CASE WHEN expires > ?5 THEN expires END),
+       COALESCE(SUM(CASE WHEN expires > ?5 AND minute = ?2 THEN 1 END), 0),
+       COALESCE(SUM(CASE WHEN expires > ?5 AND minute = ?2 THEN tokens END), 0),
+       COALESCE(SUM(CASE WHEN expires > ?5 AND day = ?3 THEN nano END), 0),
+       COALESCE(SUM(CASE WHEN expires > ?5 AND month = ?4 THEN nano END), 0),
        (SELECT requests FROM spend WHERE plugin = ?1 AND bucket = 'min:' || ?2),
        (SELECT tokens FROM spend WHERE plugin = ?1 AND bucket = 'min:' || ?2),
        (SELECT nano FROM spend WHERE plugin = ?1 AND bucket = 'day:' || ?3),
-       (SELECT nano FROM spend WHERE plugin = ?1 AND bucket = 'mon:' || ?4)
+       (SELECT nano FROM spend WHERE plugin = ?1 AND bucket = 'mon:' || ?4),
+       COALESCE(SUM(expires <= ?5), 0)
 FROM reservations WHERE plugin = ?1
 """
 _HOLD = "INSERT INTO reservations (plugin, id, expires, nano, tokens, minute, day, month) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
-_COUNT_REQUEST = (
-    "INSERT INTO spend (plugin, bucket, requests) VALUES (?, 'min:' || ?, 1) "
-    "ON CONFLICT (plugin, bucket) DO UPDATE SET requests = requests + 1"
-)
 _DROP = "DELETE FROM reservations WHERE plugin = ? AND id = ?"
+#: the finished request in the buckets it was admitted in: cost to day and month, one request and its tokens to the minute
 _ADD = (
-    "INSERT INTO spend (plugin, bucket, nano, tokens) VALUES "
-    "(?1, 'day:' || ?2, ?5, 0), (?1, 'mon:' || ?3, ?5, 0), (?1, 'min:' || ?4, 0, ?6) "
-    "ON CONFLICT (plugin, bucket) DO UPDATE SET nano = nano + excluded.nano, tokens = tokens + excluded.tokens"
+    "INSERT INTO spend (plugin, bucket, nano, requests, tokens) VALUES "
+    "(?1, 'day:' || ?2, ?5, 0, 0), (?1, 'mon:' || ?3, ?5, 0, 0), (?1, 'min:' || ?4, 0, 1, ?6) "
+    "ON CONFLICT (plugin, bucket) DO UPDATE SET "
+    "nano = nano + excluded.nano, requests = requests + excluded.requests, tokens = tokens + excluded.tokens"
 )
 _PRUNE_MINUTES = "DELETE FROM spend WHERE plugin = ? AND bucket >= 'min:' AND bucket < 'min:' || ?"
 _RESET = "DELETE FROM spend WHERE plugin = ? AND bucket IN ('min:' || ?, 'day:' || ?, 'mon:' || ?)"
@@ -154,13 +156,14 @@ class LocalStore(LimitStore):
             self._lock.release()
 
     @staticmethod
-    def _read(conn: sqlite3.Connection, plugin_id: str, now: float, b) -> Counters:
-        conn.execute(_PURGE, (plugin_id, now))
-        row = conn.execute(_READ, (plugin_id, b.minute, b.day, b.month)).fetchone()
+    def _read(conn: sqlite3.Connection, plugin_id: str, now: float, b, *, purge: bool = True) -> Counters:
+        row = conn.execute(_READ, (plugin_id, b.minute, b.day, b.month, now)).fetchone()
+        if purge and row[10]:
+            conn.execute(_PURGE, (plugin_id, now))
         return Counters(
-            in_flight=row[0], earliest_expiry=row[1], minute_tokens_reserved=row[2], day_reserved=row[3],
-            month_reserved=row[4], minute_requests=row[5] or 0, minute_tokens=row[6] or 0,
-            day_spent=row[7] or 0, month_spent=row[8] or 0,
+            in_flight=row[0], earliest_expiry=row[1], minute_requests_reserved=row[2], minute_tokens_reserved=row[3],
+            day_reserved=row[4], month_reserved=row[5], minute_requests=row[6] or 0, minute_tokens=row[7] or 0,
+            day_spent=row[8] or 0, month_spent=row[9] or 0,
         )
 
     def admit(self, plugin_id: str, reservation: Reservation, limits: PluginLimits, now: float, *,
@@ -174,9 +177,8 @@ class LocalStore(LimitStore):
             rid = uuid.uuid4().hex
             expires = now + max(0.0, reservation.ttl)
             conn.execute(_HOLD, (plugin_id, rid, expires, reservation.cost_nano, reservation.tokens, b.minute, b.day, b.month))
-            conn.execute(_COUNT_REQUEST, (plugin_id, b.minute))
             if self._pruned.get(plugin_id) != b.minute:  # once a minute: drop minute rows older than the last one
-                conn.execute(_PRUNE_MINUTES, (plugin_id, buckets_at(now - 60).minute))
+                conn.execute(_PRUNE_MINUTES, (plugin_id, time.strftime("%Y-%m-%dT%H:%M", time.gmtime(now - 60))))
                 self._pruned[plugin_id] = b.minute
             return Admission(plugin_id, rid, reservation.cost_nano, reservation.tokens, b, expires)
 
@@ -187,14 +189,13 @@ class LocalStore(LimitStore):
 
         def work(conn: sqlite3.Connection) -> None:
             conn.execute(_DROP, (a.plugin_id, a.reservation_id))
-            if cost_nano > 0 or tokens > 0:
-                conn.execute(_ADD, (a.plugin_id, b.day, b.month, b.minute, max(0, int(cost_nano)), max(0, int(tokens))))
+            conn.execute(_ADD, (a.plugin_id, b.day, b.month, b.minute, max(0, int(cost_nano)), max(0, int(tokens))))
 
         self._run(timeout, work)
 
     def counters(self, plugin_id: str, now: float, *, timeout: float) -> Counters:
         b = buckets_at(now)
-        return self._run(timeout, lambda conn: self._read(conn, plugin_id, now, b))
+        return self._run(timeout, lambda conn: self._read(conn, plugin_id, now, b, purge=False))
 
     def reset(self, plugin_id: str, now: float, *, timeout: float) -> None:
         b = buckets_at(now)

@@ -8,7 +8,7 @@ keeps them in one slot)::
 
     <prefix>:{<plugin>}:res         ZSET  reservation id -> expiry
     <prefix>:{<plugin>}:resv        HASH  reservation id -> "cost tokens minute day month"
-    <prefix>:{<plugin>}:mi:<minute> HASH  r = requests, t = settled tokens   (expires after 2 min)
+    <prefix>:{<plugin>}:mi:<minute> HASH  r = finished requests, t = their tokens (expires after 2 min)
     <prefix>:{<plugin>}:d:<day>     STR   settled nano-dollars              (expires after 40 days)
     <prefix>:{<plugin>}:mo:<month>  STR   settled nano-dollars              (expires after 400 days)
 
@@ -61,11 +61,11 @@ if #expired > 0 then
   end
 end
 local live = redis.call('HVALS', KEYS[2])
-local tok_held, day_held, month_held = 0, 0, 0
+local req_held, tok_held, day_held, month_held = 0, 0, 0, 0
 for i = 1, #live do
   local c, t, mi, d, mo = string.match(live[i], '^(%d+) (%d+) (%S+) (%S+) (%S+)$')
   if c then
-    if mi == ARGV[6] then tok_held = tok_held + tonumber(t) end
+    if mi == ARGV[6] then req_held = req_held + 1; tok_held = tok_held + tonumber(t) end
     if d == ARGV[7] then day_held = day_held + tonumber(c) end
     if mo == ARGV[8] then month_held = month_held + tonumber(c) end
   end
@@ -82,7 +82,7 @@ local day = tonumber(redis.call('GET', KEYS[4]) or '0')
 local month = tonumber(redis.call('GET', KEYS[5]) or '0')
 local cost, tokens = tonumber(ARGV[4]), tonumber(ARGV[5])
 local used = {0, req, tok, day, month}
-local held = {#live, 0, tok_held, day_held, month_held}
+local held = {#live, req_held, tok_held, day_held, month_held}
 local ask = {1, 1, tokens, cost, cost}
 for i = 1, 5 do
   local cap = tonumber(ARGV[8 + i])
@@ -92,8 +92,6 @@ for i = 1, 5 do
 end
 redis.call('ZADD', KEYS[1], ARGV[2], ARGV[3])
 redis.call('HSET', KEYS[2], ARGV[3], ARGV[4] .. ' ' .. ARGV[5] .. ' ' .. ARGV[6] .. ' ' .. ARGV[7] .. ' ' .. ARGV[8])
-redis.call('HINCRBY', KEYS[3], 'r', 1)
-redis.call('EXPIRE', KEYS[3], @TTL_MINUTE@)
 return {1}
 """.replace("@TTL_MINUTE@", str(_TTL_MINUTE))
 
@@ -108,10 +106,11 @@ if cost > 0 then
   redis.call('INCRBY', KEYS[5], ARGV[2])
   redis.call('EXPIRE', KEYS[5], @TTL_MONTH@)
 end
+redis.call('HINCRBY', KEYS[3], 'r', 1)
 if tokens > 0 then
   redis.call('HINCRBY', KEYS[3], 't', ARGV[3])
-  redis.call('EXPIRE', KEYS[3], @TTL_MINUTE@)
 end
+redis.call('EXPIRE', KEYS[3], @TTL_MINUTE@)
 return 1
 """.replace("@TTL_DAY@", str(_TTL_DAY)).replace("@TTL_MONTH@", str(_TTL_MONTH)).replace("@TTL_MINUTE@", str(_TTL_MINUTE))
 
@@ -121,21 +120,21 @@ local now = tonumber(ARGV[1])
 local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. ARGV[1], '+inf', 'WITHSCORES')
 local earliest = '-1'
 if #ids > 0 then earliest = ids[2] end
-local n, tok_held, day_held, month_held = 0, 0, 0, 0
+local n, req_held, tok_held, day_held, month_held = 0, 0, 0, 0, 0
 for i = 1, #ids, 2 do
   local v = redis.call('HGET', KEYS[2], ids[i])
   if v then
     n = n + 1
     local c, t, mi, d, mo = string.match(v, '^(%d+) (%d+) (%S+) (%S+) (%S+)$')
     if c then
-      if mi == ARGV[2] then tok_held = tok_held + tonumber(t) end
+      if mi == ARGV[2] then req_held = req_held + 1; tok_held = tok_held + tonumber(t) end
       if d == ARGV[3] then day_held = day_held + tonumber(c) end
       if mo == ARGV[4] then month_held = month_held + tonumber(c) end
     end
   end
 end
 local minute = redis.call('HMGET', KEYS[3], 'r', 't')
-return {n, earliest, tok_held, day_held, month_held,
+return {n, earliest, tok_held, day_held, month_held, req_held,
         tonumber(minute[1] or '0'), tonumber(minute[2] or '0'),
         tonumber(redis.call('GET', KEYS[4]) or '0'), tonumber(redis.call('GET', KEYS[5]) or '0')}
 """
@@ -279,7 +278,8 @@ class RedisStore(LimitStore):
         return Counters(
             in_flight=int(r[0]), earliest_expiry=earliest if earliest >= 0 else None,
             minute_tokens_reserved=int(r[2]), day_reserved=int(r[3]), month_reserved=int(r[4]),
-            minute_requests=int(r[5]), minute_tokens=int(r[6]), day_spent=int(r[7]), month_spent=int(r[8]),
+            minute_requests_reserved=int(r[5]), minute_requests=int(r[6]), minute_tokens=int(r[7]),
+            day_spent=int(r[8]), month_spent=int(r[9]),
         )
 
     def reset(self, plugin_id: str, now: float, *, timeout: float) -> None:

@@ -1,11 +1,13 @@
 """The limit store interface, its values, and the admission rule both stores implement.
 
 A store keeps, per plugin: settled spend per calendar bucket (UTC day and
-month, in nano-dollars), requests and settled tokens per UTC minute, and the
-in-flight reservations (each with its worst-case cost and tokens, the buckets
+month, in nano-dollars), finished requests and their tokens per UTC minute,
+and the in-flight reservations (each with its worst-case cost and tokens, the buckets
 it was admitted in, and an expiry). ``admit`` checks every limit and records
 the reservation in one atomic step; ``settle`` replaces a reservation by the
-actual usage (added to the buckets it was admitted in); ``release`` drops it.
+actual usage (added to the buckets it was admitted in); ``release`` drops it (the request still counts for ``requests_per_minute``).
+A request counts in the minute it was admitted: while in flight as its
+reservation, afterwards in that minute's bucket.
 A reservation past its expiry no longer counts (its process died), so a
 crash can hold capacity only until the call's deadline plus the grace period.
 
@@ -176,7 +178,7 @@ def _describe(d: Denial) -> str:
     if d.limit == "max_concurrent":
         body = f"{d.in_flight} {what} already"
     elif d.limit == "requests_per_minute":
-        body = f"{d.used} {what} already"
+        body = f"{d.used + d.in_flight} {what} already"
     else:
         body = f"{fmt(d.used)} settled + {fmt(d.in_flight)} in flight {what}, this call may use up to {fmt(d.requested)}"
     if d.cap == 0:
@@ -236,6 +238,7 @@ class Counters:
     in_flight: int = 0
     earliest_expiry: float | None = None
     minute_requests: int = 0
+    minute_requests_reserved: int = 0
     minute_tokens: int = 0
     minute_tokens_reserved: int = 0
     day_spent: int = 0
@@ -261,7 +264,8 @@ class Snapshot:
             "in_flight": c.in_flight,
             "spent_usd": {"day": c.day_spent / NANO, "month": c.month_spent / NANO},
             "reserved_usd": {"day": c.day_reserved / NANO, "month": c.month_reserved / NANO},
-            "minute": {"requests": c.minute_requests, "tokens": c.minute_tokens + c.minute_tokens_reserved},
+            "minute": {"requests": c.minute_requests + c.minute_requests_reserved,
+                       "tokens": c.minute_tokens + c.minute_tokens_reserved},
             "limits": [w.as_dict() for w in self.windows],
         }
 
@@ -275,7 +279,7 @@ def _usage(c: Counters, b: Buckets) -> tuple[tuple[int, int, float | None], ...]
     """(used, in_flight, resets_at) per limit, in :data:`LIMIT_NAMES` order."""
     return (
         (0, c.in_flight, c.earliest_expiry),
-        (c.minute_requests, 0, b.minute_ends),
+        (c.minute_requests, c.minute_requests_reserved, b.minute_ends),
         (c.minute_tokens, c.minute_tokens_reserved, b.minute_ends),
         (c.day_spent, c.day_reserved, b.day_ends),
         (c.month_spent, c.month_reserved, b.month_ends),
@@ -335,7 +339,7 @@ class LimitStore(ABC):
         """Replace the reservation by the actual cost and tokens (in the buckets it was admitted in)."""
 
     def release(self, admission: Admission, *, timeout: float) -> None:
-        """Drop the reservation: the request was not made or cost nothing known."""
+        """Drop the reservation: the request failed and cost nothing known (it still counts as a request)."""
         self.settle(admission, 0, 0, timeout=timeout)
 
     @abstractmethod
