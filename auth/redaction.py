@@ -373,6 +373,8 @@ def _hide_given(text: str, secrets: tuple[str | None, ...]) -> str:
     for secret in secrets:
         if not isinstance(secret, str) or len(secret) < MIN_GIVEN_SECRET_LENGTH:
             continue
+        if len(secret) >= MIN_SECRET_LENGTH and secret in _registry:  # the registered variants cover it
+            continue
         replacement = _replacement_for(secret)
         for variant in sorted(_variants(secret), key=len, reverse=True):
             if variant in text:

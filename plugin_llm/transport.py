@@ -14,15 +14,19 @@ Hardening (issue 9):
   whose repr is masked. Provider exceptions (whose litellm frames do hold
   the key) are mapped outside their ``except`` block and dropped, so the
   error a plugin gets has no ``__cause__``/``__context__`` leading to them.
-* **The total deadline holds on every path.** A sync attempt on a network
-  route runs on a worker thread and the caller stops waiting at the
-  deadline, whatever the provider's HTTP stack or the server does (a server
-  that trickles its body would otherwise keep httpx's per-read timeout
-  happy for ever); a late answer is discarded. The abandoned attempt ends
-  soon after the deadline too: on worker threads every httpcore socket
-  read/write/connect is bounded by the attempt's deadline
-  (:func:`_bound_httpcore_io`). The embedded ``local`` provider runs in
-  process, inline. Async attempts are bounded by ``asyncio.wait_for``.
+* **The total deadline holds on every path**, whatever the server does (a
+  server that trickles its body one byte at a time keeps httpx's per-read
+  timeout happy for ever). While an attempt runs, every httpcore socket
+  operation of its thread (connect, TLS handshake, each read and write) gets
+  at most the time left before the deadline (:func:`_bound_httpcore_io`).
+  That alone bounds a sync attempt to a provider litellm reaches only
+  through httpx (:data:`INLINE_PROVIDERS`), which therefore runs inline, on
+  the caller's thread. Any other provider (cloud SDK credential refreshes,
+  boto3, polling loops, host-registered handlers) runs on a worker thread
+  and the caller stops waiting at the deadline; a late answer is discarded,
+  and the abandoned attempt's own httpx I/O stops at the deadline. The
+  embedded ``local`` provider runs in process, inline. Async attempts are
+  bounded by ``asyncio.wait_for``.
 * **Replies are checked**: a reply without choices or with fields of the
   wrong type is a ``PluginLlmProviderError`` ("sent a malformed reply"),
   never an ``IndexError``; token counts are clamped to ``0..MAX_TOKENS`` with
@@ -55,7 +59,10 @@ from plugin_llm.errors import PluginLlmError, PluginLlmProviderError, PluginLlmT
 from plugin_llm.routing import Route
 from plugin_llm.types import PluginLlmUsage
 
-__all__ = ["KeySource", "TransportRequest", "TransportResponse", "LitellmTransport", "RETRY_AFTER_CAP", "MAX_TOKENS"]
+__all__ = [
+    "KeySource", "TransportRequest", "TransportResponse", "LitellmTransport", "RETRY_AFTER_CAP", "MAX_TOKENS",
+    "INLINE_PROVIDERS",
+]
 
 #: statuses retried (with backoff) on the same or, for pools, the next key
 RETRYABLE_STATUSES = frozenset({408, 409, 425, 429, 500, 502, 503, 504, 520, 522, 524, 529})
@@ -73,6 +80,17 @@ MESSAGE_LIMIT = 500
 MAX_TOKENS = 10**9
 #: a reported model name longer than this is cut (it goes into every audit line)
 MODEL_NAME_LIMIT = 200
+#: litellm providers whose sync calls do all their I/O through httpx with the key
+#: we pass (no SDK credentials, no sleeps between polls): with every socket
+#: operation bounded by the deadline, an attempt to them runs on the caller's
+#: thread. Any provider not listed runs on a worker thread (always safe, a
+#: little slower). ``local`` is the embedded model: in process, no I/O.
+INLINE_PROVIDERS = frozenset({
+    "local", "openai", "openrouter", "anthropic", "gemini", "groq", "mistral", "codestral", "deepseek",
+    "together_ai", "perplexity", "fireworks_ai", "deepinfra", "cerebras", "sambanova", "nvidia_nim",
+    "moonshot", "nebius", "hyperbolic", "dashscope", "cohere", "cohere_chat", "ollama", "ollama_chat",
+    "lm_studio", "llamafile", "hosted_vllm", "litellm_proxy",
+})
 
 
 class Credential(Protocol):
@@ -226,7 +244,7 @@ class _Job:
         self.failure: BaseException | None = None
 
     def run(self) -> None:
-        _IO.deadline = self.deadline
+        _IO.deadline = self.deadline  # a worker thread runs one attempt at a time
         try:
             if time.monotonic() < self.deadline:  # a job that waited past its deadline is not started
                 self.response = self.context.run(_provider_call, self.fn, self.kwargs, self.key)
@@ -283,23 +301,26 @@ class _Workers:
 
 _WORKERS = _Workers()
 
-#: ``_IO.deadline``: the monotonic deadline of the attempt running on this thread (worker threads only)
+#: ``_IO.deadline``: the monotonic deadline of the attempt running on this thread, if any
 _IO = threading.local()
+_IO_BOUNDED = False  # whether _bound_httpcore_io found httpcore's sync backend
 
 
 def _bound_httpcore_io() -> None:
-    """Bound every httpcore sync socket operation of a worker thread by its attempt's deadline.
+    """Bound every httpcore sync socket operation of a thread running an attempt by its deadline.
 
     httpx's timeouts are per operation: a server that sends one byte every
     0.2 s never trips a read timeout. On a thread running an attempt
     (``_IO.deadline`` set) each read, write, connect and TLS handshake gets
     at most the time left, and fails with httpcore's own timeout error once
-    the deadline has passed — which litellm maps to a Timeout for every
-    provider it reaches through httpx. Other threads are not affected. If
-    httpcore's layout differs from the one known here, nothing is patched:
-    the caller's deadline still holds (the worker thread), only an
-    abandoned attempt may then run on until the provider's stack gives up.
+    the deadline has passed, which litellm maps to a Timeout for every
+    provider it reaches through httpx. Other threads, and the process's
+    other httpx users, are not affected. If httpcore's layout differs from
+    the one known here, nothing is patched and every network attempt runs on
+    a worker thread: the caller's deadline still holds, only an abandoned
+    attempt may then run on until the provider's stack gives up.
     """
+    global _IO_BOUNDED
     try:
         import httpcore
         from httpcore._backends import sync as backend
@@ -313,11 +334,13 @@ def _bound_httpcore_io() -> None:
         (getattr(backend, "TLSinTLSStream", None), "write", 1, httpcore.WriteTimeout),
         (getattr(backend, "SyncBackend", None), "connect_tcp", 2, httpcore.ConnectTimeout),
     )
+    if any(cls is None or not callable(getattr(cls, name, None)) for cls, name, _, _ in targets):
+        return
     for cls, name, position, expired in targets:
-        original = getattr(cls, name, None) if cls is not None else None
-        if original is None or getattr(original, "_plugin_llm_bounded", False):
-            continue
-        setattr(cls, name, _bounded(original, position, expired))
+        original = getattr(cls, name)
+        if not getattr(original, "_plugin_llm_bounded", False):
+            setattr(cls, name, _bounded(original, position, expired))
+    _IO_BOUNDED = True
 
 
 def _bounded(original: Any, position: int, expired: type[Exception]) -> Any:
@@ -608,13 +631,16 @@ class LitellmTransport:
         credential = request.keys.acquire()
         key, kwargs, _ = self._prepare(request, state, credential)
         started = time.perf_counter()
-        if request.route.provider == "local":  # in process, no I/O: no thread hop
+        if _runs_inline(request.route):  # every socket operation bounded by the deadline: no thread hop
             job = None
             failure: BaseException | None = None
+            outer, _IO.deadline = getattr(_IO, "deadline", None), request.deadline
             try:
                 response = _provider_call(litellm.completion, kwargs, key)
             except Exception as exc:  # mapped below, outside the except block: nothing chained
                 failure = exc
+            finally:
+                _IO.deadline = outer
         else:
             job = _Job(litellm.completion, kwargs, key, request.deadline)
             if _WORKERS.run(job):
@@ -677,6 +703,12 @@ class LitellmTransport:
             finish_reason=reply.finish_reason,
             anomalies=tuple(anomalies),
         )
+
+
+def _runs_inline(route: Route) -> bool:
+    """Whether a sync attempt on ``route`` runs on the caller's thread (see :data:`INLINE_PROVIDERS`)."""
+    provider = route.litellm_model.split("/", 1)[0]
+    return provider == "local" or (_IO_BOUNDED and provider in INLINE_PROVIDERS)
 
 
 # ------------------------------------------------------------ reading a reply

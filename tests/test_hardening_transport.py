@@ -410,19 +410,30 @@ class TrickleServer:
                 pass
 
 
-@pytest.mark.parametrize("mode", MODES)
-def test_deadline_holds_against_a_trickling_body(hermes_home, mode):
+@pytest.fixture
+def on_worker_thread(monkeypatch):
+    """Run sync attempts to every network provider on a worker thread (as for providers not known to use only httpx)."""
+    import plugin_llm.transport as transport
+
+    monkeypatch.setattr(transport, "INLINE_PROVIDERS", frozenset({"local"}))
+
+
+@pytest.mark.parametrize("mode", ["sync", "sync-worker", "async"])
+def test_deadline_holds_against_a_trickling_body(hermes_home, mode, request):
+    if mode == "sync-worker":
+        request.getfixturevalue("on_worker_thread")
     LitellmTransport().ready()  # litellm's import is not part of the call
     outcome: list = []
     with TrickleServer() as server:
         use_key(hermes_home, server.base_url, canary())
-        worker = threading.Thread(target=lambda: outcome.append(call(PluginLlm("p"), mode, timeout=1)), daemon=True)
+        how = "async" if mode == "async" else "sync"
+        worker = threading.Thread(target=lambda: outcome.append(call(PluginLlm("p"), how, timeout=1)), daemon=True)
         started = time.monotonic()
         worker.start()
         worker.join(timeout=8)
         elapsed = time.monotonic() - started
         returned = not worker.is_alive()
-        # the abandoned attempt does not go on reading for ever: the connection is dropped
+        # the attempt does not go on reading for ever (abandoned or not): the connection is dropped
         gone = server.client_gone.wait(timeout=8)
     assert returned, "complete(timeout=1) was still running after 8 s"
     assert elapsed < 6
@@ -431,12 +442,22 @@ def test_deadline_holds_against_a_trickling_body(hermes_home, mode):
     assert audit_lines(hermes_home)[-1]["status"] == "timeout"
 
 
-def test_a_late_answer_is_discarded(hermes_home):
+def test_a_late_answer_is_discarded(hermes_home, on_worker_thread):
     with FakeServer([Reply(content="too late", delay=1.5), Reply(content="in time")]) as fake:
         use_key(hermes_home, fake.base_url, canary())
         llm = PluginLlm("p")
         assert isinstance(call(llm, "sync", timeout=1), PluginLlmTimeoutError)
         assert llm.complete(USER).text == "in time"
+
+
+@pytest.mark.parametrize("failure", ["500", "refused"])
+def test_worker_thread_errors_carry_no_key_either(hermes_home, on_worker_thread, failure):
+    key = canary()
+    with FakeServer([Reply.error(500, "nope")]) as fake:
+        use_key(hermes_home, fake.base_url if failure == "500" else f"http://127.0.0.1:{free_port()}/v1", key)
+        error = call(PluginLlm("p"), "sync")
+    assert isinstance(error, PluginLlmProviderError)
+    assert_no_key(key, traceback_texts(error))
 
 
 def test_local_provider_answers_inline_without_a_thread_hop(hermes_home, monkeypatch):
