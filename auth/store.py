@@ -285,9 +285,11 @@ class CredentialStore:
         try:
             return self._acquire(provider, profile, run_commands=False)
         except _NeedsIO:
-            import asyncio  # lazily: most processes never need it here
+            pass
+        import asyncio  # lazily: most processes never need it here
 
-            return await asyncio.to_thread(self._acquire, provider, profile, run_commands=True)
+        # outside the except block: a failing key_cmd's error chains no internal _NeedsIO
+        return await asyncio.to_thread(self._acquire, provider, profile, run_commands=True)
 
     def _acquire(self, provider: str, profile: str | None, *, run_commands: bool) -> Credential:
         loaded = self._current()

@@ -139,6 +139,17 @@ def test_failing_key_cmd_error_holds_none_of_its_output(hermes_home, tmp_path):
     assert_no_key(key, traceback_texts(error))
 
 
+def test_failing_key_cmd_in_async_call_chains_nothing(hermes_home, tmp_path):
+    script = tmp_path / "fails.py"
+    script.write_text("import sys\nprint('cnry-not-shown')\nsys.exit(3)\n", encoding="utf-8")
+    write_auth(hermes_home, {"providers": {"custom": {"key_cmd": [sys.executable, str(script)]}}})
+    write_config(hermes_home, "model:\n  provider: custom\n  model: m\n  base_url: http://127.0.0.1:9/v1\n")
+    error = call(PluginLlm("p"), "async")
+    assert isinstance(error, PluginLlmConfigError) and "exited with status 3" in str(error)
+    assert chain(error) == [error]  # no internal "needs a thread" exception in the report
+    assert_no_key("cnry-not-shown", traceback_texts(error))
+
+
 def test_key_cmd_timeout_chains_nothing(tmp_path):
     from auth.keycmd import run_key_cmd
 
