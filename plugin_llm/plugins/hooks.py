@@ -44,6 +44,7 @@ the invocation and propagates.
 
 from __future__ import annotations
 
+import _signal  # signal's C functions: signal.signal/getsignal add an enum conversion costing µs
 import _thread
 import contextvars
 import functools
@@ -223,6 +224,7 @@ class _InlineRunner:
         self.armed = False  # a callback is running under the timer
         self.fired = False  # its time is up and it was interrupted once
         self.forced = False  # it caught that: every check point raises until it is left
+        self._handler = self._on_alarm  # one bound method: ``getsignal() is`` works
 
     def usable(self) -> bool:
         if self.active or not hasattr(signal, "setitimer"):
@@ -232,7 +234,8 @@ class _InlineRunner:
         asyncio = sys.modules.get("asyncio")
         if asyncio is not None and asyncio.events._get_running_loop() is not None:
             return False  # async hooks need a thread without a running loop
-        if signal.getsignal(signal.SIGALRM) not in (signal.SIG_DFL, self._on_alarm):
+        current = _signal.getsignal(signal.SIGALRM)
+        if current is not self._handler and current != signal.SIG_DFL:
             return False  # the host uses SIGALRM itself
         return signal.getitimer(signal.ITIMER_REAL)[0] == 0.0
 
@@ -247,7 +250,7 @@ class _InlineRunner:
         raise _ForcedAlarm  # the class, not an instance: see _ForcedAlarm
 
     def run(self, calls: list[tuple[HookEntry, dict[str, Any]]], timeout: float) -> list[HookOutcome]:
-        previous = signal.signal(signal.SIGALRM, self._on_alarm)
+        previous = _signal.signal(signal.SIGALRM, self._handler)
         sigint = SIGINT_WATCH.enter()
         self.active = True
         try:
@@ -262,7 +265,7 @@ class _InlineRunner:
             signal.setitimer(signal.ITIMER_REAL, 0)  # once per invocation: each callback re-arms it
             self.active = False
             SIGINT_WATCH.leave(sigint)
-            signal.signal(signal.SIGALRM, previous)  # pending alarms were handled (as no-ops) before this
+            _signal.signal(signal.SIGALRM, previous)  # pending alarms were handled (as no-ops) before this
 
     def _call(self, entry: HookEntry, kwargs: dict[str, Any], timeout: float) -> HookOutcome:
         self.fired = self.forced = False

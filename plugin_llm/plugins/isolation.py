@@ -24,6 +24,7 @@ hostile ``__str__`` may hang): :mod:`.hooks` does so for hooks and loading.
 
 from __future__ import annotations
 
+import _signal  # signal's C functions: signal.signal/getsignal add an enum conversion costing µs
 import signal
 import threading
 from collections.abc import Mapping
@@ -204,13 +205,13 @@ class SigintWatch:
         self._handler = self._on_sigint  # one bound method, so ``getsignal() is`` works
 
     def enter(self) -> int:
-        if threading.current_thread() is not threading.main_thread():
+        if threading.get_ident() != threading.main_thread().ident:
             return -1
         if self._depth == 0:
-            current = signal.getsignal(signal.SIGINT)
+            current = _signal.getsignal(signal.SIGINT)
             if callable(current) and current is not self._handler:
                 try:
-                    signal.signal(signal.SIGINT, self._handler)
+                    _signal.signal(signal.SIGINT, self._handler)
                     self._wrapped = current
                 except (ValueError, OSError):  # pragma: no cover - e.g. a sub-interpreter
                     self._wrapped = None
@@ -223,8 +224,8 @@ class SigintWatch:
         self._depth -= 1
         if self._depth == 0 and self._wrapped is not None:
             wrapped, self._wrapped = self._wrapped, None
-            if signal.getsignal(signal.SIGINT) is self._handler:  # unless someone replaced it meanwhile
-                signal.signal(signal.SIGINT, wrapped)
+            if _signal.getsignal(signal.SIGINT) is self._handler:  # unless someone replaced it meanwhile
+                _signal.signal(signal.SIGINT, wrapped)
         return self.raised != token
 
     def _on_sigint(self, signum: int, frame: Any) -> Any:
