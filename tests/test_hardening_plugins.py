@@ -371,3 +371,39 @@ def test_plugin_keyboard_interrupt_in_a_hook_is_isolated(hermes_home):
     outcomes = runner.run("post_llm_call", {})
     assert outcomes[0].error_text == "KeyboardInterrupt" and outcomes[1].value == "next"
     _assert_alarm_state_restored()
+
+
+def test_hostile_handlers_on_the_async_paths(hermes_home):
+    import asyncio
+
+    from plugin_llm.plugins.manager import PluginCommandError
+
+    m = _hostile(hermes_home, "tools")
+
+    async def run():
+        tools = [await m.adispatch_tool(name, {}) for name in ("raises_boom", "raises_interrupt", "returns_sneaky")]
+        with pytest.raises(PluginCommandError, match=r"/exits \(plugin tools\) raised SystemExit: 5"):
+            await m.arun_command("exits")
+        return tools, await Session(m, platform="cli").arun_turn("/boom")
+
+    (boom, interrupt, sneaky), turn = asyncio.run(run())
+    assert json.loads(boom)["error"] == "Tool 'raises_boom' failed: Boom (its message could not be read)"
+    assert json.loads(interrupt)["error"] == "Tool 'raises_interrupt' failed: KeyboardInterrupt"
+    assert json.loads(sneaky) == {"a": "b"}
+    assert turn.kind == "command_error" and "Boom (its message could not be read)" in turn.text
+
+
+def test_exception_whose_str_hangs_is_read_under_the_time_limit(hermes_home, deadline):
+    class Stuck(Exception):
+        def __str__(self):
+            threading.Event().wait(30)
+            return "never"
+
+    def raiser():
+        raise Stuck()
+
+    runner = HookRunner(lambda: 0.3)
+    runner.register("post_llm_call", "p", raiser)
+    [outcome] = runner.run("post_llm_call", {})
+    assert outcome.timed_out and "did not return within 0.3s" in outcome.error_text
+    _assert_alarm_state_restored()

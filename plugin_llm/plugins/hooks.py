@@ -28,7 +28,10 @@ not let off: after a short grace the timer keeps firing and every interpreter
 check point in its code raises again, so control leaves any ``try`` it sits in;
 in practice it unwinds within milliseconds. Limits: a callback blocked in C code
 that never returns to the interpreter (a C extension loop, a system call retried
-on EINTR) cannot be stopped on the main thread; on the pool it is abandoned.
+on EINTR) cannot be stopped on the main thread, and neither can one that spends
+its time inside the host's own code (``ctx.llm`` calls in a loop): the forced
+phase never raises inside plugin_llm, audit or auth, whose cleanup must run. On
+the pool such a callback is abandoned instead.
 
 Everything a callback returns or raises is read while its time limit still runs,
 through :mod:`.isolation`: return values are copied into plain built-in types
@@ -216,6 +219,21 @@ class _ForcedAlarm(_Alarm):
     __init__ = staticmethod(functools.partial(_thread.interrupt_main, signal.SIGALRM))
 
 
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # plugin_llm/
+
+
+def _in_host_code(frame: Any) -> bool:
+    """Whether ``frame`` runs the host's own code (plugin_llm, audit, auth), not a plugin's."""
+    filename = frame.f_code.co_filename
+    if filename.startswith(_PACKAGE_DIR):
+        return True
+    for name in ("audit", "auth"):
+        path = getattr(sys.modules.get(name), "__file__", None)
+        if path and filename.startswith(os.path.dirname(os.path.abspath(path)) + os.sep):
+            return True
+    return False
+
+
 class _InlineRunner:
     """Runs callbacks on the calling (main) thread with an ``ITIMER_REAL`` time limit each."""
 
@@ -247,6 +265,8 @@ class _InlineRunner:
             signal.setitimer(signal.ITIMER_REAL, _GRACE, _FORCE_INTERVAL)  # in case it is caught
             raise _Alarm()
         self.forced = True
+        if frame is not None and _in_host_code(frame):
+            return  # never break the host's own invariants (a lock, a chained log); the timer fires again
         raise _ForcedAlarm  # the class, not an instance: see _ForcedAlarm
 
     def run(self, calls: list[tuple[HookEntry, dict[str, Any]]], timeout: float) -> list[HookOutcome]:
