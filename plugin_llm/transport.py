@@ -246,7 +246,9 @@ class _Job:
     def run(self) -> None:
         _IO.deadline = self.deadline  # a worker thread runs one attempt at a time
         try:
-            if time.monotonic() < self.deadline:  # a job that waited past its deadline is not started
+            if time.monotonic() >= self.deadline:  # a job that waited past its deadline is not started
+                self.failure = _DeadlineExpired("the call's deadline passed before the attempt could start")
+            else:
                 self.response = self.context.run(_provider_call, self.fn, self.kwargs, self.key)
         except BaseException as exc:  # noqa: BLE001 - handed to the caller, which maps it
             self.failure = exc
