@@ -480,3 +480,18 @@ def test_local_provider_answers_inline_without_a_thread_hop(hermes_home, monkeyp
     monkeypatch.setattr(transport._WORKERS, "run", no_hop)
     result = PluginLlm("p").complete([{"role": "user", "content": "Summarise: the cat sat."}])
     assert "the cat sat." in result.text and result.provider == "local"
+
+
+def test_an_attempt_that_waited_past_its_deadline_is_not_started():
+    import plugin_llm.transport as transport
+
+    class NoKey:
+        source = "none"
+
+        def reveal(self):
+            return None
+
+    started: list = []
+    job = transport._Job(lambda **kw: started.append(kw), {}, transport._Key(NoKey(), None), time.monotonic() - 1)
+    job.run()
+    assert started == [] and isinstance(job.failure, TimeoutError) and job.response is None
