@@ -353,11 +353,11 @@ class PluginManager:
         started = time.perf_counter()
         timeout = self._hook_timeout()
         registering = [False]
+        where = candidate.path / "__init__.py" if candidate.path else candidate.entry_point.value
 
         def load() -> None:  # plugin code from here on: runs under the time limit
             register, plugin_dir = self._import(record)
             if register is None:
-                where = candidate.path / "__init__.py" if candidate.path else candidate.entry_point.value
                 raise _LoadError(f"no register(ctx) function in {where}")
             if not callable(register):
                 raise _LoadError(f"register is not callable ({type_name(register)})")
@@ -384,7 +384,8 @@ class PluginManager:
         if type(error) is _LoadError:
             self._mark_failed(record, error.message)
         elif outcome.timed_out:
-            what = f"register() {error}" if registering[0] else f"importing the plugin {error}".replace("return", "finish", 1)
+            text = str(error) if registering[0] else str(error).replace("did not return", "did not finish", 1)
+            what = f"register() {text}" if registering[0] else f"importing {where} {text}"
             self._mark_failed(record, f"{what}; raise plugins.hook_timeout in config.yaml if it needs longer")
         else:
             phase = "register() raised" if registering[0] else "import failed"
