@@ -304,6 +304,7 @@ def register(ctx):
         ctx.register_command("exits", lambda raw: (_ for _ in ()).throw(SystemExit(5)))
         ctx.register_command("unprintable", lambda raw: Unprintable())
         ctx.register_command("slippery", lambda raw: Slippery("slippery text"))
+        ctx.register_command("sneaky", lambda raw: Sneaky(a=Slippery("b")))
 '''
 
 
@@ -363,6 +364,7 @@ def test_hostile_command_handlers_are_reported_not_raised(hermes_home):
     assert session.run_turn("/unprintable").text == "<Unprintable>"
     slippery = session.run_turn("/slippery")
     assert slippery.text == "slippery text" and type(slippery.text) is str
+    assert session.run_turn("/sneaky").text == "{'a': 'b'}"
 
 
 def test_plugin_keyboard_interrupt_in_a_hook_is_isolated(hermes_home):
