@@ -410,3 +410,14 @@ def test_exception_whose_str_hangs_is_read_under_the_time_limit(hermes_home, dea
     [outcome] = runner.run("post_llm_call", {})
     assert outcome.timed_out and "did not return within 0.3s" in outcome.error_text
     _assert_alarm_state_restored()
+
+
+def test_plugin_cli_command_raising_a_hostile_exception(hermes_home, capsys):
+    from plugin_llm.cli.main import main
+
+    write_plugin(hermes_home / "plugins", "clip", HOSTILE.replace(
+        'def register(ctx):\n', 'def register(ctx):\n'
+        '    ctx.register_cli_command("boom-cli", "raises", lambda parser: None, lambda args: boom())\n', 1))
+    configure(hermes_home, enabled=["clip"])
+    assert main(["boom-cli"]) == 1
+    assert "plugin-llm boom-cli: error: Boom (its message could not be read) (plugin clip)" in capsys.readouterr().err

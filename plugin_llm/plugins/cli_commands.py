@@ -13,6 +13,8 @@ import re
 import sys
 from typing import Callable, Sequence
 
+from .isolation import error_text
+
 __all__ = ["find_cli_command"]
 
 _log = logging.getLogger("plugin_llm.plugins")
@@ -53,7 +55,7 @@ def find_cli_command(name: str) -> Callable[[list[str]], int] | None:
             if debug:
                 raise
             print(f"plugin-llm {name}: error: plugin {entry.plugin_key} failed to set up its arguments: "
-                  f"{type(exc).__name__}: {_redact(str(exc))}", file=sys.stderr)
+                  f"{_redact(error_text(exc))}", file=sys.stderr)
             return 1
         args = parser.parse_args(rest)
         handler = entry.handler_fn or getattr(args, "func", None)
@@ -73,7 +75,7 @@ def find_cli_command(name: str) -> Callable[[list[str]], int] | None:
         except Exception as exc:
             if debug:
                 raise
-            print(f"plugin-llm {name}: error: {type(exc).__name__}: {_redact(str(exc))} (plugin {entry.plugin_key})",
+            print(f"plugin-llm {name}: error: {_redact(error_text(exc))} (plugin {entry.plugin_key})",
                   file=sys.stderr)
             return 1
         return result if isinstance(result, int) and not isinstance(result, bool) else 0
