@@ -376,3 +376,77 @@ def test_the_local_store_works_in_a_forked_child(tmp_path):
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     assert store.counters(PLUGIN, T0, timeout=5).in_flight == 2  # the parent sees the child's reservation
+
+
+class _Model:
+    """The reference semantics in plain Python: store.decide() over dicts (what both stores must match)."""
+
+    def __init__(self) -> None:
+        self.held: dict[str, tuple[int, int, limits.Admission]] = {}
+        self.spend: dict[str, int] = {}
+
+    def counters(self, now: float):
+        from plugin_llm.limits.store import Counters, buckets_at
+
+        b = buckets_at(now)
+        live = [(c, t, a) for c, t, a in self.held.values() if a.expires_at > now]
+        return Counters(
+            in_flight=len(live), earliest_expiry=min((a.expires_at for *_, a in live), default=None),
+            minute_requests=self.spend.get("r" + b.minute, 0), minute_tokens=self.spend.get("t" + b.minute, 0),
+            minute_requests_reserved=sum(1 for *_, a in live if a.buckets.minute == b.minute),
+            minute_tokens_reserved=sum(t for _, t, a in live if a.buckets.minute == b.minute),
+            day_spent=self.spend.get("d" + b.day, 0), day_reserved=sum(c for c, _, a in live if a.buckets.day == b.day),
+            month_spent=self.spend.get("m" + b.month, 0),
+            month_reserved=sum(c for c, _, a in live if a.buckets.month == b.month),
+        )
+
+    def settle(self, a: limits.Admission, cost: int, tokens: int) -> None:
+        self.held.pop(a.reservation_id, None)
+        b = a.buckets
+        for key, value in (("d" + b.day, cost), ("m" + b.month, cost), ("r" + b.minute, 1), ("t" + b.minute, tokens)):
+            self.spend[key] = self.spend.get(key, 0) + value
+
+
+def test_both_stores_decide_exactly_like_the_reference_rule(store):
+    import random
+
+    from plugin_llm.limits.store import buckets_at, decide
+
+    rng = random.Random(11)
+    # limits are passed per call (a hot reload changes them between calls): mix single limits and all of them
+    configs = [L(max_concurrent=3), L(requests_per_minute=4), L(tokens_per_minute=1500), L(budget_day=1.0),
+               L(budget_month=3.0),
+               L(max_concurrent=5, requests_per_minute=6, tokens_per_minute=2000, budget_day=1.5, budget_month=4.0)]
+    model, now, open_ = _Model(), float(T0 - 86400 - 4 * 3600), []  # March 30, 20:00 UTC
+    outcomes: dict[str, int] = {}
+    for _ in range(500):
+        now += rng.choice((0.0, 0.0, 0.5, 3.0, 11.0, 45.0)) if rng.random() > 0.01 else 6 * 3600.0
+        if open_ and rng.random() < 0.45:
+            a = open_.pop(rng.randrange(len(open_)))
+            cost, tokens = (rng.randint(0, a.cost_nano), rng.randint(0, a.tokens)) if rng.random() < 0.8 else (0, 0)
+            store.settle(a, cost, tokens, timeout=5)
+            model.settle(a, cost, tokens)
+            continue
+        r = R(rng.choice((0.0, 0.05, 0.2, 0.45)), rng.choice((0, 150, 600)), ttl=rng.choice((2.0, 20.0, 300.0, 40000.0)))
+        caps = rng.choice(configs)
+        got = store.admit(PLUGIN, r, caps, now, timeout=5)
+        expected = decide(PLUGIN, caps, model.counters(now), r, buckets_at(now))
+        assert (type(got).__name__, getattr(got, "limit", None)) == (
+            ("Admission", None) if expected is None else ("Denial", expected.limit))
+        if expected is None:
+            model.held[got.reservation_id] = (r.cost_nano, r.tokens, got)
+            open_.append(got)
+        else:
+            assert (got.used, got.in_flight, got.resets_at) == (expected.used, expected.in_flight, expected.resets_at)
+        outcome = getattr(got, "limit", "admitted")
+        outcomes[outcome] = outcomes.get(outcome, 0) + 1
+        assert store.counters(PLUGIN, now, timeout=5) == model.counters(now)
+    assert set(outcomes) == {"admitted", *limits.LIMIT_NAMES}, outcomes  # every limit decided at least once
+
+
+def test_a_call_in_flight_over_midnight_holds_its_own_day_and_the_month(store):
+    yesterday = T0 - 86400 + 20  # March 30, 23:59:50
+    admit(store, L(budget_day=1.0), R(0.8, ttl=100), now=yesterday)  # still in flight after midnight
+    after_midnight = yesterday + 20
+    assert admit(store, L(budget_day=1.0, budget_month=1.5), R(0.9), now=after_midnight).limit == "budget_usd.month"
+    assert isinstance(admit(store, L(budget_day=1.0, budget_month=2.0), R(0.9), now=after_midnight), limits.Admission)

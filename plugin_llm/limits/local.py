@@ -1,14 +1,22 @@
 """The ``local`` limit store: SQLite in the home (``<home>/limits.sqlite3``).
 
-Correct across threads and processes of one machine: every admission and
-settlement is one ``BEGIN IMMEDIATE`` transaction (SQLite's write lock is
-taken before anything is read, so check-and-reserve cannot interleave).
+Correct across threads and processes of one machine: an admission is ONE
+SQL statement, and so is a settlement. Each is an ``INSERT`` into a request
+table whose trigger does the work (purge expired reservations, check every
+limit -- ``RAISE(ABORT, 'limit:<n>')`` refuses -- and insert the
+reservation; or drop the reservation and add the actual usage), then drops
+the row itself with ``RAISE(IGNORE)``. A single write statement is its own
+transaction that takes SQLite's write lock before it reads anything (in WAL
+mode a write transaction always sees the latest commit), so it is the same
+as ``BEGIN IMMEDIATE; ...; COMMIT`` in one call: check-and-reserve cannot
+interleave, and the Python side pays one statement, not eight.
+
 Threads of one process share one connection behind a lock (a hand-off on a
 Python lock is far cheaper than SQLite's sleeping busy handler); processes
 meet at the database lock, waiting at most the call's remaining deadline
 (``busy_timeout``). WAL journal with ``synchronous=NORMAL``: a committed
 admission survives a crash of the process; a power loss can lose the last
-few transactions.
+few transactions. The file is created owner-only (0600).
 """
 
 from __future__ import annotations
@@ -22,12 +30,26 @@ import weakref
 from pathlib import Path
 
 from plugin_llm.limits.settings import PluginLimits
-from plugin_llm.limits.store import Admission, Counters, Denial, LimitStore, Reservation, StoreError, buckets_at, decide
+from plugin_llm.limits.store import (
+    LIMIT_NAMES,
+    Admission,
+    Counters,
+    Denial,
+    LimitStore,
+    Reservation,
+    StoreError,
+    buckets_at,
+    deny,
+)
 
-__all__ = ["LocalStore", "DB_NAME"]
+__all__ = ["LocalStore", "DB_NAME", "SCHEMA_VERSION"]
 
 DB_NAME = "limits.sqlite3"
+SCHEMA_VERSION = 1
 
+# Only calls in flight are rows of `reservations`, so a plugin's rows are found by the primary
+# key's prefix with no second index (every index is one more page written per transaction).
+# `admit` and `settle` never hold a row: their triggers act, then RAISE(IGNORE) the insert.
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS spend (
     plugin TEXT NOT NULL, bucket TEXT NOT NULL,
@@ -39,13 +61,52 @@ CREATE TABLE IF NOT EXISTS reservations (
     nano INTEGER NOT NULL, tokens INTEGER NOT NULL, minute TEXT NOT NULL, day TEXT NOT NULL, month TEXT NOT NULL,
     PRIMARY KEY (plugin, id)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS admit (
+    plugin TEXT, id TEXT, expires REAL, nano INTEGER, tokens INTEGER, minute TEXT, day TEXT, month TEXT, now REAL,
+    max_concurrent INTEGER, requests_per_minute INTEGER, tokens_per_minute INTEGER, budget_day INTEGER,
+    budget_month INTEGER
+);
+CREATE TRIGGER IF NOT EXISTS admit_request BEFORE INSERT ON admit BEGIN
+  DELETE FROM reservations WHERE plugin = NEW.plugin AND expires <= NEW.now;
+  SELECT RAISE(ABORT, 'limit:1') WHERE NEW.max_concurrent IS NOT NULL
+    AND (SELECT COUNT(*) FROM reservations WHERE plugin = NEW.plugin) + 1 > NEW.max_concurrent;
+  SELECT RAISE(ABORT, 'limit:2') WHERE NEW.requests_per_minute IS NOT NULL
+    AND COALESCE((SELECT requests FROM spend WHERE plugin = NEW.plugin AND bucket = 'min:' || NEW.minute), 0)
+      + (SELECT COUNT(*) FROM reservations WHERE plugin = NEW.plugin AND minute = NEW.minute)
+      + 1 > NEW.requests_per_minute;
+  SELECT RAISE(ABORT, 'limit:3') WHERE NEW.tokens_per_minute IS NOT NULL
+    AND COALESCE((SELECT tokens FROM spend WHERE plugin = NEW.plugin AND bucket = 'min:' || NEW.minute), 0)
+      + (SELECT COALESCE(SUM(tokens), 0) FROM reservations WHERE plugin = NEW.plugin AND minute = NEW.minute)
+      + NEW.tokens > NEW.tokens_per_minute;
+  SELECT RAISE(ABORT, 'limit:4') WHERE NEW.budget_day IS NOT NULL
+    AND COALESCE((SELECT nano FROM spend WHERE plugin = NEW.plugin AND bucket = 'day:' || NEW.day), 0)
+      + (SELECT COALESCE(SUM(nano), 0) FROM reservations WHERE plugin = NEW.plugin AND day = NEW.day)
+      + NEW.nano > NEW.budget_day;
+  SELECT RAISE(ABORT, 'limit:5') WHERE NEW.budget_month IS NOT NULL
+    AND COALESCE((SELECT nano FROM spend WHERE plugin = NEW.plugin AND bucket = 'mon:' || NEW.month), 0)
+      + (SELECT COALESCE(SUM(nano), 0) FROM reservations WHERE plugin = NEW.plugin AND month = NEW.month)
+      + NEW.nano > NEW.budget_month;
+  INSERT INTO reservations (plugin, id, expires, nano, tokens, minute, day, month)
+    VALUES (NEW.plugin, NEW.id, NEW.expires, NEW.nano, NEW.tokens, NEW.minute, NEW.day, NEW.month);
+  SELECT RAISE(IGNORE);
+END;
+CREATE TABLE IF NOT EXISTS settle (plugin TEXT, id TEXT, nano INTEGER, tokens INTEGER, minute TEXT, day TEXT, month TEXT);
+CREATE TRIGGER IF NOT EXISTS settle_request BEFORE INSERT ON settle BEGIN
+  DELETE FROM reservations WHERE plugin = NEW.plugin AND id = NEW.id;
+  INSERT INTO spend (plugin, bucket, nano, requests, tokens) VALUES
+    (NEW.plugin, 'day:' || NEW.day, NEW.nano, 0, 0),
+    (NEW.plugin, 'mon:' || NEW.month, NEW.nano, 0, 0),
+    (NEW.plugin, 'min:' || NEW.minute, 0, 1, NEW.tokens)
+    ON CONFLICT (plugin, bucket) DO UPDATE SET
+      nano = nano + excluded.nano, requests = requests + excluded.requests, tokens = tokens + excluded.tokens;
+  SELECT RAISE(IGNORE);
+END;
 """
-# Only calls in flight are rows of `reservations`, so a plugin's rows are found by the primary
-# key's prefix with no second index (every index is one more page written per transaction).
 
-_PURGE = "DELETE FROM reservations WHERE plugin = ? AND expires <= ?"
-#: one statement for every counter; reservations past their expiry (?5) are ignored, and counted (last
-#: column) so that the purge runs only when there is something to purge
+_ADMIT = "INSERT INTO admit VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+#: the finished request in the buckets it was admitted in: cost to day and month, one request and its tokens to the minute
+_SETTLE = "INSERT INTO settle VALUES (?, ?, ?, ?, ?, ?, ?)"
+#: every counter in one statement (one snapshot); reservations past their expiry (?5) are ignored
 _READ = """
 SELECT COALESCE(SUM(expires > ?5), 0), MIN(CASE WHEN expires > ?5 THEN expires END),
        COALESCE(SUM(CASE WHEN expires > ?5 AND minute = ?2 THEN 1 END), 0),
@@ -55,19 +116,9 @@ SELECT COALESCE(SUM(expires > ?5), 0), MIN(CASE WHEN expires > ?5 THEN expires E
        (SELECT requests FROM spend WHERE plugin = ?1 AND bucket = 'min:' || ?2),
        (SELECT tokens FROM spend WHERE plugin = ?1 AND bucket = 'min:' || ?2),
        (SELECT nano FROM spend WHERE plugin = ?1 AND bucket = 'day:' || ?3),
-       (SELECT nano FROM spend WHERE plugin = ?1 AND bucket = 'mon:' || ?4),
-       COALESCE(SUM(expires <= ?5), 0)
+       (SELECT nano FROM spend WHERE plugin = ?1 AND bucket = 'mon:' || ?4)
 FROM reservations WHERE plugin = ?1
 """
-_HOLD = "INSERT INTO reservations (plugin, id, expires, nano, tokens, minute, day, month) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
-_DROP = "DELETE FROM reservations WHERE plugin = ? AND id = ?"
-#: the finished request in the buckets it was admitted in: cost to day and month, one request and its tokens to the minute
-_ADD = (
-    "INSERT INTO spend (plugin, bucket, nano, requests, tokens) VALUES "
-    "(?1, 'day:' || ?2, ?5, 0, 0), (?1, 'mon:' || ?3, ?5, 0, 0), (?1, 'min:' || ?4, 0, 1, ?6) "
-    "ON CONFLICT (plugin, bucket) DO UPDATE SET "
-    "nano = nano + excluded.nano, requests = requests + excluded.requests, tokens = tokens + excluded.tokens"
-)
 _PRUNE_MINUTES = "DELETE FROM spend WHERE plugin = ? AND bucket >= 'min:' AND bucket < 'min:' || ?"
 _RESET = "DELETE FROM spend WHERE plugin = ? AND bucket IN ('min:' || ?, 'day:' || ?, 'mon:' || ?)"
 
@@ -83,6 +134,25 @@ def _after_fork_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _refused_limit(exc: sqlite3.IntegrityError) -> int:
+    """The index (into LIMIT_NAMES) of the limit a trigger refused with, else re-raise."""
+    text = str(exc)
+    if text.startswith("limit:") and text[6:].isdigit() and 1 <= int(text[6:]) <= len(LIMIT_NAMES):
+        return int(text[6:]) - 1
+    raise exc
+
+
+def _numbers(c: Counters, index: int) -> tuple[int, int]:
+    """(used, in flight) of limit ``index`` in the counters."""
+    return (
+        (0, c.in_flight),
+        (c.minute_requests, c.minute_requests_reserved),
+        (c.minute_tokens, c.minute_tokens_reserved),
+        (c.day_spent, c.day_reserved),
+        (c.month_spent, c.month_reserved),
+    )[index]
 
 
 def _reason(exc: BaseException) -> str:
@@ -115,19 +185,26 @@ class LocalStore(LimitStore):
 
     def _connect(self, timeout: float) -> sqlite3.Connection:
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600))  # owner-only, like the home's other files
         conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=max(0.001, timeout))
         try:
             conn.execute("PRAGMA page_size = 1024")  # only on creation: small pages, fewer bytes per WAL frame
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")
-            conn.executescript(_SCHEMA)
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            if version == 0:
+                conn.executescript("BEGIN IMMEDIATE;" + _SCHEMA + f"PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;")
+            elif version != SCHEMA_VERSION:
+                raise StoreError(f"the local limits store {self.path} has schema version {version}, this gateway "
+                                 f"uses {SCHEMA_VERSION}: stop the other gateway version, or move the file away "
+                                 "to start the counts afresh")
         except BaseException:
             conn.close()
             raise
         return conn
 
     def _run(self, timeout: float, work):
-        """Run ``work(conn)`` in one BEGIN IMMEDIATE transaction, waiting at most ``timeout`` seconds."""
+        """Run ``work(conn)`` (single statements: each its own transaction), waiting at most ``timeout`` seconds."""
         start = time.monotonic()
         if not self._lock.acquire(timeout=max(0.0, timeout)):
             raise StoreError(f"the local limits store {self.path} is busy (waited {timeout:.2f}s for this process's lock)")
@@ -139,15 +216,7 @@ class LocalStore(LimitStore):
             if busy_ms != self._busy_ms:
                 conn.execute(f"PRAGMA busy_timeout = {busy_ms:d}")
                 self._busy_ms = busy_ms
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                result = work(conn)
-                conn.execute("COMMIT")
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
-            return result
+            return work(conn)
         except sqlite3.Error as exc:
             raise StoreError(f"the local limits store {self.path} failed: {_reason(exc)}") from None
         except OSError as exc:
@@ -156,10 +225,8 @@ class LocalStore(LimitStore):
             self._lock.release()
 
     @staticmethod
-    def _read(conn: sqlite3.Connection, plugin_id: str, now: float, b, *, purge: bool = True) -> Counters:
+    def _read(conn: sqlite3.Connection, plugin_id: str, now: float, b) -> Counters:
         row = conn.execute(_READ, (plugin_id, b.minute, b.day, b.month, now)).fetchone()
-        if purge and row[10]:
-            conn.execute(_PURGE, (plugin_id, now))
         return Counters(
             in_flight=row[0], earliest_expiry=row[1], minute_requests_reserved=row[2], minute_tokens_reserved=row[3],
             day_reserved=row[4], month_reserved=row[5], minute_requests=row[6] or 0, minute_tokens=row[7] or 0,
@@ -169,14 +236,21 @@ class LocalStore(LimitStore):
     def admit(self, plugin_id: str, reservation: Reservation, limits: PluginLimits, now: float, *,
               timeout: float) -> Admission | Denial:
         b = buckets_at(now)
+        rid = uuid.uuid4().hex
+        expires = now + max(0.0, reservation.ttl)
+        row = (plugin_id, rid, expires, int(reservation.cost_nano), int(reservation.tokens), b.minute, b.day, b.month, now,
+               limits.max_concurrent, limits.requests_per_minute, limits.tokens_per_minute,
+               limits.budget_day_nano, limits.budget_month_nano)
 
         def work(conn: sqlite3.Connection) -> Admission | Denial:
-            denial = decide(plugin_id, limits, self._read(conn, plugin_id, now, b), reservation, b)
-            if denial is not None:
-                return denial
-            rid = uuid.uuid4().hex
-            expires = now + max(0.0, reservation.ttl)
-            conn.execute(_HOLD, (plugin_id, rid, expires, reservation.cost_nano, reservation.tokens, b.minute, b.day, b.month))
+            try:
+                conn.execute(_ADMIT, row)
+            except sqlite3.IntegrityError as exc:
+                index = _refused_limit(exc)
+                # The statement decided; read the numbers it saw for the message (they may have moved since).
+                c = self._read(conn, plugin_id, now, b)
+                used, held = _numbers(c, index)
+                return deny(plugin_id, limits, index, used, held, reservation, b, c.earliest_expiry)
             if self._pruned.get(plugin_id) != b.minute:  # once a minute: drop minute rows older than the last one
                 conn.execute(_PRUNE_MINUTES, (plugin_id, time.strftime("%Y-%m-%dT%H:%M", time.gmtime(now - 60))))
                 self._pruned[plugin_id] = b.minute
@@ -186,16 +260,12 @@ class LocalStore(LimitStore):
 
     def settle(self, admission: Admission, cost_nano: int, tokens: int, *, timeout: float) -> None:
         a, b = admission, admission.buckets
-
-        def work(conn: sqlite3.Connection) -> None:
-            conn.execute(_DROP, (a.plugin_id, a.reservation_id))
-            conn.execute(_ADD, (a.plugin_id, b.day, b.month, b.minute, max(0, int(cost_nano)), max(0, int(tokens))))
-
-        self._run(timeout, work)
+        row = (a.plugin_id, a.reservation_id, max(0, int(cost_nano)), max(0, int(tokens)), b.minute, b.day, b.month)
+        self._run(timeout, lambda conn: conn.execute(_SETTLE, row))
 
     def counters(self, plugin_id: str, now: float, *, timeout: float) -> Counters:
         b = buckets_at(now)
-        return self._run(timeout, lambda conn: self._read(conn, plugin_id, now, b, purge=False))
+        return self._run(timeout, lambda conn: self._read(conn, plugin_id, now, b))
 
     def reset(self, plugin_id: str, now: float, *, timeout: float) -> None:
         b = buckets_at(now)

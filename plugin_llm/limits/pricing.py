@@ -171,6 +171,9 @@ def input_token_bound(messages: Iterable[Mapping[str, Any]], extra: Iterable[Any
     """An upper bound of the input tokens of ``messages`` plus ``extra`` (tools, response_format)."""
     total = _REQUEST_OVERHEAD
     for message in messages:
+        if not isinstance(message, Mapping):
+            total += _MESSAGE_OVERHEAD + _json_bytes(message)
+            continue
         total += _MESSAGE_OVERHEAD + _content_tokens(message.get("content"))
         for key, value in message.items():
             if key not in ("role", "content") and value is not None:
