@@ -151,10 +151,13 @@ class LineError(ValueError):
 def nesting_too_deep(raw: bytes, limit: int = MAX_DEPTH) -> bool:
     """Do the brackets of ``raw`` (outside JSON strings) nest deeper than ``limit``?
 
-    Linear and C-speed: a line with at most ``limit`` brackets (every record the
-    writer renders) is answered by two ``count`` calls; only a line with more
-    has its strings cut out and its bracket depth summed.
+    Linear and C-speed: a flat record (one ``{``, no ``[``: most of the writer's)
+    is answered by two ``memchr`` scans, a line with at most ``limit`` brackets by
+    two ``count`` calls; only a line with more has its strings cut out and its
+    bracket depth summed.
     """
+    if b"[" not in raw and raw.find(b"{", raw.find(b"{") + 1) < 0:
+        return False
     if raw.count(b"[") + raw.count(b"{") <= limit:
         return False
     brackets = _STRING.sub(b"", raw).translate(None, _NOT_BRACKETS)
@@ -173,6 +176,7 @@ def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return record
 
 
+_JSON_SPACE = " \t\r\n"
 # JSONDecoder.scan_once parses one value at an index without json.loads' wrapper
 # work (encoding detection, whitespace regexes)
 _SCAN = json.JSONDecoder(object_pairs_hook=_unique_pairs).scan_once
@@ -193,13 +197,15 @@ def loads_line(raw: bytes) -> Any:
         raise LineError(f"nesting deeper than {MAX_DEPTH}")
     text = raw.decode("utf-8")
     start = 0
-    while start < len(text) and text[start] in " \t\r\n":
-        start += 1
+    if text[:1] != "{":
+        while start < len(text) and text[start] in _JSON_SPACE:
+            start += 1
     try:
         value, end = _SCAN(text, start)
     except StopIteration:
         raise ValueError("not JSON") from None
-    if end != len(text) and text[end:].strip(" \t\r\n"):
+    size = len(text)
+    if end != size and not (end == size - 1 and text[end] == "\n") and text[end:].strip(_JSON_SPACE):
         raise ValueError("extra data after the value")
     return value
 

@@ -37,6 +37,7 @@ __all__ = [
     "snapshot",
     "open_log_file",
     "read_bounded_line",
+    "skip_line",
     "iter_lines",
     "iter_lines_reverse",
 ]
@@ -175,12 +176,17 @@ def read_bounded_line(f: BinaryIO, limit: int = MAX_LINE_BYTES) -> tuple[bytes |
     raw = f.readline(limit + 1)
     if len(raw) <= limit or raw.endswith(b"\n"):
         return raw, len(raw)
-    length = len(raw)
+    return None, len(raw) + skip_line(f, limit)
+
+
+def skip_line(f: BinaryIO, piece: int = MAX_LINE_BYTES) -> int:
+    """Read past the rest of the current line (newline included), ``piece`` bytes at a time; its length."""
+    length = 0
     while True:
-        piece = f.readline(limit)
-        length += len(piece)
-        if not piece or piece.endswith(b"\n"):
-            return None, length
+        chunk = f.readline(piece)
+        length += len(chunk)
+        if not chunk or chunk.endswith(b"\n"):
+            return length
 
 
 def iter_lines(snap: SnapshotFile, limit: int = MAX_LINE_BYTES) -> Iterator[tuple[int, int, bytes | None]]:
@@ -193,12 +199,17 @@ def iter_lines(snap: SnapshotFile, limit: int = MAX_LINE_BYTES) -> Iterator[tupl
     """
     f, size = snap.file, snap.size
     f.seek(0)
+    readline = f.readline
     offset = 0
     number = 0
     while offset < size:
-        raw, length = read_bounded_line(f, limit)
+        raw: bytes | None = readline(limit + 1)  # read_bounded_line(), inlined for the common case
+        length = len(raw)  # type: ignore[arg-type]
         if not length:
             break
+        if length > limit and not raw.endswith(b"\n"):  # type: ignore[union-attr]
+            raw = None
+            length += skip_line(f, limit)
         number += 1
         if raw is not None and offset + length > size:
             raw = raw[: size - offset]

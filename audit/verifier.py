@@ -70,7 +70,7 @@ from audit.chain import (
     parse_fields,
 )
 from audit.errors import AuditLogNotFoundError
-from audit.logfiles import resolve_log_path, snapshot
+from audit.logfiles import resolve_log_path, skip_line, snapshot
 from audit.records import EVENT, EVENT_CHAIN_RESUMED
 
 __all__ = ["VerifyProblem", "VerifyResult", "verify", "PROBLEM_KINDS"]
@@ -147,16 +147,6 @@ def _bad_kind(body: bytes, has_newline: bool, exc: ValueError) -> tuple[str, str
     return "bad_json", f"not valid JSON ({exc.__class__.__name__}: {str(exc)[:80]})"
 
 
-def _skip_rest(f: Any) -> int:
-    """Read past the rest of an over-long line, a piece at a time; its length."""
-    length = 0
-    while True:
-        piece = f.readline(MAX_LINE_BYTES)
-        length += len(piece)
-        if not piece or piece.endswith(b"\n"):
-            return length
-
-
 def _history_start(name: str, number: int, seq: int, rotated: bool) -> str:
     if rotated:
         return (f"the oldest retained record is seq {seq}, not seq 1: records 1..{seq - 1} were pruned by "
@@ -226,7 +216,7 @@ def verify(
                     number += 1
                     line_offset = offset
                     if len(raw) == limit and raw[-1] != 10:  # over-long: never held whole
-                        offset += len(raw) + _skip_rest(f)
+                        offset += len(raw) + skip_line(f)
                         pending.append(_Bad(number, line_offset, b"", "oversized", _TOO_LONG))
                         pending_bytes = _MAX_PENDING_BYTES + 1  # its bytes are not kept: nothing can cover them
                         continue
