@@ -38,7 +38,7 @@ from typing import Any
 
 import structlog
 
-from audit.chain import GENESIS_HASH, LineFields, fast_fields, parse_fields
+from audit.chain import GENESIS_HASH, MAX_LINE_BYTES, LineFields, fast_fields, loads_line, parse_fields
 from audit.errors import AuditWriteError
 from audit.logfiles import backup_path, iter_lines_reverse, list_log_files, lock_path
 from audit.processors import build_chain, format_ts
@@ -107,14 +107,18 @@ def _describe(exc: BaseException) -> str:
 
 
 def _last_record(fd: int, size: int) -> tuple[LineFields, int] | None:
-    """Chain fields of the last complete record in ``fd[:size]`` and the offset just after it."""
-    import json
+    """Chain fields of the last complete record in ``fd[:size]`` and the offset just after it.
 
-    for offset, line in iter_lines_reverse(fd, size):
+    Lines are parsed with the readers' bounded parser: a hostile line (too long,
+    nested 10^5 deep) is skipped like any unreadable one instead of failing every write.
+    """
+    for offset, line in iter_lines_reverse(fd, size, limit=MAX_LINE_BYTES):
+        if line is None:
+            continue
         fields = fast_fields(line)
         if fields is None:
             try:
-                fields = parse_fields(json.loads(line))
+                fields = parse_fields(loads_line(line))
             except ValueError:
                 fields = None
         if fields is not None:

@@ -87,6 +87,18 @@ def test_readers_skip_a_deeply_nested_line_and_say_why(log_path, shape, capsys):
         assert "skipped 1 unreadable line(s)" in err and "nesting deeper than 64" in err, argv
 
 
+def test_a_deep_line_at_the_end_does_not_stop_the_writer(log_path, capsys):
+    with open(log_path, "ab") as f:
+        f.write(DEEP_LINES["arrays"])
+    log = AuditLog(log_path, AuditSettings(required=True))  # would fail every call if the resume crashed
+    log.write({"plugin_id": "real", "purpose": "after", "status": "ok"})
+    log.close()
+    assert "RecursionError" not in capsys.readouterr().err
+    result = verify(log_path)
+    assert result.ok and [w.kind for w in result.warnings] == ["torn"]  # recovered, as any torn tail
+    assert [r["purpose"] for r in iter_records(log_path)][-1] == "after"
+
+
 def test_nesting_up_to_the_limit_still_parses(log_path):
     nested: object = "leaf"
     for _ in range(MAX_DEPTH - 1):  # the record itself is one level
