@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["UNSAFE_CHARS", "unsafe_characters", "escape_unsafe", "escape_unsafe_json"]
+__all__ = ["UNSAFE_CHARS", "unsafe_characters", "escape_unsafe", "escape_unsafe_text", "escape_unsafe_json"]
 
 #: C0 controls (every one: tab and newline too, so text cannot forge extra lines), DEL,
 #: C1 controls, the Arabic letter mark, zero-width and bidi formatting characters,
@@ -27,6 +27,8 @@ __all__ = ["UNSAFE_CHARS", "unsafe_characters", "escape_unsafe", "escape_unsafe_
 #: bytes of a file name: printing one raw would raise UnicodeEncodeError).
 _BEYOND_C0 = "\x7f-\x9f\ud800-\udfff\u061c\u200b-\u200f\u2028-\u202e\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb\U000e0000-\U000e007f"
 UNSAFE_CHARS = re.compile(f"[\x00-\x1f{_BEYOND_C0}]")
+#: the same without tab and newline: for multi-line text (command output, model replies)
+_UNSAFE_IN_TEXT = re.compile(f"[\x00-\x08\x0b-\x1f{_BEYOND_C0}]")
 #: what json.dumps leaves raw: it escapes C0 inside strings, and C0 outside strings is its own layout
 _JSON_RAW = re.compile(f"[{_BEYOND_C0}]")
 
@@ -70,6 +72,14 @@ def _json_escape(match: re.Match[str]) -> str:
         return f"\\u{code:04x}"
     code -= 0x10000  # a UTF-16 surrogate pair, as JSON spells characters beyond the BMP
     return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
+
+
+def escape_unsafe_text(text: object) -> str:
+    """Multi-line untrusted text (a plugin command's output, a model's reply) for a
+    terminal: like :func:`escape_unsafe` but tabs and line breaks are kept as they are."""
+    if text is None:
+        return ""
+    return _UNSAFE_IN_TEXT.sub(_escape, text if isinstance(text, str) else str(text))
 
 
 def escape_unsafe_json(json_text: str) -> str:

@@ -346,3 +346,55 @@ def test_the_interactive_checklist_escapes_labels(hermes_home):
     prompt_menu(build_menu(known_plugins(hermes_home), {}), input_fn=lambda _: next(answers), print_fn=shown.append)
     assert any("loud" in line for line in shown) and any("memory/mem" in line for line in shown)
     assert not RAW_CONTROL.search("\n".join(shown))
+
+
+def test_cli_stderr_escapes_plugin_text_in_log_lines_and_errors(hermes_home, tmp_path):
+    """Through the real entry point: logging's stderr output and error lines are escaped too."""
+    import subprocess
+    import sys
+
+    code = "def register(ctx):\n    raise RuntimeError('boom \\x1b[2J\\x9b\\u202e')\n"
+    write_plugin(hermes_home / "plugins", "loud", code)
+    configure(hermes_home, enabled=["loud"])
+    env = {**os.environ, "HERMES_HOME": str(hermes_home), "HOME": str(tmp_path)}
+    for argv in (["plugins", "list"], ["plugins", "enable", "no\x1b[2Jsuch"], ["trust", "explain", "x\x1b]0;t\x07"]):
+        proc = subprocess.run([sys.executable, "-m", "plugin_llm.cli.main", *argv], env=env, capture_output=True,
+                              text=True, timeout=120)
+        assert "Traceback" not in proc.stderr, argv
+        assert not RAW_CONTROL.search(proc.stdout + proc.stderr), (argv, proc.stdout, proc.stderr)
+        if argv[1] == "list":
+            assert "boom \\x1b[2J\\x9b\\u202e" in proc.stderr + proc.stdout
+
+
+def test_command_output_errors_and_model_replies_are_printed_escaped(hermes_home, tmp_path):
+    """run/try print plugin command output and provider replies: escapes shown, line breaks kept."""
+    import subprocess
+    import sys
+
+    from tests.conftest import write_config
+    from tests.servers import FakeServer, Reply
+
+    code = ("def register(ctx):\n"
+            "    ctx.register_command('say', lambda raw: 'line one\\nline \\x1b]52;c;ZXZpbA==\\x07two')\n"
+            "    def boom(raw):\n        raise RuntimeError('bad \\x1b[2J\\u202e')\n"
+            "    ctx.register_command('boom', boom)\n")
+    write_plugin(hermes_home / "plugins", "loud", code)
+    configure(hermes_home, enabled=["loud"])
+    env = {**os.environ, "HERMES_HOME": str(hermes_home), "HOME": str(tmp_path)}
+
+    def cli(*argv: str) -> subprocess.CompletedProcess:
+        proc = subprocess.run([sys.executable, "-m", "plugin_llm.cli.main", *argv], env=env, capture_output=True,
+                              text=True, timeout=120)
+        assert "Traceback" not in proc.stderr, argv
+        assert not RAW_CONTROL.search(proc.stdout.replace("\n", "") + proc.stderr.replace("\n", "")), proc
+        return proc
+
+    said = cli("run", "say")
+    assert said.stdout == "line one\nline \\x1b]52;c;ZXZpbA==\\x07two\n"
+    failed = cli("run", "boom")
+    assert failed.returncode == 1 and "bad \\x1b[2J\\u202e" in failed.stderr
+    with FakeServer(default=Reply(content="hi \x1b[2J\x9b there\nsecond line")) as server:
+        text = (hermes_home / "config.yaml").read_text()
+        write_config(hermes_home, text + f"model:\n  provider: custom\n  model: m\n  base_url: {server.base_url}\n")
+        tried = cli("try", "--as", "loud", "hello")
+    assert tried.returncode == 0 and "hi \\x1b[2J\\x9b there\nsecond line" in tried.stdout

@@ -9,7 +9,7 @@ from typing import Any
 
 from plugin_llm.config import hermes_home
 
-__all__ = ["add_home_argument", "home_from", "find_audit_record", "printable", "dumps_json", "PRINT_LIMIT"]
+__all__ = ["add_home_argument", "home_from", "find_audit_record", "printable", "printable_text", "dumps_json", "PRINT_LIMIT"]
 
 #: Default bound on one printed piece of plugin-supplied text (a name, a description, an error).
 PRINT_LIMIT = 500
@@ -53,6 +53,14 @@ def printable(text: Any, limit: int | None = PRINT_LIMIT) -> str:
     from plugin_llm.terminal_text import escape_unsafe
 
     return escape_unsafe(text, limit)
+
+
+def printable_text(text: Any) -> str:
+    """Multi-line plugin- or provider-supplied text (command output, model replies) for a
+    terminal: escape sequences and invisible characters escaped, tabs and line breaks kept."""
+    from plugin_llm.terminal_text import escape_unsafe_text
+
+    return escape_unsafe_text(text)
 
 
 def dumps_json(data: Any, *, indent: int | None = 2) -> str:

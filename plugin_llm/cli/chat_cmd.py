@@ -12,9 +12,10 @@ input failed (an error or an unknown command).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import TextIO
+
+from plugin_llm.cli._common import dumps_json, printable, printable_text
 
 __all__ = ["register", "run"]
 
@@ -86,7 +87,7 @@ def _handle(session, line: str, out: TextIO) -> int:
         print(f"error: {type(exc).__name__}: {_safe(exc)}", file=out)
         return 1
     except ValueError as exc:
-        print(f"error: {exc}", file=out)
+        print(f"error: {printable_text(exc)}", file=out)
         return 1
     _print_result(result, out)
     return 0 if result.ok else 1
@@ -99,7 +100,7 @@ def _run_pending(session, out: TextIO) -> int:
         if not items:
             break
         for item in items:
-            print(f"[injected] {item}", file=out)
+            print(f"[injected] {printable_text(item)}", file=out)
             failures += _handle(session, item, out)
             if session.exit_requested:
                 return failures
@@ -109,13 +110,13 @@ def _run_pending(session, out: TextIO) -> int:
 def _print_result(result, out: TextIO) -> None:
     if result.kind == "reply":
         for run in result.tool_runs:
-            args = json.dumps(run.arguments, ensure_ascii=False)
-            print(f"  [tool] {run.name}({args}) -> {_one_line(run.result)}", file=out)
+            args = dumps_json(run.arguments, indent=None)
+            print(f"  [tool] {printable(run.name)}({args}) -> {printable(_one_line(run.result))}", file=out)
         for item in result.injected:
-            print(f"  [joined this turn] {item}", file=out)
-        print(f"assistant> {result.text or ''}", file=out)
+            print(f"  [joined this turn] {printable_text(item)}", file=out)
+        print(f"assistant> {printable_text(result.text)}", file=out)
     elif result.text:
-        print(result.text, file=out)
+        print(printable_text(result.text), file=out)
     out.flush()
 
 
@@ -128,5 +129,5 @@ def _safe(exc: BaseException) -> str:
     try:
         from auth import redact
     except ImportError:
-        return str(exc)
-    return redact(str(exc))
+        return printable_text(exc)
+    return printable_text(redact(str(exc)))

@@ -93,6 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(argv: list[str]) -> int:
+    _install_terminal_logging()
     selected = _selected_command(argv)
     known = _available()
     if selected is not None and selected not in known:
@@ -159,13 +160,42 @@ def _close_audit_logs() -> None:
 
 
 def _safe(exc: BaseException) -> str:
-    """Exception text passed through the secret redactor when it is available."""
-    text = str(exc)
+    """Exception text as the terminal may show it: redacted, bounded, and with the
+    control characters of plugin- or file-supplied text escaped (line breaks kept)."""
+    from plugin_llm.plugins.isolation import safe_str
+    from plugin_llm.terminal_text import escape_unsafe
+
+    text = safe_str(exc, 8000)
+    if text is None:
+        text = f"{type(exc).__name__} (its message could not be read)"
     try:
         from auth import redact
     except ImportError:
-        return text
-    return redact(text)
+        pass
+    else:
+        text = redact(text)
+    return "\n".join(escape_unsafe(line, 4000) for line in text.split("\n")[:200])
+
+
+class _TerminalFormatter(logging.Formatter):
+    """Log lines on stderr: plugin-supplied text (names, error texts) escaped, line breaks kept."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        from plugin_llm.terminal_text import escape_unsafe
+
+        return "\n".join(escape_unsafe(line, 4000) for line in super().format(record).split("\n"))
+
+
+def _install_terminal_logging() -> None:
+    """Replace logging's last-resort handler (WARNING+ to stderr) by one that escapes."""
+    root = logging.getLogger()
+    if root.handlers:
+        return  # an embedding host or a test configured logging: leave it alone
+    handler = logging.StreamHandler()
+    handler.setLevel(logging.WARNING)
+    handler.setFormatter(_TerminalFormatter("%(message)s"))
+    handler._plugin_llm_terminal = True  # type: ignore[attr-defined]
+    root.addHandler(handler)
 
 
 def _plugin_cli_command(name: str):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from plugin_llm.cli._common import printable_text
 from plugin_llm.cli.main import CliError
 
 __all__ = ["register", "run"]
@@ -56,8 +57,8 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"{result.text}\n(plugin commands come from enabled plugins in {home}/config.yaml; "
                        "see: plugin-llm plugins list)")
     if result.kind == "command_error":
-        print(f"plugin-llm: error: {result.text}", file=sys.stderr)
+        print(f"plugin-llm: error: {printable_text(result.text)}", file=sys.stderr)
         return 1
     if result.text:
-        print(result.text)
+        print(printable_text(result.text))
     return 0

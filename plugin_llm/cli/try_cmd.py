@@ -11,7 +11,7 @@ import argparse
 import json
 import sys
 
-from plugin_llm.cli._common import add_home_argument, find_audit_record, home_from
+from plugin_llm.cli._common import add_home_argument, dumps_json, find_audit_record, home_from, printable_text
 from plugin_llm.cli.main import CliError
 
 
@@ -86,16 +86,16 @@ def run(args: argparse.Namespace) -> int:
         }
         if hasattr(result, "parsed"):
             out.update(parsed=result.parsed, content_type=result.content_type)
-        print(json.dumps(out, indent=2, ensure_ascii=False))
+        print(dumps_json(out))
         return 0
     u = result.usage
     cost = "unpriced" if u.cost_usd is None else f"${u.cost_usd:.6f}"
-    print(result.text)
+    print(printable_text(result.text))
     if hasattr(result, "parsed"):
-        print(f"\nparsed ({result.content_type}): {json.dumps(result.parsed, ensure_ascii=False)}")
+        print(f"\nparsed ({result.content_type}): {dumps_json(result.parsed, indent=None)}")
     print(f"\nroute:  {result.provider} / {result.model}")
     print(f"usage:  {u.input_tokens} in, {u.output_tokens} out, {u.total_tokens} total   cost: {cost}")
     print(f"call:   {result.audit['call_id']}  (plugin {result.audit['plugin_id']})")
-    print("audit:  " + (json.dumps(record, ensure_ascii=False) if record else f"(no line found in {home / 'logs' / 'agent.log'})"))
+    print("audit:  " + (dumps_json(record, indent=None) if record else f"(no line found in {home / 'logs' / 'agent.log'})"))
     sys.stdout.flush()
     return 0
