@@ -5,9 +5,13 @@ record without its ``hash`` key. ``prev_hash`` is the previous record's
 ``hash`` (:data:`GENESIS_HASH` for ``seq`` 1). The writer renders the line as
 the canonical bytes with ``"hash"`` appended as the *last* key, so the hashed
 bytes are literally the line minus its hash suffix; that lets ``verify`` check
-a line with one SHA-256 over the bytes it already holds, and fall back to
-re-canonicalising the parsed record when the bytes differ (a line rewritten by
-another tool but unchanged in content still verifies).
+a line with one SHA-256 over the bytes it already holds. A line is accepted
+only byte for byte as the writer renders it (:func:`line_verdict`): one that
+parses to the same content but was re-encoded -- or holds a duplicate key,
+which parsers resolve differently -- was not written by the writer.
+
+Every reader parses lines with :func:`loads_line`, which bounds length and
+nesting *before* parsing and refuses duplicate keys.
 """
 
 from __future__ import annotations
@@ -50,9 +54,10 @@ _HASH_KEY = b',"hash":"'
 _SUFFIX_LEN = len(_HASH_KEY) + 64 + 2
 _SEQ_KEY = b'"seq":'
 _PREV_KEY = b'"prev_hash":"'
-_DIGITS = re.compile(rb"[0-9]+")
+_DIGITS = re.compile(rb"[1-9][0-9]{0,17}")  # seq < 10**18: a longer one takes the slow path (and fails there)
 _HEX64_QUOTED = re.compile(rb'([0-9a-f]{64})"')
 _HEX64 = re.compile(r"[0-9a-f]{64}")
+_MAX_SEQ = 10**18  # a writer appending a million records a second needs 30,000 years to get here
 
 
 def render_line(record: dict[str, Any]) -> tuple[bytes, str]:
@@ -119,7 +124,9 @@ def parse_fields(record: Any) -> LineFields | None:
     if not isinstance(record, dict):
         return None
     seq, prev, digest = record.get(SEQ), record.get(PREV_HASH), record.get(HASH)
-    if isinstance(seq, bool) or not isinstance(seq, int) or seq < 1 or not _is_hex64(prev) or not _is_hex64(digest):
+    if isinstance(seq, bool) or not isinstance(seq, int) or not 1 <= seq < _MAX_SEQ:
+        return None
+    if not _is_hex64(prev) or not _is_hex64(digest):
         return None
     return LineFields(seq, prev, digest)
 

@@ -58,6 +58,7 @@ _GLOB = re.compile(r"[*?\[]")
 BadLineHandler = Callable[[Path, int, str], None]
 _TOO_LONG = f"longer than {MAX_LINE_BYTES // (1024 * 1024)} MiB"
 _TIME_SHOWN = 40  # characters of a rejected time echoed back
+_FOLLOW_READ = 1 << 20  # follow reads what was appended a MiB at a time
 
 
 def parse_line(raw: bytes) -> Any:
@@ -383,7 +384,7 @@ def follow_records(
     buf = b""
     dropping = False  # inside a line already reported as too long: skip to its newline
 
-    def emit(lines: list[bytes | None]) -> Iterator[dict[str, Any]]:
+    def emit(lines: Iterable[bytes | None]) -> Iterator[dict[str, Any]]:
         for line in lines:
             if line is None and on_bad_line is not None:
                 on_bad_line(path, 0, _TOO_LONG)
@@ -399,7 +400,7 @@ def follow_records(
         except FileNotFoundError:
             f = None
         while True:
-            chunk = f.read() if f is not None else b""
+            chunk = f.read(_FOLLOW_READ) if f is not None else b""
             switch = False
             if not chunk:  # nothing new: was the file rotated away (or created)?
                 try:
@@ -409,23 +410,24 @@ def follow_records(
                 if inode is not None and (f is None or inode != os.fstat(f.fileno()).st_ino):
                     switch = True
                     if f is not None:
-                        chunk = f.read()  # lines written just before the rotation
+                        chunk = f.read(_FOLLOW_READ)  # lines written just before the rotation
+                        switch = not chunk  # drain the old file first, then switch
             if chunk:
                 buf += chunk
                 *lines, buf = buf.split(b"\n")
                 if dropping and lines:
                     lines[0], dropping = b"", False  # the end of the over-long line
+                yield from emit(lines)
                 if dropping:
                     buf = b""
                 elif len(buf) > MAX_LINE_BYTES:
                     if on_bad_line is not None:
                         on_bad_line(path, 0, _TOO_LONG)
                     buf, dropping = b"", True
-                yield from emit(lines)
             if switch:
                 if f is not None:
                     # several rotations between two polls: read the backups newer than our file
-                    yield from emit(list(_rotated_after(path, os.fstat(f.fileno()).st_ino)))
+                    yield from emit(_rotated_after(path, os.fstat(f.fileno()).st_ino))
                     f.close()
                     f = None
                 buf, dropping = b"", False

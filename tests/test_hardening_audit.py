@@ -99,6 +99,37 @@ def test_a_deep_line_at_the_end_does_not_stop_the_writer(log_path, capsys):
     assert [r["purpose"] for r in iter_records(log_path)][-1] == "after"
 
 
+def test_follow_skips_hostile_lines_as_they_arrive(log_path):
+    from audit.reader import follow_records
+
+    _, cursor = tail_records(log_path, 1)
+    with open(log_path, "ab") as f:
+        f.write(DEEP_LINES["objects"])
+        f.write(inject_duplicate(rows(log_path)[0]))
+        f.write(b'{"pad":"' + b"x" * (MAX_LINE_BYTES + 10))  # growing past the limit, no newline yet
+    seen = []
+    follower = follow_records(cursor, poll_interval=0.01, max_wait=0.2, on_bad_line=lambda p, n, why: seen.append(why))
+    assert list(follower) == []
+    with open(log_path, "ab") as f:
+        f.write(b'"}\n')
+    AuditLog(log_path).write({"plugin_id": "real", "purpose": "after", "status": "ok"})
+    follower = follow_records(cursor, poll_interval=0.01, max_wait=0.2)
+    assert [r.get("purpose") for r in follower][-1] == "after"
+    assert seen == ["nesting deeper than 64", 'duplicate key "plugin_id"', "longer than 16 MiB"]
+
+
+@pytest.mark.parametrize("digits", [30, 5000])
+def test_a_huge_seq_hashed_as_written_is_a_verdict_not_a_crash(log_path, digits):
+    lines = rows(log_path)
+    body = lines[-1][: -len(b',"hash":"' + b"0" * 64 + b'"}\n')].replace(b'"seq":6', b'"seq":7' + b"0" * digits)
+    lines.append(body + b',"hash":"' + hashlib.sha256(body + b"}").hexdigest().encode() + b'"}\n')
+    save(log_path, lines)
+    for strict in (False, True):
+        problem = verify(log_path, strict=strict).first_error
+        assert (problem.line, problem.kind) == (N + 1, "not_a_record" if digits < 4300 else "bad_json")
+        assert len(str(problem)) < 400
+
+
 def test_nesting_up_to_the_limit_still_parses(log_path):
     nested: object = "leaf"
     for _ in range(MAX_DEPTH - 1):  # the record itself is one level
