@@ -25,7 +25,6 @@ import os
 import sqlite3
 import threading
 import time
-import uuid
 import weakref
 from pathlib import Path
 
@@ -39,6 +38,7 @@ from plugin_llm.limits.store import (
     Reservation,
     StoreError,
     buckets_at,
+    new_reservation_id,
     deny,
 )
 
@@ -236,7 +236,7 @@ class LocalStore(LimitStore):
     def admit(self, plugin_id: str, reservation: Reservation, limits: PluginLimits, now: float, *,
               timeout: float) -> Admission | Denial:
         b = buckets_at(now)
-        rid = uuid.uuid4().hex
+        rid = new_reservation_id()
         expires = now + max(0.0, reservation.ttl)
         row = (plugin_id, rid, expires, int(reservation.cost_nano), int(reservation.tokens), b.minute, b.day, b.month, now,
                limits.max_concurrent, limits.requests_per_minute, limits.tokens_per_minute,

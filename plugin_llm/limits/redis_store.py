@@ -28,7 +28,7 @@ import hashlib
 import os
 import re
 import threading
-import uuid
+import weakref
 from typing import Any
 
 from plugin_llm.limits.settings import PluginLimits, redact_url
@@ -40,6 +40,7 @@ from plugin_llm.limits.store import (
     Reservation,
     StoreError,
     buckets_at,
+    new_reservation_id,
     deny,
 )
 
@@ -183,7 +184,7 @@ class RedisStore(LimitStore):
             from redis.backoff import NoBackoff
             from redis.retry import Retry
         except ImportError:  # pragma: no cover - redis is a dependency
-            raise StoreError("limits.store is redis but the redis package is not installed: pip install 'redis>=5.3'") from None
+            raise StoreError("limits.store is redis but the redis package is not installed: pip install 'redis>=5'") from None
         self._redis = redis
         self._display = redact_url(url)
         try:
@@ -199,6 +200,7 @@ class RedisStore(LimitStore):
         self.prefix = prefix
         self._sha: dict[str, str] = {}
         self._local = threading.local()
+        self._all = weakref.WeakSet()  # every thread's connection, for close()
 
     def __repr__(self) -> str:
         return f"RedisStore({self._display!r})"
@@ -211,6 +213,7 @@ class RedisStore(LimitStore):
         if conn is None or local.pid != os.getpid():
             conn = local.conn = self._pool.connection_class(**self._pool.connection_kwargs)
             local.pid = os.getpid()
+            self._all.add(conn)
         return conn
 
     def _script(self, source: str, keys: list[str], args: list[Any], timeout: float):
@@ -253,7 +256,7 @@ class RedisStore(LimitStore):
     def admit(self, plugin_id: str, reservation: Reservation, limits: PluginLimits, now: float, *,
               timeout: float) -> Admission | Denial:
         b = buckets_at(now)
-        rid = uuid.uuid4().hex
+        rid = new_reservation_id()
         expires = now + max(0.0, reservation.ttl)
         caps = (limits.max_concurrent, limits.requests_per_minute, limits.tokens_per_minute,
                 limits.budget_day_nano, limits.budget_month_nano)
@@ -288,7 +291,8 @@ class RedisStore(LimitStore):
         self._script("redis.call('DEL', KEYS[1], KEYS[2], KEYS[3]) return 1", keys, [], timeout)
 
     def close(self) -> None:
-        conn = getattr(self._local, "conn", None)
-        if conn is not None:
-            conn.disconnect()
-            self._local.conn = None
+        for conn in list(self._all):
+            try:
+                conn.disconnect()
+            except Exception:  # closing is best effort
+                pass

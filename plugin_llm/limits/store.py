@@ -18,6 +18,8 @@ a window boundary never overwrites spend, and the month keeps every day's.
 from __future__ import annotations
 
 import calendar
+import itertools
+import os
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -44,6 +46,7 @@ __all__ = [
     "deny",
     "windows",
     "iso_utc",
+    "new_reservation_id",
 ]
 
 #: limits in the order a store checks them; the first one exceeded decides
@@ -102,6 +105,25 @@ def buckets_at(now: float) -> Buckets:
     )
     _bucket_cache = (minute, value)
     return value
+
+
+class _Ids:
+    """Reservation ids: a random per-process prefix plus a counter (no system call per id, unlike
+    uuid4); a forked child draws a new prefix."""
+
+    def __init__(self) -> None:
+        self._renew()
+        os.register_at_fork(after_in_child=self._renew)
+
+    def _renew(self) -> None:
+        self._prefix = os.urandom(8).hex()
+        self._counter = itertools.count()
+
+    def __call__(self) -> str:
+        return f"{self._prefix}{next(self._counter):x}"
+
+
+new_reservation_id = _Ids()
 
 
 def iso_utc(ts: float | None) -> str | None:
