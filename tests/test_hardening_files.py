@@ -431,3 +431,32 @@ def test_json_depth_scan_skips_strings_and_allows_the_limit():
     with pytest.raises(JsonTooDeepError) as exc:
         loads_bounded("\n" + "[" * 65 + "]" * 65)
     assert (exc.value.lineno, exc.value.colno, exc.value.doc) == (2, 65, "")
+
+
+def test_a_skill_file_that_is_or_becomes_a_fifo_is_refused_unread(hermes_home):
+    from plugin_llm.plugins.manager import PluginManager
+    from tests.plugin_fixtures import configure
+
+    plugins = hermes_home / "plugins"
+    code = "def register(ctx):\n    ctx.register_skill('guide', 'SKILL.md', description='how to')\n"
+    write_plugin(plugins, "skilled", code, files={"SKILL.md": "# Guide\n"})
+    write_plugin(plugins, "piped", code)
+    make_special(plugins / "piped" / "SKILL.md", "fifo")
+    configure(hermes_home, enabled=["skilled", "piped"])
+    manager = PluginManager(hermes_home)
+    listed = {p["key"]: p for p in no_block(manager.list_plugins, plugins / "piped" / "SKILL.md")}
+    assert listed["piped"]["status"] == "failed" and "FIFO" in listed["piped"]["error"]
+    skill = manager.find_skill("skilled:guide")
+    make_special(plugins / "skilled" / "SKILL.md", "fifo")  # swapped after registration
+    with pytest.raises(Exception, match="FIFO"):
+        no_block(skill.read, plugins / "skilled" / "SKILL.md")
+
+
+def test_install_refuses_a_plugin_source_holding_a_fifo(hermes_home, tmp_path):
+    from plugin_llm.plugins.install import InstallError, install_plugin
+
+    src = write_plugin(tmp_path / "src", "piper")
+    make_special(src / "data.bin", "fifo")
+    with pytest.raises(InstallError, match=r"data\.bin .* is a FIFO"):
+        no_block(lambda: install_plugin(hermes_home, str(src)), src / "data.bin")
+    assert not (hermes_home / "plugins" / "piper").exists()

@@ -21,11 +21,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from plugin_llm.safe_files import read_home_text
+
 from .engines import ContextEngine, MemoryProvider
 from .isolation import UnusableValue, plain
 from .manifest import PluginManifest
 from .registry import (
     BUILTIN_COMMANDS,
+    MAX_SKILL_BYTES,
     CliCommandEntry,
     CommandEntry,
     PlatformEntry,
@@ -47,7 +50,6 @@ _TOOL_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _CLI_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _TOOL_PARAMS = ("toolset", "schema", "handler", "check_fn", "requires_env", "is_async", "description", "emoji")
-_MAX_SKILL_BYTES = 1 << 20
 
 
 class PluginContext:
@@ -362,11 +364,9 @@ class PluginContext:
             skill_path = self._plugin_dir / skill_path
         if skill_path.is_dir():
             skill_path = skill_path / "SKILL.md"
-        if not skill_path.is_file():
+        text = read_home_text(skill_path, max_bytes=MAX_SKILL_BYTES)  # bounded; a FIFO is refused, never opened
+        if text is None:
             raise FileNotFoundError(f"{who}: skill file not found: {skill_path}")
-        if skill_path.stat().st_size > _MAX_SKILL_BYTES:
-            raise ValueError(f"{who}: {skill_path} is larger than {_MAX_SKILL_BYTES} bytes")
-        text = skill_path.read_text(encoding="utf-8")
         findings = scan_for_injection(text)
         if not self._live("register_skill"):
             return None

@@ -48,7 +48,7 @@ from plugin_llm.atomic_write import write_atomic
 from plugin_llm.errors import PluginLlmConfigError
 from plugin_llm.terminal_text import escape_unsafe, unsafe_characters
 from plugin_llm.home_env import ENV_FILENAME, read_env_file, read_env_text
-from plugin_llm.safe_files import MIB, read_home_text
+from plugin_llm.safe_files import MIB, describe_file_type, read_home_text
 from plugin_llm.safe_json import loads_bounded
 
 from .manifest import MANIFEST_ALIAS_BUDGET, MANIFEST_MAX_BYTES, ManifestError, PluginManifest, find_manifest, load_manifest
@@ -414,6 +414,24 @@ def _now() -> str:
 # --------------------------------------------------------------------------- validation
 
 
+def _check_special_files(root: Path) -> None:
+    """Reject FIFOs, sockets and devices anywhere in a plugin tree: copying or hashing
+    one would block or read forever. A plugin is regular files, directories and symlinks."""
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        for entry in dirnames + filenames:
+            path = os.path.join(dirpath, entry)
+            try:
+                mode = os.lstat(path).st_mode
+            except OSError:
+                continue
+            if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode) or stat.S_ISLNK(mode)):
+                rel = os.path.relpath(path, root)
+                raise InstallError(
+                    f"{rel} in {root} is {describe_file_type(mode)}: a plugin may contain only regular files, "
+                    "directories and symlinks; remove it"
+                )
+
+
 def _check_symlinks(root: Path) -> None:
     """Reject absolute symlinks and symlinks that resolve outside ``root``."""
     real_root = os.path.realpath(root)
@@ -450,6 +468,7 @@ def _validate_tree(root: Path, where: str) -> PluginManifest:
     if not (root / "__init__.py").is_file():
         raise InstallError(f"{where}: no __init__.py (a plugin needs one defining register(ctx))")
     _check_symlinks(root)
+    _check_special_files(root)
     return manifest
 
 
@@ -484,8 +503,10 @@ def _tree_hash(root: Path, skip: tuple[str, ...] = ()) -> str:
             digest.update(rel.encode() + b"\0")
             if path.is_symlink():
                 digest.update(b"L" + os.readlink(path).encode())
-            else:
+            elif path.is_file():  # never open a FIFO or a device (it would block or never end)
                 digest.update(hashlib.sha256(path.read_bytes()).digest())
+            else:
+                digest.update(b"S")
     return digest.hexdigest()
 
 
@@ -521,6 +542,7 @@ class StagedPlugin:
 
 
 def _copy_dir(src: Path, dst: Path) -> None:
+    _check_special_files(src)
     shutil.copytree(src, dst, symlinks=True, ignore=shutil.ignore_patterns(*_COPY_IGNORE, "*.pyc"))
 
 

@@ -12,6 +12,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from plugin_llm.safe_files import MIB, read_home_text
+
+#: a skill file larger than this is refused (skills are prompts, not data sets)
+MAX_SKILL_BYTES = MIB
+
 __all__ = [
     "BUILTIN_COMMANDS",
     "ToolEntry",
@@ -111,7 +116,9 @@ class SkillEntry:
 
     def read(self) -> str:
         """The skill text, followed by the other skills the same plugin registered."""
-        text = self.path.read_text(encoding="utf-8")
+        text = read_home_text(self.path, max_bytes=MAX_SKILL_BYTES)  # bounded; a FIFO is refused, never opened
+        if text is None:
+            raise FileNotFoundError(f"skill {self.qualified_name}: {self.path} no longer exists")
         siblings = [s for s in (self._siblings() if self._siblings else ()) if s != self.qualified_name]
         if siblings:
             text = (
