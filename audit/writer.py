@@ -56,7 +56,7 @@ from audit.records import (
 )
 from audit.settings import AuditSettings
 
-__all__ = ["AuditLog", "AuditWriteError", "get_audit_log"]
+__all__ = ["AuditLog", "AuditWriteError", "get_audit_log", "close_all"]
 
 _FILE_MODE = 0o640
 _MIN_FREE_BYTES = 64 * 1024
@@ -483,6 +483,16 @@ def _reinit_after_fork() -> None:
 
 
 os.register_at_fork(after_in_child=_reinit_after_fork)
+
+
+def close_all() -> None:
+    """Close every audit log this process opened (each waits for a write in progress);
+    for a process that is about to end without running ``atexit`` handlers."""
+    for log in list(_INSTANCES):
+        try:
+            log.close()
+        except Exception:  # pragma: no cover - closing is best effort
+            pass
 
 
 def get_audit_log(

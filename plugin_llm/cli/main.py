@@ -150,13 +150,8 @@ def _flush_streams() -> None:
 def _close_audit_logs() -> None:
     """Close every audit log this process opened (each waits for a write in progress)."""
     writer = sys.modules.get("audit.writer")  # not imported: nothing was written
-    if writer is None:
-        return
-    for log in list(getattr(writer, "_INSTANCES", ())):
-        try:
-            log.close()
-        except Exception:  # pragma: no cover - closing is best effort
-            pass
+    if writer is not None:
+        writer.close_all()
 
 
 def _safe(exc: BaseException) -> str:
