@@ -43,9 +43,10 @@ over its bytes (:func:`audit.chain.fast_fields`): its hash covers exactly the
 bytes on disk, so nothing can be injected into it without recomputing that
 hash -- which breaks the next line's link (or, for the last line, the
 ``--anchor``). Any other line is parsed (bounded, duplicate keys refused) and
-must re-render to the same bytes. ``strict`` parses *every* line that way,
-which also catches a forger who recomputed the chain but did not render like
-the writer (re-encoded bytes, duplicate keys).
+must re-render to the same bytes, and so must the last record (the one line
+whose hash no other line repeats). ``strict`` parses *every* line that way,
+which also catches a forger who recomputed the chain from an earlier line on
+but did not render like the writer (re-encoded bytes, duplicate keys).
 
 Without an external anchor, removing records from the *end* of the newest
 file cannot be told from a log that simply ends there: keep the ``head`` that
@@ -170,6 +171,26 @@ def _covers(event: dict[str, Any], pending: list[_Bad], event_offset: int) -> bo
     return hashlib.sha256(region[:torn_bytes]).hexdigest() == torn_sha
 
 
+def _check_head(name: str, number: int, body: bytes) -> None:
+    """The last record in full, as ``strict`` checks every line.
+
+    Its hash is no other line's ``prev_hash``, so it is the one line a forger can
+    rewrite and re-hash without touching the rest of the chain.
+    """
+    try:
+        record = loads_line(body)
+    except ValueError as exc:
+        kind, detail = _bad_kind(body, True, exc)
+        raise _Stop(VerifyProblem(name, number, kind, detail)) from None
+    fields = parse_fields(record)
+    if fields is None:
+        raise _Stop(VerifyProblem(name, number, "not_a_record", "JSON line without valid seq, prev_hash and hash"))
+    if line_verdict(body, record, fields.hash) != "ok":
+        raise _Stop(VerifyProblem(name, number, "not_canonical", (
+            f"seq {fields.seq}: its hash covers these bytes, but they are not the writer's rendering of "
+            f"their content (the last record rewritten by another tool, with a recomputed hash?)")))
+
+
 def verify(
     path_or_home: str | os.PathLike[str],
     *,
@@ -196,6 +217,7 @@ def verify(
     pending_bytes = 0
     gap: VerifyProblem | None = None  # seq jumped: the next record tells a gap from a swap
     anchor_seen = False
+    head: tuple[str, int, bytes] | None = None  # the last record, if only its hash was checked
     limit = MAX_LINE_BYTES + 1  # the line and its newline
     try:
         with snapshot(log_path) as snaps:
@@ -226,6 +248,7 @@ def verify(
                     has_newline = raw.endswith(b"\n")
                     body = raw[:-1] if has_newline else raw
                     record: Any = None
+                    checked = False
                     fields = None if strict else fast_fields(body)
                     if fields is None or _RESUMED_NEEDLE in body:
                         try:
@@ -236,6 +259,7 @@ def verify(
                             pending.append(_Bad(number, line_offset, raw if pending_bytes <= _MAX_PENDING_BYTES else b"", kind, detail))
                             continue
                     if fields is None:
+                        checked = True
                         fields = parse_fields(record)
                         if fields is None:
                             raise _Stop(VerifyProblem(name, number, "not_a_record", "JSON line without valid seq, prev_hash and hash"))
@@ -296,12 +320,15 @@ def verify(
                         if fields.hash != anchor[1]:
                             raise _Stop(VerifyProblem(name, number, "anchor", f"seq {fields.seq} has hash {fields.hash}, the anchor says {anchor[1]}"))
                     prev = fields
+                    head = None if checked else (name, number, body)
                     result.records += 1
                 if pending:
                     bad = pending[0]
                     raise _Stop(VerifyProblem(name, bad.line, bad.kind, bad.detail))
             if gap is not None:
                 raise _Stop(gap)
+            if head is not None:
+                _check_head(*head)
             if anchor is not None and not anchor_seen:
                 if prev is None or prev.seq < anchor[0]:
                     last = result.files[-1]

@@ -315,14 +315,46 @@ def test_a_duplicate_key_injected_into_a_line_fails_verify(log_path, capsys, str
     assert code == 1 and f"{log_path}:3: duplicate_key" in out
 
 
-def test_strict_verify_catches_a_duplicate_key_even_with_a_recomputed_hash(log_path):
+def rehash(body: bytes) -> bytes:
+    """A line in the writer's layout whose hash covers exactly ``body`` (a forger's work)."""
+    return body + b',"hash":"' + hashlib.sha256(body + b"}").hexdigest().encode() + b'"}\n'
+
+
+def without_hash(line: bytes) -> bytes:
+    return line[: -len(b',"hash":"' + b"0" * 64 + b'"}\n')]
+
+
+@pytest.mark.parametrize("strict", [False, True], ids=["fast", "strict"])
+def test_the_last_line_rewritten_with_a_duplicate_key_and_a_recomputed_hash_fails(log_path, strict):
+    # the last record's hash is no other line's prev_hash: it is checked in full even by the fast path
     lines = rows(log_path)
-    body = inject_duplicate(lines[-1])[: -len(b',"hash":"' + b"0" * 64 + b'"}\n')]
-    digest = hashlib.sha256(body + b"}").hexdigest()
-    lines[-1] = body + b',"hash":"' + digest.encode() + b'"}\n'  # hashed as it is: the bytes are covered
+    original = lines[-1]
+    lines[-1] = rehash(inject_duplicate(without_hash(original)))
     save(log_path, lines)
-    problem = verify(log_path, strict=True).first_error
+    problem = verify(log_path, strict=strict).first_error
     assert (problem.line, problem.kind) == (N, "duplicate_key")
+    lines[-1] = rehash(without_hash(original).replace(b'"job 5"', b'"job \\u0035"'))  # same content
+    save(log_path, lines)
+    problem = verify(log_path, strict=strict).first_error
+    assert (problem.line, problem.kind) == (N, "not_canonical")
+
+
+def test_strict_verify_catches_a_rewritten_chain_with_a_duplicate_key(log_path):
+    lines = rows(log_path)
+    prev = json.loads(lines[2])["hash"]
+    for i in range(3, N):  # rewrite from line 4 on, re-hashing every later line as the writer would
+        record = json.loads(lines[i])
+        record.pop("hash")
+        record["prev_hash"] = prev
+        line, prev = render_line(record)
+        if i == 3:
+            line = rehash(inject_duplicate(without_hash(line)))
+            prev = line[-67:-3].decode()
+        lines[i] = line
+    save(log_path, lines)
+    assert verify(log_path).ok  # only the bytes each hash covers are checked, and they chain
+    problem = verify(log_path, strict=True).first_error
+    assert (problem.line, problem.kind) == (4, "duplicate_key")
 
 
 def test_readers_refuse_a_line_with_a_duplicate_key(log_path, capsys):
