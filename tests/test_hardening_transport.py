@@ -424,9 +424,9 @@ class TrickleServer:
 @pytest.fixture
 def on_worker_thread(monkeypatch):
     """Run sync attempts to every network provider on a worker thread (as for providers not known to use only httpx)."""
-    import plugin_llm.transport as transport
+    from plugin_llm.transport import _deadline
 
-    monkeypatch.setattr(transport, "INLINE_PROVIDERS", frozenset({"local"}))
+    monkeypatch.setattr(_deadline, "INLINE_PROVIDERS", frozenset({"local"}))
 
 
 @pytest.mark.parametrize("mode", ["sync", "sync-worker", "async"])
@@ -472,18 +472,18 @@ def test_worker_thread_errors_carry_no_key_either(hermes_home, on_worker_thread,
 
 
 def test_local_provider_answers_inline_without_a_thread_hop(hermes_home, monkeypatch):
-    import plugin_llm.transport as transport
+    from plugin_llm.transport import _deadline
 
     def no_hop(job):
         raise AssertionError("the in-process local model was handed to a worker thread")
 
-    monkeypatch.setattr(transport._WORKERS, "run", no_hop)
+    monkeypatch.setattr(_deadline.WORKERS, "run", no_hop)
     result = PluginLlm("p").complete([{"role": "user", "content": "Summarise: the cat sat."}])
     assert "the cat sat." in result.text and result.provider == "local"
 
 
 def test_an_attempt_that_waited_past_its_deadline_is_not_started():
-    import plugin_llm.transport as transport
+    from plugin_llm.transport import _deadline, _keys
 
     class NoKey:
         source = "none"
@@ -492,6 +492,6 @@ def test_an_attempt_that_waited_past_its_deadline_is_not_started():
             return None
 
     started: list = []
-    job = transport._Job(lambda **kw: started.append(kw), {}, transport._Key(NoKey(), None), time.monotonic() - 1)
+    job = _deadline.Job(lambda **kw: started.append(kw), {}, _keys.Key(NoKey(), None), time.monotonic() - 1)
     job.run()
     assert started == [] and isinstance(job.failure, TimeoutError) and job.response is None

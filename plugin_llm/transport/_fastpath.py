@@ -1,0 +1,401 @@
+"""The fast path: litellm's provider layer, the request sent on a pooled client the gateway owns.
+
+``litellm.completion`` spends about 2.5 ms of CPU per call around the
+provider's own work (parameter mapping through generic helpers, the openai
+SDK, a logging object, success callbacks on a thread, the cost calculator).
+The fast path keeps litellm for everything provider-specific, through the
+provider config class litellm itself uses (``ProviderConfigManager``):
+``map_openai_params``, ``validate_environment`` (headers), ``get_complete_url``,
+``transform_request``, ``transform_response``, ``get_error_class`` and
+litellm's exception mapping, its price map and its error types. It sends the
+request itself: sync on one pooled ``httpx.Client`` (every socket operation
+bounded by the call's deadline, like the fallback's inline attempts), async on
+one pooled ``aiohttp.ClientSession`` per event loop under ``asyncio.timeout``
+(aiohttp's pool costs a fraction of httpx's under high concurrency; see
+``benchmarks/bench_gateway.py``).
+
+Per route, once: the provider config, the endpoint, the supported parameters,
+the prices (:class:`FastRoute`). Per attempt: map the parameters, transform,
+POST, transform the reply. Deadline, retries, ``Retry-After``, key pools and
+redaction are the transport's, shared with the fallback.
+
+Which routes: :data:`FAST_PROVIDERS` (OpenAI and OpenAI-compatible providers,
+``custom`` included, each checked by tests/test_transport_parity.py against the
+fallback), with litellm in :data:`TESTED_LITELLM`, unless
+``PLUGIN_LLM_FAST_PATH=0``. Everything else (SDK-auth providers such as
+Bedrock or Vertex, the in-process ``local`` model, a litellm outside the tested
+range) goes through ``litellm.completion``. :func:`decide` says which and why
+without importing litellm (``doctor`` prints it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import threading
+import time
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+from plugin_llm.routing import Route
+from plugin_llm.transport._deadline import IO
+from plugin_llm.transport._keys import Key
+from plugin_llm.transport._reply import as_cost
+
+__all__ = ["FAST_PROVIDERS", "TESTED_LITELLM", "FAST_PATH_ENV", "decide", "FastRoute", "fast_route", "reset_clients"]
+
+#: litellm providers served by the fast path: their config class implements the
+#: transform interface, they authenticate with a key in a header, and
+#: tests/test_transport_parity.py finds the same request body, text, model, usage
+#: and cost as through ``litellm.completion``. (``custom`` routes are ``openai``.)
+FAST_PROVIDERS = frozenset({
+    "openai", "openrouter", "groq", "deepseek", "mistral", "together_ai", "fireworks_ai", "deepinfra",
+    "perplexity", "cerebras", "xai", "nvidia_nim", "hosted_vllm", "lm_studio", "sambanova", "nebius",
+    "hyperbolic", "moonshot", "dashscope", "llamafile", "litellm_proxy",
+})
+#: the litellm releases the fast path was tested with: [low, high) by (major, minor)
+TESTED_LITELLM = ((1, 110), (1, 111))
+#: ``PLUGIN_LLM_FAST_PATH=0`` sends every call through ``litellm.completion``
+FAST_PATH_ENV = "PLUGIN_LLM_FAST_PATH"
+
+#: the litellm parameters a request may carry (the gateway sends no others)
+_PARAMS = ("temperature", "max_tokens", "response_format", "tools", "tool_choice")
+#: price-map entries that do not apply to a plain chat call (service tiers, batches, web search)
+_INAPPLICABLE_PRICE_SUFFIXES = ("_priority", "_flex", "_batches")
+_SIMPLE_PRICES = frozenset({"input_cost_per_token", "output_cost_per_token", "cache_read_input_token_cost",
+                            "cache_creation_input_token_cost"})
+
+
+# ------------------------------------------------------------ which routes
+def switched_off() -> bool:
+    return os.environ.get(FAST_PATH_ENV, "").strip().lower() in ("0", "off", "false", "no")
+
+
+def _version_tuple(text: str) -> tuple[int, ...]:
+    parts = []
+    for piece in text.split(".")[:3]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts)
+
+
+def _installed_litellm() -> str | None:
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("litellm")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+_VERSION: list[str | None] = []
+
+
+def litellm_version() -> str | None:
+    """The installed litellm's version, from package metadata (never imports it)."""
+    if not _VERSION:
+        _VERSION.append(_installed_litellm())
+    return _VERSION[0]
+
+
+def decide(route: Route) -> tuple[bool, str]:
+    """Whether ``route`` takes the fast path, and why (no litellm import)."""
+    provider = route.litellm_model.split("/", 1)[0]
+    if switched_off():
+        return False, f"{FAST_PATH_ENV}=0 sends every call through litellm.completion"
+    if provider == "local":
+        return False, "the embedded local model runs in process through litellm's custom-provider hook"
+    if provider not in FAST_PROVIDERS:
+        return False, (f"provider {provider} is not on the fast path (it is not OpenAI-compatible, or signs "
+                       "requests through its SDK): calls go through litellm.completion")
+    version = litellm_version()
+    low, high = TESTED_LITELLM
+    if version is None or not (low <= _version_tuple(version)[:2] < high):
+        return False, (f"litellm {version or '(not installed)'} is outside the range the fast path was tested "
+                       f"with ({'.'.join(map(str, low))} to before {'.'.join(map(str, high))}): calls go through "
+                       "litellm.completion")
+    what = "OpenAI-compatible endpoint" if route.provider == "custom" else f"provider {provider}"
+    return True, f"{what} through litellm's {provider} provider config on the gateway's pooled HTTP clients"
+
+
+# ------------------------------------------------------------ the route, resolved once
+class _NullLogging:
+    """Stands in for litellm's per-call Logging object: the gateway audits the call itself."""
+
+    def __init__(self) -> None:
+        self.model_call_details: dict[str, Any] = {}
+        self.optional_params: dict[str, Any] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        return _noop
+
+
+def _noop(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
+_NULL_LOGGING = _NullLogging()
+
+
+@dataclass(frozen=True, eq=False)
+class FastRoute:
+    """What the fast path needs of one route, resolved once."""
+
+    provider: str  # litellm's provider name
+    model: str  # the model name the provider sees
+    api_base: str | None
+    config: Any  # litellm's provider config (a BaseConfig)
+    supported: frozenset[str]
+    litellm_params: dict[str, Any]
+    prices: tuple[float, float, float | None, float | None] | None  # simple prices, or None
+    priced: bool  # in the price map at all (False: cost is unknown)
+    litellm: Any
+
+    # -- per attempt: request
+    def optional_params(self, params: dict[str, Any]) -> dict[str, Any]:
+        """The provider's optional parameters for ``params`` (unsupported ones dropped, as drop_params does)."""
+        given = {k: v for k, v in params.items() if v is not None and k in self.supported}
+        if "response_format" in given:
+            given["response_format"] = self.config.get_json_schema_from_pydantic_object(given["response_format"])
+        return self.config.map_openai_params(given, {}, self.model, True)
+
+    def model_response(self) -> Any:
+        response = self.litellm.ModelResponse()
+        if self.provider != "openai":  # as litellm.completion names the model of an OpenAI-compatible provider
+            response.model = f"{self.provider}/{self.model}"
+        return response
+
+    # -- per attempt: reply
+    def reply(self, status: int, headers: Any, content: bytes, body: dict, messages: list, optional: dict) -> Any:
+        """The provider's reply as litellm's ``ModelResponse`` (``transform_response``)."""
+        import httpx
+
+        raw = httpx.Response(status, headers=headers, content=content)
+        return self.config.transform_response(
+            model=self.model, raw_response=raw, model_response=self.model_response(), logging_obj=_NULL_LOGGING,
+            request_data=body, messages=messages, optional_params=optional, litellm_params=self.litellm_params,
+            encoding=None, api_key=None, json_mode=optional.get("json_mode"),
+        )
+
+    def http_error(self, status: int, headers: Any, content: bytes) -> BaseException:
+        """An error status as litellm's exception (``get_error_class``, then litellm's exception mapping)."""
+        from litellm.litellm_core_utils.exception_mapping_utils import exception_type
+
+        text = _error_text(content)
+        provider_error = self.config.get_error_class(error_message=text, status_code=status, headers=dict(headers))
+        try:
+            exception_type(model=self.model, original_exception=provider_error, custom_llm_provider=self.provider)
+        except Exception as mapped:  # exception_type raises the mapped error
+            mapped.__context__ = mapped.__cause__ = None
+            return mapped
+        return provider_error  # pragma: no cover - exception_type always raises
+
+    def cost(self, route: Route, response: Any, prompt: int, completion: int, cache_read: int,
+             cache_write: int) -> float | None:
+        """The call's cost from litellm's price map, as litellm's cost calculator computes it."""
+        if not self.priced:
+            return None
+        if self.prices is not None and not cache_write:
+            inp, out, read, _ = self.prices
+            read = inp if read is None else read
+            return (prompt - cache_read) * inp + cache_read * read + completion * out
+        from litellm.cost_calculator import generic_cost_per_token
+
+        usage = getattr(response, "usage", None)
+        if usage is None:
+            return None
+        try:
+            inp_cost, out_cost = generic_cost_per_token(model=self.model, usage=usage,
+                                                        custom_llm_provider=self.provider)
+        except Exception:
+            return None
+        return as_cost(inp_cost + out_cost)
+
+
+def _error_text(content: bytes) -> str:
+    """The message of an error body (``{"error": {"message": ...}}`` and kin), else the body's text."""
+    text = content.decode("utf-8", "replace")
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return text
+    if isinstance(doc, dict):
+        error = doc.get("error", doc)
+        if isinstance(error, dict):
+            message = error.get("message")
+            if isinstance(message, str):
+                return message
+        elif isinstance(error, str):
+            return error
+        message = doc.get("message")
+        if isinstance(message, str):
+            return message
+    return text
+
+
+def _prices(litellm: Any, model: str, provider: str) -> tuple[bool, tuple | None]:
+    """(in the price map, simple per-token prices or None when litellm's calculator is needed)."""
+    try:
+        info = litellm.get_model_info(model=model, custom_llm_provider=provider)
+    except Exception:
+        return False, None
+    costs = {k for k, v in info.items() if "cost" in k and v is not None
+             and not k.endswith(_INAPPLICABLE_PRICE_SUFFIXES) and k != "search_context_cost_per_query"}
+    if not costs <= _SIMPLE_PRICES or info.get("input_cost_per_token") is None \
+            or info.get("output_cost_per_token") is None:
+        return True, None
+    return True, (float(info["input_cost_per_token"]), float(info["output_cost_per_token"]),
+                  None if info.get("cache_read_input_token_cost") is None else float(info["cache_read_input_token_cost"]),
+                  None if info.get("cache_creation_input_token_cost") is None
+                  else float(info["cache_creation_input_token_cost"]))
+
+
+_ROUTES: dict[tuple, "FastRoute | str"] = {}
+_ROUTES_LOCK = threading.Lock()
+
+
+def fast_route(litellm: Any, route: Route) -> "FastRoute | str":
+    """The route's :class:`FastRoute`, or why it takes the fallback (decided once per route)."""
+    key = (route.provider, route.litellm_model, route.base_url)
+    found = _ROUTES.get(key)
+    if found is None:
+        with _ROUTES_LOCK:
+            found = _ROUTES.get(key)
+            if found is None:
+                found = _ROUTES[key] = _build(litellm, route)
+    return found
+
+
+def _build(litellm: Any, route: Route) -> "FastRoute | str":
+    fast, why = decide(route)
+    if not fast:
+        return why
+    try:
+        from litellm.types.utils import LlmProviders
+        from litellm.utils import ProviderConfigManager
+
+        model, provider, _, dynamic_base = litellm.get_llm_provider(model=route.litellm_model, api_base=route.base_url)
+        config = ProviderConfigManager.get_provider_chat_config(model=model, provider=LlmProviders(provider))
+    except Exception as exc:  # an unknown provider name, a litellm without the interface
+        return f"litellm has no provider config for {route.litellm_model} ({type(exc).__name__})"
+    missing = [name for name in ("map_openai_params", "validate_environment", "get_complete_url", "transform_request",
+                                 "transform_response", "get_error_class", "get_supported_openai_params")
+               if not callable(getattr(config, name, None))]
+    if config is None or missing:
+        return f"litellm's config for {provider} lacks {', '.join(missing) or 'a chat config'}"
+    api_base = route.base_url or dynamic_base
+    if api_base is None and provider == "openai":
+        api_base = config.get_api_base(None)
+    priced, prices = _prices(litellm, model, provider)
+    return FastRoute(
+        provider=provider, model=model, api_base=api_base, config=config,
+        supported=frozenset(config.get_supported_openai_params(model) or ()) & frozenset(_PARAMS),
+        litellm_params={"custom_llm_provider": provider, "api_base": api_base},
+        prices=prices, priced=priced, litellm=litellm,
+    )
+
+
+# ------------------------------------------------------------ sending
+def send(fast: FastRoute, request: Any, key: Key) -> Any:
+    """One sync attempt: the provider's ``ModelResponse``, or litellm's exception for an error status."""
+    optional = fast.optional_params(request.params)
+    outer, IO.deadline = getattr(IO, "deadline", None), request.deadline  # every socket operation bounded
+    try:
+        status, headers, content, body = _post(fast, request.messages, optional, key, request.deadline)
+    finally:
+        IO.deadline = outer
+    if status >= 400:
+        raise fast.http_error(status, headers, content)
+    return fast.reply(status, headers, content, body, request.messages, optional)
+
+
+async def asend(fast: FastRoute, request: Any, key: Key) -> Any:
+    """One async attempt, bounded by the deadline as a whole (``asyncio.timeout``)."""
+    optional = fast.optional_params(request.params)
+    async with asyncio.timeout(max(request.deadline - time.monotonic(), 0.0)):
+        status, headers, content, body = await _apost(fast, request.messages, optional, key)
+    if status >= 400:
+        raise fast.http_error(status, headers, content)
+    return fast.reply(status, headers, content, body, request.messages, optional)
+
+
+def _request(fast: FastRoute, messages: list, optional: dict, secret: str | None) -> tuple[str, dict, dict]:
+    """(url, headers, body) of one attempt: only this frame and the sender's hold the headers with the key."""
+    config = fast.config
+    headers = config.validate_environment({}, fast.model, messages, optional, fast.litellm_params,
+                                          api_key=secret, api_base=fast.api_base)
+    url = config.get_complete_url(fast.api_base, secret, fast.model, optional, fast.litellm_params)
+    body = config.transform_request(fast.model, messages, optional, fast.litellm_params, headers)
+    return url, headers, body
+
+
+def _post(fast: FastRoute, messages: list, optional: dict, key: Key, deadline: float):
+    url, headers, body = _request(fast, messages, optional, key.reveal())
+    left = max(deadline - time.monotonic(), 0.001)
+    response = _sync_client().post(url, content=json.dumps(body).encode(), headers=headers, timeout=left)
+    return response.status_code, response.headers, response.content, body
+
+
+async def _apost(fast: FastRoute, messages: list, optional: dict, key: Key):
+    url, headers, body = _request(fast, messages, optional, key.reveal())
+    async with _session().post(url, data=json.dumps(body).encode(), headers=headers) as response:
+        content = await response.read()
+        return response.status, response.headers, content, body
+
+
+# ------------------------------------------------------------ the pooled clients
+_CLIENT_LOCK = threading.Lock()
+_client: Any = None
+_sessions: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, tuple[Any, Any]]" = weakref.WeakKeyDictionary()
+
+
+def _sync_client() -> Any:
+    global _client
+    if _client is None:
+        with _CLIENT_LOCK:
+            if _client is None:
+                import httpx
+
+                _client = httpx.Client(
+                    limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+                    follow_redirects=False,
+                )
+    return _client
+
+
+def _session() -> Any:
+    """This event loop's pooled aiohttp session (closed when the loop shuts its async generators down)."""
+    loop = asyncio.get_running_loop()
+    entry = _sessions.get(loop)
+    session = entry[0] if entry is not None else None
+    if session is None or session.closed:
+        import aiohttp
+        import httpx
+
+        connector = aiohttp.TCPConnector(limit=0, ssl=httpx.create_ssl_context(), enable_cleanup_closed=False)
+        session = aiohttp.ClientSession(connector=connector, trust_env=True, auto_decompress=True,
+                                        timeout=aiohttp.ClientTimeout(total=None))
+        closer = _close_at_shutdown(session)  # held with the session: collected with the loop, not before
+        _sessions[loop] = (session, closer)
+        loop.create_task(closer.__anext__())  # the loop now tracks it: shutdown_asyncgens() closes the session
+    return session
+
+
+async def _close_at_shutdown(session: Any):
+    try:
+        yield
+    finally:
+        await session.close()
+
+
+def reset_clients() -> None:
+    """Forget the pooled clients (after fork: the child must not share the parent's connections)."""
+    global _client
+    _client = None
+    _sessions.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=reset_clients)

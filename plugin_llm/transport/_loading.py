@@ -1,0 +1,103 @@
+"""Loading litellm: once, offline, quiet, with the local provider registered.
+
+litellm's import takes about two seconds. :func:`load_litellm` runs it (on
+the first call, or earlier: the gateway loads it before a call's clock
+starts); :func:`start_background_load` starts it on a daemon thread for hosts
+that will call a model soon (``chat``, ``run``, ``demo``, a ``Session``), so
+that the first call finds it loaded. Either way the import happens once,
+under one lock: a call that arrives while the background import runs waits
+for it instead of importing a second time.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import threading
+from typing import Any
+
+__all__ = ["load_litellm", "loaded_litellm", "start_background_load", "GC_FREEZE"]
+
+_LOAD_LOCK = threading.Lock()
+_litellm: Any = None
+_background: threading.Thread | None = None
+
+#: ``gc.collect(); gc.freeze()`` once litellm is loaded: its tens of thousands of
+#: long-lived objects leave the collector's generations, so that collections
+#: triggered by call garbage stop re-scanning them (see benchmarks/bench_gateway.py
+#: for the measurement). ``PLUGIN_LLM_GC_FREEZE=0`` turns it off.
+GC_FREEZE = os.environ.get("PLUGIN_LLM_GC_FREEZE", "1").strip().lower() not in ("0", "off", "false", "no")
+
+
+def loaded_litellm() -> Any:
+    """litellm if it is loaded, else None (never imports it)."""
+    return _litellm
+
+
+def load_litellm() -> Any:
+    """Import litellm once, offline, quiet, with the local provider registered."""
+    if _litellm is not None:
+        return _litellm
+    with _LOAD_LOCK:
+        if _litellm is None:
+            _import()
+    return _litellm
+
+
+def _import() -> None:
+    global _litellm
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    import litellm
+
+    from plugin_llm.transport._deadline import bound_httpcore_io
+
+    litellm.suppress_debug_info = True
+    litellm.drop_params = True  # a provider without response_format still gets the JSON directive
+    if hasattr(litellm, "telemetry"):
+        litellm.telemetry = False
+    _register_local_provider(litellm)
+    bound_httpcore_io()
+    try:
+        from auth import install_log_redaction
+    except ImportError:  # pragma: no cover - auth is part of the distribution
+        pass
+    else:
+        install_log_redaction()
+    if GC_FREEZE:
+        gc.collect()
+        gc.freeze()
+    _litellm = litellm
+
+
+def start_background_load() -> None:
+    """Start importing litellm on a daemon thread (no-op when loaded or already loading)."""
+    global _background
+    if _litellm is not None or _background is not None:
+        return
+    _background = threading.Thread(target=_background_load, name="plugin-llm-load-litellm", daemon=True)
+    _background.start()
+
+
+def _background_load() -> None:
+    try:
+        load_litellm()
+    except Exception:  # the first call imports it again and reports what is wrong
+        pass
+
+
+def _register_local_provider(litellm: Any) -> None:
+    from litellm import CustomLLM, ModelResponse
+
+    from plugin_llm.local_model import generate
+
+    class LocalModelHandler(CustomLLM):
+        """litellm custom provider ``local``: the embedded offline model, in-process."""
+
+        def completion(self, model, messages, *args, optional_params=None, **kwargs):  # noqa: D102
+            return ModelResponse(**generate(messages, model=model, **(optional_params or {})))
+
+        async def acompletion(self, model, messages, *args, optional_params=None, **kwargs):  # noqa: D102
+            return ModelResponse(**generate(messages, model=model, **(optional_params or {})))
+
+    entries = [e for e in litellm.custom_provider_map if e.get("provider") != "local"]
+    litellm.custom_provider_map = entries + [{"provider": "local", "custom_handler": LocalModelHandler()}]
