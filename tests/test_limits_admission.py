@@ -191,3 +191,38 @@ def test_a_store_defect_is_treated_as_a_store_failure(tmp_path, caplog):
         call(settings, tmp_path, store=Broken())
     assert caught.value.limit == "store" and "KeyError" in str(caught.value)
     assert "failed unexpectedly" in caplog.text
+
+
+def test_views_show_each_plugin_with_usage_or_the_store_error(kind, tmp_path):
+    from plugin_llm.limits import views
+
+    settings = settings_for(*kind, "{budget_usd: {day: 2.0, month: 30}, max_concurrent: 4}")
+    call(settings, tmp_path).settle(PluginLlmUsage(input_tokens=100_000, output_tokens=50_000, total_tokens=150_000))
+    held = call(settings, tmp_path)
+    rows = views.show(settings, tmp_path, [PLUGIN, "no-limits", PLUGIN])
+    assert [r.plugin_id for r in rows] == [PLUGIN, "no-limits"]
+    mine, other = rows
+    assert views.describe(mine.limits) == "budget $2.00/day, $30.00/month; 4 in flight"
+    assert views.describe(other.limits) == "no limits" and other.snapshot is None
+    text = "\n".join(views.format_rows(rows))
+    assert "budget_usd.day" in text and "$0.30 used" in text and "1 in flight" in text and "resets " in text
+    summary = views.budget_summary(mine)
+    assert summary["day"]["spent_usd"] == pytest.approx(0.3) and summary["day"]["budget_usd"] == 2.0
+    assert summary["month"]["resets_at"].endswith("T00:00:00Z")
+    event = views.reset_event(PLUGIN, settings, mine.snapshot)
+    assert event["event"] == "limits.reset" and event["forgotten.spent_usd.day"] == pytest.approx(0.3)
+    assert event["kept.in_flight"] == 1
+    held.release()
+    assert mine.as_dict()["usage"]["spent_usd"]["day"] == pytest.approx(0.3)
+
+
+def test_views_show_a_broken_store_per_plugin(tmp_path):
+    from plugin_llm.limits import views
+
+    (tmp_path / "limits.sqlite3").write_bytes(b"not a database" * 64)
+    limits.close_stores()
+    settings = settings_for("local", None, "{max_concurrent: 1}")
+    (row,) = views.show(settings, tmp_path, [PLUGIN])
+    assert row.snapshot is None and "not a database" in row.error
+    assert "usage unknown" in "\n".join(views.format_rows([row]))
+    limits.close_stores()

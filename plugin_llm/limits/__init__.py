@@ -18,8 +18,10 @@ that fails or does not answer within the call's deadline (capped by
 ``limits.store_timeout``) denies the call (default) or lets it through
 unmetered. Nothing here imports litellm or redis at import time.
 
-Operator views: :func:`snapshot` (``plugin-llm limits show``) and
-:func:`reset` (``plugin-llm limits reset``).
+Operator views: :func:`snapshot` and :func:`reset` (``plugin-llm limits
+show|reset``), :mod:`plugin_llm.limits.views` for their text and rows and the
+``audit stats`` budget summary, :func:`check_limits` for ``trust check`` and
+``doctor``.
 """
 
 from __future__ import annotations

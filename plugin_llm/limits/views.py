@@ -1,0 +1,135 @@
+"""What ``plugin-llm limits show|reset``, ``trust show`` and ``audit stats`` print about limits.
+
+Values and text only; the CLI parses arguments, escapes what it prints and
+writes the audit event. Reading a store can fail: each plugin's row then
+carries the store's error instead of its usage, so one broken store never
+hides the configured limits.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+from plugin_llm.limits.settings import NANO, LimitSettings, PluginLimits
+from plugin_llm.limits.store import LimitStore, Snapshot, StoreError, WindowUsage, iso_utc
+
+__all__ = ["UsageRow", "describe", "show", "format_rows", "budget_summary", "reset_event"]
+
+
+def _usd(nano: int | None) -> str:
+    return "-" if nano is None else f"${nano / NANO:,.2f}" if nano >= NANO // 100 or nano == 0 else f"${nano / NANO:.6f}"
+
+
+def describe(limits: PluginLimits) -> str:
+    """One line for ``trust show``: ``budget $1.00/day, $20.00/month; 30 requests/min; 4 in flight``."""
+    if limits.error is not None:
+        return f"calls refused: {limits.error}"
+    if limits.empty:
+        return "no limits"
+    parts = []
+    budgets = [f"{_usd(v)}/{w}" for w, v in (("day", limits.budget_day_nano), ("month", limits.budget_month_nano)) if v is not None]
+    if budgets:
+        parts.append("budget " + ", ".join(budgets))
+    if limits.requests_per_minute is not None:
+        parts.append(f"{limits.requests_per_minute} requests/min")
+    if limits.tokens_per_minute is not None:
+        parts.append(f"{limits.tokens_per_minute} tokens/min")
+    if limits.max_concurrent is not None:
+        parts.append(f"{limits.max_concurrent} in flight")
+    return "; ".join(parts) + (" (limits.defaults)" if limits.source == "limits.defaults" else "")
+
+
+@dataclass(frozen=True)
+class UsageRow:
+    """One plugin in ``limits show``: its limits, and its usage or why the store could not say."""
+
+    plugin_id: str
+    limits: PluginLimits
+    snapshot: Snapshot | None = None
+    error: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"plugin_id": self.plugin_id, "limits": self.limits.as_dict(),
+                               "summary": describe(self.limits)}
+        if self.snapshot is not None:
+            out["usage"] = self.snapshot.as_dict()
+        if self.error is not None:
+            out["error"] = self.error
+        return out
+
+
+def show(settings: LimitSettings, home: Path | str, plugin_ids: Iterable[str], *, now: float | None = None,
+         store: LimitStore | None = None) -> list[UsageRow]:
+    """A row per plugin (sorted); plugins without limits get a row with no usage and no store access."""
+    from plugin_llm.limits import store_for  # the facade's process-wide store cache
+
+    now = time.time() if now is None else now
+    rows = []
+    for plugin_id in sorted(set(plugin_ids)):
+        limits = settings.for_plugin(plugin_id)
+        if limits.empty or limits.error is not None:
+            rows.append(UsageRow(plugin_id, limits))
+            continue
+        try:
+            chosen = store or store_for(settings, home)
+            rows.append(UsageRow(plugin_id, limits, chosen.snapshot(plugin_id, limits, now, timeout=settings.store_timeout)))
+        except StoreError as exc:
+            rows.append(UsageRow(plugin_id, limits, error=str(exc)))
+    return rows
+
+
+def _window_line(w: WindowUsage) -> str:
+    money = w.limit.startswith("budget_usd")
+    fmt = _usd if money else str
+    used = f"{fmt(w.used)} used" if w.limit != "max_concurrent" else ""
+    held = f"{fmt(w.in_flight)} in flight" if w.in_flight or w.limit == "max_concurrent" else ""
+    resets = f"resets {iso_utc(w.resets_at)}" if w.resets_at is not None and w.limit != "max_concurrent" else ""
+    detail = ", ".join(p for p in (used, held, resets) if p)
+    return f"    {w.limit:<20} {fmt(w.cap):>12}   {detail}"
+
+
+def format_rows(rows: Iterable[UsageRow]) -> list[str]:
+    """Text lines for ``limits show`` (the CLI escapes them for the terminal)."""
+    lines: list[str] = []
+    for row in rows:
+        lines.append(f"{row.plugin_id}: {describe(row.limits)}")
+        if row.error is not None:
+            lines.append(f"    usage unknown: {row.error}")
+        elif row.snapshot is not None:
+            lines.extend(_window_line(w) for w in row.snapshot.windows)
+    return lines
+
+
+def budget_summary(row: UsageRow) -> dict[str, Any]:
+    """Spend against budget for ``audit stats``: per window, spent, in flight, cap (USD) and the share used."""
+    out: dict[str, Any] = {}
+    if row.snapshot is None:
+        return out
+    for w in row.snapshot.windows:
+        if w.limit.startswith("budget_usd"):
+            window = w.limit.split(".", 1)[1]
+            out[window] = {
+                "spent_usd": w.used / NANO, "in_flight_usd": w.in_flight / NANO, "budget_usd": w.cap / NANO,
+                "used_fraction": (w.used + w.in_flight) / w.cap if w.cap else None, "resets_at": iso_utc(w.resets_at),
+            }
+    return out
+
+
+def reset_event(plugin_id: str, settings: LimitSettings, before: Snapshot | None) -> dict[str, Any]:
+    """The audit event of ``limits reset PLUGIN``: who was reset, in which store, and what was forgotten."""
+    event: dict[str, Any] = {"event": "limits.reset", "plugin_id": plugin_id, "store": settings.store}
+    if settings.store == "redis":
+        event["store_url"] = settings.redis_url_display
+    if before is not None:
+        c = before.counters
+        event.update({
+            "forgotten.spent_usd.day": c.day_spent / NANO,
+            "forgotten.spent_usd.month": c.month_spent / NANO,
+            "forgotten.requests_this_minute": c.minute_requests,
+            "forgotten.tokens_this_minute": c.minute_tokens,
+            "kept.in_flight": c.in_flight,
+        })
+    return event
