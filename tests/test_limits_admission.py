@@ -154,7 +154,7 @@ def test_aadmit_waits_for_a_hung_redis_off_the_event_loop(tmp_path):
             tick = asyncio.create_task(ticker())
             try:
                 await limits.aadmit(settings, tmp_path, PLUGIN, messages=MESSAGES, provider="custom", model="m",
-                                    max_tokens=10, deadline=time.monotonic() + 1.0)
+                                    max_tokens=10, deadline=time.monotonic() + 0.4)
             except PluginLlmLimitError as exc:
                 return exc
             finally:
