@@ -152,6 +152,7 @@ class FastRoute:
     prices: tuple[float, float, float | None, float | None] | None  # simple prices, or None
     priced: bool  # in the price map at all (False: cost is unknown)
     litellm: Any
+    plain_replies: bool  # the config reads replies with OpenAIGPTConfig.transform_response: see reply()
 
     # -- per attempt: request
     def optional_params(self, params: dict[str, Any]) -> dict[str, Any]:
@@ -169,7 +170,18 @@ class FastRoute:
 
     # -- per attempt: reply
     def reply(self, status: int, headers: Any, content: bytes, body: dict, messages: list, optional: dict) -> Any:
-        """The provider's reply as litellm's ``ModelResponse`` (``transform_response``)."""
+        """The provider's reply as litellm's ``ModelResponse`` (``transform_response``).
+
+        For a provider whose config reads replies with the OpenAI config's own
+        ``transform_response``, a plain text reply (:func:`_plain_reply`) is read
+        straight from the JSON body with litellm's own helpers, to the same
+        text, finish reason, model and usage; anything else takes litellm's
+        full reader.
+        """
+        if self.plain_replies:
+            plain = _plain_reply(content, self.provider, self.model)
+            if plain is not None:
+                return plain
         import httpx
 
         raw = httpx.Response(status, headers=headers, content=content)
@@ -203,7 +215,9 @@ class FastRoute:
             return (prompt - cache_read) * inp + cache_read * read + completion * out
         from litellm.cost_calculator import generic_cost_per_token
 
-        usage = getattr(response, "usage", None)
+        usage = response.get("usage") if isinstance(response, dict) else getattr(response, "usage", None)
+        if isinstance(usage, dict):  # a plain reply: litellm's calculator takes its Usage
+            usage = self.litellm.Usage(**usage)
         if usage is None:
             return None
         try:
@@ -289,12 +303,82 @@ def _build(litellm: Any, route: Route) -> "FastRoute | str":
     if api_base is None and provider == "openai":
         api_base = config.get_api_base(None)
     priced, prices = _prices(litellm, model, provider)
+    from litellm.llms.openai.chat.gpt_transformation import OpenAIGPTConfig
+
+    plain = getattr(type(config), "transform_response", None) is OpenAIGPTConfig.transform_response
     return FastRoute(
         provider=provider, model=model, api_base=api_base, config=config,
         supported=frozenset(config.get_supported_openai_params(model) or ()) & frozenset(_PARAMS),
         litellm_params={"custom_llm_provider": provider, "api_base": api_base},
-        prices=prices, priced=priced, litellm=litellm,
+        prices=prices, priced=priced, litellm=litellm, plain_replies=plain,
     )
+
+
+#: message fields a plain reply may carry (the others, when not null, take litellm's full reader)
+_PLAIN_MESSAGE = frozenset({"role", "content"})
+_NULLABLE_MESSAGE = frozenset({"tool_calls", "function_call", "refusal", "audio", "annotations"})
+_PLAIN_CHOICE = frozenset({"index", "message", "finish_reason", "logprobs"})
+
+
+def _plain_reply(content: bytes, provider: str, model: str) -> dict | None:
+    """A plain text chat completion as the few fields the gateway reads, or None when it is anything else.
+
+    Plain: one or more choices, the first a dict with a ``message`` of role and
+    string content only (no tool calls, no reasoning fields, no leading
+    ``<think>``-style tag, which litellm would split off), a known finish
+    reason, usage of small integers. The result is what litellm's
+    ``convert_to_model_response_object`` makes of such a reply: the finish
+    reason mapped by litellm's ``map_finish_reason`` (none -> ``stop``), the
+    model named as ``litellm.completion`` names it.
+    """
+    from litellm.litellm_core_utils.core_helpers import map_finish_reason
+
+    try:
+        doc = json.loads(content)
+    except ValueError:
+        return None
+    if not isinstance(doc, dict):
+        return None
+    choices = doc.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        return None
+    choice = choices[0]
+    message = choice.get("message")
+    if not isinstance(message, dict) or not choice.keys() <= _PLAIN_CHOICE or choice.get("logprobs") is not None:
+        return None
+    for name, value in message.items():
+        if name not in _PLAIN_MESSAGE and not (name in _NULLABLE_MESSAGE and value is None):
+            return None
+    text = message.get("content")
+    if not (text is None or (isinstance(text, str) and not text.startswith("<"))):
+        return None
+    finish = choice.get("finish_reason")
+    if finish is None:
+        finish = "stop"
+    elif not isinstance(finish, str):
+        return None
+    usage = doc.get("usage")
+    if usage is not None and not _plain_usage(usage):
+        return None
+    reported = doc.get("model")
+    if reported is not None and not isinstance(reported, str):
+        return None
+    if provider != "openai":  # litellm.completion reports "<provider>/<model>" for OpenAI-compatible providers
+        reported = f"{provider}/{reported if reported is not None else model}"
+    return {"choices": [{"message": {"role": "assistant", "content": text}, "finish_reason": map_finish_reason(finish)}],
+            "model": reported, "usage": usage}
+
+
+def _plain_usage(usage: Any) -> bool:
+    if not isinstance(usage, dict):
+        return False
+    for value in usage.values():
+        if isinstance(value, dict):
+            if not all(v is None or (type(v) is int and 0 <= v <= 10**9) for v in value.values()):
+                return False
+        elif not (value is None or (type(value) is int and 0 <= value <= 10**9)):
+            return False
+    return True
 
 
 # ------------------------------------------------------------ sending
@@ -340,7 +424,7 @@ def _post(fast: FastRoute, messages: list, optional: dict, key: Key, deadline: f
 
 async def _apost(fast: FastRoute, messages: list, optional: dict, key: Key):
     url, headers, body = _request(fast, messages, optional, key.reveal())
-    async with _session().post(url, data=json.dumps(body).encode(), headers=headers) as response:
+    async with _session().post(url, data=json.dumps(body).encode(), headers=headers, proxy=_proxy(url)) as response:
         content = await response.read()
         return response.status, response.headers, content, body
 
@@ -375,12 +459,32 @@ def _session() -> Any:
         import httpx
 
         connector = aiohttp.TCPConnector(limit=0, ssl=httpx.create_ssl_context(), enable_cleanup_closed=False)
-        session = aiohttp.ClientSession(connector=connector, trust_env=True, auto_decompress=True,
-                                        timeout=aiohttp.ClientTimeout(total=None))
+        # trust_env=False: with it aiohttp looks up .netrc and the proxy variables on an executor thread
+        # for every request; the proxy is looked up once per endpoint instead (_proxy)
+        session = aiohttp.ClientSession(connector=connector, trust_env=False, auto_decompress=True,
+                                        cookie_jar=aiohttp.DummyCookieJar(), timeout=aiohttp.ClientTimeout(total=None))
         closer = _close_at_shutdown(session)  # held with the session: collected with the loop, not before
         _sessions[loop] = (session, closer)
         loop.create_task(closer.__anext__())  # the loop now tracks it: shutdown_asyncgens() closes the session
     return session
+
+
+_PROXIES: dict[str, Any] = {}
+
+
+def _proxy(url: str) -> Any:
+    """The proxy for ``url`` from HTTP(S)_PROXY/NO_PROXY (looked up once per scheme and host), or None."""
+    origin = url.split("/", 3)[:3]
+    where = "/".join(origin)
+    if where not in _PROXIES:
+        from aiohttp.helpers import get_env_proxy_for_url
+        from yarl import URL
+
+        try:
+            _PROXIES[where] = get_env_proxy_for_url(URL(url))[0]
+        except LookupError:
+            _PROXIES[where] = None
+    return _PROXIES[where]
 
 
 async def _close_at_shutdown(session: Any):
@@ -395,6 +499,7 @@ def reset_clients() -> None:
     global _client
     _client = None
     _sessions.clear()
+    _PROXIES.clear()
 
 
 if hasattr(os, "register_at_fork"):
