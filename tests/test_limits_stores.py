@@ -450,3 +450,29 @@ def test_a_call_in_flight_over_midnight_holds_its_own_day_and_the_month(store):
     after_midnight = yesterday + 20
     assert admit(store, L(budget_day=1.0, budget_month=1.5), R(0.9), now=after_midnight).limit == "budget_usd.month"
     assert isinstance(admit(store, L(budget_day=1.0, budget_month=2.0), R(0.9), now=after_midnight), limits.Admission)
+
+
+def _redis_clients(port: int) -> int:
+    import socket as socket_module
+
+    with socket_module.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(b"CLIENT LIST\r\n")
+        head = b""
+        while b"\r\n" not in head:
+            head += s.recv(65536)
+        size = int(head.split(b"\r\n", 1)[0][1:])
+        data = head.split(b"\r\n", 1)[1]
+        while len(data) < size:
+            data += s.recv(65536)
+    return sum(1 for line in data.decode().splitlines() if "addr=" in line)
+
+
+def test_redis_connections_are_reused_across_short_lived_threads(redis_server):
+    store = RedisStore(redis_server.url, prefix=f"t{uuid.uuid4().hex[:12]}")
+    before = _redis_clients(redis_server.port)
+    for _ in range(40):  # a host that makes each call on a fresh thread
+        t = threading.Thread(target=lambda: store.release(store.admit(PLUGIN, R(), L(max_concurrent=5), T0, timeout=5), timeout=5))
+        t.start()
+        t.join()
+    assert _redis_clients(redis_server.port) - before <= 1  # one connection, reused; not one per thread
+    store.close()

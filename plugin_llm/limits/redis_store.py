@@ -28,7 +28,6 @@ import hashlib
 import os
 import re
 import threading
-import weakref
 from typing import Any
 
 from plugin_llm.limits.settings import PluginLimits, redact_url
@@ -47,6 +46,7 @@ from plugin_llm.limits.store import (
 __all__ = ["RedisStore", "ADMIT_LUA", "SETTLE_LUA"]
 
 _TTL_MINUTE = 120
+_MAX_IDLE = 64  # idle connections kept for reuse
 _TTL_DAY = 40 * 86400
 _TTL_MONTH = 400 * 86400
 
@@ -174,7 +174,7 @@ def _reason(exc: BaseException, secret: str | None) -> str:
 
 
 class RedisStore(LimitStore):
-    """Redis store at ``url``; keys under ``prefix``. One connection per thread (opened with the URL's settings), re-opened after a fork."""
+    """Redis store at ``url``; keys under ``prefix``. Connections are reused across threads (a small idle list); a forked child opens its own."""
 
     name = "redis"
 
@@ -199,46 +199,58 @@ class RedisStore(LimitStore):
             raise StoreError(f"limits.redis_url ({self._display}) is not usable: {_reason(exc, None)}") from None
         self.prefix = prefix
         self._sha: dict[str, str] = {}
-        self._local = threading.local()
-        self._all = weakref.WeakSet()  # every thread's connection, for close()
+        self._idle: list[Any] = []  # connections not in use, most recently used last
+        self._idle_lock = threading.Lock()
+        self._pid = os.getpid()
 
     def __repr__(self) -> str:
         return f"RedisStore({self._display!r})"
 
     # -- one round trip, bounded by the caller's time
-    def _connection(self):
-        """This thread's connection (created from the URL's settings; re-created after a fork)."""
-        local = self._local
-        conn = getattr(local, "conn", None)
-        if conn is None or local.pid != os.getpid():
-            conn = local.conn = self._pool.connection_class(**self._pool.connection_kwargs)
-            local.pid = os.getpid()
-            self._all.add(conn)
-        return conn
+    def _take(self):
+        """An idle connection, or a new one (opened with the URL's settings on first use)."""
+        pid = os.getpid()
+        with self._idle_lock:
+            if self._pid != pid:  # forked: the parent's sockets are not ours (redis-py never shuts them here)
+                self._idle, self._pid = [], pid
+            if self._idle:
+                return self._idle.pop()
+        return self._pool.connection_class(**self._pool.connection_kwargs)
+
+    def _give_back(self, conn) -> None:
+        with self._idle_lock:
+            if self._pid == os.getpid() and len(self._idle) < _MAX_IDLE:
+                self._idle.append(conn)
+                return
+        conn.disconnect()
 
     def _script(self, source: str, keys: list[str], args: list[Any], timeout: float):
         redis = self._redis
         t = max(0.001, timeout)
         conn = None
         try:
-            conn = self._connection()
+            conn = self._take()
             conn.socket_timeout = conn.socket_connect_timeout = t
             sock = getattr(conn, "_sock", None)
             if sock is not None:
                 sock.settimeout(t)
             tail = _pack_tail(keys, args)
             sha = self._sha.get(source)
+            reply = None
             if sha is not None:
                 conn.send_packed_command([_pack_head("EVALSHA", sha, len(keys), len(args)) + tail], check_health=False)
                 try:
-                    return conn.read_response()
+                    reply = conn.read_response()
                 except redis.exceptions.NoScriptError:
-                    pass  # the server restarted or flushed its script cache: send the source again
-            conn.send_packed_command([_pack_head("EVAL", source, len(keys), len(args)) + tail], check_health=False)
-            reply = conn.read_response()
-            self._sha[source] = hashlib.sha1(source.encode()).hexdigest()
+                    sha = None  # the server restarted or flushed its script cache: send the source again
+            if sha is None:
+                conn.send_packed_command([_pack_head("EVAL", source, len(keys), len(args)) + tail], check_health=False)
+                reply = conn.read_response()
+                self._sha[source] = hashlib.sha1(source.encode()).hexdigest()
+            self._give_back(conn)
             return reply
         except redis.exceptions.ResponseError as exc:
+            self._give_back(conn)  # the server answered: the connection is in step
             raise StoreError(f"the Redis limits store ({self._display}) refused the script: {_reason(exc, self._secret)}") from None
         except (redis.RedisError, OSError) as exc:
             if conn is not None:
@@ -291,7 +303,9 @@ class RedisStore(LimitStore):
         self._script("redis.call('DEL', KEYS[1], KEYS[2], KEYS[3]) return 1", keys, [], timeout)
 
     def close(self) -> None:
-        for conn in list(self._all):
+        with self._idle_lock:
+            idle, self._idle = self._idle, []
+        for conn in idle:
             try:
                 conn.disconnect()
             except Exception:  # closing is best effort
