@@ -39,16 +39,16 @@ from plugin_llm.limits.store import (
     Reservation,
     StoreError,
     buckets_at,
-    new_reservation_id,
     deny,
+    new_reservation_id,
 )
 
 __all__ = ["RedisStore", "ADMIT_LUA", "SETTLE_LUA"]
 
 _TTL_MINUTE = 120
-_MAX_IDLE = 64  # idle connections kept for reuse
 _TTL_DAY = 40 * 86400
 _TTL_MONTH = 400 * 86400
+_MAX_IDLE = 64  # idle connections kept for reuse
 
 #: KEYS: res, resv, minute, day, month
 #: ARGV: now, expires, id, cost, tokens, minute, day, month, then the caps in LIMIT_NAMES order (-1 = none)
