@@ -189,7 +189,7 @@ PRICE = round(0.01 * NANO)
 CAP_CALLS = 10
 
 
-def _hammer(kind: str, where: str, threads: int, calls: int, queue) -> None:
+def _hammer(kind: str, where: str, threads: int, calls: int, queue, later: bool = False) -> None:
     """One process: ``threads`` threads each trying ``calls`` slow calls (20 ms between admit and settle)."""
     store = make_store(kind, where) if kind == "local" else RedisStore(where, prefix=os.environ["LIMITS_TEST_PREFIX"])
     caps = L(budget_day=(CAP_CALLS + 0.5) * PRICE / NANO)
@@ -200,7 +200,10 @@ def _hammer(kind: str, where: str, threads: int, calls: int, queue) -> None:
             result = store.admit(PLUGIN, Reservation(PRICE, 50, 30.0), caps, time.time(), timeout=10)
             if isinstance(result, limits.Admission):
                 time.sleep(0.02)  # the provider call
-                store.settle(result, PRICE, 50, timeout=10)  # actual cost = worst case: the hardest case
+                if later:  # queued: applied with the next admission's transaction / round trip
+                    store.settle_later(result, PRICE, 50)
+                else:
+                    store.settle(result, PRICE, 50, timeout=10)  # actual cost = worst case: the hardest case
                 admitted.append(1)
 
     pool = [threading.Thread(target=worker) for _ in range(threads)]
@@ -208,16 +211,18 @@ def _hammer(kind: str, where: str, threads: int, calls: int, queue) -> None:
         t.start()
     for t in pool:
         t.join()
+    store.flush(timeout=10)
     queue.put(len(admitted))
 
 
-def test_processes_times_threads_never_exceed_the_budget(store_spec, monkeypatch):
+@pytest.mark.parametrize("later", [False, True], ids=["settle", "settle_later"])
+def test_processes_times_threads_never_exceed_the_budget(store_spec, monkeypatch, later):
     kind, where = store_spec
     prefix = f"t{uuid.uuid4().hex[:12]}"
     monkeypatch.setenv("LIMITS_TEST_PREFIX", prefix)
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
-    procs = [ctx.Process(target=_hammer, args=(kind, where, 8, 3, queue)) for _ in range(4)]  # 32 callers, 96 tries
+    procs = [ctx.Process(target=_hammer, args=(kind, where, 8, 3, queue, later)) for _ in range(4)]  # 32 callers, 96 tries
     for p in procs:
         p.start()
     counts = [queue.get(timeout=60) for _ in procs]
@@ -476,3 +481,62 @@ def test_redis_connections_are_reused_across_short_lived_threads(redis_server):
         t.join()
     assert _redis_clients(redis_server.port) - before <= 1  # one connection, reused; not one per thread
     store.close()
+
+
+# ----------------------------------------------------------------- settlements off the caller's path
+def test_a_queued_settlement_rides_along_with_the_next_admission(store):
+    one = L(max_concurrent=1, budget_day=1.0)
+    for _ in range(20):  # sequential calls never see their own previous call still in flight
+        a = admit(store, one, R(0.04))
+        assert isinstance(a, limits.Admission)
+        store.settle_later(a, round(0.01 * NANO), 5)
+    c = store.counters(PLUGIN, T0, timeout=5)
+    assert (c.in_flight, c.day_spent, c.minute_requests, c.minute_tokens) == (0, round(0.2 * NANO), 20, 100)
+
+
+def test_a_queued_settlement_reaches_other_processes_without_another_admission(store_spec):
+    kind, where = store_spec
+    prefix = f"t{uuid.uuid4().hex[:12]}"
+    here = LocalStore(where) if kind == "local" else RedisStore(where, prefix=prefix)
+    there = LocalStore(where) if kind == "local" else RedisStore(where, prefix=prefix)  # another process's view
+    a = here.admit(PLUGIN, R(0.3), L(max_concurrent=1), T0, timeout=5)
+    here.settle_later(a, round(0.1 * NANO), 7)
+    deadline = time.monotonic() + 5
+    while there.counters(PLUGIN, T0, timeout=5).in_flight and time.monotonic() < deadline:
+        time.sleep(0.005)  # the background flush applies it within milliseconds
+    assert there.counters(PLUGIN, T0, timeout=5).day_spent == round(0.1 * NANO)
+
+
+_SETTLE_AND_EXIT = """
+import sys, time
+from plugin_llm.limits import PluginLimits, Reservation, NANO
+from plugin_llm.limits.local import LocalStore
+from plugin_llm.limits.redis_store import RedisStore
+kind, where, prefix, now = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+store = LocalStore(where) if kind == "local" else RedisStore(where, prefix=prefix)
+a = store.admit("my-plugin", Reservation(NANO, 10, 60.0), PluginLimits(max_concurrent=1), now, timeout=5)
+store.settle_later(a, NANO // 4, 10)
+"""  # and exits at once: the settlement is applied at exit
+
+
+def test_queued_settlements_are_applied_when_the_process_exits(store_spec):
+    kind, where = store_spec
+    prefix = f"t{uuid.uuid4().hex[:12]}"
+    subprocess.run([sys.executable, "-c", _SETTLE_AND_EXIT, kind, where, prefix, repr(T0)], cwd=REPO, check=True, timeout=60)
+    store = LocalStore(where) if kind == "local" else RedisStore(where, prefix=prefix)
+    c = store.counters(PLUGIN, T0, timeout=5)
+    assert (c.in_flight, c.day_spent) == (0, NANO // 4)
+
+
+def test_settlements_of_a_failed_local_admission_are_applied_later_exactly_once(tmp_path):
+    store = LocalStore(tmp_path / "limits.sqlite3")
+    a = store.admit(PLUGIN, R(0.5), L(max_concurrent=3), T0, timeout=5)
+    other = sqlite3.connect(tmp_path / "limits.sqlite3", isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")  # the database is locked: the next admission (and the flusher) fail
+    store.settle_later(a, round(0.2 * NANO), 3)
+    with pytest.raises(StoreError):
+        store.admit(PLUGIN, R(0.5), L(max_concurrent=3), T0, timeout=0.1)
+    other.execute("ROLLBACK")
+    other.close()
+    c = store.counters(PLUGIN, T0, timeout=5)
+    assert (c.in_flight, c.day_spent, c.minute_requests) == (0, round(0.2 * NANO), 1)

@@ -101,18 +101,21 @@ class Ticket:
     """One admitted request. ``settle`` or ``release`` exactly once; later calls do nothing.
 
     ``audit_fields()`` are the fields to add to the call's audit record.
-    Settlement never raises: a store failure is logged, and the reservation
-    then counts until it expires (the call's deadline plus the grace period).
+    Settlement never raises and costs the caller no store round trip: it is
+    queued and applied with this process's next admission (or by a
+    background flush a few ms later); until then the reservation, never less
+    than the actual, keeps counting. A store failure is logged, and the
+    reservation then counts until it expires (the call's deadline plus the
+    grace period).
     """
 
-    __slots__ = ("_store", "_admission", "_price", "_timeout", "_done", "_lock", "estimate", "store_error")
+    __slots__ = ("_store", "_admission", "_price", "_done", "_lock", "estimate", "store_error")
 
     def __init__(self, store: LimitStore | None, admission: Admission | None, estimate: Estimate | None,
-                 timeout: float, store_error: str | None = None) -> None:
+                 store_error: str | None = None) -> None:
         self._store = store
         self._admission = admission
         self._price = estimate.price if estimate is not None else None
-        self._timeout = timeout
         self._done = admission is None
         self._lock = threading.Lock()
         self.estimate = estimate
@@ -170,7 +173,7 @@ class Ticket:
 
     def _apply(self, admission: Admission, cost_nano: int, tokens: int) -> None:
         try:
-            self._store.settle(admission, cost_nano, tokens, timeout=self._timeout)
+            self._store.settle_later(admission, cost_nano, tokens)  # rides along with the next admission
         except StoreError as exc:
             log.error("limits: could not settle call of plugin '%s' (its reservation counts until %s): %s",
                       admission.plugin_id, iso_utc(admission.expires_at), exc)
@@ -191,7 +194,7 @@ class Ticket:
 
 
 #: the ticket of a plugin without limits: settling it does nothing
-UNLIMITED = Ticket(None, None, None, 0.0)
+UNLIMITED = Ticket(None, None, None)
 
 _STORES: dict[tuple[Any, ...], LimitStore] = {}
 _STORES_LOCK = threading.Lock()
@@ -214,7 +217,7 @@ def store_for(settings: LimitSettings, home: Path | str) -> LimitStore:
             else:
                 from plugin_llm.limits.local import DB_NAME, LocalStore
 
-                store = LocalStore(Path(home) / DB_NAME)
+                store = LocalStore(Path(home) / DB_NAME, timeout=settings.store_timeout)
             _STORES[key] = store
     return store
 
@@ -301,13 +304,13 @@ def admit(
     except StoreError as exc:
         if settings.on_store_error == "allow":
             _warn_unmetered(plugin_id, exc)
-            return Ticket(None, None, estimate, 0.0, store_error=str(exc))
+            return Ticket(None, None, estimate, store_error=str(exc))
         raise _refuse(plugin_id, "store", "limits.on_store_error", (
             f"call of plugin '{plugin_id}' refused: {exc}; limits.on_store_error is deny (fail closed), "
             "so calls of plugins with limits are refused until the store answers")) from None
     if isinstance(result, Denial):
         raise PluginLlmLimitError(result)
-    return Ticket(store, result, estimate, timeout=max(settings.store_timeout, 0.05))
+    return Ticket(store, result, estimate)
 
 
 async def aadmit(settings: LimitSettings, home: Path | str, plugin_id: str, **call: Any) -> Ticket:

@@ -36,6 +36,7 @@ from plugin_llm.limits.store import (
     Denial,
     LimitStore,
     Reservation,
+    SettlementQueue,
     StoreError,
     buckets_at,
     new_reservation_id,
@@ -165,8 +166,9 @@ class LocalStore(LimitStore):
 
     name = "local"
 
-    def __init__(self, path: Path | str) -> None:
+    def __init__(self, path: Path | str, *, timeout: float = 2.0) -> None:
         self.path = Path(path)
+        self._queue = SettlementQueue(self._apply_queued, "local", timeout)
         self._lock = threading.Lock()
         self._conn: sqlite3.Connection | None = None
         self._busy_ms = -1
@@ -243,35 +245,89 @@ class LocalStore(LimitStore):
                limits.budget_day_nano, limits.budget_month_nano)
 
         def work(conn: sqlite3.Connection) -> Admission | Denial:
-            try:
-                conn.execute(_ADMIT, row)
-            except sqlite3.IntegrityError as exc:
-                index = _refused_limit(exc)
+            refused = None
+            if queued:  # settlements riding along: one transaction for them and this admission
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    conn.executemany(_SETTLE, queued)
+                    try:
+                        conn.execute(_ADMIT, row)
+                    except sqlite3.IntegrityError as exc:
+                        refused = _refused_limit(exc)  # only the statement is undone: the settlements stay
+                    conn.execute("COMMIT")
+                except BaseException:
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK")
+                    raise
+            else:
+                try:
+                    conn.execute(_ADMIT, row)
+                except sqlite3.IntegrityError as exc:
+                    refused = _refused_limit(exc)
+            if refused is not None:
                 # The statement decided; read the numbers it saw for the message (they may have moved since).
                 c = self._read(conn, plugin_id, now, b)
-                used, held = _numbers(c, index)
-                return deny(plugin_id, limits, index, used, held, reservation, b, c.earliest_expiry)
+                used, held = _numbers(c, refused)
+                return deny(plugin_id, limits, refused, used, held, reservation, b, c.earliest_expiry)
             if self._pruned.get(plugin_id) != b.minute:  # once a minute: drop minute rows older than the last one
                 conn.execute(_PRUNE_MINUTES, (plugin_id, time.strftime("%Y-%m-%dT%H:%M", time.gmtime(now - 60))))
                 self._pruned[plugin_id] = b.minute
             return Admission(plugin_id, rid, reservation.cost_nano, reservation.tokens, b, expires)
 
-        return self._run(timeout, work)
+        queued = self._queue.take()
+        try:
+            return self._run(timeout, work)
+        except BaseException:
+            self._queue.put_back(queued)  # rolled back (or never begun): nothing of them was applied
+            raise
+
+    @staticmethod
+    def _settle_row(admission: Admission, cost_nano: int, tokens: int) -> tuple:
+        a, b = admission, admission.buckets
+        return (a.plugin_id, a.reservation_id, max(0, int(cost_nano)), max(0, int(tokens)), b.minute, b.day, b.month)
 
     def settle(self, admission: Admission, cost_nano: int, tokens: int, *, timeout: float) -> None:
-        a, b = admission, admission.buckets
-        row = (a.plugin_id, a.reservation_id, max(0, int(cost_nano)), max(0, int(tokens)), b.minute, b.day, b.month)
+        row = self._settle_row(admission, cost_nano, tokens)
         self._run(timeout, lambda conn: conn.execute(_SETTLE, row))
 
+    def settle_later(self, admission: Admission, cost_nano: int, tokens: int) -> None:
+        self._queue.add(self._settle_row(admission, cost_nano, tokens))
+
+    def _apply_queued(self, rows: list[tuple], timeout: float) -> None:
+        def work(conn: sqlite3.Connection) -> None:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                conn.executemany(_SETTLE, rows)
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+
+        try:
+            self._run(timeout, work)
+        except BaseException:
+            self._queue.put_back(rows)  # one transaction: all or none were applied
+            raise
+
+    def flush(self, *, timeout: float) -> None:
+        self._queue.flush(timeout)
+
     def counters(self, plugin_id: str, now: float, *, timeout: float) -> Counters:
+        self._queue.flush(timeout)
         b = buckets_at(now)
         return self._run(timeout, lambda conn: self._read(conn, plugin_id, now, b))
 
     def reset(self, plugin_id: str, now: float, *, timeout: float) -> None:
+        self._queue.flush(timeout)
         b = buckets_at(now)
         self._run(timeout, lambda conn: conn.execute(_RESET, (plugin_id, b.minute, b.day, b.month)))
 
     def close(self) -> None:
+        try:
+            self._queue.flush()
+        except StoreError:
+            pass  # put back: applied at exit or by the next store on this file
         with self._lock:
             if self._conn is not None:
                 self._conn.close()

@@ -2,8 +2,9 @@
 
 Each admission and each settlement is one Lua script run by the server
 (atomic: no other command runs in between), sent as ``EVALSHA`` with a
-fallback to ``EVAL`` when the server does not have the script cached, so a
-call costs one round trip. Keys, per plugin (one hash tag, so a cluster
+fallback to ``EVAL`` when the server does not have the script cached, so each
+costs one round trip; a settlement queued with ``settle_later`` rides along
+in the next admission's round trip (pipelined before it). Keys, per plugin (one hash tag, so a cluster
 keeps them in one slot)::
 
     <prefix>:{<plugin>}:res         ZSET  reservation id -> expiry
@@ -25,6 +26,7 @@ redis-py is imported when this store is first used, never at import time.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import re
 import threading
@@ -37,6 +39,7 @@ from plugin_llm.limits.store import (
     Denial,
     LimitStore,
     Reservation,
+    SettlementQueue,
     StoreError,
     buckets_at,
     deny,
@@ -44,6 +47,8 @@ from plugin_llm.limits.store import (
 )
 
 __all__ = ["RedisStore", "ADMIT_LUA", "SETTLE_LUA"]
+
+_log = logging.getLogger("plugin_llm.limits")
 
 _TTL_MINUTE = 120
 _TTL_DAY = 40 * 86400
@@ -199,6 +204,7 @@ class RedisStore(LimitStore):
             raise StoreError(f"limits.redis_url ({self._display}) is not usable: {_reason(exc, None)}") from None
         self.prefix = prefix
         self._sha: dict[str, str] = {}
+        self._queue = SettlementQueue(self._apply_queued, "redis", timeout)
         self._idle: list[Any] = []  # connections not in use, most recently used last
         self._idle_lock = threading.Lock()
         self._pid = os.getpid()
@@ -224,42 +230,79 @@ class RedisStore(LimitStore):
                 return
         conn.disconnect()
 
-    def _script(self, source: str, keys: list[str], args: list[Any], timeout: float):
+    def _send_and_read(self, conn, commands: list[tuple[str, list[str], list[Any]]], *, source_always: bool = False) -> list:
+        """Send every script in one write and read every reply: one round trip. An error reply is
+        returned as its exception (the connection stays in step)."""
+        redis = self._redis
+        packed = []
+        for source, keys, args in commands:
+            sha = None if source_always else self._sha.get(source)
+            head = (_pack_head("EVALSHA", sha, len(keys), len(args)) if sha is not None
+                    else _pack_head("EVAL", source, len(keys), len(args)))
+            packed.append(head + _pack_tail(keys, args))
+        conn.send_packed_command([b"".join(packed)], check_health=False)
+        replies: list[Any] = []
+        for source, _, _ in commands:
+            try:
+                replies.append(conn.read_response())
+            except redis.exceptions.ResponseError as exc:
+                replies.append(exc)
+                continue
+            if source not in self._sha:
+                self._sha[source] = hashlib.sha1(source.encode()).hexdigest()
+        return replies
+
+    def _run_scripts(self, commands: list[tuple[str, list[str], list[Any]]], timeout: float) -> list:
+        """Run ``commands`` (source, keys, args) in one round trip (two if the server lost its script cache)."""
         redis = self._redis
         t = max(0.001, timeout)
         conn = None
+        sent = False
         try:
             conn = self._take()
             conn.socket_timeout = conn.socket_connect_timeout = t
             sock = getattr(conn, "_sock", None)
             if sock is not None:
                 sock.settimeout(t)
-            tail = _pack_tail(keys, args)
-            sha = self._sha.get(source)
-            reply = None
-            if sha is not None:
-                conn.send_packed_command([_pack_head("EVALSHA", sha, len(keys), len(args)) + tail], check_health=False)
-                try:
-                    reply = conn.read_response()
-                except redis.exceptions.NoScriptError:
-                    sha = None  # the server restarted or flushed its script cache: send the source again
-            if sha is None:
-                conn.send_packed_command([_pack_head("EVAL", source, len(keys), len(args)) + tail], check_health=False)
-                reply = conn.read_response()
-                self._sha[source] = hashlib.sha1(source.encode()).hexdigest()
+            if sock is None:
+                conn.connect()  # connect first, so that a refused connection is known to have sent nothing
+            sent = True
+            replies = self._send_and_read(conn, commands)
+            lost = [i for i, r in enumerate(replies) if isinstance(r, redis.exceptions.NoScriptError)]
+            if lost:  # the server restarted or flushed its script cache: send those sources again
+                for i, reply in zip(lost, self._send_and_read(conn, [commands[i] for i in lost], source_always=True)):
+                    replies[i] = reply
             self._give_back(conn)
-            return reply
-        except redis.exceptions.ResponseError as exc:
-            self._give_back(conn)  # the server answered: the connection is in step
-            raise StoreError(f"the Redis limits store ({self._display}) refused the script: {_reason(exc, self._secret)}") from None
+            return replies
         except (redis.RedisError, OSError) as exc:
             if conn is not None:
                 conn.disconnect()
-            raise StoreError(f"the Redis limits store ({self._display}) failed: {_reason(exc, self._secret)}") from None
+            error = StoreError(f"the Redis limits store ({self._display}) failed: {_reason(exc, self._secret)}")
+            error.maybe_applied = sent
+            raise error from None
         except BaseException:
             if conn is not None:
                 conn.disconnect()  # a half-read reply must not be read by the next call
             raise
+
+    def _script(self, source: str, keys: list[str], args: list[Any], timeout: float):
+        (reply,) = self._run_scripts([(source, keys, args)], timeout)
+        if isinstance(reply, Exception):
+            raise StoreError(f"the Redis limits store ({self._display}) refused the script: {_reason(reply, self._secret)}")
+        return reply
+
+    def _settled(self, replies: list, count: int) -> None:
+        for reply in replies[:count]:
+            if isinstance(reply, Exception):
+                _log.error("limits: the Redis limits store (%s) refused a settlement: %s", self._display,
+                           _reason(reply, self._secret))
+
+    def _lost(self, items: list, exc: StoreError) -> None:
+        if getattr(exc, "maybe_applied", True):  # sent: applied or not, nobody knows; never apply twice
+            _log.error("limits: %d settlement(s) may be lost with the Redis limits store (%s); their "
+                       "reservations count until they expire: %s", len(items), self._display, exc)
+        else:
+            self._queue.put_back(items)
 
     def _keys(self, plugin_id: str, minute: str, day: str, month: str) -> list[str]:
         p = f"{self.prefix}:{{{_key_id(plugin_id)}}}"
@@ -274,19 +317,47 @@ class RedisStore(LimitStore):
                 limits.budget_day_nano, limits.budget_month_nano)
         args = [repr(now), repr(expires), rid, int(reservation.cost_nano), int(reservation.tokens), b.minute, b.day, b.month,
                 *(-1 if c is None else int(c) for c in caps)]
-        reply = self._script(ADMIT_LUA, self._keys(plugin_id, b.minute, b.day, b.month), args, timeout)
+        queued = self._queue.take()  # settlements ride along in the same round trip, before the admission
+        try:
+            replies = self._run_scripts([*queued, (ADMIT_LUA, self._keys(plugin_id, b.minute, b.day, b.month), args)], timeout)
+        except StoreError as exc:
+            if queued:
+                self._lost(queued, exc)
+            raise
+        self._settled(replies, len(queued))
+        reply = replies[-1]
+        if isinstance(reply, Exception):
+            raise StoreError(f"the Redis limits store ({self._display}) refused the script: {_reason(reply, self._secret)}")
         if int(reply[0]) == 1:
             return Admission(plugin_id, rid, reservation.cost_nano, reservation.tokens, b, expires)
         earliest = float(reply[4])
         return deny(plugin_id, limits, int(reply[1]) - 1, int(reply[2]), int(reply[3]), reservation, b,
                     earliest if earliest >= 0 else None)
 
-    def settle(self, admission: Admission, cost_nano: int, tokens: int, *, timeout: float) -> None:
+    def _settle_command(self, admission: Admission, cost_nano: int, tokens: int) -> tuple[str, list[str], list[Any]]:
         a, b = admission, admission.buckets
-        self._script(SETTLE_LUA, self._keys(a.plugin_id, b.minute, b.day, b.month),
-                     [a.reservation_id, max(0, int(cost_nano)), max(0, int(tokens))], timeout)
+        return (SETTLE_LUA, self._keys(a.plugin_id, b.minute, b.day, b.month),
+                [a.reservation_id, max(0, int(cost_nano)), max(0, int(tokens))])
+
+    def settle(self, admission: Admission, cost_nano: int, tokens: int, *, timeout: float) -> None:
+        self._script(*self._settle_command(admission, cost_nano, tokens), timeout)
+
+    def settle_later(self, admission: Admission, cost_nano: int, tokens: int) -> None:
+        self._queue.add(self._settle_command(admission, cost_nano, tokens))
+
+    def _apply_queued(self, items: list, timeout: float) -> None:
+        try:
+            replies = self._run_scripts(items, timeout)
+        except StoreError as exc:
+            self._lost(items, exc)
+            raise
+        self._settled(replies, len(items))
+
+    def flush(self, *, timeout: float) -> None:
+        self._queue.flush(timeout)
 
     def counters(self, plugin_id: str, now: float, *, timeout: float) -> Counters:
+        self._queue.flush(timeout)
         b = buckets_at(now)
         r = self._script(READ_LUA, self._keys(plugin_id, b.minute, b.day, b.month), [repr(now), b.minute, b.day, b.month], timeout)
         earliest = float(r[1])
@@ -298,11 +369,16 @@ class RedisStore(LimitStore):
         )
 
     def reset(self, plugin_id: str, now: float, *, timeout: float) -> None:
+        self._queue.flush(timeout)
         b = buckets_at(now)
         keys = self._keys(plugin_id, b.minute, b.day, b.month)[2:]
         self._script("redis.call('DEL', KEYS[1], KEYS[2], KEYS[3]) return 1", keys, [], timeout)
 
     def close(self) -> None:
+        try:
+            self._queue.flush()
+        except StoreError:
+            pass  # logged by _lost
         with self._idle_lock:
             idle, self._idle = self._idle, []
         for conn in idle:

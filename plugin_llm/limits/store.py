@@ -17,14 +17,18 @@ a window boundary never overwrites spend, and the month keeps every day's.
 
 from __future__ import annotations
 
+import atexit
 import calendar
 import itertools
+import logging
 import os
+import threading
 import time
+import weakref
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Callable
 
 from plugin_llm.errors import PluginLlmQuotaError
 from plugin_llm.limits.settings import NANO, PluginLimits
@@ -41,6 +45,8 @@ __all__ = [
     "StoreError",
     "PluginLlmLimitError",
     "LimitStore",
+    "SettlementQueue",
+    "FLUSH_DELAY",
     "buckets_at",
     "decide",
     "deny",
@@ -48,6 +54,8 @@ __all__ = [
     "iso_utc",
     "new_reservation_id",
 ]
+
+_log = logging.getLogger("plugin_llm.limits")
 
 #: limits in the order a store checks them; the first one exceeded decides
 LIMIT_NAMES = ("max_concurrent", "requests_per_minute", "tokens_per_minute", "budget_usd.day", "budget_usd.month")
@@ -379,5 +387,107 @@ class LimitStore(ABC):
 
         Calls in flight keep their reservations and settle normally."""
 
+    def settle_later(self, admission: Admission, cost_nano: int, tokens: int) -> None:
+        """:meth:`settle`, off the caller's path: queued, then applied in the same transaction (or
+        round trip) as this process's next admission, or by a background flush a few ms later,
+        whichever comes first; :meth:`counters`, :meth:`reset` and process exit flush first. Until
+        applied, the reservation (never less than the actual) keeps counting: conservative.
+        The default settles at once."""
+        self.settle(admission, cost_nano, tokens, timeout=2.0)
+
+    def flush(self, *, timeout: float) -> None:
+        """Apply every queued :meth:`settle_later` now (no-op for a store that never queues)."""
+
     def close(self) -> None:
         """Release connections (optional)."""
+
+
+#: how long a queued settlement may wait for the next admission before the background flush
+FLUSH_DELAY = 0.005
+
+
+class SettlementQueue:
+    """Settlements waiting to ride along with the next admission (one store operation per call
+    instead of two), with a background thread that applies them after :data:`FLUSH_DELAY` when
+    no admission comes. ``apply(items, timeout)`` is the store's batch settle; it may raise
+    :class:`StoreError`, after which the store decides (``put_back`` when nothing was applied)."""
+
+    def __init__(self, apply: Callable[[list[Any], float], None], name: str, timeout: float) -> None:
+        self._apply = apply
+        self._name = name
+        self._timeout = timeout
+        self._lock = threading.Lock()
+        self._items: list[Any] = []
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._pid = os.getpid()
+        _QUEUES.add(self)
+
+    def _reset_after_fork(self) -> None:
+        # the parent's queued settlements are the parent's to apply; this process starts empty
+        self._lock = threading.Lock()
+        self._items = []
+        self._wake = threading.Event()
+        self._thread = None
+        self._pid = os.getpid()
+
+    def add(self, item: Any) -> None:
+        with self._lock:
+            self._items.append(item)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name=f"plugin-llm-limits-{self._name}", daemon=True)
+                self._thread.start()
+        self._wake.set()
+
+    def take(self) -> list[Any]:
+        if not self._items:  # the common case needs no lock: a racing add is taken next time
+            return []
+        with self._lock:
+            items, self._items = self._items, []
+        return items
+
+    def put_back(self, items: list[Any]) -> None:
+        """Return settlements a failed operation did not apply (they go first, in order)."""
+        if items:
+            with self._lock:
+                self._items[:0] = items
+            self._wake.set()
+
+    def flush(self, timeout: float | None = None) -> None:
+        items = self.take()
+        if items:
+            self._apply(items, self._timeout if timeout is None else timeout)
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait()
+            time.sleep(FLUSH_DELAY)  # an admission in the meantime takes the items with it
+            self._wake.clear()
+            try:
+                self.flush()
+            except StoreError as exc:
+                _log.error("limits: %s store: queued settlements not applied yet: %s", self._name, exc)
+                time.sleep(min(1.0, self._timeout))  # the store is down: retry calmly
+            except Exception:  # noqa: BLE001 - the flusher must survive a store defect
+                _log.exception("limits: %s store: flushing settlements failed", self._name)
+
+
+_QUEUES: "weakref.WeakSet[SettlementQueue]" = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for queue in list(_QUEUES):
+        queue._reset_after_fork()
+
+
+def _flush_at_exit() -> None:
+    for queue in list(_QUEUES):
+        if queue._pid == os.getpid():
+            try:
+                queue.flush()
+            except Exception:  # noqa: BLE001 - at exit, log and go
+                _log.exception("limits: settlements not applied at exit")
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+atexit.register(_flush_at_exit)
