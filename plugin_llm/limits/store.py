@@ -459,6 +459,7 @@ class SettlementQueue:
             self._apply(items, self._timeout if timeout is None else timeout)
 
     def _run(self) -> None:
+        logged = -1e9
         while True:
             self._wake.wait()
             time.sleep(FLUSH_DELAY)  # an admission in the meantime takes the items with it
@@ -466,8 +467,10 @@ class SettlementQueue:
             try:
                 self.flush()
             except StoreError as exc:
-                _log.error("limits: %s store: queued settlements not applied yet: %s", self._name, exc)
-                time.sleep(min(1.0, self._timeout))  # the store is down: retry calmly
+                if time.monotonic() - logged >= 60.0:  # the store is down: say so once a minute, retry each second
+                    logged = time.monotonic()
+                    _log.error("limits: %s store: queued settlements not applied yet (retrying): %s", self._name, exc)
+                time.sleep(1.0)
             except Exception:  # noqa: BLE001 - the flusher must survive a store defect
                 _log.exception("limits: %s store: flushing settlements failed", self._name)
 
