@@ -147,15 +147,17 @@ def open_log_file(path: Path) -> BinaryIO:
 
 
 @contextmanager
-def snapshot(log_path: Path) -> Iterator[list[SnapshotFile]]:
+def snapshot(log_path: Path, extra: tuple[Path, ...] = ()) -> Iterator[list[SnapshotFile]]:
     """Open every log file (oldest first) at a consistent instant; close them on exit.
 
+    ``extra`` files (e.g. the checkpoints file) are opened in the same instant,
+    when they exist, and appended after the log files (tell them apart by path).
     Raises ``OSError`` when one of them cannot be read or is not a regular file.
     """
     opened: list[SnapshotFile] = []
     try:
         with _shared_lock(log_path):
-            for path in list_log_files(log_path):
+            for path in [*list_log_files(log_path), *extra]:
                 try:
                     f = open_log_file(path)
                 except FileNotFoundError:

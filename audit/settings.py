@@ -5,12 +5,25 @@ cache once ``write`` returns, so it survives a crash of the host *process* but
 the last few seconds can be lost if the *machine* loses power; ``"always"``
 calls ``fsync`` after every record, which survives power loss but costs one
 disk flush per call (typically 0.1-10 ms, see ``benchmarks/bench_audit.py``).
+
+Signed checkpoints (:mod:`audit.checkpoints`), on when a signing key exists:
+
+- ``checkpoint_every`` (default 1000): a checkpoint whenever the head ``seq``
+  is a multiple of it (so any number of writer processes agree);
+- ``checkpoint_seconds`` (default 60): at most this long after a record
+  that no checkpoint covers yet (and at clean shutdown, and on rotation);
+- ``signing_key`` (default ``keys/audit-signing.key``, relative to the home):
+  the private key file ``plugin-llm audit keygen`` writes;
+- ``key_cmd``: a command printing the private key instead (argv list, or a
+  string split like a shell would), e.g. ``[pass, show, hermes/audit-key]``.
 """
 
 from __future__ import annotations
 
 import difflib
+import math
 import re
+import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
@@ -29,6 +42,10 @@ class AuditSettings:
     max_bytes: int = 50 * 1024**2  #: rotate agent.log beyond this size; 0 = never rotate
     backup_count: int = 10  #: keep agent.log.1 .. agent.log.N; 0 = drop the old file on rotation
     fsync: str = "never"  #: "never" | "always" (see module docstring)
+    checkpoint_every: int = 1000  #: a signed checkpoint when the head seq is a multiple of this
+    checkpoint_seconds: float = 60.0  #: ... and at most this long after an uncovered record
+    signing_key: str = ""  #: private key file ("" = keys/audit-signing.key in the home)
+    key_cmd: tuple[str, ...] = ()  #: or a command printing the private key
 
     def __post_init__(self) -> None:
         if not isinstance(self.log_content, bool) or not isinstance(self.required, bool):
@@ -39,6 +56,16 @@ class AuditSettings:
             raise ValueError(f"audit.backup_count must be a whole number >= 0; got {self.backup_count!r}")
         if self.fsync not in FSYNC_POLICIES:
             raise ValueError(f"audit.fsync must be one of {', '.join(FSYNC_POLICIES)}; got {self.fsync!r}")
+        every = self.checkpoint_every
+        if isinstance(every, bool) or not isinstance(every, int) or not 1 <= every <= 10**9:
+            raise ValueError(f"audit.checkpoint_every must be a whole number of records >= 1; got {every!r}")
+        seconds = self.checkpoint_seconds
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) or not 0 < seconds <= 86400:
+            raise ValueError(f"audit.checkpoint_seconds must be a number of seconds > 0 (at most a day); got {seconds!r}")
+        if not isinstance(self.signing_key, str) or "\0" in self.signing_key:
+            raise ValueError("audit.signing_key must be a file path")
+        if not isinstance(self.key_cmd, tuple) or not all(isinstance(a, str) and a and "\0" not in a for a in self.key_cmd):
+            raise ValueError("audit.key_cmd must be a command: a list of arguments or one string")
 
 
 _SIZE = re.compile(r"^\s*(\d+)\s*([kmg]i?b?|b)?\s*$", re.IGNORECASE)
@@ -90,10 +117,27 @@ def parse_audit_settings(section: Mapping[str, Any] | None) -> tuple[AuditSettin
                 values[key] = _parse_bool(raw)
             elif key == "max_bytes":
                 values[key] = _parse_size(raw)
-            elif key == "backup_count":
+            elif key in ("backup_count", "checkpoint_every"):
                 if isinstance(raw, bool) or not isinstance(raw, int):
                     raise ValueError
                 values[key] = raw
+            elif key == "checkpoint_seconds":
+                if isinstance(raw, bool) or not isinstance(raw, (int, float)):
+                    raise ValueError
+                values[key] = float(raw)
+            elif key == "signing_key":
+                if not isinstance(raw, str) or not raw.strip():
+                    raise ValueError
+                values[key] = raw.strip()
+            elif key == "key_cmd":
+                if isinstance(raw, str):
+                    values[key] = tuple(shlex.split(raw))
+                elif isinstance(raw, list) and all(isinstance(a, (str, int, float)) and not isinstance(a, bool) for a in raw):
+                    values[key] = tuple(str(a) for a in raw)
+                else:
+                    raise ValueError
+                if not values[key]:
+                    raise ValueError
             else:
                 values[key] = str(raw).strip().lower()
             AuditSettings(**{key: values[key]})
@@ -103,5 +147,8 @@ def parse_audit_settings(section: Mapping[str, Any] | None) -> tuple[AuditSettin
                 values[key] = False
                 warnings.append(f"audit.{key}: {raw!r} is not true/false; treated as false")
             else:
-                warnings.append(f"audit.{key}: invalid value {raw!r}; using the default {getattr(defaults, key)!r}")
+                shown = repr(raw) if len(repr(raw)) <= 60 else repr(raw)[:57] + "..."
+                if key == "key_cmd":
+                    shown = "(not shown)"  # could hold a secret
+                warnings.append(f"audit.{key}: invalid value {shown}; using the default {getattr(defaults, key)!r}")
     return AuditSettings(**values), warnings

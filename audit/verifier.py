@@ -57,7 +57,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from audit.chain import (
@@ -70,16 +72,21 @@ from audit.chain import (
     loads_line,
     parse_fields,
 )
+from audit.checkpoints import CheckpointReport, check_checkpoints, checkpoints_path
 from audit.errors import AuditLogNotFoundError
 from audit.logfiles import resolve_log_path, skip_line, snapshot
+from audit.signing import Verifier
 from audit.records import EVENT, EVENT_CHAIN_RESUMED
 
-__all__ = ["VerifyProblem", "VerifyResult", "verify", "PROBLEM_KINDS"]
+__all__ = ["VerifyProblem", "VerifyResult", "CheckpointSummary", "verify", "PROBLEM_KINDS", "WARNING_KINDS"]
 
 PROBLEM_KINDS = (
     "bad_json", "oversized", "duplicate_key", "torn", "not_a_record", "edited", "not_canonical",
-    "broken_link", "seq_gap", "seq_order", "history_start", "anchor",
+    "broken_link", "seq_gap", "seq_order", "inserted", "history_start", "anchor",
+    "checkpoint_mismatch", "truncated", "checkpoint_signature", "checkpoint_key", "checkpoint_fork",
+    "checkpoint_bad", "checkpoint_missing",
 )
+WARNING_KINDS = ("torn", "history_start", "unverified_tail", "checkpoint_torn", "checkpoint_unchecked")
 _RESUMED_NEEDLE = b'"' + EVENT_CHAIN_RESUMED.encode() + b'"'
 _MAX_PENDING_BYTES = 16 * 1024 * 1024
 _TOO_LONG = f"longer than {MAX_LINE_BYTES // (1024 * 1024)} MiB"
@@ -99,8 +106,31 @@ class VerifyProblem:
 
 
 @dataclass
+class CheckpointSummary:
+    """What the signed checkpoints proved (see :mod:`audit.checkpoints`)."""
+
+    file: str
+    present: bool = False
+    checked: bool = False  #: signatures were checked against public keys
+    count: int = 0  #: blocks in the file
+    valid: int = 0  #: checkpoints with a valid signature by a trusted key
+    last_seq: int | None = None  #: the newest valid checkpoint
+    last_time: str | None = None
+    covered_seq: int | None = None  #: records 1..covered_seq are pinned by a signature
+    pruned_through: int | None = None  #: a signed rotation says records 1..N were pruned
+    keys: list[str] = field(default_factory=list)  #: key ids that signed
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass
 class VerifyResult:
-    """Outcome of :func:`verify`; ``ok`` is True only when the chain is whole."""
+    """Outcome of :func:`verify`; ``ok`` is True only when no problem was found.
+
+    ``problems`` lists every problem found (at most ``max_findings``; ``more``
+    counts the rest), ``first_error`` is the first of them.
+    """
 
     ok: bool
     records: int
@@ -109,15 +139,22 @@ class VerifyResult:
     warnings: list[VerifyProblem] = field(default_factory=list)
     head_seq: int | None = None
     head_hash: str | None = None
+    problems: list[VerifyProblem] = field(default_factory=list)
+    more: int = 0
+    checkpoints: CheckpointSummary | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "ok": self.ok,
             "records": self.records,
             "files": self.files,
+            "findings": [dict(p.__dict__, severity="error") for p in self.problems]
+            + [dict(w.__dict__, severity="warning") for w in self.warnings],
+            "more_findings": self.more,
             "first_error": None if self.first_error is None else self.first_error.__dict__,
             "warnings": [w.__dict__ for w in self.warnings],
             "head": None if self.head_seq is None else {"seq": self.head_seq, "hash": self.head_hash},
+            "checkpoints": None if self.checkpoints is None else self.checkpoints.as_dict(),
         }
 
 
@@ -130,9 +167,17 @@ class _Bad:
     detail: str
 
 
-class _Stop(Exception):
-    def __init__(self, problem: VerifyProblem) -> None:
-        self.problem = problem
+class _Findings:
+    """Problems, bounded: the first ``limit`` are kept, the rest counted."""
+
+    def __init__(self, result: VerifyResult, limit: int) -> None:
+        self.result, self.limit = result, limit
+
+    def __call__(self, problem: VerifyProblem) -> None:
+        if len(self.result.problems) < self.limit:
+            self.result.problems.append(problem)
+        else:
+            self.result.more += 1
 
 
 def _bad_kind(body: bytes, has_newline: bool, exc: ValueError) -> tuple[str, str]:
@@ -171,7 +216,7 @@ def _covers(event: dict[str, Any], pending: list[_Bad], event_offset: int) -> bo
     return hashlib.sha256(region[:torn_bytes]).hexdigest() == torn_sha
 
 
-def _check_head(name: str, number: int, body: bytes) -> None:
+def _check_head(name: str, number: int, body: bytes) -> VerifyProblem | None:
     """The last record in full, as ``strict`` checks every line.
 
     Its hash is no other line's ``prev_hash``, so it is the one line a forger can
@@ -181,14 +226,15 @@ def _check_head(name: str, number: int, body: bytes) -> None:
         record = loads_line(body)
     except ValueError as exc:
         kind, detail = _bad_kind(body, True, exc)
-        raise _Stop(VerifyProblem(name, number, kind, detail)) from None
+        return VerifyProblem(name, number, kind, detail)
     fields = parse_fields(record)
     if fields is None:
-        raise _Stop(VerifyProblem(name, number, "not_a_record", "JSON line without valid seq, prev_hash and hash"))
+        return VerifyProblem(name, number, "not_a_record", "JSON line without valid seq, prev_hash and hash")
     if line_verdict(body, record, fields.hash) != "ok":
-        raise _Stop(VerifyProblem(name, number, "not_canonical", (
+        return VerifyProblem(name, number, "not_canonical", (
             f"seq {fields.seq}: its hash covers these bytes, but they are not the writer's rendering of "
-            f"their content (the last record rewritten by another tool, with a recomputed hash?)")))
+            f"their content (the last record rewritten by another tool, with a recomputed hash?)"))
+    return None
 
 
 def verify(
@@ -197,150 +243,243 @@ def verify(
     strict: bool = False,
     anchor: tuple[int, str] | None = None,
     allow_pruned_head: bool = False,
+    pubkeys: Sequence[Verifier] | None = None,
+    max_findings: int = 1000,
 ) -> VerifyResult:
-    """Check the whole chain; see the module docstring for what is reported.
+    """Check the whole chain and its signed checkpoints; see the module docstring.
 
+    Every problem is reported (up to ``max_findings``), not only the first.
     By default a line is checked with one SHA-256 over its bytes as written
     (the writer's lines are canonical JSON plus the hash), falling back to
     parsing and re-rendering; ``strict`` always parses. ``anchor`` is a
     ``(seq, hash)`` recorded earlier: it must still be in the log.
     ``allow_pruned_head`` accepts a log whose oldest record is not seq 1 (old
-    files dropped by retention) with a ``history_start`` warning.
-    Raises :class:`AuditLogNotFoundError` when there is no log, ``OSError``
-    when a log file cannot be read or is not a regular file.
+    files dropped by retention) with a ``history_start`` warning; a signed
+    rotation checkpoint naming exactly the pruned records makes it unnecessary.
+    ``pubkeys`` are the public keys checkpoints are checked with; given, the
+    log must have valid checkpoints. Raises :class:`AuditLogNotFoundError`
+    when there is no log, ``OSError`` when a file cannot be read.
     """
     log_path = resolve_log_path(path_or_home)
+    cp_path = checkpoints_path(log_path)
     result = VerifyResult(ok=False, records=0, files=[])
+    report = _Findings(result, max_findings)
     prev: LineFields | None = None
-    first_seq: int | None = None
+    first: LineFields | None = None
+    first_where: tuple[str, int] = ("", 0)
     pending: list[_Bad] = []
     pending_bytes = 0
-    gap: VerifyProblem | None = None  # seq jumped: the next record tells a gap from a swap
+    gap: tuple[VerifyProblem, LineFields] | None = None  # seq jumped: the next record tells a gap from a swap
     anchor_seen = False
     head: tuple[str, int, bytes] | None = None  # the last record, if only its hash was checked
     limit = MAX_LINE_BYTES + 1  # the line and its newline
-    try:
-        with snapshot(log_path) as snaps:
-            if not snaps:
-                raise AuditLogNotFoundError(log_path)
-            rotated = len(snaps) > 1 or snaps[0].path != log_path
-            for snap in snaps:
-                name = str(snap.path)
-                result.files.append(name)
-                f, size = snap.file, snap.size
-                f.seek(0)
-                readline = f.readline
-                offset = number = 0
-                while offset < size:  # iter_lines(), inlined: this loop runs a million times
-                    raw = readline(limit)
-                    if not raw:
-                        break
-                    number += 1
-                    line_offset = offset
-                    if len(raw) == limit and raw[-1] != 10:  # over-long: never held whole
-                        offset += len(raw) + skip_line(f)
-                        pending.append(_Bad(number, line_offset, b"", "oversized", _TOO_LONG))
-                        pending_bytes = _MAX_PENDING_BYTES + 1  # its bytes are not kept: nothing can cover them
+    with snapshot(log_path, extra=(cp_path,)) as opened:
+        snaps = [s for s in opened if s.path != cp_path]
+        cp_snap = next((s for s in opened if s.path == cp_path), None)
+        if not snaps:
+            raise AuditLogNotFoundError(log_path)
+        cps = check_checkpoints(cp_path, pubkeys, max_findings,
+                                file=cp_snap.file if cp_snap else None, size=cp_snap.size if cp_snap else 0) \
+            if cp_snap is not None else None
+        heads = cps.heads if cps is not None and cps.checked else {}
+        rotated = len(snaps) > 1 or snaps[0].path != log_path
+        for snap in snaps:
+            name = str(snap.path)
+            result.files.append(name)
+            f, size = snap.file, snap.size
+            f.seek(0)
+            readline = f.readline
+            offset = number = 0
+            while offset < size:  # iter_lines(), inlined: this loop runs a million times
+                raw = readline(limit)
+                if not raw:
+                    break
+                number += 1
+                line_offset = offset
+                if len(raw) == limit and raw[-1] != 10:  # over-long: never held whole
+                    offset += len(raw) + skip_line(f)
+                    pending.append(_Bad(number, line_offset, b"", "oversized", _TOO_LONG))
+                    pending_bytes = _MAX_PENDING_BYTES + 1  # its bytes are not kept: nothing can cover them
+                    continue
+                if offset + len(raw) > size:
+                    raw = raw[: size - offset]
+                offset += len(raw)
+                has_newline = raw.endswith(b"\n")
+                body = raw[:-1] if has_newline else raw
+                record: Any = None
+                checked = False
+                fields = None if strict else fast_fields(body)
+                if fields is None or _RESUMED_NEEDLE in body:
+                    try:
+                        record = loads_line(body)
+                    except ValueError as exc:  # LineError, UnicodeDecodeError too
+                        kind, detail = _bad_kind(body, has_newline, exc)
+                        pending_bytes += len(raw)
+                        pending.append(_Bad(number, line_offset, raw if pending_bytes <= _MAX_PENDING_BYTES else b"", kind, detail))
                         continue
-                    if offset + len(raw) > size:
-                        raw = raw[: size - offset]
-                    offset += len(raw)
-                    has_newline = raw.endswith(b"\n")
-                    body = raw[:-1] if has_newline else raw
-                    record: Any = None
-                    checked = False
-                    fields = None if strict else fast_fields(body)
-                    if fields is None or _RESUMED_NEEDLE in body:
-                        try:
-                            record = loads_line(body)
-                        except ValueError as exc:  # LineError, UnicodeDecodeError too
-                            kind, detail = _bad_kind(body, has_newline, exc)
-                            pending_bytes += len(raw)
-                            pending.append(_Bad(number, line_offset, raw if pending_bytes <= _MAX_PENDING_BYTES else b"", kind, detail))
-                            continue
+                if fields is None:
+                    checked = True
+                    fields = parse_fields(record)
                     if fields is None:
-                        checked = True
-                        fields = parse_fields(record)
-                        if fields is None:
-                            raise _Stop(VerifyProblem(name, number, "not_a_record", "JSON line without valid seq, prev_hash and hash"))
-                        verdict = line_verdict(body, record, fields.hash)
-                        if verdict == "edited" and strict and fast_fields(body) is not None:
-                            raise _Stop(VerifyProblem(name, number, "not_canonical", (
-                                f"seq {fields.seq}: its hash covers these bytes, but they are not the writer's "
-                                f"rendering of their content (written by another tool, with a recomputed hash?)")))
-                        if verdict == "edited":
-                            raise _Stop(VerifyProblem(name, number, "edited", f"seq {fields.seq}: content does not match its hash"))
-                        if verdict == "not_canonical":
-                            raise _Stop(VerifyProblem(name, number, "not_canonical", (
-                                f"seq {fields.seq}: the content matches its hash, but the line is not byte for byte "
-                                f"the writer's rendering (re-encoded: spacing, escapes, key order or number forms)")))
-                    if pending:
-                        resumed = isinstance(record, dict) and record.get(EVENT) == EVENT_CHAIN_RESUMED
-                        if resumed and _covers(record, pending, line_offset):
-                            for bad in pending:
-                                result.warnings.append(VerifyProblem(
-                                    name, bad.line, "torn",
-                                    f"{bad.detail}; recovered by chain_resumed at line {number}",
-                                ))
-                            pending, pending_bytes = [], 0
-                        else:
-                            bad = pending[0]
-                            raise _Stop(VerifyProblem(name, bad.line, bad.kind, bad.detail))
-                    if not has_newline:
-                        result.warnings.append(VerifyProblem(name, number, "torn", "last record lacks its final newline"))
-                    # -- the chain itself --
-                    if gap is not None:
-                        if prev is not None and fields.seq == prev.seq + 1:
-                            raise _Stop(VerifyProblem(gap.file, gap.line, "seq_order", gap.detail + "; records are out of order"))
-                        raise _Stop(gap)
-                    if prev is None:
-                        first_seq = fields.seq
-                        if fields.seq == 1 and fields.prev_hash != GENESIS_HASH:
-                            raise _Stop(VerifyProblem(name, number, "broken_link", "seq 1 does not start from the genesis hash"))
-                        if fields.seq > 1:
-                            problem = VerifyProblem(name, number, "history_start",
-                                                    _history_start(str(log_path), number, fields.seq, rotated))
-                            if not allow_pruned_head:
-                                raise _Stop(problem)
-                            result.warnings.append(VerifyProblem(
-                                name, number, "history_start",
-                                f"the retained log starts at seq {fields.seq} (older records pruned by retention, "
-                                f"accepted by --allow-pruned-head); its prev_hash cannot be checked",
-                            ))
-                    elif fields.seq == prev.seq + 1:
-                        if fields.prev_hash != prev.hash:
-                            raise _Stop(VerifyProblem(name, number, "broken_link", f"seq {fields.seq}: prev_hash does not match the hash of seq {prev.seq}"))
-                    elif fields.seq <= prev.seq:
-                        raise _Stop(VerifyProblem(name, number, "seq_order", f"seq {fields.seq} after seq {prev.seq}"))
-                    else:
-                        gap = VerifyProblem(name, number, "seq_gap", f"seq {fields.seq} follows seq {prev.seq} (seq {prev.seq + 1} missing)")
+                        _flush(pending, name, report)
+                        pending, pending_bytes = [], 0
+                        report(VerifyProblem(name, number, "not_a_record", "JSON line without valid seq, prev_hash and hash"))
                         continue
-                    if anchor is not None and fields.seq == anchor[0]:
-                        anchor_seen = True
-                        if fields.hash != anchor[1]:
-                            raise _Stop(VerifyProblem(name, number, "anchor", f"seq {fields.seq} has hash {fields.hash}, the anchor says {anchor[1]}"))
-                    prev = fields
-                    head = None if checked else (name, number, body)
-                    result.records += 1
+                    verdict = line_verdict(body, record, fields.hash)
+                    if verdict == "edited" and strict and fast_fields(body) is not None:
+                        report(VerifyProblem(name, number, "not_canonical", (
+                            f"seq {fields.seq}: its hash covers these bytes, but they are not the writer's "
+                            f"rendering of their content (written by another tool, with a recomputed hash?)")))
+                    elif verdict == "edited":
+                        report(VerifyProblem(name, number, "edited", f"seq {fields.seq}: content does not match its hash"))
+                    elif verdict == "not_canonical":
+                        report(VerifyProblem(name, number, "not_canonical", (
+                            f"seq {fields.seq}: the content matches its hash, but the line is not byte for byte "
+                            f"the writer's rendering (re-encoded: spacing, escapes, key order or number forms)")))
                 if pending:
-                    bad = pending[0]
-                    raise _Stop(VerifyProblem(name, bad.line, bad.kind, bad.detail))
-            if gap is not None:
-                raise _Stop(gap)
-            if head is not None:
-                _check_head(*head)
-            if anchor is not None and not anchor_seen:
-                if prev is None or prev.seq < anchor[0]:
-                    last = result.files[-1]
-                    raise _Stop(VerifyProblem(last, 0, "anchor", f"the log ends at seq {prev.seq if prev else 0} but the anchor names seq {anchor[0]} (truncated?)"))
-                raise _Stop(VerifyProblem(result.files[0], 0, "anchor", (
-                    f"the anchored record seq {anchor[0]} is not in the log, which starts at seq {first_seq}: "
-                    f"it was pruned by retention or deleted; an anchor must name a record that is still "
-                    f"retained (keep a newer head from verify)")))
-    except _Stop as stop:
-        result.first_error = stop.problem
-    else:
-        result.ok = True
+                    resumed = isinstance(record, dict) and record.get(EVENT) == EVENT_CHAIN_RESUMED
+                    if resumed and _covers(record, pending, line_offset):
+                        for bad in pending:
+                            result.warnings.append(VerifyProblem(
+                                name, bad.line, "torn",
+                                f"{bad.detail}; recovered by chain_resumed at line {number}",
+                            ))
+                    else:
+                        _flush(pending, name, report)
+                    pending, pending_bytes = [], 0
+                if not has_newline:
+                    result.warnings.append(VerifyProblem(name, number, "torn", "last record lacks its final newline"))
+                signed = heads.get(fields.seq) if heads else None
+                if signed is not None and signed[0] != fields.hash:
+                    report(VerifyProblem(name, number, "checkpoint_mismatch", (
+                        f"seq {fields.seq} has hash {fields.hash[:16]}..., but the signed checkpoint at "
+                        f"{cp_path.name}:{signed[1]} says {signed[0][:16]}...: records up to seq {fields.seq} were "
+                        f"rewritten after they were signed (edited, inserted or deleted, the chain recomputed)")))
+                # -- the chain itself --
+                if gap is not None:
+                    problem, later = gap
+                    gap = None
+                    if prev is not None and fields.seq == prev.seq + 1:
+                        report(VerifyProblem(problem.file, problem.line, "seq_order", problem.detail + "; records are out of order"))
+                        prev = later if later.seq > fields.seq else fields
+                        result.records += 1
+                        head = None
+                        continue
+                    report(problem)
+                    prev = later
+                if prev is None:
+                    first, first_where = fields, (name, number)
+                    if fields.seq == 1 and fields.prev_hash != GENESIS_HASH:
+                        report(VerifyProblem(name, number, "broken_link", "seq 1 does not start from the genesis hash"))
+                elif fields.seq == prev.seq + 1:
+                    if fields.prev_hash != prev.hash:
+                        report(VerifyProblem(name, number, "broken_link", f"seq {fields.seq}: prev_hash does not match the hash of seq {prev.seq}"))
+                elif fields.seq <= prev.seq:
+                    if fields.seq == prev.seq and fields.hash != prev.hash:
+                        report(VerifyProblem(name, number, "inserted", f"a second record claims seq {fields.seq} (one was inserted)"))
+                    else:
+                        report(VerifyProblem(name, number, "seq_order", f"seq {fields.seq} after seq {prev.seq}"))
+                    continue
+                else:
+                    gap = (VerifyProblem(name, number, "seq_gap", f"seq {fields.seq} follows seq {prev.seq} (seq {prev.seq + 1} missing)"), fields)
+                    result.records += 1
+                    head = None if checked else (name, number, body)
+                    continue
+                if anchor is not None and fields.seq == anchor[0]:
+                    anchor_seen = True
+                    if fields.hash != anchor[1]:
+                        report(VerifyProblem(name, number, "anchor", f"seq {fields.seq} has hash {fields.hash}, the anchor says {anchor[1]}"))
+                prev = fields
+                head = None if checked else (name, number, body)
+                result.records += 1
+            if pending:
+                _flush(pending, name, report)
+                pending, pending_bytes = [], 0
+        if gap is not None:
+            report(gap[0])
+            prev = gap[1]
+        if head is not None:
+            problem = _check_head(*head)
+            if problem is not None:
+                report(problem)
+        last_file = result.files[-1]
+        if anchor is not None and not anchor_seen:
+            if prev is None or prev.seq < anchor[0]:
+                report(VerifyProblem(last_file, 0, "anchor", f"the log ends at seq {prev.seq if prev else 0} but the anchor names seq {anchor[0]} (truncated?)"))
+            else:
+                report(VerifyProblem(result.files[0], 0, "anchor", (
+                    f"the anchored record seq {anchor[0]} is not in the log, which starts at seq "
+                    f"{first.seq if first else 0}: it was pruned by retention or deleted; an anchor must name a record "
+                    f"that is still retained (keep a newer head from verify)")))
+    summary = _checkpoint_verdicts(cps, cp_path, pubkeys, prev, result, report)
+    if first is not None and first.seq > 1:
+        proof = None
+        if cps is not None and cps.checked:
+            proof = next((line for seq, digest, line in cps.pruned if seq == first.seq - 1 and digest == first.prev_hash), None)
+        if proof is not None:
+            summary.pruned_through = first.seq - 1  # type: ignore[union-attr]
+        elif allow_pruned_head:
+            result.warnings.append(VerifyProblem(
+                first_where[0], first_where[1], "history_start",
+                f"the retained log starts at seq {first.seq} (older records pruned by retention, "
+                f"accepted by --allow-pruned-head); its prev_hash cannot be checked",
+            ))
+        else:
+            result.problems.insert(0, VerifyProblem(first_where[0], first_where[1], "history_start",
+                                                    _history_start(str(log_path), first_where[1], first.seq, rotated)))
+    result.checkpoints = summary
+    result.ok = not result.problems and not result.more
+    result.first_error = result.problems[0] if result.problems else None
     if prev is not None:
         result.head_seq, result.head_hash = prev.seq, prev.hash
     return result
+
+
+def _flush(pending: list[_Bad], name: str, report: _Findings) -> None:
+    for bad in pending:
+        report(VerifyProblem(name, bad.line, bad.kind, bad.detail))
+
+
+def _checkpoint_verdicts(
+    cps: CheckpointReport | None,
+    cp_path: Path,
+    pubkeys: Sequence[Verifier] | None,
+    prev: LineFields | None,
+    result: VerifyResult,
+    report: _Findings,
+) -> CheckpointSummary:
+    """The findings of the checkpoints file, and what it says about the end of the log."""
+    where = str(cp_path)
+    summary = CheckpointSummary(where)
+    if cps is None:
+        if pubkeys and prev is not None:
+            report(VerifyProblem(where, 0, "checkpoint_missing", (
+                f"the log has {prev.seq} records but {cp_path.name} does not exist: the checkpoints were deleted "
+                f"(a log signed from its first `audit keygen` on always has them)")))
+        return summary
+    summary.present, summary.checked, summary.count, summary.valid = True, cps.checked, cps.blocks, cps.valid
+    summary.keys = list(cps.keys)
+    for line, kind, detail in cps.problems:
+        report(VerifyProblem(where, line, kind, detail))
+    for line, kind, detail in cps.warnings:
+        result.warnings.append(VerifyProblem(where, line, kind, detail))
+    if not cps.checked:
+        return summary
+    if cps.last is None:
+        if prev is not None and cps.blocks == 0:
+            report(VerifyProblem(where, 0, "checkpoint_missing", (
+                f"the log has {prev.seq} records but no signed checkpoint (the checkpoints were emptied)")))
+        return summary
+    seq, digest, line, time = cps.last
+    summary.last_seq, summary.last_time = seq, time
+    end = prev.seq if prev is not None else 0
+    summary.covered_seq = min(seq, end)
+    if seq > end:
+        report(VerifyProblem(where, line, "truncated", (
+            f"the signed checkpoint of {time or 'unknown time'} covers records up to seq {seq}, but the log ends "
+            f"at seq {end}: records {end + 1}..{seq} were deleted from its end")))
+    elif end > seq:
+        result.warnings.append(VerifyProblem(result.files[-1] if result.files else where, 0, "unverified_tail", (
+            f"records {seq + 1}..{end} are newer than the last signed checkpoint (seq {seq}, {time or 'unknown time'}): "
+            f"not covered by a signature yet (a writer still running, or one that crashed before checkpointing)")))
+    return summary

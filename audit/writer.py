@@ -16,6 +16,15 @@ and writes a chained ``chain_resumed`` event naming the torn bytes (offset,
 length, SHA-256); the chain continues from the last complete record.
 ``verify`` accepts an unparseable line only when such an event follows it.
 
+Signed checkpoints: with a signing key (:mod:`audit.signing`; none: nothing
+changes), the writer appends a signed checkpoint (:mod:`audit.checkpoints`)
+to ``agent.log.checkpoints`` under the same locks: whenever the head ``seq``
+is a multiple of ``checkpoint_every``, ``checkpoint_seconds`` after a record
+no checkpoint covers yet (a daemon timer), at :meth:`AuditLog.close` and at
+interpreter exit, and at every rotation -- naming, in a signed ``pruned``
+line, the last record of the files retention is about to delete, so a
+pruned head is provable rather than merely allowed.
+
 Failures never break a call unless ``settings.required``: the record is
 counted as lost, the problem is reported once on stderr, and the next line
 that is written carries ``audit_write_error`` (what failed, how many records
@@ -24,6 +33,7 @@ were lost, since when).
 
 from __future__ import annotations
 
+import atexit
 import errno
 import fcntl
 import hashlib
@@ -39,6 +49,8 @@ from typing import Any
 import structlog
 
 from audit.chain import GENESIS_HASH, MAX_LINE_BYTES, LineFields, fast_fields, loads_line, parse_fields
+from audit.checkpoints import MAX_BLOCK, checkpoints_path
+from audit.checkpoints import render as render_checkpoint
 from audit.errors import AuditWriteError
 from audit.logfiles import backup_path, iter_lines_reverse, list_log_files, lock_path
 from audit.processors import build_chain, format_ts
@@ -144,6 +156,7 @@ class AuditLog:
         redact: Callable[[str], str] | None = None,
         clock: Callable[[], float] | None = None,
         write_fn: WriteFn | None = None,
+        signer: Any = "auto",
     ) -> None:
         self.path = Path(path).expanduser()
         self._lock_path = lock_path(self.path)
@@ -161,6 +174,17 @@ class AuditLog:
         self._hash = GENESIS_HASH
         self._failure: _Failure | None = None
         self._no_rotate = False
+        # checkpoints: "auto" = the key named by the settings, loaded on first use
+        self._signer_auto = signer == "auto"
+        self._signer: Any = None if self._signer_auto else signer
+        self._signer_loaded = not self._signer_auto
+        self._signer_stamp: tuple[int, int, int] | None = None
+        self._cp_fd: int | None = None
+        self._cp_known: tuple[int, int] | None = None
+        self._cp_seq: int | None = None  # head seq of the last checkpoint this instance wrote
+        self._dirty = False  # records written since then
+        self._timer: threading.Timer | None = None
+        self._cp_failed = False
         self._logger = self._make_logger()
         _INSTANCES.add(self)
 
@@ -222,11 +246,41 @@ class AuditLog:
                 self._close_fds()
                 raise AuditWriteError(self.path, _describe(exc)) from None
 
+    @property
+    def signer(self) -> Any:
+        """The signing key in use (None: no checkpoints); loads it on first use."""
+        with self._tlock:
+            self._ensure_signer()
+            return self._signer
+
+    def checkpoint(self, reason: str = "manual", *, signers: Any = None, extensions: tuple[str, ...] = ()) -> tuple[int, str]:
+        """Append a signed checkpoint of the current head now; returns ``(seq, hash)``.
+
+        ``signers`` (default: the writer's key) sign it together, e.g. the old
+        and the new key of a key rotation. Raises ``OSError`` when the files
+        cannot be written and ``AuditKeyError``-like ``ValueError`` without a key.
+        """
+        with self._tlock:
+            self._prepare()
+            try:
+                self._sync_tail()
+                self._ensure_signer()
+                chosen = list(signers) if signers else ([self._signer] if self._signer is not None else [])
+                if not chosen:
+                    raise ValueError("no audit signing key: run `plugin-llm audit keygen` first")
+                self._write_checkpoint(reason, extensions, chosen)
+                return self._seq, self._hash
+            finally:
+                fcntl.flock(self._lock_fd, fcntl.LOCK_UN)  # type: ignore[arg-type]
+
     def update_settings(self, settings: AuditSettings) -> None:
         """Apply new settings (config hot reload) from the next record on."""
         with self._tlock:
+            key_changed = (settings.signing_key, settings.key_cmd) != (self._settings.signing_key, self._settings.key_cmd)
             self._settings = settings
             self._logger = self._make_logger()
+            if key_changed and self._signer_auto:
+                self._signer_loaded = False
 
     def set_redactor(self, redact: Callable[[str], str] | None) -> None:
         """Replace the redactor (e.g. when credentials are reloaded)."""
@@ -235,8 +289,12 @@ class AuditLog:
             self._logger = self._make_logger()
 
     def close(self) -> None:
-        """Close the file descriptors; the next write reopens them."""
+        """Checkpoint what this instance wrote since its last checkpoint (clean shutdown),
+        then close the file descriptors; the next write reopens them."""
         with self._tlock:
+            self._cancel_timer()
+            if self._dirty and self._signer is not None:
+                self._checkpoint_locked("shutdown")
             self._close_fds()
 
     def __enter__(self) -> AuditLog:
@@ -266,6 +324,10 @@ class AuditLog:
                     event_dict[PREV_HASH] = self._hash
                     record = self._logger.write(event_dict)
                     self._seq, self._hash = record[SEQ], record[HASH]
+                    if self._signer is not None:
+                        self._after_record()
+                    elif self._signer_auto and self._seq % self._settings.checkpoint_every == 0:
+                        self._ensure_signer()  # a key created since (keygen while the host runs)
                 finally:
                     fcntl.flock(self._lock_fd, fcntl.LOCK_UN)  # type: ignore[arg-type]
             except Exception as exc:  # noqa: BLE001 - a logging failure must not break the call
@@ -277,6 +339,8 @@ class AuditLog:
         """Open what is needed (after a fork: anew) and take the process lock."""
         if self._pid != os.getpid():
             self._after_fork()
+        if not self._signer_loaded:
+            self._ensure_signer()
         if self._lock_fd is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._lock_fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, _FILE_MODE)
@@ -396,6 +460,8 @@ class AuditLog:
     def _rotate(self) -> None:
         """agent.log -> agent.log.1 -> ... -> agent.log.N (dropped), then a fresh agent.log."""
         keep = self._settings.backup_count
+        if self._signer is not None:
+            self._checkpoint_rotation(keep)
         for path in list_log_files(self.path)[:-1]:
             index = int(path.name.rsplit(".", 1)[1])
             if index >= keep:
@@ -416,6 +482,173 @@ class AuditLog:
             finally:
                 os.close(dir_fd)
         self._known = (st.st_ino, st.st_size)
+
+    # -- checkpoints ------------------------------------------------------------
+
+    def _home(self) -> Path:
+        return self.path.parent.parent  # <home>/logs/agent.log
+
+    def _ensure_signer(self) -> None:
+        """Load (or reload, when the key file changed) the signing key named by the settings."""
+        if not self._signer_auto:
+            return
+        from audit.signing import AuditKeyError, key_file, load_signer
+
+        settings = self._settings
+        path = key_file(self._home(), settings.signing_key or None)
+        if self._signer_loaded:
+            if settings.key_cmd:
+                return
+            try:
+                st = os.stat(path)
+                stamp: tuple[int, int, int] | None = (st.st_ino, st.st_mtime_ns, st.st_size)
+            except OSError:
+                stamp = None
+            if stamp == self._signer_stamp:
+                return
+        self._signer_loaded = True
+        try:
+            st = os.stat(path)
+            self._signer_stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
+        except OSError:
+            self._signer_stamp = None
+        try:
+            self._signer = load_signer(path, settings.key_cmd)
+        except (AuditKeyError, OSError) as exc:
+            self._signer = None
+            reason = str(exc) if isinstance(exc, AuditKeyError) else f"{path}: {_describe(exc)}"
+            self._report(f"audit signing key not used, so no signed checkpoints are written: {reason}")
+
+    def _after_record(self) -> None:
+        """Lock held, a record just written: checkpoint on a multiple of N, else arm the timer."""
+        self._dirty = True
+        if self._seq % self._settings.checkpoint_every == 0:
+            self._ensure_signer()  # the key file may have been rotated
+            if self._signer is not None:
+                try:
+                    self._write_checkpoint("records", (), [self._signer])
+                except Exception as exc:  # noqa: BLE001 - a checkpoint failure must not break the call
+                    self._checkpoint_failed(exc)
+        elif self._timer is None:
+            ref = weakref.ref(self)
+            timer = threading.Timer(self._settings.checkpoint_seconds, _timer_fired, (ref,))
+            timer.daemon = True
+            self._timer = timer
+            timer.start()
+
+    def _cancel_timer(self) -> None:
+        timer, self._timer = self._timer, None
+        if timer is not None:
+            timer.cancel()
+
+    def _on_timer(self) -> None:
+        with self._tlock:
+            self._timer = None
+            if not self._dirty or self._signer is None or self._pid != os.getpid():
+                return
+            self._checkpoint_locked("interval")
+
+    def _checkpoint_locked(self, reason: str) -> None:
+        """Thread lock held, flock maybe not: take it, checkpoint the head, never raise."""
+        try:
+            self._prepare()
+            try:
+                self._sync_tail()
+                self._write_checkpoint(reason, (), [self._signer])
+            finally:
+                fcntl.flock(self._lock_fd, fcntl.LOCK_UN)  # type: ignore[arg-type]
+        except Exception as exc:  # noqa: BLE001 - a checkpoint failure must not break the call
+            self._checkpoint_failed(exc)
+
+    def _checkpoint_failed(self, exc: BaseException) -> None:
+        self._cp_known = None
+        if not self._cp_failed:
+            self._cp_failed = True
+            self._report(f"audit checkpoint could not be written to {checkpoints_path(self.path)} ({_describe(exc)}); "
+                         f"records stay chained but are not covered by a signature until one can")
+
+    def _checkpoint_rotation(self, keep: int) -> None:
+        """Before rotating: a checkpoint of the head, naming the newest record retention deletes."""
+        files = list_log_files(self.path)
+        doomed = [p for p in files[:-1] if int(p.name.rsplit(".", 1)[1]) >= keep]
+        if keep == 0 and files and files[-1] == self.path:
+            doomed.append(self.path)
+        extensions: tuple[str, ...] = ()
+        if doomed:
+            newest = doomed[-1]  # files are oldest first; the active file last
+            fields: LineFields | None = None
+            try:
+                fd = os.open(newest, os.O_RDONLY | os.O_CLOEXEC)
+                try:
+                    found = _last_record(fd, os.fstat(fd).st_size)
+                finally:
+                    os.close(fd)
+                fields = found[0] if found else None
+            except OSError:
+                fields = None
+            if fields is not None:
+                extensions = (f"pruned {fields.seq} {fields.hash}",)
+        try:
+            self._write_checkpoint("rotate", extensions, [self._signer])
+        except Exception as exc:  # noqa: BLE001
+            self._checkpoint_failed(exc)
+
+    def _write_checkpoint(self, reason: str, extensions: tuple[str, ...] | list[str], signers: list[Any]) -> None:
+        """Both locks held: append one checkpoint of (self._seq, self._hash), recovering a torn tail first."""
+        fd = self._cp_fd
+        if fd is None:
+            fd = self._cp_fd = os.open(checkpoints_path(self.path), os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, _FILE_MODE)
+            self._cp_known = None
+        st = os.fstat(fd)
+        try:
+            on_disk = os.stat(checkpoints_path(self.path))
+        except FileNotFoundError:
+            on_disk = None
+        if on_disk is None or (on_disk.st_dev, on_disk.st_ino) != (st.st_dev, st.st_ino):
+            os.close(fd)
+            fd = self._cp_fd = os.open(checkpoints_path(self.path), os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, _FILE_MODE)
+            st = os.fstat(fd)
+            self._cp_known = None
+        size = st.st_size
+        lines = [f"time {format_ts(self._clock())}", f"reason {reason}"]
+        if self._cp_known != (st.st_ino, size) and size:
+            good_end = _checkpoints_good_end(fd, size)
+            if good_end < size:
+                torn = os.pread(fd, size - good_end, good_end) if size - good_end <= MAX_BLOCK * 4 else b""
+                digest = hashlib.sha256(torn).hexdigest() if torn else self._digest_fd(fd, good_end, size)
+                self._write_fd(fd, b"\n\n\n")
+                size += 3
+                lines.append(f"torn {good_end} {st.st_size - good_end} {digest}")
+                self._report(f"audit checkpoints {checkpoints_path(self.path)}: {st.st_size - good_end} byte(s) at offset "
+                             f"{good_end} are a torn checkpoint (a crash during a write); named in the next one")
+        lines.extend(extensions)
+        data = render_checkpoint(signers[0].name, self._seq, self._hash, lines, signers)
+        self._cp_known = None
+        self._write_fd(fd, data)
+        if self._settings.fsync == "always":
+            os.fsync(fd)
+        self._cp_known = (st.st_ino, size + len(data))
+        self._cp_seq = self._seq
+        self._dirty = False
+        self._cp_failed = False
+
+    def _write_fd(self, fd: int, data: bytes) -> None:
+        while data:
+            written = self._write_fn(fd, data)
+            if written <= 0:
+                raise OSError(errno.EIO, "short write to the audit checkpoints")
+            data = data[written:]
+
+    def _digest_fd(self, fd: int, start: int, end: int) -> str:
+        digest = hashlib.sha256()
+        pos = start
+        while pos < end:
+            chunk = os.pread(fd, min(1 << 20, end - pos), pos)
+            if not chunk:
+                break
+            digest.update(chunk)
+            pos += len(chunk)
+        return digest.hexdigest()
 
     # -- failures ---------------------------------------------------------------
 
@@ -452,7 +685,8 @@ class AuditLog:
     # -- descriptors and fork ---------------------------------------------------
 
     def _close_fds(self) -> None:
-        for name in ("_fd", "_lock_fd"):
+        self._cp_known = None
+        for name in ("_fd", "_lock_fd", "_cp_fd"):
             fd = getattr(self, name)
             if fd is not None:
                 try:
@@ -466,7 +700,37 @@ class AuditLog:
     def _after_fork(self) -> None:
         """In a forked child: the inherited flock description is shared with the parent, so reopen."""
         self._pid = os.getpid()
+        self._timer = None  # the parent's timer thread does not exist here
+        self._dirty = False  # the parent checkpoints what it wrote
         self._close_fds()
+
+
+_SIG_LINE_START = "\u2014 ".encode("utf-8")
+
+
+def _checkpoints_good_end(fd: int, size: int) -> int:
+    """Offset just after the last complete checkpoint block in ``fd[:size]`` (a signature line + blank line)."""
+    window = min(size, MAX_BLOCK * 2)
+    base = size - window
+    data = os.pread(fd, window, base)
+    i = len(data)
+    while True:
+        j = data.rfind(b"\n\n", 0, i)
+        if j < 0:
+            return base
+        start = data.rfind(b"\n", 0, j) + 1
+        if data[start:j].startswith(_SIG_LINE_START) and (start > 0 or base == 0):
+            return base + j + 2
+        i = j + 1  # "\n\n\n": the pair starting one byte earlier is looked at next
+
+
+def _timer_fired(ref: "weakref.ref[AuditLog]") -> None:
+    log = ref()
+    if log is not None:
+        try:
+            log._on_timer()
+        except Exception:  # pragma: no cover - never let a timer thread die noisily
+            pass
 
 
 _INSTANCES: weakref.WeakSet[AuditLog] = weakref.WeakSet()
@@ -486,13 +750,16 @@ os.register_at_fork(after_in_child=_reinit_after_fork)
 
 
 def close_all() -> None:
-    """Close every audit log this process opened (each waits for a write in progress);
-    for a process that is about to end without running ``atexit`` handlers."""
+    """Close every audit log this process opened (each waits for a write in progress
+    and writes its shutdown checkpoint); also run at interpreter exit."""
     for log in list(_INSTANCES):
         try:
             log.close()
         except Exception:  # pragma: no cover - closing is best effort
             pass
+
+
+atexit.register(close_all)
 
 
 def get_audit_log(

@@ -1,0 +1,421 @@
+"""Signed checkpoints of the audit chain, in ``logs/agent.log.checkpoints``.
+
+With a signing key (:mod:`audit.signing`), the writer appends a checkpoint
+every ``audit.checkpoint_every`` records, ``audit.checkpoint_seconds`` after
+a record that no checkpoint covers yet, at clean shutdown, at each rotation
+and when a key is rotated. Each is a signed note in the spirit of C2SP
+tlog-checkpoint, followed by one blank line::
+
+    plugin-llm-audit/3f2a9c01d4e5b6a7        origin: the log (the signing key's name)
+    1234                                     seq of the head record = records since genesis
+    q83vEjRWeJq83vEjRWeJ...=                 the head record's hash, base64 (hex in the log)
+    time 2026-03-01T12:00:00.123Z            extension lines, "<word> <values>":
+    reason records                           why it was written (records, interval, shutdown,
+                                             rotate, keygen, key-rotation, resumed)
+    pruned 5000 9f2c...                      rotation dropped records 1..5000 (hash of seq 5000)
+    torn 1234 87 5e1d...                     these bytes of this file are a torn checkpoint
+    key plugin-llm-audit/...+abcd1234+AQ...  key rotation: a new key, signed by the old and the new
+
+    — plugin-llm-audit/3f2a9c01d4e5b6a7 AbCd...=
+
+A record's ``hash`` commits to every record before it, so a checkpoint at
+``seq`` N pins records 1..N: rewriting any of them and recomputing the
+unkeyed chain changes the hash at N, which no one without the private key
+can sign again. Checkpoints are written under the log's lock (the same
+``agent.log.lock``), one ``write`` each on an ``O_APPEND`` descriptor; after
+a crash mid-write the next writer closes the torn block with blank lines and
+names its bytes in a signed ``torn`` line of its next checkpoint.
+
+This module renders, parses and checks them; :func:`audit.verifier.verify`
+matches them against the records.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import os
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO
+
+from audit.signing import SIG_PREFIX, AuditKeyError, Signer, Verifier, parse_verifier
+
+__all__ = [
+    "CHECKPOINTS_SUFFIX",
+    "checkpoints_path",
+    "Checkpoint",
+    "Block",
+    "render",
+    "iter_blocks",
+    "CheckpointReport",
+    "check_checkpoints",
+]
+
+CHECKPOINTS_SUFFIX = ".checkpoints"
+MAX_LINE = 4096
+MAX_LINES = 64
+MAX_BLOCK = 64 * 1024
+_SEQ = re.compile(r"0|[1-9][0-9]{0,18}")
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+_SIG_PREFIX_B = SIG_PREFIX.encode("utf-8")
+
+
+def checkpoints_path(log_path: Path) -> Path:
+    return log_path.with_name(log_path.name + CHECKPOINTS_SUFFIX)
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """One parsed checkpoint (signatures not yet checked)."""
+
+    origin: str
+    seq: int
+    head: str  #: hex, as in the log
+    time: str | None
+    reason: str | None
+    pruned: tuple[int, str] | None
+    torn: tuple[int, int, str] | None
+    new_key: str | None
+    text: bytes  #: the signed text
+    signatures: tuple[tuple[str, int, bytes], ...]  #: (key name, key id, signature)
+
+
+@dataclass(frozen=True)
+class Block:
+    """A block of the file: ``checkpoint`` when it parses, else ``error``."""
+
+    line: int
+    offset: int
+    size: int
+    raw: bytes  #: its bytes (empty when longer than MAX_BLOCK)
+    checkpoint: Checkpoint | None
+    error: str | None
+    complete: bool  #: ended with its blank line (False: the file ends inside it)
+
+
+def render(origin: str, seq: int, head_hex: str, extensions: Sequence[str], signers: Sequence[Signer]) -> bytes:
+    """The bytes appended for one checkpoint: note text, blank line, signatures, blank line."""
+    head64 = base64.b64encode(bytes.fromhex(head_hex)).decode("ascii")
+    text = "".join(line + "\n" for line in (origin, str(seq), head64, *extensions)).encode("utf-8")
+    return text + b"\n" + b"".join(s.signature_line(text) for s in signers) + b"\n"
+
+
+def _parse(text_lines: list[bytes], sig_lines: list[bytes]) -> Checkpoint:
+    if len(text_lines) < 3:
+        raise ValueError("fewer than 3 lines before the signatures (origin, seq, hash)")
+    try:
+        lines = [ln.decode("utf-8") for ln in text_lines]
+    except UnicodeDecodeError:
+        raise ValueError("not UTF-8") from None
+    origin, seq_text, head64 = lines[0], lines[1], lines[2]
+    if not origin or any(c.isspace() or ord(c) < 32 for c in origin):
+        raise ValueError("bad origin line")
+    if not _SEQ.fullmatch(seq_text):
+        raise ValueError("the second line is not a record count")
+    try:
+        head = base64.b64decode(head64, validate=True)
+    except (binascii.Error, ValueError):
+        head = b""
+    if len(head) != 32:
+        raise ValueError("the third line is not a base64 SHA-256 hash")
+    time = reason = new_key = None
+    pruned: tuple[int, str] | None = None
+    torn: tuple[int, int, str] | None = None
+    for ext in lines[3:]:
+        word, _, rest = ext.partition(" ")
+        values = rest.split(" ")
+        if word == "time":
+            time = rest
+        elif word == "reason":
+            reason = rest
+        elif word == "pruned":
+            if len(values) != 2 or not _SEQ.fullmatch(values[0]) or not _HEX64.fullmatch(values[1]):
+                raise ValueError("bad 'pruned' line")
+            pruned = (int(values[0]), values[1])
+        elif word == "torn":
+            if len(values) != 3 or not _SEQ.fullmatch(values[0]) or not _SEQ.fullmatch(values[1]) or not _HEX64.fullmatch(values[2]):
+                raise ValueError("bad 'torn' line")
+            torn = (int(values[0]), int(values[1]), values[2])
+        elif word == "key":
+            new_key = rest
+        elif not word:
+            raise ValueError("an empty extension line")
+    sigs: list[tuple[str, int, bytes]] = []
+    for raw in sig_lines:
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ValueError("a signature line is not UTF-8") from None
+        if not line.startswith(SIG_PREFIX):
+            raise ValueError("a signature line does not start with '\u2014 '")
+        parts = line[len(SIG_PREFIX):].split(" ")
+        if len(parts) != 2:
+            raise ValueError("a signature line is not '\u2014 <name> <signature>'")
+        try:
+            blob = base64.b64decode(parts[1], validate=True)
+        except (binascii.Error, ValueError):
+            raise ValueError("a signature is not base64") from None
+        if len(blob) < 5:
+            raise ValueError("a signature is too short")
+        sigs.append((parts[0], int.from_bytes(blob[:4], "big"), blob[4:]))
+    text = b"".join(ln + b"\n" for ln in text_lines)
+    return Checkpoint(origin, int(seq_text), head.hex(), time, reason, pruned, torn, new_key, text, tuple(sigs))
+
+
+def iter_blocks(f: BinaryIO, size: int) -> Iterator[Block]:
+    """The blocks of a checkpoints file up to ``size``, bounded: lines of at most
+    :data:`MAX_LINE` bytes, blocks of at most :data:`MAX_LINES` lines."""
+    f.seek(0)
+    offset = 0
+    number = 0
+    while offset < size:
+        raw = f.readline(MAX_LINE + 1)
+        if not raw:
+            break
+        if offset + len(raw) > size:
+            raw = raw[: size - offset]
+        number += 1
+        if raw == b"\n":  # blank lines between blocks (after a torn one)
+            offset += 1
+            continue
+        start, first_line = offset, number
+        chunks: list[bytes] = []
+        text_lines: list[bytes] = []
+        sig_lines: list[bytes] = []
+        phase = "text"
+        error: str | None = None
+        complete = False
+        overlong = False
+        held = 0
+        while True:
+            held += len(raw)
+            if held <= MAX_BLOCK:
+                chunks.append(raw)
+            else:
+                overlong = True
+            offset += len(raw)
+            if not raw.endswith(b"\n"):
+                if offset >= size:
+                    error = error or "incomplete (the file ends inside it)"
+                    break
+                error = error or f"a line longer than {MAX_LINE} bytes"
+                chunks.append(b"")
+                overlong = True
+                while offset < size:  # read past the rest of it, holding nothing
+                    more = f.readline(MAX_LINE)
+                    if not more:
+                        break
+                    offset += len(more)
+                    if more.endswith(b"\n"):
+                        break
+            else:
+                body = raw[:-1]
+                if len(text_lines) + len(sig_lines) > MAX_LINES:
+                    if not body and (phase == "sigs" or not text_lines):
+                        complete = True
+                        break
+                    if not body:
+                        phase = "sigs"
+                elif phase == "text":
+                    if body:
+                        text_lines.append(body)
+                    else:
+                        phase = "sigs"
+                elif body:
+                    sig_lines.append(body)
+                else:
+                    complete = True
+                    if not sig_lines:
+                        error = error or "no signature"
+                    break
+            if len(text_lines) + len(sig_lines) > MAX_LINES:
+                error = error or f"more than {MAX_LINES} lines"
+            if offset >= size:
+                error = error or "incomplete (the file ends inside it)"
+                break
+            raw = f.readline(MAX_LINE + 1)
+            if not raw:
+                error = error or "incomplete (the file ends inside it)"
+                break
+            if offset + len(raw) > size:
+                raw = raw[: size - offset]
+            number += 1
+        block_bytes = b"".join(chunks) if not overlong and sum(map(len, chunks)) <= MAX_BLOCK else b""
+        checkpoint = None
+        if error is None:
+            try:
+                checkpoint = _parse(text_lines, sig_lines)
+            except ValueError as exc:
+                error = str(exc)
+        yield Block(first_line, start, offset - start, block_bytes, checkpoint, error, complete)
+
+
+# -- checking -----------------------------------------------------------------------------
+
+
+@dataclass
+class CheckpointReport:
+    """What the checkpoints file says, once signatures are checked.
+
+    ``heads`` maps a ``seq`` to ``(hash, line)`` of the valid checkpoints;
+    ``problems``/``warnings`` are ``(line, kind, detail)``.
+    """
+
+    path: Path
+    present: bool = False
+    checked: bool = False  #: signatures were checked (there were public keys)
+    blocks: int = 0
+    valid: int = 0
+    heads: dict[int, tuple[str, int]] = field(default_factory=dict)
+    last: tuple[int, str, int, str | None] | None = None  #: (seq, hash, line, time) of the newest valid one
+    origin: str | None = None
+    pruned: list[tuple[int, str, int]] = field(default_factory=list)  #: (through seq, its hash, line)
+    keys: list[str] = field(default_factory=list)  #: key ids that signed valid checkpoints
+    problems: list[tuple[int, str, str]] = field(default_factory=list)
+    warnings: list[tuple[int, str, str]] = field(default_factory=list)
+
+
+def _covers(cp: Checkpoint, pending: list[Block], block_offset: int, f: BinaryIO) -> bool:
+    """Does the checkpoint's signed ``torn`` line name exactly the bytes before it (padding aside)?"""
+    if cp.torn is None or not pending:
+        return False
+    offset, length, digest = cp.torn
+    if offset != pending[0].offset or offset + length > block_offset:
+        return False
+    here = f.tell()
+    try:
+        f.seek(offset)
+        h = hashlib.sha256()
+        left = length
+        while left:
+            chunk = f.read(min(left, 1 << 20))
+            if not chunk:
+                return False
+            h.update(chunk)
+            left -= len(chunk)
+        padding = f.read(block_offset - offset - length) if block_offset - offset - length <= MAX_BLOCK else b"x"
+    finally:
+        f.seek(here)
+    return h.hexdigest() == digest and not padding.strip(b"\n")
+
+
+def check_checkpoints(
+    path: Path,
+    verifiers: Sequence[Verifier] | None,
+    max_findings: int = 1000,
+    *,
+    file: BinaryIO | None = None,
+    size: int | None = None,
+) -> CheckpointReport:
+    """Parse ``path`` and check every checkpoint's signature against ``verifiers``.
+
+    A checkpoint counts only when a trusted key signed it validly; a ``key``
+    line in such a checkpoint, signed by that new key as well, adds the new key
+    (key rotation). Without ``verifiers`` nothing is trusted (a warning says so).
+    Raises ``OSError`` when the file exists but cannot be read.
+    """
+    from audit.logfiles import open_log_file
+
+    report = CheckpointReport(path)
+    if file is not None:
+        f = file
+    else:
+        try:
+            f = open_log_file(path)
+        except FileNotFoundError:
+            return report
+    report.present = True
+    report.checked = bool(verifiers)
+    trusted: dict[tuple[str, int], Verifier] = {(v.name, v.key_id): v for v in verifiers or ()}
+    keys_seen: dict[str, None] = {}
+    pending: list[Block] = []
+
+    def problem(line: int, kind: str, detail: str) -> None:
+        if len(report.problems) < max_findings:
+            report.problems.append((line, kind, detail))
+
+    if size is None:
+        size = os.fstat(f.fileno()).st_size
+    try:
+        for block in iter_blocks(f, size):
+            report.blocks += 1
+            cp = block.checkpoint
+            if cp is None:
+                pending.append(block)
+                continue
+            if not trusted:
+                continue
+            ok_sigs = [(n, k) for n, k, sig in cp.signatures if (n, k) in trusted and trusted[(n, k)].verify(cp.text, sig)]
+            bad_sigs = [(n, k) for n, k, sig in cp.signatures if (n, k) in trusted and (n, k) not in ok_sigs]
+            if bad_sigs:
+                name, key_id = bad_sigs[0]
+                problem(block.line, "checkpoint_signature", (
+                    f"checkpoint for seq {cp.seq}: the signature of key {key_id:08x} does not match its text "
+                    f"(the checkpoint was altered or forged)"))
+                continue
+            if not ok_sigs:
+                ids = ", ".join(f"{k:08x}" for _, k in cp.signatures) or "none"
+                problem(block.line, "checkpoint_key", (
+                    f"checkpoint for seq {cp.seq} is signed by key id(s) {ids}, none of them a public key given "
+                    f"(or endorsed by a key rotation): forged, or pass the auditor the right public keys"))
+                continue
+            if pending:
+                if _covers(cp, pending, block.offset, f):
+                    for bad in pending:
+                        report.warnings.append((bad.line, "checkpoint_torn", (
+                            f"a checkpoint torn by a crash ({bad.error}); recovered by the checkpoint at line {block.line}")))
+                else:
+                    for bad in pending:
+                        problem(bad.line, "checkpoint_bad", f"not a checkpoint: {bad.error}")
+                pending = []
+            if report.origin is None:
+                report.origin = cp.origin
+            elif cp.origin != report.origin:
+                problem(block.line, "checkpoint_bad", "checkpoint of another log (its origin line differs)")
+                continue
+            if cp.new_key is not None:
+                try:
+                    new = parse_verifier(cp.new_key, f"{path}:{block.line}")
+                except AuditKeyError as exc:
+                    problem(block.line, "checkpoint_bad", f"key rotation: {exc}")
+                    continue
+                signed_by_new = any((n, k) == (new.name, new.key_id) and new.verify(cp.text, sig) for n, k, sig in cp.signatures)
+                if not signed_by_new:
+                    problem(block.line, "checkpoint_key", "key rotation names a new key that did not sign it")
+                    continue
+                trusted[(new.name, new.key_id)] = new
+            for _, key_id in ok_sigs:
+                keys_seen[f"{key_id:08x}"] = None
+            report.valid += 1
+            seen = report.heads.get(cp.seq)
+            if seen is not None and seen[0] != cp.head:
+                problem(block.line, "checkpoint_fork", (
+                    f"two signed checkpoints for seq {cp.seq} with different heads (lines {seen[1]} and {block.line}): "
+                    f"the log was rewritten after the first one was signed"))
+                continue
+            if seen is None:
+                report.heads[cp.seq] = (cp.head, block.line)
+            if report.last is None or cp.seq >= report.last[0]:
+                report.last = (cp.seq, cp.head, block.line, cp.time)
+            if cp.pruned is not None:
+                report.pruned.append((cp.pruned[0], cp.pruned[1], block.line))
+    finally:
+        if file is None:
+            f.close()
+    for bad in pending:
+        if bad is pending[-1] and not bad.complete:
+            report.warnings.append((bad.line, "checkpoint_torn", (
+                f"the last checkpoint is incomplete ({bad.error}): a crash while writing it; "
+                f"the next writer recovers it")))
+        else:
+            problem(bad.line, "checkpoint_bad", f"not a checkpoint: {bad.error}")
+    report.keys = list(keys_seen)
+    if report.blocks and not trusted:
+        report.warnings.append((0, "checkpoint_unchecked", (
+            f"{report.blocks} checkpoint(s) not checked: no public key; pass --pubkey FILE "
+            f"(from `plugin-llm audit pubkey`) to check them")))
+    return report
