@@ -51,9 +51,18 @@ __all__ = ["FAST_PROVIDERS", "TESTED_LITELLM", "FAST_PATH_ENV", "decide", "FastR
 #: tests/test_transport_parity.py finds the same request body, text, model, usage
 #: and cost as through ``litellm.completion``. (``custom`` routes are ``openai``.)
 FAST_PROVIDERS = frozenset({
-    "openai", "openrouter", "groq", "deepseek", "mistral", "together_ai", "fireworks_ai", "deepinfra",
+    "openai", "openrouter", "deepseek", "mistral", "together_ai", "fireworks_ai", "deepinfra",
     "perplexity", "cerebras", "xai", "nvidia_nim", "hosted_vllm", "lm_studio", "sambanova", "nebius",
     "hyperbolic", "moonshot", "dashscope", "llamafile", "litellm_proxy",
+})
+#: the fast providers that ``litellm.completion`` sends through the openai SDK (its generic
+#: OpenAI-compatible branch): their replies are read as that branch reads them (the OpenAI
+#: config's reader, the model named "<provider>/<reported>"); the others through litellm's
+#: HTTP handler, which reads them with the provider config's own ``transform_response``.
+#: tests/test_transport_parity.py checks this split against litellm's dispatch.
+SDK_READ_PROVIDERS = frozenset({
+    "openai", "cerebras", "dashscope", "deepinfra", "hyperbolic", "litellm_proxy", "llamafile", "lm_studio",
+    "moonshot", "nebius", "nvidia_nim", "perplexity", "sambanova",
 })
 #: the litellm releases the fast path was tested with: [low, high) by (major, minor)
 TESTED_LITELLM = ((1, 110), (1, 111))
@@ -152,7 +161,10 @@ class FastRoute:
     prices: tuple[float, float, float | None, float | None] | None  # simple prices, or None
     priced: bool  # in the price map at all (False: cost is unknown)
     litellm: Any
-    plain_replies: bool  # the config reads replies with OpenAIGPTConfig.transform_response: see reply()
+    plain_replies: bool  # plain replies are read as OpenAIGPTConfig.transform_response reads them: see reply()
+    sdk: bool  # litellm.completion reaches this provider through the openai SDK (SDK_READ_PROVIDERS)
+    prefixed: bool  # the reported model is named "<provider>/<model>"
+    reader: Any  # the transform_response function litellm.completion reads this provider's replies with
 
     # -- per attempt: request
     def optional_params(self, params: dict[str, Any]) -> dict[str, Any]:
@@ -164,7 +176,7 @@ class FastRoute:
 
     def model_response(self) -> Any:
         response = self.litellm.ModelResponse()
-        if self.provider != "openai":  # as litellm.completion names the model of an OpenAI-compatible provider
+        if self.prefixed:  # as litellm.completion names the model of a provider it reaches through the openai SDK
             response.model = f"{self.provider}/{self.model}"
         return response
 
@@ -179,14 +191,14 @@ class FastRoute:
         full reader.
         """
         if self.plain_replies:
-            plain = _plain_reply(content, self.provider, self.model)
+            plain = _plain_reply(content, self.model, self.provider if self.prefixed else None)
             if plain is not None:
                 return plain
         import httpx
 
         raw = httpx.Response(status, headers=headers, content=content)
-        return self.config.transform_response(
-            model=self.model, raw_response=raw, model_response=self.model_response(), logging_obj=_NULL_LOGGING,
+        return self.reader(
+            self.config, model=self.model, raw_response=raw, model_response=self.model_response(), logging_obj=_NULL_LOGGING,
             request_data=body, messages=messages, optional_params=optional, litellm_params=self.litellm_params,
             encoding=None, api_key=None, json_mode=optional.get("json_mode"),
         )
@@ -195,7 +207,8 @@ class FastRoute:
         """An error status as litellm's exception (``get_error_class``, then litellm's exception mapping)."""
         from litellm.litellm_core_utils.exception_mapping_utils import exception_type
 
-        text = _error_text(content)
+        # the openai SDK hands litellm the error body's message; litellm's HTTP handler, the whole body
+        text = _error_text(content) if self.sdk else content.decode("utf-8", "replace")
         provider_error = self.config.get_error_class(error_message=text, status_code=status, headers=dict(headers))
         try:
             exception_type(model=self.model, original_exception=provider_error, custom_llm_provider=self.provider)
@@ -213,16 +226,15 @@ class FastRoute:
             inp, out, read, _ = self.prices
             read = inp if read is None else read
             return (prompt - cache_read) * inp + cache_read * read + completion * out
-        from litellm.cost_calculator import generic_cost_per_token
-
         usage = response.get("usage") if isinstance(response, dict) else getattr(response, "usage", None)
         if isinstance(usage, dict):  # a plain reply: litellm's calculator takes its Usage
             usage = self.litellm.Usage(**usage)
         if usage is None:
             return None
-        try:
-            inp_cost, out_cost = generic_cost_per_token(model=self.model, usage=usage,
-                                                        custom_llm_provider=self.provider)
+        try:  # litellm's own calculator (tiers, provider rules such as fireworks' by model size)
+            inp_cost, out_cost = self.litellm.cost_per_token(
+                model=self.model, custom_llm_provider=self.provider, usage_object=usage,
+                prompt_tokens=prompt, completion_tokens=completion)
         except Exception:
             return None
         return as_cost(inp_cost + out_cost)
@@ -250,11 +262,15 @@ def _error_text(content: bytes) -> str:
 
 
 def _prices(litellm: Any, model: str, provider: str) -> tuple[bool, tuple | None]:
-    """(in the price map, simple per-token prices or None when litellm's calculator is needed)."""
+    """(priced at all, simple per-token prices or None when litellm's calculator is needed)."""
     try:
         info = litellm.get_model_info(model=model, custom_llm_provider=provider)
-    except Exception:
-        return False, None
+    except Exception:  # not in the price map: a provider-wide rule may still price it
+        try:
+            litellm.cost_per_token(model=model, custom_llm_provider=provider, prompt_tokens=1, completion_tokens=1)
+        except Exception:
+            return False, None
+        return True, None
     costs = {k for k, v in info.items() if "cost" in k and v is not None
              and not k.endswith(_INAPPLICABLE_PRICE_SUFFIXES) and k != "search_context_cost_per_query"}
     if not costs <= _SIMPLE_PRICES or info.get("input_cost_per_token") is None \
@@ -272,6 +288,8 @@ _ROUTES_LOCK = threading.Lock()
 
 def fast_route(litellm: Any, route: Route) -> "FastRoute | str":
     """The route's :class:`FastRoute`, or why it takes the fallback (decided once per route)."""
+    if switched_off():  # looked up per call: the switch takes effect without a restart
+        return f"{FAST_PATH_ENV}=0 sends every call through litellm.completion"
     key = (route.provider, route.litellm_model, route.base_url)
     found = _ROUTES.get(key)
     if found is None:
@@ -305,12 +323,14 @@ def _build(litellm: Any, route: Route) -> "FastRoute | str":
     priced, prices = _prices(litellm, model, provider)
     from litellm.llms.openai.chat.gpt_transformation import OpenAIGPTConfig
 
-    plain = getattr(type(config), "transform_response", None) is OpenAIGPTConfig.transform_response
+    reader = OpenAIGPTConfig.transform_response if provider in SDK_READ_PROVIDERS else type(config).transform_response
     return FastRoute(
         provider=provider, model=model, api_base=api_base, config=config,
         supported=frozenset(config.get_supported_openai_params(model) or ()) & frozenset(_PARAMS),
         litellm_params={"custom_llm_provider": provider, "api_base": api_base},
-        prices=prices, priced=priced, litellm=litellm, plain_replies=plain,
+        prices=prices, priced=priced, litellm=litellm, plain_replies=reader is OpenAIGPTConfig.transform_response,
+        sdk=provider in SDK_READ_PROVIDERS, prefixed=provider in SDK_READ_PROVIDERS and provider != "openai",
+        reader=reader,
     )
 
 
@@ -320,7 +340,7 @@ _NULLABLE_MESSAGE = frozenset({"tool_calls", "function_call", "refusal", "audio"
 _PLAIN_CHOICE = frozenset({"index", "message", "finish_reason", "logprobs"})
 
 
-def _plain_reply(content: bytes, provider: str, model: str) -> dict | None:
+def _plain_reply(content: bytes, model: str, prefix: str | None) -> dict | None:
     """A plain text chat completion as the few fields the gateway reads, or None when it is anything else.
 
     Plain: one or more choices, the first a dict with a ``message`` of role and
@@ -363,8 +383,8 @@ def _plain_reply(content: bytes, provider: str, model: str) -> dict | None:
     reported = doc.get("model")
     if reported is not None and not isinstance(reported, str):
         return None
-    if provider != "openai":  # litellm.completion reports "<provider>/<model>" for OpenAI-compatible providers
-        reported = f"{provider}/{reported if reported is not None else model}"
+    if prefix is not None:
+        reported = f"{prefix}/{reported if reported is not None else model}"
     return {"choices": [{"message": {"role": "assistant", "content": text}, "finish_reason": map_finish_reason(finish)}],
             "model": reported, "usage": usage}
 
