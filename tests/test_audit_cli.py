@@ -57,7 +57,8 @@ def test_bare_audit_prints_help(capsys):
 def test_tail_shows_time_plugin_status_model_tokens_cost_purpose(hermes_home, capsys):
     fill(hermes_home)
     assert main(["audit", "tail", "-n", "3"]) == 0
-    out = capsys.readouterr().out.splitlines()
+    header, *out = capsys.readouterr().out.splitlines()
+    assert header.split()[:4] == ["TIME", "PLUGIN", "STATUS", "MODEL"]  # column titles first (issue 12)
     assert len(out) == 3
     assert out[0].split() == ["2026-03-01", "00:04:00Z", "alpha", "ok", "gpt-4o-mini-2024-07-18", "104/10",
                               "$0.001500", "job", "4"]
@@ -75,7 +76,7 @@ def test_tail_json_and_explicit_home(hermes_home, tmp_path, capsys, monkeypatch)
 def test_tail_follow_stops_after_max_wait(hermes_home, capsys):
     fill(hermes_home)
     assert main(["audit", "tail", "-n", "1", "-f", "--max-wait", "0.05"]) == 0
-    assert len(capsys.readouterr().out.splitlines()) == 1
+    assert len(capsys.readouterr().out.splitlines()) == 2  # the header row and the record
 
 
 def test_human_output_escapes_control_characters(hermes_home, capsys):
@@ -84,7 +85,7 @@ def test_human_output_escapes_control_characters(hermes_home, capsys):
     )
     assert main(["audit", "query"]) == 0
     out = capsys.readouterr().out
-    assert out.count("\n") == 1 and "\x1b" not in out and 'x\\n{"forged": 1}\\x1b[2J' in out
+    assert out.count("\n") == 2 and "\x1b" not in out  # the header row and the one record and 'x\\n{"forged": 1}\\x1b[2J' in out
 
 
 def test_query_filters_and_json(hermes_home, capsys):
@@ -127,7 +128,7 @@ def test_stats_table_and_json(hermes_home, capsys):
     alpha = next(line for line in out.splitlines() if line.startswith("alpha"))
     # alpha: calls 0, 2 (denied), 4 -> 3 calls, 1 denial; tokens 100+102+104; cost 3 x 0.0015;
     # latencies of non-denied calls: 10, 50 -> p50 10, p95 50
-    assert alpha.split() == ["alpha", "3", "1", "0", "306", "30", "0.004500", "10.0", "50.0"]
+    assert alpha.split() == ["alpha", "3", "1", "0", "306", "30", "0.004500", "0", "10.0", "50.0"]  # 0 unpriced
     assert main(["audit", "stats", "--json", "--plugin", "beta"]) == 0
     doc = json.loads(capsys.readouterr().out)
     (beta,) = doc["by_plugin"]

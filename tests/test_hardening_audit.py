@@ -208,11 +208,11 @@ def test_every_bad_flag_value_is_one_line_naming_the_flag(log_path, capsys, argv
 
 def test_huge_counts_mean_everything(log_path, capsys):
     code, out, _ = run_cli(capsys, "query", "--limit", "1" + "0" * 30)
-    assert code == 0 and len(out.splitlines()) == N
+    assert code == 0 and len(out.splitlines()) == N + 1  # and the header row
     code, out, _ = run_cli(capsys, "query", "--limit", "9" * 5000, "--json")
     assert code == 0 and len(out.splitlines()) == N
     code, out, _ = run_cli(capsys, "tail", "-n", "1" + "0" * 30)
-    assert code == 0 and len(out.splitlines()) == N
+    assert code == 0 and len(out.splitlines()) == N + 1
 
 
 def test_parse_time_out_of_range_is_a_value_error():

@@ -1,8 +1,12 @@
-"""``plugin-llm audit tail | query | stats | verify``: the auditor's commands.
+"""``plugin-llm audit tail | query | stats | export | verify | keygen | pubkey``: the auditor's commands.
 
 Reads ``<home>/logs/agent.log`` and its rotated backups through the ``audit``
-package's read API (never the writer, never litellm). Every listing has
-``--json``; ``query`` streams, so it works on logs of any size.
+package's read API (never litellm). Every listing has ``--json``; ``query``
+and ``export`` stream, so they work on logs of any size.
+
+``verify`` exit codes: 0 the chain and its checkpoints are whole (warnings,
+e.g. records newer than the last checkpoint, allowed); 1 at least one problem
+was found (all are listed); 2 the log is missing or an option is wrong.
 """
 
 from __future__ import annotations
@@ -91,7 +95,34 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     verify.add_argument("--allow-pruned-head", action="store_true",
                         help="accept a log whose oldest record is not seq 1 because retention (audit.backup_count) "
                              "dropped old files; without it that is a failure")
-    verify.add_argument("--json", action="store_true", help="one JSON document")
+    verify.add_argument("--pubkey", metavar="FILE",
+                        help="public key file(s) from `plugin-llm audit pubkey`: check the signed checkpoints with "
+                             "them (default: the home's keys/audit-signing.pub, unless --log is given)")
+    verify.add_argument("--json", action="store_true", help="one JSON document; 'findings' lists every problem and warning")
+
+    export = actions.add_parser("export", parents=[common, filters], help="records as CSV, JSON lines or OTLP JSON logs",
+                                description="Write the matching records, oldest first, for spreadsheets (csv), "
+                                            "scripts (jsonl) or a SIEM / OpenTelemetry collector (otlp: OTLP/JSON "
+                                            "logs with OpenTelemetry GenAI attribute names).")
+    export.add_argument("--format", required=True, metavar="FORMAT", help="csv, jsonl or otlp")
+    export.add_argument("--events", action="store_true", help="include operational events")
+    export.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of stdout")
+
+    keygen = actions.add_parser("keygen", parents=[common], help="create (or rotate) the key that signs checkpoints",
+                                description="Create the Ed25519 key the writer signs checkpoints with "
+                                            "(<home>/keys/audit-signing.key, mode 0600, or audit.signing_key) and "
+                                            "write a first checkpoint. --rotate replaces it: a checkpoint signed "
+                                            "by the old and the new key hands over, so auditors holding the old "
+                                            "public key can check later checkpoints too.")
+    keygen.add_argument("--rotate", action="store_true", help="replace the existing key")
+    keygen.add_argument("--stdout", action="store_true",
+                        help="print the private key instead of writing it (to store in a password manager "
+                             "for audit.key_cmd)")
+
+    pubkey = actions.add_parser("pubkey", parents=[common], help="print the public key(s) for auditors",
+                                description="Print every public key checkpoints of this home were signed with "
+                                            "(newest last): give this file to auditors for `audit verify --pubkey`.")
+    pubkey.add_argument("--json", action="store_true", help="one JSON document")
 
     parser.set_defaults(func=run, _audit_parser=parser)
 
@@ -136,10 +167,13 @@ def run(args: argparse.Namespace) -> int:
         return 2
     from audit.errors import AuditLogNotFoundError
 
-    handler = {"tail": _tail, "query": _query, "stats": _stats, "verify": _verify}[action]
+    from audit.signing import AuditKeyError
+
+    handler = {"tail": _tail, "query": _query, "stats": _stats, "verify": _verify, "export": _export,
+               "keygen": _keygen, "pubkey": _pubkey}[action]
     try:
-        return handler(args, _log_path(args))
-    except AuditLogNotFoundError as exc:
+        return handler(args, _log_path(args, must_exist=action not in ("keygen", "pubkey")))
+    except (AuditLogNotFoundError, AuditKeyError) as exc:
         raise CliError(str(exc)) from None
     except BrokenPipeError:  # e.g. `plugin-llm audit query | head`
         _silence_stdout()
@@ -150,12 +184,12 @@ def run(args: argparse.Namespace) -> int:
                        f"point --log at an agent.log file (or --home at a Hermes home)") from None
 
 
-def _log_path(args: argparse.Namespace) -> Path:
+def _log_path(args: argparse.Namespace, must_exist: bool = True) -> Path:
     from audit.logfiles import resolve_log_path
 
     if args.log:
         path = Path(args.log).expanduser()
-        if not path.exists():
+        if not path.exists() and must_exist:
             raise CliError(f"no audit log at {path} (from --log)")
         return resolve_log_path(path)
     home = Path(args.home).expanduser() if args.home else _default_home()
@@ -195,13 +229,31 @@ def _time(text: str | None, option: str) -> Any:
         raise CliError(f"{option}: {exc}") from None
 
 
+def _statuses(text: str | None) -> str | None:
+    """``--status`` checked against the statuses the gateway writes."""
+    if text is None:
+        return None
+    from audit.records import STATUSES
+
+    values = [v.strip() for v in text.split(",") if v.strip()]
+    unknown = [v for v in values if v not in STATUSES]
+    if unknown or not values:
+        import difflib
+
+        shown = unknown[0] if unknown else text
+        hint = difflib.get_close_matches(shown, STATUSES, n=1)
+        raise CliError(f"--status {_shown(shown)}: not a status" + (f" (did you mean {hint[0]}?)" if hint else "")
+                       + f"; valid: {', '.join(STATUSES)}")
+    return ",".join(values)
+
+
 def _filters(args: argparse.Namespace) -> dict[str, Any]:
     since, until = _time(args.since, "--since"), _time(args.until, "--until")
     if since is not None and until is not None and since > until:
         raise CliError(f"--since {_shown(args.since)} is after --until {_shown(args.until)}: nothing can match")
     return {
         "plugin": args.plugin,
-        "status": args.status,
+        "status": _statuses(args.status),
         "model": args.model,
         "since": since,
         "until": until,
@@ -230,6 +282,18 @@ class _BadLines:
             )
 
 
+class _Header:
+    """Prints the column titles once, before the first human-readable record (never with --json)."""
+
+    def __init__(self, as_json: bool, out: TextIO) -> None:
+        self.done, self.out = as_json, out
+
+    def __call__(self) -> None:
+        if not self.done:
+            self.out.write(HEADER + "\n")
+            self.done = True
+
+
 # -- actions -------------------------------------------------------------------------
 
 
@@ -241,7 +305,9 @@ def _tail(args: argparse.Namespace, log_path: Path) -> int:
     bad = _BadLines()
     records, cursor = tail_records(log_path, lines or 10, on_bad_line=bad)
     out = sys.stdout
+    header = _Header(args.json, out)
     for record in records:
+        header()
         _print_record(record, args.json, out)
     if not args.follow:
         bad.report()
@@ -249,6 +315,7 @@ def _tail(args: argparse.Namespace, log_path: Path) -> int:
     out.flush()
     try:
         for record in follow_records(cursor, max_wait=max_wait, on_bad_line=bad):
+            header()
             _print_record(record, args.json, out)
             out.flush()
     except KeyboardInterrupt:  # Ctrl-C is how `tail -f` ends
@@ -266,8 +333,12 @@ def _query(args: argparse.Namespace, log_path: Path) -> int:
     if limit is not None:
         records = itertools.islice(records, limit)
     out = sys.stdout
+    header = _Header(args.json, out)
     for record in records:
+        header()
         _print_record(record, args.json, out)
+    if not header.done and not args.json:
+        print("no records match", file=sys.stderr)
     bad.report()
     return 0
 
@@ -297,7 +368,32 @@ def _stats(args: argparse.Namespace, log_path: Path) -> int:
     return 0
 
 
+def _home_of(args: argparse.Namespace) -> Path:
+    return Path(args.home).expanduser() if args.home else _default_home()
+
+
+def _audit_settings(home: Path) -> Any:
+    """The home's ``audit:`` settings (defaults when config.yaml is missing or broken)."""
+    from audit.settings import AuditSettings
+
+    try:
+        from plugin_llm.config import ConfigSource
+
+        return ConfigSource(home).current().audit
+    except Exception:  # noqa: BLE001 - a broken config must not stop key management
+        return AuditSettings()
+
+
+def _key_paths(home: Path) -> tuple[Any, Path, Path]:
+    from audit.signing import key_file, pub_file
+
+    settings = _audit_settings(home)
+    key = key_file(home, settings.signing_key or None)
+    return settings, key, pub_file(key)
+
+
 def _verify(args: argparse.Namespace, log_path: Path) -> int:
+    from audit.signing import read_verifiers
     from audit.verifier import verify
 
     anchor = None
@@ -308,21 +404,141 @@ def _verify(args: argparse.Namespace, log_path: Path) -> int:
                            f"most 19 digits, HASH 64 hex digits) "
                            f"as printed by `plugin-llm audit verify`")
         anchor = (int(match.group(1)), match.group(2).lower())
-    result = verify(log_path, strict=args.strict, anchor=anchor, allow_pruned_head=args.allow_pruned_head)
+    pubkeys = None
+    key_source = None
+    if args.pubkey is not None:
+        path = Path(args.pubkey).expanduser()
+        try:
+            pubkeys = read_verifiers(path)
+        except FileNotFoundError:
+            raise CliError(f"--pubkey {path}: no such file (get it from the log's owner: `plugin-llm audit pubkey`)") from None
+        except OSError as exc:
+            raise CliError(f"--pubkey {path}: cannot read it ({exc.strerror or type(exc).__name__})") from None
+        key_source = str(path)
+    elif not args.log:
+        _settings, _key, pub = _key_paths(_home_of(args))
+        if pub.is_file():
+            pubkeys = read_verifiers(pub)
+            key_source = str(pub)
+    result = verify(log_path, strict=args.strict, anchor=anchor, allow_pruned_head=args.allow_pruned_head,
+                    pubkeys=pubkeys)
     if args.json:
-        print(json.dumps(result.as_dict(), ensure_ascii=False, indent=2))
+        doc = result.as_dict()
+        doc["pubkey"] = key_source
+        print(json.dumps(doc, ensure_ascii=False, indent=2))
         return 0 if result.ok else 1
     for warning in result.warnings:
         print(f"warning: {_clean(str(warning))}")
     files = f"{len(result.files)} file{'s' if len(result.files) != 1 else ''}"
+    cps = result.checkpoints
     if result.ok:
         print(f"OK: {result.records} records in {files}, chain whole")
-        if result.head_seq is not None:
-            print(f"head: {result.head_seq}:{result.head_hash}  (keep it; check later with --anchor)")
+    else:
+        for problem in result.problems:
+            print(f"FAILED: {_clean(str(problem))}")
+        count = len(result.problems) + result.more
+        more = f", {result.more} more not shown (see --json)" if result.more else ""
+        print(f"({count} problem{'s' if count != 1 else ''}{more}; {result.records} records in {files})")
+    if cps is not None and cps.checked:
+        keys = ", ".join(cps.keys) or "none"
+        line = f"checkpoints: {cps.valid} signed (key id {keys}, from {_clean(key_source)})"
+        if cps.covered_seq is not None:
+            line += f"; records 1..{cps.covered_seq} covered by a signature"
+        if cps.pruned_through:
+            line += f"; records 1..{cps.pruned_through} pruned by retention (signed)"
+        print(line)
+    elif cps is not None and cps.present:
+        print("checkpoints: present but not checked (pass --pubkey FILE)")
+    else:
+        print("checkpoints: none (no signing key: the chain is tamper-evident against accidents only; "
+              "`plugin-llm audit keygen` signs it)")
+    if result.ok and result.head_seq is not None:
+        print(f"head: {result.head_seq}:{result.head_hash}  (keep it; check later with --anchor)")
+    return 0 if result.ok else 1
+
+
+def _export(args: argparse.Namespace, log_path: Path) -> int:
+    from audit.export import FORMATS, export_records
+    from audit.reader import iter_records
+
+    fmt = (args.format or "").strip().lower()
+    if fmt not in FORMATS:
+        raise CliError(f"--format {_shown(args.format)}: expected one of {', '.join(FORMATS)}")
+    bad = _BadLines()
+    records = iter_records(log_path, include_events=args.events, on_bad_line=bad, **_filters(args))
+    if args.output:
+        target = Path(args.output).expanduser()
+        try:
+            out = open(target, "w", encoding="utf-8", newline="")
+        except OSError as exc:
+            raise CliError(f"--output {target}: cannot write it ({exc.strerror or type(exc).__name__})") from None
+        with out:
+            count = export_records(records, fmt, out)
+        print(f"wrote {count} record{'s' if count != 1 else ''} to {target} ({fmt})", file=sys.stderr)
+    else:
+        export_records(records, fmt, sys.stdout)
+    bad.report()
+    return 0
+
+
+def _keygen(args: argparse.Namespace, log_path: Path) -> int:
+    from audit.signing import generate_key, load_signer, parse_signer, write_new_key
+    from audit.writer import AuditLog
+
+    home = _home_of(args)
+    if args.home and not home.is_dir():
+        raise CliError(f"--home {home}: no such directory")
+    settings, key, pub = _key_paths(home)
+    if args.stdout:
+        line, signer = generate_key()
+        print(line)
+        print(f"# public key (append to {pub} and give it to auditors):\n{signer.verifier.text()}", file=sys.stderr)
         return 0
-    print(f"FAILED: {_clean(str(result.first_error))}")
-    print(f"({result.records} records checked before the problem, in {files})")
-    return 1
+    if settings.key_cmd:
+        raise CliError("audit.key_cmd is set in config.yaml, so the key comes from that command: create one with "
+                       "`plugin-llm audit keygen --stdout`, store it where the command reads it, and append the "
+                       f"public key it prints to {pub}")
+    old = load_signer(key) if key.exists() else None
+    if old is not None and not args.rotate:
+        raise CliError(f"{key} already holds a signing key (key id {old.key_id_hex}); to replace it run "
+                       f"`plugin-llm audit keygen --rotate` (old checkpoints keep verifying with {pub})")
+    line, new = generate_key(old.name if old is not None else None)
+    log = AuditLog(log_path, settings, signer=new)
+    try:
+        if old is not None:
+            seq, _ = log.checkpoint("key-rotation", signers=[old, new], extensions=(f"key {new.verifier.text()}",))
+        write_new_key(key, line, new, replace=old is not None)
+        if old is None:
+            seq, _ = log.checkpoint("keygen")
+    finally:
+        log.close()
+    parse_signer(line, "new key")  # sanity: what was written reads back
+    verb = "rotated" if old is not None else "created"
+    print(f"{verb} the audit signing key {key} (mode 0600, key id {new.key_id_hex}); checkpoint written at seq {seq}")
+    print(f"public key{'s' if old is not None else ''} for auditors: {pub}  (`plugin-llm audit pubkey` prints them)")
+    print(new.verifier.text())
+    return 0
+
+
+def _pubkey(args: argparse.Namespace, log_path: Path) -> int:
+    from audit.signing import load_signer, read_verifiers
+
+    _settings, key, pub = _key_paths(_home_of(args))
+    if pub.is_file():
+        keys = read_verifiers(pub)
+    else:
+        signer = load_signer(key, _settings.key_cmd) if (key.exists() or _settings.key_cmd) else None
+        if signer is None:
+            raise CliError(f"no audit signing key in this home ({key} does not exist): "
+                           f"create one with `plugin-llm audit keygen`")
+        keys = [signer.verifier]
+    if args.json:
+        print(json.dumps({"file": str(pub), "keys": [{"name": k.name, "key_id": k.key_id_hex, "key": k.text()} for k in keys]},
+                         ensure_ascii=False, indent=2))
+    else:
+        for k in keys:
+            print(k.text())
+    return 0
 
 
 # -- rendering -----------------------------------------------------------------------
@@ -352,6 +568,10 @@ def _num(value: Any) -> str:
 
 def _cost(value: Any) -> str:
     return f"${value:.6f}" if isinstance(value, (int, float)) and not isinstance(value, bool) else "-"
+
+
+#: the column titles of format_record's call lines
+HEADER = (f"{'TIME':<20}  {'PLUGIN':<20} {'STATUS':<14} {'MODEL':<26} {'TOKENS I/O':>11} {'COST USD':>11}  PURPOSE")
 
 
 def format_record(record: dict[str, Any]) -> str:
@@ -388,11 +608,17 @@ def _print_stats(rows: list[Any], out: TextIO) -> None:
         width = max(len(title), *(len(_clean(r.key)) for r in selected))
         out.write(
             f"{title:<{width}}  {'CALLS':>7} {'DENIED':>7} {'ERRORS':>7} {'TOKENS IN':>10} {'TOKENS OUT':>10} "
-            f"{'COST USD':>12} {'P50 MS':>9} {'P95 MS':>9}\n"
+            f"{'COST USD':>12} {'UNPRICED':>8} {'P50 MS':>9} {'P95 MS':>9}\n"
         )
         for r in selected:
+            priced = r.calls - r.denials - r.errors - r.unpriced
+            cost = "-" if r.unpriced and priced <= 0 and not r.cost_usd else f"{r.cost_usd:.6f}"
             out.write(
                 f"{_clean(r.key):<{width}}  {r.calls:>7} {r.denials:>7} {r.errors:>7} {r.input_tokens:>10} "
-                f"{r.output_tokens:>10} {r.cost_usd:>12.6f} {ms(r.p50_latency_ms):>9} {ms(r.p95_latency_ms):>9}\n"
+                f"{r.output_tokens:>10} {cost:>12} {r.unpriced:>8} {ms(r.p50_latency_ms):>9} {ms(r.p95_latency_ms):>9}\n"
             )
+        unpriced = sum(r.unpriced for r in selected)
+        if unpriced and dimension == "plugin":
+            out.write(f"({unpriced} successful call{'s' if unpriced != 1 else ''} had no price (an unpriced model): "
+                      f"COST USD leaves them out, '-' when no call of the row was priced)\n")
         out.write("\n")
