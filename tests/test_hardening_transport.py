@@ -32,6 +32,7 @@ from plugin_llm.routing import resolve_route
 from plugin_llm.transport import MAX_TOKENS, LitellmTransport, TransportRequest
 from tests.conftest import audit_lines, write_config
 from tests.leaks import strings_reachable
+from tests.paths import transport_path  # noqa: F401  (every test on both paths)
 from tests.servers import FakeServer, Reply
 
 USER = [{"role": "user", "content": "ping"}]
@@ -429,8 +430,10 @@ def on_worker_thread(monkeypatch):
     monkeypatch.setattr(_deadline, "INLINE_PROVIDERS", frozenset({"local"}))
 
 
-@pytest.mark.parametrize("mode", ["sync", "sync-worker", "async"])
-def test_deadline_holds_against_a_trickling_body(hermes_home, mode, request):
+@pytest.mark.parametrize("transport_path, mode", [
+    ("fast", "sync"), ("fast", "async"), ("fallback", "sync"), ("fallback", "sync-worker"), ("fallback", "async"),
+], indirect=["transport_path"])
+def test_deadline_holds_against_a_trickling_body(hermes_home, transport_path, mode, request):
     if mode == "sync-worker":
         request.getfixturevalue("on_worker_thread")
     LitellmTransport().ready()  # litellm's import is not part of the call
@@ -453,6 +456,7 @@ def test_deadline_holds_against_a_trickling_body(hermes_home, mode, request):
     assert audit_lines(hermes_home)[-1]["status"] == "timeout"
 
 
+@pytest.mark.parametrize("transport_path", ["fallback"], indirect=True)  # the fast path never leaves the thread
 def test_a_late_answer_is_discarded(hermes_home, on_worker_thread):
     with FakeServer([Reply(content="too late", delay=1.5), Reply(content="in time")]) as fake:
         use_key(hermes_home, fake.base_url, canary())
@@ -461,6 +465,7 @@ def test_a_late_answer_is_discarded(hermes_home, on_worker_thread):
         assert llm.complete(USER).text == "in time"
 
 
+@pytest.mark.parametrize("transport_path", ["fallback"], indirect=True)
 @pytest.mark.parametrize("failure", ["500", "refused"])
 def test_worker_thread_errors_carry_no_key_either(hermes_home, on_worker_thread, failure):
     key = canary()
