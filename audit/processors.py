@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, MutableMapping
 from datetime import datetime, timezone
 from typing import Any
 
-from audit.chain import render_line
+from audit.chain import MAX_DEPTH, MAX_LINE_BYTES, nesting_too_deep, render_line
 from audit.records import (
     API,
     CALL_ID,
@@ -118,7 +118,12 @@ def _clean_text(text: str, redact: Redactor | None) -> str:
     return text
 
 
-def scrub_values(value: Any, redact: Redactor | None) -> Any:
+#: what replaces a value nested deeper than a reader parses (a record holds a
+#: handful of levels; the record itself is one more)
+DEEP_MARKER = f"[truncated by the audit writer: nested deeper than {MAX_DEPTH - 2} levels]"
+
+
+def scrub_values(value: Any, redact: Redactor | None, depth: int = 0) -> Any:
     """``value`` as plain JSON data with every string passed through ``redact``.
 
     Mappings get string keys, sequences become lists, non-finite floats become
@@ -135,16 +140,18 @@ def scrub_values(value: Any, redact: Redactor | None) -> Any:
         return value
     if cls is float:
         return value if math.isfinite(value) else str(value)
+    if isinstance(value, (dict, list, tuple)) and depth >= MAX_DEPTH - 2:
+        return DEEP_MARKER  # never recurse into (or write) what no reader would parse
     if isinstance(value, dict):
-        return {(_clean_text(k, None) if type(k) is str else _clean_text(str(k), redact)): scrub_values(v, redact) for k, v in value.items()}
+        return {(_clean_text(k, None) if type(k) is str else _clean_text(str(k), redact)): scrub_values(v, redact, depth + 1) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [scrub_values(v, redact) for v in value]
+        return [scrub_values(v, redact, depth + 1) for v in value]
     if isinstance(value, bool):
         return bool(value)
     if isinstance(value, int):
         return int(value)
     if isinstance(value, float):
-        return scrub_values(float(value), redact)
+        return scrub_values(float(value), redact, depth)
     if isinstance(value, str):
         return _clean_text(str(value), redact)
     return _clean_text(str(value), redact)
@@ -170,10 +177,71 @@ def scrub(redact: Redactor | None) -> Processor:
     return _scrub
 
 
+#: the fields a record keeps whole however large it is (the writer's own, all short)
+_ENVELOPE_FIELDS = frozenset({SCHEMA, "seq", PREV_HASH, TS, EVENT, KIND, CALL_ID, STATUS, "plugin_id"})
+#: what a line may hold: what every reader accepts, less room for the marker
+_LINE_BUDGET = MAX_LINE_BYTES - 64 * 1024
+TRUNCATED = "audit_truncated"
+
+
+def _marker(value: Any, size: int) -> str:
+    import hashlib
+
+    from audit.records import canonical_json
+
+    digest = hashlib.sha256(canonical_json({"v": value})).hexdigest() if size <= 4 * MAX_LINE_BYTES else "-"
+    return f"[truncated by the audit writer: {size} bytes of JSON, sha256 {digest} of {{\"v\": value}}]"
+
+
+def fit_record(event_dict: EventDict) -> EventDict:
+    """Shrink a record whose line no reader would accept (longer than
+    :data:`audit.chain.MAX_LINE_BYTES`, nested deeper than :data:`audit.chain.MAX_DEPTH`).
+
+    The largest non-envelope fields (message content first) are replaced by a
+    marker naming their size and SHA-256 until the line fits; ``audit_truncated``
+    lists them. The record itself is never dropped.
+    """
+    from audit.records import canonical_json
+
+    sizes = []
+    for key, value in event_dict.items():
+        if key in _ENVELOPE_FIELDS:
+            continue
+        encoded = canonical_json({"v": value})
+        sizes.append((len(encoded) if not nesting_too_deep(encoded, MAX_DEPTH - 2) else 1 << 62, key))
+    sizes.sort(reverse=True)
+    total = len(canonical_json(dict(event_dict)))
+    deep = nesting_too_deep(canonical_json(dict(event_dict)))
+    truncated: list[str] = []
+    for size, key in sizes:
+        if total <= _LINE_BUDGET and not deep:
+            break
+        real = size if size < 1 << 62 else len(canonical_json({"v": event_dict[key]}))
+        marker = _marker(event_dict[key], real)
+        event_dict[key] = marker
+        truncated.append(key)
+        total = len(canonical_json(dict(event_dict)))
+        deep = nesting_too_deep(canonical_json(dict(event_dict)))
+    if total > _LINE_BUDGET or deep:  # thousands of small fields: keep the envelope only
+        dropped = [k for k in event_dict if k not in _ENVELOPE_FIELDS]
+        for key in dropped:
+            del event_dict[key]
+        truncated = dropped[:100] + ([f"... {len(dropped) - 100} more"] if len(dropped) > 100 else [])
+    event_dict[TRUNCATED] = truncated
+    return event_dict
+
+
 def render_chained(_logger: Any, _name: str, event_dict: EventDict) -> tuple[tuple[bytes], dict[str, Any]]:
-    """Hash the record (which holds ``seq``/``prev_hash``) and render its line."""
+    """Hash the record (which holds ``seq``/``prev_hash``) and render its line.
+
+    A line no reader would accept (too long, nested too deep) is never written:
+    the record is shrunk by :func:`fit_record` first.
+    """
     event_dict.pop(HASH, None)
     line, digest = render_line(dict(event_dict))
+    if len(line) > MAX_LINE_BYTES or nesting_too_deep(line):
+        fit_record(event_dict)
+        line, digest = render_line(dict(event_dict))
     event_dict[HASH] = digest
     return (line,), {"record": event_dict}
 

@@ -253,7 +253,7 @@ def _route_and_credentials(view: Any, home: Path) -> list[Check]:
     except PluginLlmConfigError as exc:
         return [Check(FAIL, "route", str(exc), f"set model.provider and model.model in {view.path}")]
     endpoint = f" at {route.base_url}" if route.base_url else ""
-    out = [Check(OK, "route", f"{route.provider} / {route.model}{endpoint}")]
+    out = [Check(OK, "route", f"{route.provider} / {route.model}{endpoint}"), _fast_path(route)]
     try:
         cred = CredentialStore(home).acquire(route.provider)
     except PluginLlmError as exc:
@@ -271,6 +271,20 @@ def _route_and_credentials(view: Any, home: Path) -> list[Check]:
     return out
 
 
+def _fast_path(route: Any) -> Check:
+    """Whether the route's calls take the transport's fast path, and why (litellm is not imported)."""
+    from plugin_llm.transport import TESTED_LITELLM, fast_path_decision
+
+    fast, why = fast_path_decision(route)
+    if fast:
+        return Check(OK, "fast path", f"yes: {why}")
+    if "outside the range" in why:
+        low, high = (".".join(map(str, v)) for v in TESTED_LITELLM)
+        return Check(WARN, "fast path", f"no: {why}",
+                     f"pip install 'litellm>={low},<{high}' (see README, 'Upgrading litellm')")
+    return Check(OK, "fast path", f"no: {why}")
+
+
 # ------------------------------------------------------------------ audit log
 def _audit(home: Path, view: Any) -> list[Check]:
     logs = home / "logs"
@@ -281,8 +295,36 @@ def _audit(home: Path, view: Any) -> list[Check]:
     out = [writable]
     if writable.status == FAIL and not logs.is_dir():
         return out
-    out.extend(_audit_verify(log))
+    signing, pubkeys = _audit_signing(home, view.config.audit)
+    out.append(signing)
+    out.extend(_audit_verify(log, pubkeys))
     return out
+
+
+def _audit_signing(home: Path, settings: Any) -> tuple[Check, Any]:
+    """Is the log signed (checkpoints an outsider can check) or only hash-chained?"""
+    from audit.signing import AuditKeyError, key_file, load_signer, pub_file, read_verifiers
+
+    key = key_file(home, getattr(settings, "signing_key", "") or None)
+    key_cmd = tuple(getattr(settings, "key_cmd", ()) or ())
+    if not key_cmd and not key.exists():
+        return Check(OK, "audit signing", "no signing key: the log is tamper-evident against accidents only "
+                     "(anyone who can write it can rewrite it and recompute the chain)",
+                     "plugin-llm audit keygen (signed checkpoints an auditor checks with the public key)"), None
+    try:
+        signer = load_signer(key, key_cmd)
+    except AuditKeyError as exc:
+        return Check(FAIL, "audit signing", f"the signing key cannot be used, so no checkpoints are signed: {exc}",
+                     "fix the key, or plugin-llm audit keygen --rotate"), None
+    pub = pub_file(key)
+    try:
+        pubkeys = read_verifiers(pub) if pub.is_file() else [signer.verifier]
+    except (AuditKeyError, OSError):
+        pubkeys = [signer.verifier]
+    every = getattr(settings, "checkpoint_every", 1000)
+    seconds = getattr(settings, "checkpoint_seconds", 60)
+    return Check(OK, "audit signing", f"signed checkpoints (key id {signer.key_id_hex}, every {every} records "
+                 f"and {seconds:g} s); auditors verify with {pub}"), pubkeys
 
 
 def _nearest_existing(path: Path) -> Path:
@@ -312,13 +354,13 @@ def _audit_writable(home: Path, logs: Path, log: Path, consequence: str) -> Chec
     return Check(OK, "audit log", f"{log} does not exist yet; it is created on the first call")
 
 
-def _audit_verify(log: Path) -> list[Check]:
+def _audit_verify(log: Path, pubkeys: Any = None) -> list[Check]:
     import audit
     from audit.errors import AuditLogNotFoundError
 
     try:
         # retention pruning old files is normal operation: shown as a history_start warning, not a failure
-        result = audit.verify(log, allow_pruned_head=True)
+        result = audit.verify(log, allow_pruned_head=True, pubkeys=pubkeys)
     except AuditLogNotFoundError:
         return [Check(OK, "audit verify", "no audit log yet")]
     except OSError as exc:
