@@ -333,6 +333,7 @@ def check_checkpoints(
     trusted: dict[tuple[str, int], Verifier] = {(v.name, v.key_id): v for v in verifiers or ()}
     keys_seen: dict[str, None] = {}
     pending: list[Block] = []
+    reasons: dict[int, tuple[str, str]] = {}  # block offset -> (kind, detail) when it parsed but failed
 
     def problem(line: int, kind: str, detail: str) -> None:
         if len(report.problems) < max_findings:
@@ -353,12 +354,14 @@ def check_checkpoints(
             bad_sigs = [(n, k) for n, k, sig in cp.signatures if (n, k) in trusted and (n, k) not in ok_sigs]
             if bad_sigs:
                 name, key_id = bad_sigs[0]
-                problem(block.line, "checkpoint_signature", (
+                # pending: a torn line of a later checkpoint may name it (a crash cut its signature short)
+                reasons[block.offset] = ("checkpoint_signature", (
                     f"checkpoint for seq {cp.seq}: the signature of key {key_id:08x} does not match its text "
                     f"(the checkpoint was altered or forged)"))
+                pending.append(block)
                 continue
             if not ok_sigs:
-                ids = ", ".join(f"{k:08x}" for _, k in cp.signatures) or "none"
+                ids = ", ".join(f"{k:08x}" for _n, k, _s in cp.signatures) or "none"
                 problem(block.line, "checkpoint_key", (
                     f"checkpoint for seq {cp.seq} is signed by key id(s) {ids}, none of them a public key given "
                     f"(or endorsed by a key rotation): forged, or pass the auditor the right public keys"))
@@ -370,7 +373,7 @@ def check_checkpoints(
                             f"a checkpoint torn by a crash ({bad.error}); recovered by the checkpoint at line {block.line}")))
                 else:
                     for bad in pending:
-                        problem(bad.line, "checkpoint_bad", f"not a checkpoint: {bad.error}")
+                        problem(bad.line, *reasons.get(bad.offset, ("checkpoint_bad", f"not a checkpoint: {bad.error}")))
                 pending = []
             if report.origin is None:
                 report.origin = cp.origin
@@ -412,7 +415,7 @@ def check_checkpoints(
                 f"the last checkpoint is incomplete ({bad.error}): a crash while writing it; "
                 f"the next writer recovers it")))
         else:
-            problem(bad.line, "checkpoint_bad", f"not a checkpoint: {bad.error}")
+            problem(bad.line, *reasons.get(bad.offset, ("checkpoint_bad", f"not a checkpoint: {bad.error}")))
     report.keys = list(keys_seen)
     if report.blocks and not trusted:
         report.warnings.append((0, "checkpoint_unchecked", (

@@ -1,0 +1,468 @@
+"""Issue 12: a keyed audit log an outsider can check -- signing key, signed checkpoints,
+every verdict of ``audit verify`` against a signed log, with only the public key."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+from pathlib import Path
+
+import pytest
+
+from audit import AuditLog, AuditSettings, verify
+from audit.chain import GENESIS_HASH, render_line
+from audit.checkpoints import checkpoints_path, render
+from audit.signing import generate_key, key_file, load_signer, pub_file, read_verifiers, write_new_key
+from plugin_llm.cli.main import main
+
+EVERY = 10
+
+
+def make_key(home: Path):
+    line, signer = generate_key()
+    write_new_key(key_file(home), line, signer)
+    return signer
+
+
+def write(home: Path, n: int, start: int = 0, *, close: bool = True, **settings) -> Path:
+    settings.setdefault("checkpoint_every", EVERY)
+    log = AuditLog(home / "logs" / "agent.log", AuditSettings(**settings))
+    for i in range(start, start + n):
+        log.write({"plugin_id": f"plugin-{i % 3}", "status": "ok", "purpose": f"job {i}", "i": i})
+    if close:
+        log.close()
+    return log.path
+
+
+@pytest.fixture
+def signed(hermes_home: Path):
+    """35 records with a key: checkpoints at seq 10, 20, 30 and 35 (shutdown)."""
+    make_key(hermes_home)
+    path = write(hermes_home, 35)
+    return path, read_verifiers(pub_file(key_file(hermes_home)))
+
+
+def rows(path: Path) -> list[bytes]:
+    return path.read_bytes().splitlines(keepends=True)
+
+
+def save(path: Path, lines: list[bytes]) -> None:
+    path.write_bytes(b"".join(lines))
+
+
+def rechain(lines: list[bytes]) -> list[bytes]:
+    """What an attacker without the key does: re-number and re-hash every record from genesis."""
+    out, prev = [], GENESIS_HASH
+    for seq, raw in enumerate(lines, 1):
+        record = json.loads(raw)
+        record.pop("hash")
+        record.update(seq=seq, prev_hash=prev)
+        line, prev = render_line(record)
+        out.append(line)
+    return out
+
+
+def kinds(result) -> list[str]:
+    return [p.kind for p in result.problems]
+
+
+def cli(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+# -- keys --------------------------------------------------------------------------------
+
+
+def test_keygen_writes_a_private_key_0600_and_prints_the_public_key(hermes_home, capsys):
+    code, out, _ = cli(capsys, "audit", "keygen")
+    key = key_file(hermes_home)
+    assert code == 0 and stat.S_IMODE(key.stat().st_mode) == 0o600
+    assert stat.S_IMODE(key.parent.stat().st_mode) == 0o700
+    signer = load_signer(key)
+    assert signer.verifier.text() in out and "PRIVATE" not in out
+    secret = key.read_text().strip().rsplit("+", 1)[1]
+    assert secret not in repr(signer) and secret not in out
+    code, out, _ = cli(capsys, "audit", "pubkey")
+    assert code == 0 and out.strip() == signer.verifier.text()
+    # a second keygen does not silently replace the key
+    code, _, err = cli(capsys, "audit", "keygen")
+    assert code == 2 and "already holds a signing key" in err and "--rotate" in err
+    # keygen wrote a first checkpoint, so a signed home always has checkpoints
+    assert verify(hermes_home, pubkeys=[signer.verifier]).ok
+
+
+def test_the_private_key_is_redacted_and_never_in_the_log(hermes_home):
+    from auth import redact
+
+    make_key(hermes_home)
+    secret = key_file(hermes_home).read_text().strip()
+    path = write(hermes_home, 3)
+    log = AuditLog(path, AuditSettings(checkpoint_every=EVERY))
+    assert log.signer is not None and secret not in repr(log.signer)
+    assert secret.rsplit("+", 1)[1] not in redact(f"leaked {secret}")
+    for name in ("agent.log", "agent.log.checkpoints"):
+        assert secret.rsplit("+", 1)[1] not in (path.parent / name).read_text()
+
+
+def test_a_key_readable_by_others_is_refused_with_the_fix(hermes_home, capsys):
+    make_key(hermes_home)
+    os.chmod(key_file(hermes_home), 0o644)
+    path = write(hermes_home, 3)
+    err = capsys.readouterr().err
+    assert "readable by others" in err and "chmod 600" in err
+    assert not checkpoints_path(path).exists()
+
+
+def test_key_cmd_supplies_the_key(hermes_home, tmp_path):
+    line, signer = generate_key()
+    script = tmp_path / "print-key"
+    script.write_text(f"#!/bin/sh\necho '{line}'\n")
+    script.chmod(0o700)
+    path = write(hermes_home, 12, key_cmd=(str(script),))
+    result = verify(path, pubkeys=[signer.verifier])
+    assert result.ok and result.checkpoints.valid == 2 and result.checkpoints.covered_seq == 12
+
+
+def test_pubkey_refuses_a_private_key_given_as_public(hermes_home, signed, capsys):
+    code, _, err = cli(capsys, "audit", "verify", "--pubkey", str(key_file(hermes_home)))
+    assert code == 2 and "PRIVATE key" in err and "audit pubkey" in err
+
+
+# -- a copy verified elsewhere, with the public key only ---------------------------------
+
+
+def test_a_copied_log_verifies_with_only_the_public_key(hermes_home, signed, tmp_path, capsys, monkeypatch):
+    path, _ = signed
+    evidence = tmp_path / "evidence"
+    shutil.copytree(path.parent, evidence)
+    pub = tmp_path / "auditor.pub"
+    shutil.copy(pub_file(key_file(hermes_home)), pub)
+    shutil.rmtree(hermes_home)  # no home at all on the auditor's machine
+    monkeypatch.setenv("HERMES_HOME", str(tmp_path / "nowhere"))
+    code, out, _ = cli(capsys, "audit", "verify", "--log", str(evidence / "agent.log"), "--pubkey", str(pub))
+    assert code == 0, out
+    assert "OK: 35 records" in out and "checkpoints: 4 signed" in out and "records 1..35 covered" in out
+
+
+def test_an_attacker_who_recomputes_the_whole_chain_is_caught_by_the_signature(signed, tmp_path, capsys):
+    path, pubkeys = signed
+    lines = rows(path)
+    forged = json.loads(lines[4])
+    forged["purpose"] = "nothing to see here"
+    lines[4] = json.dumps(forged).encode() + b"\n"
+    save(path, rechain(lines))
+    assert verify(path).ok  # the unkeyed chain is whole again: that is the attack
+    result = verify(path, pubkeys=pubkeys)
+    assert not result.ok and set(kinds(result)) == {"checkpoint_mismatch"}
+    assert len(result.problems) == 4  # every checkpoint after the edit (10, 20, 30, 35) disagrees
+    pub = tmp_path / "auditor.pub"
+    pub.write_text("".join(k.text() + "\n" for k in pubkeys))
+    code, out, _ = cli(capsys, "audit", "verify", "--log", str(path), "--pubkey", str(pub))
+    assert code == 1 and out.count("FAILED: ") == 4 and "checkpoint_mismatch" in out
+
+
+def test_deleting_records_and_recomputing_is_caught(signed):
+    path, pubkeys = signed
+    lines = rows(path)
+    save(path, rechain(lines[:3] + lines[6:]))  # records 4-6 gone, the rest renumbered
+    result = verify(path, pubkeys=pubkeys)
+    assert not result.ok and "checkpoint_mismatch" in kinds(result) and "truncated" in kinds(result)
+
+
+# -- every verdict, against a signed log --------------------------------------------------
+
+
+def _edit(lines):
+    lines[6] = lines[6].replace(b'"job 6"', b'"job X"')
+
+
+def _delete(lines):
+    del lines[6]
+
+
+def _reorder(lines):
+    lines[6], lines[7] = lines[7], lines[6]
+
+
+def _insert(lines):
+    fake = json.loads(lines[6])
+    fake["purpose"] = "inserted"
+    fake.pop("hash")
+    line, _ = render_line(fake)
+    lines.insert(7, line)
+
+
+def _torn(lines):
+    lines[6] = lines[6][:40] + b"\n"
+
+
+def _truncate(lines):
+    del lines[32:]  # the shutdown checkpoint covered seq 35
+
+
+@pytest.mark.parametrize("tamper, expected", [
+    (_edit, {"edited"}),
+    (_delete, {"seq_gap"}),
+    (_reorder, {"seq_order"}),
+    (_insert, {"inserted"}),
+    (_torn, {"torn"}),
+    (_truncate, {"truncated"}),
+])
+def test_every_tamper_case_has_its_verdict(signed, tamper, expected):
+    path, pubkeys = signed
+    lines = rows(path)
+    tamper(lines)
+    save(path, lines)
+    result = verify(path, pubkeys=pubkeys)
+    assert not result.ok
+    assert expected <= set(kinds(result)), result.problems
+
+
+def test_all_findings_are_reported_not_only_the_first(signed, capsys):
+    path, pubkeys = signed
+    lines = rows(path)
+    _edit(lines)
+    lines[20] = lines[20].replace(b'"job 20"', b'"job Y"')
+    del lines[30]
+    save(path, lines)
+    result = verify(path, pubkeys=pubkeys)
+    assert [(p.line, p.kind) for p in result.problems] == [(7, "edited"), (21, "edited"), (31, "seq_gap")]
+    code, out, _ = cli(capsys, "audit", "verify", "--json")
+    doc = json.loads(out)
+    assert code == 1 and [f["kind"] for f in doc["findings"] if f["severity"] == "error"] == ["edited", "edited", "seq_gap"]
+
+
+def test_a_checkpoint_whose_text_was_altered_fails_its_signature(signed):
+    path, pubkeys = signed
+    cp = checkpoints_path(path)
+    cp.write_bytes(cp.read_bytes().replace(b"\n20\n", b"\n21\n", 1))  # claims seq 21 under seq 20's signature
+    result = verify(path, pubkeys=pubkeys)
+    assert kinds(result) == ["checkpoint_signature"]
+
+
+def test_two_signed_heads_for_one_seq_are_a_fork(hermes_home, signed):
+    path, pubkeys = signed
+    signer = load_signer(key_file(hermes_home))
+    with open(checkpoints_path(path), "ab") as f:
+        f.write(render(signer.name, 20, "ab" * 32, ["time 2026-01-01T00:00:00.000Z", "reason records"], [signer]))
+    result = verify(path, pubkeys=pubkeys)
+    assert "checkpoint_fork" in kinds(result)
+
+
+def test_a_checkpoint_signed_by_another_key_is_not_trusted(hermes_home, signed):
+    path, pubkeys = signed
+    _, stranger = generate_key(pubkeys[0].name)
+    result = verify(path, pubkeys=[stranger.verifier])
+    assert not result.ok and set(kinds(result)) == {"checkpoint_key"}
+
+
+def test_a_deleted_checkpoints_file_fails_when_a_public_key_is_given(signed):
+    path, pubkeys = signed
+    checkpoints_path(path).unlink()
+    assert verify(path).ok  # unkeyed, as before
+    result = verify(path, pubkeys=pubkeys)
+    assert kinds(result) == ["checkpoint_missing"]
+
+
+def test_records_newer_than_the_last_checkpoint_are_a_warning(hermes_home, signed):
+    path, pubkeys = signed
+    log = AuditLog(path, AuditSettings(checkpoint_every=EVERY, checkpoint_seconds=3600))
+    for i in range(3):
+        log.write({"plugin_id": "late", "i": i})
+    result = verify(path, pubkeys=pubkeys)  # the writer is still running: no checkpoint yet
+    assert result.ok and [w.kind for w in result.warnings] == ["unverified_tail"]
+    assert "records 36..38" in result.warnings[0].detail
+    log.close()  # clean shutdown: a checkpoint covers them
+    result = verify(path, pubkeys=pubkeys)
+    assert result.ok and not result.warnings and result.checkpoints.covered_seq == 38
+
+
+def test_the_interval_timer_checkpoints_an_idle_writer(hermes_home, signed):
+    import time
+
+    path, pubkeys = signed
+    log = AuditLog(path, AuditSettings(checkpoint_every=EVERY, checkpoint_seconds=0.05))
+    log.write({"plugin_id": "late"})
+    deadline = time.monotonic() + 10
+    while verify(path, pubkeys=pubkeys).warnings and time.monotonic() < deadline:
+        time.sleep(0.02)
+    result = verify(path, pubkeys=pubkeys)
+    assert result.ok and not result.warnings and result.checkpoints.covered_seq == 36
+    log.close()
+
+
+# -- crashes ------------------------------------------------------------------------------
+
+
+def test_crash_between_a_record_and_its_checkpoint(hermes_home, capsys):
+    assert main(["audit", "keygen"]) == 0  # and its first checkpoint (seq 0)
+    pubkeys = read_verifiers(pub_file(key_file(hermes_home)))
+    pid = os.fork()
+    if pid == 0:  # the child dies right after record 10, before its checkpoint
+        try:
+            log = AuditLog(hermes_home / "logs" / "agent.log", AuditSettings(checkpoint_every=EVERY))
+            log._write_checkpoint = lambda *a, **k: os._exit(0)  # type: ignore[method-assign]
+            for i in range(10):
+                log.write({"plugin_id": "p", "i": i})
+        finally:
+            os._exit(1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    path = hermes_home / "logs" / "agent.log"
+    result = verify(path, pubkeys=pubkeys)
+    assert result.ok and [w.kind for w in result.warnings] == ["unverified_tail"]  # chained, not yet signed
+    write(hermes_home, 1, 10)  # the next writer resumes; its checkpoint covers everything
+    result = verify(path, pubkeys=pubkeys)
+    assert result.ok and not result.warnings and result.checkpoints.covered_seq == 11
+
+
+def test_a_torn_checkpoint_is_recovered_by_the_next_writer(hermes_home, signed, capsys):
+    path, pubkeys = signed
+    cp = checkpoints_path(path)
+    signer = load_signer(key_file(hermes_home))
+    whole = render(signer.name, 35, "cd" * 32, ["time x", "reason records"], [signer])
+    with open(cp, "ab") as f:
+        f.write(whole[: len(whole) - 30])  # a crash in the middle of the signature line
+    result = verify(path, pubkeys=pubkeys)
+    assert result.ok and "checkpoint_torn" in [w.kind for w in result.warnings]
+    write(hermes_home, 2, 35)
+    assert "torn checkpoint" in capsys.readouterr().err
+    result = verify(path, pubkeys=pubkeys)
+    assert result.ok, result.problems
+    assert [w.kind for w in result.warnings] == ["checkpoint_torn"] and "recovered" in result.warnings[0].detail
+
+
+def test_garbage_in_the_middle_of_the_checkpoints_is_not_a_crash(signed):
+    path, pubkeys = signed
+    cp = checkpoints_path(path)
+    data = cp.read_bytes()
+    cut = data.index(b"\n\n\xe2\x80\x94", 200)  # inside the second checkpoint
+    cp.write_bytes(data[:cut] + b"\nnot a checkpoint\n\n" + data[cut:])
+    result = verify(path, pubkeys=pubkeys)
+    assert "checkpoint_bad" in kinds(result) or "checkpoint_signature" in kinds(result)
+
+
+# -- rotation and key rotation ------------------------------------------------------------
+
+
+def test_rotation_with_checkpoints_proves_what_retention_pruned(hermes_home, capsys):
+    make_key(hermes_home)
+    pubkeys = read_verifiers(pub_file(key_file(hermes_home)))
+    path = write(hermes_home, 300, max_bytes=4000, backup_count=2)
+    files = sorted(p.name for p in path.parent.glob("agent.log*"))
+    assert "agent.log.2" in files and "agent.log.3" not in files  # old files were pruned
+    result = verify(path, pubkeys=pubkeys)  # no --allow-pruned-head needed: the pruning was signed
+    assert result.ok and not result.warnings, (result.problems, result.warnings)
+    assert result.checkpoints.pruned_through is not None and result.checkpoints.covered_seq == 300
+    assert not verify(path).ok  # without the key the pruned head is unprovable, as before
+    # deleting one more file than retention did is still caught
+    (path.parent / "agent.log.2").unlink()
+    result = verify(path, pubkeys=pubkeys)
+    assert kinds(result)[0] == "history_start"
+
+
+def test_key_rotation_old_and_new_checkpoints_verify(hermes_home, capsys):
+    old = make_key(hermes_home)
+    path = write(hermes_home, 15)
+    code, out, _ = cli(capsys, "audit", "keygen", "--rotate")
+    assert code == 0 and "rotated" in out
+    new = load_signer(key_file(hermes_home))
+    assert new.key_id != old.key_id and new.name == old.name
+    write(hermes_home, 15, 15)
+    both = read_verifiers(pub_file(key_file(hermes_home)))
+    assert [v.key_id for v in both] == [old.key_id, new.key_id]
+    result = verify(path, pubkeys=both)
+    assert result.ok and set(result.checkpoints.keys) == {old.verifier.key_id_hex, new.verifier.key_id_hex}
+    # an auditor holding only the old public key follows the signed hand-over
+    assert verify(path, pubkeys=[old.verifier]).ok
+    # the new key alone cannot vouch for checkpoints signed before it existed
+    assert "checkpoint_key" in kinds(verify(path, pubkeys=[new.verifier]))
+
+
+# -- concurrency --------------------------------------------------------------------------
+
+
+def test_threads_with_checkpoints_interleaved(hermes_home):
+    import threading
+
+    make_key(hermes_home)
+    pubkeys = read_verifiers(pub_file(key_file(hermes_home)))
+    log = AuditLog(hermes_home / "logs" / "agent.log", AuditSettings(checkpoint_every=7))
+
+    def work(t: int) -> None:
+        for i in range(100):
+            log.write({"plugin_id": f"t{t}", "i": i})
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    log.close()
+    result = verify(log.path, pubkeys=pubkeys)
+    assert result.ok and result.records == 400 and not result.warnings
+    assert result.checkpoints.valid >= 400 // 7
+
+
+def test_processes_with_checkpoints_interleaved(hermes_home):
+    make_key(hermes_home)
+    pubkeys = read_verifiers(pub_file(key_file(hermes_home)))
+    children = []
+    for c in range(3):
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                write(hermes_home, 60, c * 1000, checkpoint_every=5)
+                code = 0
+            finally:
+                os._exit(code)
+        children.append(pid)
+    for pid in children:
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+    result = verify(hermes_home / "logs" / "agent.log", pubkeys=pubkeys)
+    assert result.ok and result.records == 180 and not result.warnings, (result.problems, result.warnings)
+    assert result.checkpoints.valid >= 180 // 5
+
+
+# -- the writer never writes a line verify would reject -------------------------------------
+
+
+def test_an_oversized_or_too_deep_record_is_truncated_not_lost(hermes_home):
+    from audit.chain import MAX_LINE_BYTES
+
+    deep: list = []
+    node = deep
+    for _ in range(10_000):
+        node.append([])
+        node = node[0]
+    log = AuditLog(hermes_home / "logs" / "agent.log", AuditSettings(log_content=True), signer=None)
+    log.write({"plugin_id": "p", "purpose": "big", "gen_ai.output.text": "x" * (MAX_LINE_BYTES + 10)})
+    log.write({"plugin_id": "p", "purpose": "deep", "gen_ai.input.messages": deep})
+    log.close()
+    result = verify(log.path, strict=True)
+    assert result.ok and result.records == 2
+    big, nested = (json.loads(line) for line in rows(log.path))
+    assert big["purpose"] == "big" and big["audit_truncated"] == ["gen_ai.output.text"]
+    assert big["gen_ai.output.text"].startswith("[truncated by the audit writer")
+    assert nested["purpose"] == "deep" and "truncated by the audit writer" in json.dumps(nested)
+
+
+# -- doctor ---------------------------------------------------------------------------------
+
+
+def test_doctor_says_accidents_only_without_a_key_and_signed_with_one(hermes_home, capsys):
+    write(hermes_home, 2)
+    main(["doctor"])
+    out = capsys.readouterr().out
+    assert "tamper-evident against accidents only" in out
+    make_key(hermes_home)
+    write(hermes_home, 2, 2)
+    main(["doctor"])
+    out = capsys.readouterr().out
+    assert "signed checkpoints (key id" in out and "accidents only" not in out
