@@ -42,6 +42,9 @@ def run(args: argparse.Namespace) -> int:
 
     if args.max_tool_iterations < 0:
         raise CliError("--max-tool-iterations must be 0 or more")
+    from plugin_llm.transport import start_background_load
+
+    start_background_load()  # the first turn calls the model: litellm loads while plugins load
     home = resolve_home(args.home)
     stdin, out = sys.stdin, sys.stdout
     interactive = stdin.isatty()

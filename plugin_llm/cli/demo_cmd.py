@@ -70,6 +70,9 @@ def find_examples(explicit: str | None = None) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
+    from plugin_llm.transport import start_background_load
+
+    start_background_load()  # the demo calls the model: litellm loads while the home is seeded
     examples = find_examples(args.examples)
     home = Path(tempfile.mkdtemp(prefix="plugin-llm-demo-")).resolve()
     try:

@@ -48,6 +48,10 @@ def run(args: argparse.Namespace) -> int:
     home = resolve_home(args.home)
     with home_environment(home):
         manager = load_manager(home)
+        if name in manager.commands:  # a plugin command may call the model: load litellm meanwhile
+            from plugin_llm.transport import start_background_load
+
+            start_background_load()
         session = Session(manager, platform="cli")  # not attached: no conversation to inject into
         try:
             result = session.run_command(name, raw)

@@ -201,7 +201,14 @@ class Session:
     # --- lifecycle -----------------------------------------------------------------------
 
     def attach(self) -> "Session":
-        """Become the manager's active session (target of ``ctx.inject_message``)."""
+        """Become the manager's active session (target of ``ctx.inject_message``).
+
+        An attached session will call the model: litellm starts loading on a
+        background thread now, so that the first turn does not wait for it.
+        """
+        from plugin_llm.transport import start_background_load
+
+        start_background_load()
         self.manager.active_session = self
         return self
 
