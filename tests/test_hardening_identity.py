@@ -67,15 +67,17 @@ def test_a_manifest_name_cannot_take_another_plugins_identity(hermes_home):
     assert all(str(real) in e["error"] and str(evil) in e["error"] for e in failed)
 
 
-def test_a_nested_plugin_claiming_a_taken_key_fails_both(hermes_home):
+def test_a_nested_plugin_cannot_claim_a_taken_key_by_its_manifest_name(hermes_home):
+    # Nested keys are path-derived (issue 15): the manifest name cannot take another's key.
     root = hermes_home / "plugins"
     write_plugin(root, "image_gen/openai", WHO.format(who="real"))
     write_plugin(root, "image_gen/aaa", WHO.format(who="evil"), manifest={"name": "openai"})
     configure(hermes_home, enabled=["image_gen/openai"])
     manager = PluginManager(hermes_home)
     claimants = _claimants(manager, "image_gen/openai")
-    assert len(claimants) == 2 and {p["status"] for p in claimants} == {"failed"}
-    assert "who" not in manager.commands
+    assert len(claimants) == 1 and claimants[0]["status"] == "enabled"
+    assert _claimants(manager, "image_gen/aaa")[0]["status"] == "not enabled"
+    assert manager.run_command("who") == "real"
 
 
 def test_one_key_from_user_and_project_directories_loads_neither(hermes_home, tmp_path, monkeypatch):

@@ -258,7 +258,7 @@ def test_list_plugins_fields(hermes_home):
     for field in ("name", "key", "version", "description", "source", "enabled", "status", "tools", "hooks",
                   "commands", "error", "missing_env", "enable_hint"):
         assert field in p
-    assert (p["name"], p["version"], p["description"], p["author"], p["kind"]) == ("full", "3.0", "Does it all", "Ann", "general")
+    assert (p["name"], p["version"], p["description"], p["author"], p["kind"]) == ("full", "3.0", "Does it all", "Ann", "standalone")
     assert p["tools"] == ["tool_full"] and p["hooks"] == ["on_session_start"] and p["commands"] == ["cmd-full"]
     assert p["cli_commands"] == ["cli-full"] and p["context_engines"] == ["eng-full"] and p["memory_providers"] == ["mem-full"]
     assert p["error"] is None and p["enable_hint"] is None and p["enabled"] is True

@@ -26,8 +26,8 @@ kind: general
 """,
         default_name="dir-name",
     )
-    assert (m.name, m.key, m.version, m.description, m.author, m.kind) == (
-        "weather", "weather", "2.1", "Weather lookups", "Jane", "general")
+    assert (m.name, m.key, m.version, m.description, m.author, m.kind, m.declared_kind) == (
+        "weather", "weather", "2.1", "Weather lookups", "Jane", "standalone", "general")
     assert m.requires_env == (EnvRequirement("WEATHER_KEY"), EnvRequirement("WEATHER_UNITS", "metric or imperial"))
     assert m.required_env_names == ("WEATHER_KEY", "WEATHER_UNITS")
     assert m.provides_tools == ("weather_now",)

@@ -7,9 +7,14 @@ Sources:
              is 1/true/yes/on (project code is untrusted by default)
 3. entry points in the ``hermes_agent.plugins`` group (pip-installed plugins)
 
-In a plugin root, ``<name>/plugin.yaml`` is a plugin with key ``<name>``; a
-directory without a manifest is a category, and ``<cat>/<name>/plugin.yaml`` has
-key ``<cat>/<name>``. Nothing deeper is looked at. Nothing is imported here.
+Keys are Hermes's: in a plugin root, ``<dir>/plugin.yaml`` is a plugin whose key
+is its manifest ``name`` (the directory name when absent); a directory without
+a manifest is a category, and ``<cat>/<dir>/plugin.yaml`` has key ``<cat>/<dir>``
+— the path, not the manifest name (``browser/browser_use`` with
+``name: browser-browser-use``). Nothing deeper is looked at. Nothing is imported
+here; a manifest without ``kind:`` is classified like Hermes does, from the
+first 8 KiB of its ``__init__.py`` (a memory provider is ``exclusive``, a
+``ProviderProfile`` registration is ``model-provider``).
 
 The key is the plugin's identity (its trust block, its enable entry, its audit
 ``plugin_id``), so no source may take over another's: when two plugins claim one
@@ -29,7 +34,18 @@ from typing import Any, Iterable, Mapping
 
 from plugin_llm.terminal_text import escape_unsafe, unsafe_characters
 
-from .manifest import ManifestError, PluginManifest, find_manifest, load_manifest, validate_plugin_name
+from dataclasses import replace
+
+from .manifest import (
+    KIND_EXCLUSIVE,
+    KIND_MODEL_PROVIDER,
+    KIND_STANDALONE,
+    ManifestError,
+    PluginManifest,
+    find_manifest,
+    load_manifest,
+    validate_plugin_name,
+)
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -108,6 +124,46 @@ def _unsafe_name(value: str, where: str, what: str, fix: str) -> str | None:
     )
 
 
+#: bytes of ``__init__.py`` read to classify a manifest without ``kind:`` (Hermes reads 8192 characters)
+_SNIFF_BYTES = 8192
+
+
+def _file_head(path: Path, size: int) -> bytes:
+    """The first ``size`` bytes of a regular file (b"" for anything else: never blocks on a FIFO)."""
+    import stat as _stat
+
+    try:
+        if not _stat.S_ISREG(os.stat(path).st_mode):
+            return b""
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return b""  # loading says what is wrong with it
+    try:
+        if not _stat.S_ISREG(os.fstat(fd).st_mode):
+            return b""
+        return os.read(fd, size)
+    except OSError:
+        return b""
+    finally:
+        os.close(fd)
+
+
+def _sniffed_kind(directory: Path, manifest: PluginManifest) -> PluginManifest:
+    """Hermes's heuristic for a manifest that declares no kind: the source of its
+    ``__init__.py`` says whether it is a memory provider or a model provider."""
+    if manifest.declared_kind or manifest.kind != KIND_STANDALONE:
+        return manifest
+    head = _file_head(directory / "__init__.py", _SNIFF_BYTES)
+    if not head:
+        return manifest
+    text = head.decode("utf-8", "replace")
+    if "register_memory_provider" in text or "MemoryProvider" in text:
+        return replace(manifest, kind=KIND_EXCLUSIVE)
+    if "register_provider" in text and "ProviderProfile" in text:
+        return replace(manifest, kind=KIND_MODEL_PROVIDER)
+    return manifest
+
+
 def _candidate(directory: Path, manifest_path: Path, source: str, category: str | None) -> PluginCandidate:
     fallback_key = f"{category}/{directory.name}" if category else directory.name
     try:
@@ -120,10 +176,12 @@ def _candidate(directory: Path, manifest_path: Path, source: str, category: str 
         manifest.name, _shown(manifest_path), "the 'name' field",
         "change name: in the manifest (or rename the directory when the manifest has no name:)",
     )
+    if error is None and category:
+        error = _unsafe_name(directory.name, _shown(directory), "directory name", "rename the directory")
     if error is not None:
         _log.warning("plugin %s skipped: %s", escape_unsafe(manifest.key, 200), error)
         return PluginCandidate(manifest.key, manifest.name, source, directory, None, error)
-    return PluginCandidate(manifest.key, manifest.name, source, directory, manifest)
+    return PluginCandidate(manifest.key, manifest.name, source, directory, _sniffed_kind(directory, manifest))
 
 
 def scan_directory(root: Path, source: str) -> list[PluginCandidate]:

@@ -10,8 +10,17 @@ requires_env:                  # strings or {name, description}
   - {name: WEATHER_UNITS, description: metric or imperial}
 provides_tools: [hello_world]
 provides_hooks: [post_tool_call]
-kind: general                  # free-form; e.g. general, memory, context_engine
+kind: standalone               # Hermes's kinds, see below
+capabilities: [llm.model_override]   # what the plugin asks the operator to grant
 ```
+
+``kind`` has Hermes's meanings: ``standalone`` (the default), ``backend`` (a
+provider for one host subsystem: image generation, memory, ...), ``exclusive``
+(one active at a time, chosen by ``<category>.provider``, e.g.
+``memory.provider``), ``platform`` (messaging adapters) and ``model-provider``
+(LLM providers: recognised, never loaded here — model routing is the host's
+core). Any other value is kept as ``declared_kind``, noted in ``notes`` and
+treated as ``standalone``.
 
 Unknown fields are tolerated (kept in ``extra`` and debug-logged). A manifest
 that is not valid YAML, not a mapping, has a field of the wrong type or a name
@@ -39,14 +48,31 @@ __all__ = [
     "load_manifest",
     "find_manifest",
     "validate_plugin_name",
+    "PLUGIN_KINDS",
+    "KIND_STANDALONE",
+    "KIND_BACKEND",
+    "KIND_EXCLUSIVE",
+    "KIND_PLATFORM",
+    "KIND_MODEL_PROVIDER",
 ]
 
 _log = logging.getLogger("plugin_llm.plugins")
 
 MANIFEST_FILENAMES = ("plugin.yaml", "plugin.yml")
 KNOWN_FIELDS = frozenset(
-    {"name", "version", "description", "author", "requires_env", "provides_tools", "provides_hooks", "kind"}
+    {"name", "version", "description", "author", "requires_env", "provides_tools", "provides_hooks", "kind",
+     "capabilities"}
 )
+KIND_STANDALONE = "standalone"
+KIND_BACKEND = "backend"
+KIND_EXCLUSIVE = "exclusive"
+KIND_PLATFORM = "platform"
+KIND_MODEL_PROVIDER = "model-provider"
+#: Hermes's manifest kinds (hermes_cli/plugins.py ``_VALID_PLUGIN_KINDS``)
+PLUGIN_KINDS = frozenset({KIND_STANDALONE, KIND_BACKEND, KIND_EXCLUSIVE, KIND_PLATFORM, KIND_MODEL_PROVIDER})
+_CAPABILITY = re.compile(r"^[a-z][a-z0-9_-]*(\.[a-z][a-z0-9_-]*)*$")
+#: the capability names a manifest may list at most (a real one lists a few)
+MAX_CAPABILITIES = 64
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 #: a manifest is a handful of fields: anything bigger is refused unread
 MANIFEST_MAX_BYTES = 256 * 1024
@@ -82,7 +108,13 @@ class PluginManifest:
     requires_env: tuple[EnvRequirement, ...] = ()
     provides_tools: tuple[str, ...] = ()
     provides_hooks: tuple[str, ...] = ()
-    kind: str = ""
+    kind: str = KIND_STANDALONE
+    #: The ``kind:`` text as written ("" when absent); ``kind`` is what it means here.
+    declared_kind: str = ""
+    #: ``capabilities:`` the plugin requests (granted per plugin in ``plugins.entries.<key>``).
+    capabilities: tuple[str, ...] = ()
+    #: Things worth telling the operator about this manifest (an unknown kind, ...).
+    notes: tuple[str, ...] = field(default=(), compare=False)
     #: Unknown manifest fields, kept for display and forward compatibility.
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
@@ -159,8 +191,59 @@ def _requires_env(data: Mapping[str, Any], where: str) -> tuple[EnvRequirement, 
     return tuple(out)
 
 
+def _kind(data: Mapping[str, Any], key: str, category: str | None, where: str) -> tuple[str, str, tuple[str, ...]]:
+    """(kind, declared kind, notes): Hermes's meaning of ``kind:``; a plugin under ``memory/`` is exclusive."""
+    raw = data.get("kind")
+    declared = raw.strip() if isinstance(raw, str) else ""
+    notes: list[str] = []
+    if raw is None:
+        kind = KIND_STANDALONE
+    elif not isinstance(raw, str):
+        kind = KIND_STANDALONE
+        notes.append(f"{where}: 'kind' must be a string, got {type(raw).__name__}; treated as 'standalone'")
+    else:
+        kind = declared.lower()
+        if kind not in PLUGIN_KINDS:
+            if kind:
+                notes.append(
+                    f"{where}: unknown kind {short_repr(declared)} (valid: {', '.join(sorted(PLUGIN_KINDS))}); "
+                    "treated as 'standalone'"
+                )
+            kind = KIND_STANDALONE
+    if category == "memory" and kind != KIND_EXCLUSIVE:
+        kind = KIND_EXCLUSIVE  # Hermes: a user plugin under memory/ is exclusive whatever it says
+    return kind, declared, tuple(notes)
+
+
+def _capabilities(data: Mapping[str, Any], where: str) -> tuple[str, ...]:
+    value = data.get("capabilities")
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or len(value) > MAX_CAPABILITIES:
+        raise ManifestError(
+            f"{where}: 'capabilities' must be a list of at most {MAX_CAPABILITIES} capability names "
+            f"(e.g. [llm.model_override]), got {short_repr(value)}"
+        )
+    out: list[str] = []
+    for item in value:
+        if not isinstance(item, str) or not _CAPABILITY.match(item.strip()) or len(item) > 100:
+            raise ManifestError(
+                f"{where}: capability {short_repr(item)} is not a capability name "
+                "(dotted lowercase words, e.g. llm.model_override)"
+            )
+        if item.strip() not in out:
+            out.append(item.strip())
+    return tuple(out)
+
+
 def parse_manifest(text: str, *, default_name: str, category: str | None = None, where: str = "plugin.yaml") -> PluginManifest:
     """Parse manifest text (pure). ``default_name`` is the directory name.
+
+    The key is Hermes's: the manifest ``name`` for a top-level plugin, and
+    ``<category>/<directory name>`` for a nested one (the path, never the
+    manifest name: ``browser/browser_use`` even with ``name: browser-browser-use``).
 
     Raises :class:`ManifestError` with ``where`` (usually the file path) in the message.
     """
@@ -183,16 +266,21 @@ def parse_manifest(text: str, *, default_name: str, category: str | None = None,
     unknown = {k: v for k, v in data.items() if k not in KNOWN_FIELDS}
     if unknown:
         _log.debug("%s: unknown manifest fields ignored: %s", where, ", ".join(sorted(map(str, unknown))))
+    key = f"{category}/{validate_plugin_name(default_name, where)}" if category else name
+    kind, declared_kind, notes = _kind(data, key, category, where)
     return PluginManifest(
         name=name,
-        key=f"{category}/{name}" if category else name,
+        key=key,
         version=_text(data, "version", where),
         description=_text(data, "description", where),
         author=_text(data, "author", where),
         requires_env=_requires_env(data, where),
         provides_tools=_string_list(data, "provides_tools", where),
         provides_hooks=_string_list(data, "provides_hooks", where),
-        kind=_text(data, "kind", where),
+        kind=kind,
+        declared_kind=declared_kind,
+        capabilities=_capabilities(data, where),
+        notes=notes,
         extra=unknown,
     )
 
