@@ -26,6 +26,7 @@ import yaml
 from audit.settings import AuditSettings, parse_audit_settings
 from plugin_llm.safe_files import MIB, UnsafeFileError, read_home_text
 from plugin_llm.bounded_repr import short_repr
+from plugin_llm.limits.settings import LimitSettings, parse_limit_settings
 from plugin_llm.safe_yaml import load_yaml
 from plugin_llm.trust import DENY_ALL, LIST_KEYS, TRUST_KEYS, TrustPolicy, config_path
 
@@ -96,6 +97,8 @@ class HostConfig:
     llm: LlmSettings = LlmSettings()
     audit: AuditSettings = AuditSettings()
     trust: Mapping[str, TrustPolicy] = field(default_factory=dict)
+    #: budgets and rate limits (``limits:`` and ``plugins.entries.<id>.limits``)
+    limits: LimitSettings = LimitSettings()
     warnings: tuple[str, ...] = ()
     #: set when the file could not be read or parsed (fail-closed snapshot)
     error: str | None = None
@@ -246,7 +249,10 @@ def _parse_trust(plugins: Any, warnings: list[str]) -> dict[str, TrustPolicy]:
         if entry is None:
             continue
         block = entry.get("llm") if isinstance(entry, Mapping) else None
+        granted = _granted_capabilities(plugin_id, entry, warnings)
         if block is None:
+            if granted:
+                policies[plugin_id] = TrustPolicy(granted_capabilities=granted)
             continue
         if not isinstance(block, Mapping):
             warnings.append(f"{config_path(plugin_id, '')[:-1]}: expected a mapping; no override granted")
@@ -261,8 +267,29 @@ def _parse_trust(plugins: Any, warnings: list[str]) -> dict[str, TrustPolicy]:
                 values[key] = _parse_allowlist(value, where, warnings)
             else:
                 values[key] = parse_bool(value, where, warnings)
-        policies[plugin_id] = TrustPolicy(**values)
+        policies[plugin_id] = TrustPolicy(**values, granted_capabilities=granted)
     return policies
+
+
+def _granted_capabilities(plugin_id: str, entry: Any, warnings: list[str]) -> tuple[str, ...]:
+    """``granted_capabilities`` when its ``capabilities_sha256`` matches (consent), else nothing (issue 15)."""
+    from plugin_llm.trust import consent_digest
+
+    if not isinstance(entry, Mapping) or entry.get("granted_capabilities") is None:
+        return ()
+    names, digest = entry.get("granted_capabilities"), entry.get("capabilities_sha256")
+    where = config_path(plugin_id, "")[: -len(".llm.")]
+    if not isinstance(names, list) or not all(isinstance(n, str) and n.strip() for n in names):
+        warnings.append(f"{where}.granted_capabilities: expected a list of capability names; nothing granted")
+        return ()
+    granted = tuple(sorted({n.strip() for n in names}))
+    if not isinstance(digest, str) or digest.strip() != consent_digest(plugin_id, granted):
+        warnings.append(
+            f"{where}.granted_capabilities does not match {where}.capabilities_sha256 (not recorded by a consent): "
+            f"nothing granted; run 'plugin-llm plugins consent {plugin_id}' to review and grant them"
+        )
+        return ()
+    return granted
 
 
 def parse_config(home: Path, text: str) -> HostConfig:
@@ -277,14 +304,17 @@ def parse_config(home: Path, text: str) -> HostConfig:
     if not isinstance(data, Mapping):
         raise ValueError(f"the top level must be a mapping, got {type(data).__name__}")
     warnings: list[str] = []
+    plugins = data.get("plugins")
+    limits, limit_issues = parse_limit_settings(data.get("limits"), plugins)
     return HostConfig(
         home=home,
         raw=MappingProxyType(dict(data)),
         model=_parse_model(data.get("model"), warnings),
         llm=_parse_llm(data.get("llm"), warnings),
         audit=_audit_settings(data.get("audit"), warnings),
-        trust=MappingProxyType(_parse_trust(data.get("plugins"), warnings)),
-        warnings=tuple(warnings),
+        trust=MappingProxyType(_parse_trust(plugins, warnings)),
+        limits=limits,
+        warnings=(*warnings, *map(str, limit_issues)),
     )
 
 
@@ -361,7 +391,7 @@ class ConfigSource:
                 log.warning("config.yaml: %s", warning)
             self._last_good = snapshot
             return snapshot
-        # Fail closed: no overrides for anyone; keep the last good route and settings.
+        # Fail closed: no overrides for anyone; keep the last good route, settings and limits.
         log.error("config.yaml is unusable, every plugin override is refused until it is fixed: %s", error)
         base = self._last_good or HostConfig(home=self.home)
         return HostConfig(
@@ -371,6 +401,7 @@ class ConfigSource:
             llm=base.llm,
             audit=base.audit,
             trust=MappingProxyType({}),
+            limits=base.limits,
             warnings=(),
             error=error,
         )

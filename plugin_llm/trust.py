@@ -5,10 +5,20 @@ A plugin may ask ``ctx.llm`` for four overrides: ``provider=``, ``model=``,
 its own flag under ``plugins.entries.<plugin_id>.llm`` in config.yaml, and,
 for provider and model, the value is on the optional allowlist. Everything is
 fail-closed: a missing entry, block, flag or a malformed value grants nothing.
+
+Capability consent feeds the same gate: a plugin whose manifest requests
+``capabilities: [llm.model_override]`` and to which the operator consented
+(``plugins.entries.<plugin_id>.granted_capabilities`` with the matching
+``capabilities_sha256``, see :func:`consent_digest`) may override the model as
+if ``allow_model_override`` were set. An override is allowed when either the
+flag or the matching granted capability says so; the allowlists apply either
+way, and :class:`Decision` says which one granted it.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
 
 from plugin_llm.errors import PluginLlmTrustError
@@ -20,6 +30,8 @@ __all__ = [
     "TrustPolicy",
     "Overrides",
     "Decision",
+    "CAPABILITY_FOR",
+    "consent_digest",
     "config_path",
     "decide",
     "enforce",
@@ -35,6 +47,19 @@ FLAG_KEYS = {
 #: allowlist key per override (agent_id and profile have no allowlist)
 LIST_KEYS = {"provider": "allowed_providers", "model": "allowed_models"}
 TRUST_KEYS = frozenset(FLAG_KEYS.values()) | frozenset(LIST_KEYS.values())
+#: capability (manifest ``capabilities:``) per override
+CAPABILITY_FOR = {
+    "provider": "llm.provider_override",
+    "model": "llm.model_override",
+    "agent_id": "llm.agent_id_override",
+    "profile": "llm.profile_override",
+}
+
+
+def consent_digest(plugin_id: str, capabilities: "tuple[str, ...] | list[str] | frozenset[str]") -> str:
+    """SHA-256 of what the operator consented to: the plugin id and the sorted capabilities."""
+    blob = json.dumps({"plugin": plugin_id, "capabilities": sorted(set(capabilities))}, separators=(",", ":"))
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -47,6 +72,16 @@ class TrustPolicy:
     allowed_models: tuple[str, ...] | None = None
     allow_agent_id_override: bool = False
     allow_profile_override: bool = False
+    #: capabilities the operator consented to (sorted; already checked against their digest)
+    granted_capabilities: tuple[str, ...] = ()
+
+    def grants(self, name: str) -> str | None:
+        """What allows override ``name``: its flag key, ``capability <name>``, or None."""
+        if getattr(self, FLAG_KEYS[name]):
+            return FLAG_KEYS[name]
+        if CAPABILITY_FOR[name] in self.granted_capabilities:
+            return f"capability {CAPABILITY_FOR[name]}"
+        return None
 
 
 DENY_ALL = TrustPolicy()
@@ -107,12 +142,13 @@ def decide(plugin_id: str, policy: TrustPolicy, overrides: Overrides) -> Decisio
     requested = overrides.requested()
     for name, value in requested.items():
         flag = FLAG_KEYS[name]
-        if not getattr(policy, flag):
+        if policy.grants(name) is None:
             key = config_path(plugin_id, flag)
             return Decision(
                 False,
                 f"plugin '{plugin_id}' may not override {name} (asked for {value!r}): "
-                f"the operator has not set {key}: true in config.yaml",
+                f"the operator has not set {key}: true in config.yaml "
+                f"(nor granted the capability {CAPABILITY_FOR[name]})",
                 key,
                 name,
             )
@@ -132,7 +168,7 @@ def decide(plugin_id: str, policy: TrustPolicy, overrides: Overrides) -> Decisio
                 )
     if not requested:
         return Decision(True, "no overrides requested")
-    granted = ", ".join(f"{FLAG_KEYS[n]}" for n in requested)
+    granted = ", ".join(f"{policy.grants(n)}" for n in requested)
     return Decision(True, f"overrides granted by {granted}")
 
 

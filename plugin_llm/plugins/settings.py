@@ -16,6 +16,20 @@ image_gen:
   provider: openai
 ```
 
+and, per plugin, ``plugins.entries.<key>``:
+
+```yaml
+plugins:
+  entries:
+    image_gen/openai:
+      allow_tool_override: true            # register_tool(..., override=True) may replace a tool
+      granted_capabilities: [llm.model_override]
+      capabilities_sha256: 3f1c...         # what was consented to (see plugins.consent)
+```
+
+``<category>.provider`` (any top-level section with a ``provider`` string)
+selects the one active ``exclusive`` plugin of that category.
+
 Bad values never raise: they fall back to the safe default (nothing enabled,
 30 s timeout) and a warning explains what was ignored.
 """
@@ -31,6 +45,7 @@ from typing import Any, Mapping
 
 __all__ = [
     "DEFAULT_HOOK_TIMEOUT",
+    "PluginEntry",
     "PluginSettings",
     "settings_from_raw",
     "default_home",
@@ -48,6 +63,15 @@ BUILTIN_MEMORY_PROVIDERS = frozenset({"", "builtin", "built-in", "none"})
 
 
 @dataclass(frozen=True)
+class PluginEntry:
+    """``plugins.entries.<key>`` as the plugin manager reads it (the trust gate reads ``llm``)."""
+
+    allow_tool_override: bool = False
+    granted_capabilities: frozenset[str] = frozenset()
+    capabilities_sha256: str = ""
+
+
+@dataclass(frozen=True)
 class PluginSettings:
     """What the plugin manager needs from ``config.yaml`` (already validated)."""
 
@@ -57,11 +81,24 @@ class PluginSettings:
     memory_provider: str = ""
     context_engine: str = ""
     image_gen_provider: str = ""
+    #: ``<category>.provider`` for every top-level section that has one (memory, image_gen, ...)
+    selected: Mapping[str, str] = field(default_factory=dict)
+    entries: Mapping[str, PluginEntry] = field(default_factory=dict)
     #: Human-readable problems found while interpreting the config (already logged).
     problems: tuple[str, ...] = field(default=(), compare=False)
 
     def is_disabled(self, key: str, name: str) -> bool:
         return key in self.disabled or name in self.disabled
+
+    def entry(self, key: str) -> PluginEntry:
+        return self.entries.get(key) or PluginEntry()
+
+    def is_selected(self, key: str, name: str) -> bool:
+        """An exclusive plugin ``<category>/<dir>`` named by ``<category>.provider`` (its directory
+        name, key or manifest name); a top-level one belongs to ``memory``."""
+        category, _, tail = key.rpartition("/")
+        choice = self.selected.get(category or "memory", "").strip().lower()
+        return bool(choice) and choice in {tail.lower(), key.lower(), name.lower()}
 
     def is_enabled(self, key: str, name: str) -> bool:
         """Opt-in by key or bare name; ``disabled`` always wins."""
@@ -116,6 +153,40 @@ def _timeout(value: Any, problems: list[str]) -> float:
     return float(value)
 
 
+def _selected(raw: Mapping[str, Any]) -> dict[str, str]:
+    out = {}
+    for section, block in raw.items():
+        if isinstance(section, str) and isinstance(block, Mapping):
+            value = block.get("provider")
+            if isinstance(value, str) and value.strip():
+                out[section] = value.strip()
+    return out
+
+
+def _entries(plugins: Mapping[str, Any], problems: list[str]) -> dict[str, PluginEntry]:
+    block = plugins.get("entries")
+    if not isinstance(block, Mapping):
+        return {}
+    out = {}
+    for key, entry in block.items():
+        if not isinstance(key, str) or not isinstance(entry, Mapping):
+            continue
+        allow = entry.get("allow_tool_override", False)
+        if not isinstance(allow, bool):
+            problems.append(f"plugins.entries.{key}.allow_tool_override must be true or false; treated as false")
+            allow = False
+        granted = entry.get("granted_capabilities")
+        names: frozenset[str] = frozenset()
+        if isinstance(granted, list) and all(isinstance(g, str) for g in granted):
+            names = frozenset(g.strip() for g in granted if g.strip())
+        elif granted is not None:
+            problems.append(f"plugins.entries.{key}.granted_capabilities must be a list of capability names; "
+                            "nothing granted")
+        digest = entry.get("capabilities_sha256")
+        out[key] = PluginEntry(allow, names, digest.strip() if isinstance(digest, str) else "")
+    return out
+
+
 def settings_from_raw(raw: Mapping[str, Any] | None) -> PluginSettings:
     """Interpret the parsed ``config.yaml`` mapping (pure; never raises)."""
     raw = raw if isinstance(raw, Mapping) else {}
@@ -133,6 +204,8 @@ def settings_from_raw(raw: Mapping[str, Any] | None) -> PluginSettings:
         memory_provider=_text(raw, "memory", "provider", problems),
         context_engine=_text(raw, "context", "engine", problems),
         image_gen_provider=_text(raw, "image_gen", "provider", problems),
+        selected=_selected(raw),
+        entries=_entries(plugins, problems),
         problems=tuple(problems),
     )
 
