@@ -2,14 +2,16 @@
 
 Correct across threads and processes of one machine: an admission is ONE
 SQL statement, and so is a settlement. Each is an ``INSERT`` into a request
-table whose trigger does the work (purge expired reservations, check every
-limit -- ``RAISE(ABORT, 'limit:<n>')`` refuses -- and insert the
-reservation; or drop the reservation and add the actual usage), then drops
-the row itself with ``RAISE(IGNORE)``. A single write statement is its own
-transaction that takes SQLite's write lock before it reads anything (in WAL
-mode a write transaction always sees the latest commit), so it is the same
-as ``BEGIN IMMEDIATE; ...; COMMIT`` in one call: check-and-reserve cannot
-interleave, and the Python side pays one statement, not eight.
+table whose trigger does the work, then drops the row itself with
+``RAISE(IGNORE)``: an admission applies the settlements riding along with it
+(a JSON array), purges expired reservations, checks every limit --
+``RAISE(ABORT, 'limit:<n>')`` refuses, undoing the whole statement -- and
+inserts the reservation; a settlement drops the reservation and adds the
+actual usage. A single write statement is its own transaction that takes
+SQLite's write lock before it reads anything (in WAL mode a write
+transaction always sees the latest commit), so it is the same as
+``BEGIN IMMEDIATE; ...; COMMIT`` in one call: check-and-reserve cannot
+interleave.
 
 Threads of one process share one connection behind a lock (a hand-off on a
 Python lock is far cheaper than SQLite's sleeping busy handler); processes
@@ -21,6 +23,7 @@ few transactions. The file is created owner-only (0600).
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import threading
@@ -46,7 +49,12 @@ from plugin_llm.limits.store import (
 __all__ = ["LocalStore", "DB_NAME", "SCHEMA_VERSION"]
 
 DB_NAME = "limits.sqlite3"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+#: the request tables hold no rows: a schema older than this version is upgraded by recreating them
+_REQUEST_TABLES = """
+DROP TRIGGER IF EXISTS admit_request; DROP TABLE IF EXISTS admit;
+DROP TRIGGER IF EXISTS settle_request; DROP TABLE IF EXISTS settle;
+"""
 
 # Only calls in flight are rows of `reservations`, so a plugin's rows are found by the primary
 # key's prefix with no second index (every index is one more page written per transaction).
@@ -62,12 +70,16 @@ CREATE TABLE IF NOT EXISTS reservations (
     nano INTEGER NOT NULL, tokens INTEGER NOT NULL, minute TEXT NOT NULL, day TEXT NOT NULL, month TEXT NOT NULL,
     PRIMARY KEY (plugin, id)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS settle (plugin TEXT, id TEXT, nano INTEGER, tokens INTEGER, minute TEXT, day TEXT, month TEXT);
 CREATE TABLE IF NOT EXISTS admit (
     plugin TEXT, id TEXT, expires REAL, nano INTEGER, tokens INTEGER, minute TEXT, day TEXT, month TEXT, now REAL,
     max_concurrent INTEGER, requests_per_minute INTEGER, tokens_per_minute INTEGER, budget_day INTEGER,
-    budget_month INTEGER
+    budget_month INTEGER, settlements TEXT
 );
 CREATE TRIGGER IF NOT EXISTS admit_request BEFORE INSERT ON admit BEGIN
+  INSERT INTO settle SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'), json_extract(value, '$[2]'),
+      json_extract(value, '$[3]'), json_extract(value, '$[4]'), json_extract(value, '$[5]'), json_extract(value, '$[6]')
+    FROM json_each(NEW.settlements) WHERE NEW.settlements IS NOT NULL;
   DELETE FROM reservations WHERE plugin = NEW.plugin AND expires <= NEW.now;
   SELECT RAISE(ABORT, 'limit:1') WHERE NEW.max_concurrent IS NOT NULL
     AND (SELECT COUNT(*) FROM reservations WHERE plugin = NEW.plugin) + 1 > NEW.max_concurrent;
@@ -91,7 +103,6 @@ CREATE TRIGGER IF NOT EXISTS admit_request BEFORE INSERT ON admit BEGIN
     VALUES (NEW.plugin, NEW.id, NEW.expires, NEW.nano, NEW.tokens, NEW.minute, NEW.day, NEW.month);
   SELECT RAISE(IGNORE);
 END;
-CREATE TABLE IF NOT EXISTS settle (plugin TEXT, id TEXT, nano INTEGER, tokens INTEGER, minute TEXT, day TEXT, month TEXT);
 CREATE TRIGGER IF NOT EXISTS settle_request BEFORE INSERT ON settle BEGIN
   DELETE FROM reservations WHERE plugin = NEW.plugin AND id = NEW.id;
   INSERT INTO spend (plugin, bucket, nano, requests, tokens) VALUES
@@ -104,9 +115,15 @@ CREATE TRIGGER IF NOT EXISTS settle_request BEFORE INSERT ON settle BEGIN
 END;
 """
 
-_ADMIT = "INSERT INTO admit VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+_ADMIT = "INSERT INTO admit VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 #: the finished request in the buckets it was admitted in: cost to day and month, one request and its tokens to the minute
 _SETTLE = "INSERT INTO settle VALUES (?, ?, ?, ?, ?, ?, ?)"
+#: many settlements (a JSON array of _SETTLE rows) in one statement
+_SETTLE_MANY = (
+    "INSERT INTO settle SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'), json_extract(value, '$[2]'), "
+    "json_extract(value, '$[3]'), json_extract(value, '$[4]'), json_extract(value, '$[5]'), json_extract(value, '$[6]') "
+    "FROM json_each(?)"
+)
 #: every counter in one statement (one snapshot); reservations past their expiry (?5) are ignored
 _READ = """
 SELECT COALESCE(SUM(expires > ?5), 0), MIN(CASE WHEN expires > ?5 THEN expires END),
@@ -120,6 +137,7 @@ SELECT COALESCE(SUM(expires > ?5), 0), MIN(CASE WHEN expires > ?5 THEN expires E
        (SELECT nano FROM spend WHERE plugin = ?1 AND bucket = 'mon:' || ?4)
 FROM reservations WHERE plugin = ?1
 """
+_encode = json.JSONEncoder(separators=(",", ":")).encode  # one encoder, not one per call
 _PRUNE_MINUTES = "DELETE FROM spend WHERE plugin = ? AND bucket >= 'min:' AND bucket < 'min:' || ?"
 _RESET = "DELETE FROM spend WHERE plugin = ? AND bucket IN ('min:' || ?, 'day:' || ?, 'mon:' || ?)"
 
@@ -194,8 +212,9 @@ class LocalStore(LimitStore):
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")
             version = conn.execute("PRAGMA user_version").fetchone()[0]
-            if version == 0:
-                conn.executescript("BEGIN IMMEDIATE;" + _SCHEMA + f"PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;")
+            if version < SCHEMA_VERSION:
+                upgrade = _REQUEST_TABLES if version else ""
+                conn.executescript("BEGIN IMMEDIATE;" + upgrade + _SCHEMA + f"PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;")
             elif version != SCHEMA_VERSION:
                 raise StoreError(f"the local limits store {self.path} has schema version {version}, this gateway "
                                  f"uses {SCHEMA_VERSION}: stop the other gateway version, or move the file away "
@@ -244,41 +263,37 @@ class LocalStore(LimitStore):
                limits.max_concurrent, limits.requests_per_minute, limits.tokens_per_minute,
                limits.budget_day_nano, limits.budget_month_nano)
 
+        queued = self._queue.take()  # settlements ride along, applied first by the same statement
+        batch = _encode(queued) if queued else None
+        applied = not queued
+
         def work(conn: sqlite3.Connection) -> Admission | Denial:
-            refused = None
-            if queued:  # settlements riding along: one transaction for them and this admission
-                conn.execute("BEGIN IMMEDIATE")
-                try:
-                    conn.executemany(_SETTLE, queued)
-                    try:
-                        conn.execute(_ADMIT, row)
-                    except sqlite3.IntegrityError as exc:
-                        refused = _refused_limit(exc)  # only the statement is undone: the settlements stay
-                    conn.execute("COMMIT")
-                except BaseException:
-                    if conn.in_transaction:
-                        conn.execute("ROLLBACK")
-                    raise
-            else:
-                try:
-                    conn.execute(_ADMIT, row)
-                except sqlite3.IntegrityError as exc:
-                    refused = _refused_limit(exc)
-            if refused is not None:
+            nonlocal applied
+            try:
+                conn.execute(_ADMIT, (*row, batch))
+                applied = True
+            except sqlite3.IntegrityError as exc:
+                refused = _refused_limit(exc)
+                if not applied:  # the refusal undid the whole statement: the settlements go on their own
+                    conn.execute(_SETTLE_MANY, (batch,))
+                    applied = True
                 # The statement decided; read the numbers it saw for the message (they may have moved since).
                 c = self._read(conn, plugin_id, now, b)
                 used, held = _numbers(c, refused)
                 return deny(plugin_id, limits, refused, used, held, reservation, b, c.earliest_expiry)
             if self._pruned.get(plugin_id) != b.minute:  # once a minute: drop minute rows older than the last one
-                conn.execute(_PRUNE_MINUTES, (plugin_id, time.strftime("%Y-%m-%dT%H:%M", time.gmtime(now - 60))))
                 self._pruned[plugin_id] = b.minute
+                try:
+                    conn.execute(_PRUNE_MINUTES, (plugin_id, time.strftime("%Y-%m-%dT%H:%M", time.gmtime(now - 60))))
+                except sqlite3.Error:
+                    pass  # housekeeping only: the next minute tries again
             return Admission(plugin_id, rid, reservation.cost_nano, reservation.tokens, b, expires)
 
-        queued = self._queue.take()
         try:
             return self._run(timeout, work)
         except BaseException:
-            self._queue.put_back(queued)  # rolled back (or never begun): nothing of them was applied
+            if not applied:
+                self._queue.put_back(queued)  # undone (or never sent): nothing of them was applied
             raise
 
     @staticmethod
@@ -294,20 +309,11 @@ class LocalStore(LimitStore):
         self._queue.add(self._settle_row(admission, cost_nano, tokens))
 
     def _apply_queued(self, rows: list[tuple], timeout: float) -> None:
-        def work(conn: sqlite3.Connection) -> None:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                conn.executemany(_SETTLE, rows)
-                conn.execute("COMMIT")
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
-
+        batch = _encode(rows)
         try:
-            self._run(timeout, work)
+            self._run(timeout, lambda conn: conn.execute(_SETTLE_MANY, (batch,)))
         except BaseException:
-            self._queue.put_back(rows)  # one transaction: all or none were applied
+            self._queue.put_back(rows)  # one statement: all or none were applied
             raise
 
     def flush(self, *, timeout: float) -> None:

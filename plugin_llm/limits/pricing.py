@@ -93,6 +93,7 @@ def _max_price(entry: Mapping[str, Any], pattern: re.Pattern[str]) -> float | No
     return max(found) if found else None
 
 
+@functools.lru_cache(maxsize=256)
 def _operator_price(name: str, price: OperatorPrice) -> Price:
     return Price(
         input_nano=price.input_per_mtok * NANO / 1e6,

@@ -420,6 +420,7 @@ class SettlementQueue:
         self._items: list[Any] = []
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
+        self._idle = True  # the flusher waits for a wake-up (False while it polls)
         self._pid = os.getpid()
         _QUEUES.add(self)
 
@@ -429,6 +430,7 @@ class SettlementQueue:
         self._items = []
         self._wake = threading.Event()
         self._thread = None
+        self._idle = True
         self._pid = os.getpid()
 
     def add(self, item: Any) -> None:
@@ -437,7 +439,9 @@ class SettlementQueue:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name=f"plugin-llm-limits-{self._name}", daemon=True)
                 self._thread.start()
-        self._wake.set()
+            idle = self._idle
+        if idle:  # only a waiting flusher needs a wake-up (Event.set is many Python calls and a thread switch)
+            self._wake.set()
 
     def take(self) -> list[Any]:
         if not self._items:  # the common case needs no lock: a racing add is taken next time
@@ -451,7 +455,9 @@ class SettlementQueue:
         if items:
             with self._lock:
                 self._items[:0] = items
-            self._wake.set()
+                idle = self._idle
+            if idle:
+                self._wake.set()
 
     def flush(self, timeout: float | None = None) -> None:
         items = self.take()
@@ -461,9 +467,14 @@ class SettlementQueue:
     def _run(self) -> None:
         logged = -1e9
         while True:
-            self._wake.wait()
+            with self._lock:
+                self._idle = not self._items
+                if self._idle:
+                    self._wake.clear()
+            if self._idle:
+                self._wake.wait()
+                self._idle = False
             time.sleep(FLUSH_DELAY)  # an admission in the meantime takes the items with it
-            self._wake.clear()
             try:
                 self.flush()
             except StoreError as exc:
