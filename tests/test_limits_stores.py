@@ -540,3 +540,29 @@ def test_settlements_of_a_failed_local_admission_are_applied_later_exactly_once(
     other.close()
     c = store.counters(PLUGIN, T0, timeout=5)
     assert (c.in_flight, c.day_spent, c.minute_requests) == (0, round(0.2 * NANO), 1)
+
+
+def test_settlements_riding_with_a_refused_admission_are_still_applied_once(store):
+    caps = L(max_concurrent=1, budget_day=1.0)
+    a = admit(store, caps, R(0.5))
+    store.settle_later(a, round(0.3 * NANO), 9)
+    assert admit(store, caps, R(0.9)).limit == "budget_usd.day"  # 0.3 settled + 0.9 > 1.0: refused, after settling
+    c = store.counters(PLUGIN, T0, timeout=5)
+    assert (c.in_flight, c.day_spent, c.minute_requests, c.minute_tokens) == (0, round(0.3 * NANO), 1, 9)
+
+
+def test_a_version_1_database_is_upgraded_in_place(tmp_path):
+    path = tmp_path / "limits.sqlite3"
+    old = sqlite3.connect(path, isolation_level=None)
+    old.executescript("""
+        CREATE TABLE spend (plugin TEXT NOT NULL, bucket TEXT NOT NULL, nano INTEGER NOT NULL DEFAULT 0,
+            requests INTEGER NOT NULL DEFAULT 0, tokens INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (plugin, bucket)) WITHOUT ROWID;
+        INSERT INTO spend VALUES ('my-plugin', 'day:2026-03-31', 700000000, 0, 0);
+        CREATE TABLE admit (plugin TEXT, id TEXT);
+        CREATE TRIGGER admit_request BEFORE INSERT ON admit BEGIN SELECT RAISE(IGNORE); END;
+        PRAGMA user_version = 1;
+    """)
+    old.close()
+    store = LocalStore(path)
+    assert admit(store, L(budget_day=1.0), R(0.5)).limit == "budget_usd.day"  # the spend survived the upgrade
+    assert isinstance(admit(store, L(budget_day=1.0), R(0.2)), limits.Admission)
