@@ -275,6 +275,9 @@ def main() -> None:
         for name, per_s in thr.items():
             rel = "" if name == "off" else f"   ({(per_s / thr['off'] - 1) * 100:+.1f}% vs off)"
             print(f"  limits {name:<6} {per_s:9.1f} calls/s{rel}")
+        from plugin_llm import limits
+
+        limits.close_stores()  # apply queued settlements while the stores are still up
 
 
 if __name__ == "__main__":
