@@ -9,6 +9,12 @@
    records shows whether memory stays flat.
 3. The audit share of one ``PluginLlm.complete`` against the local model over
    HTTP: the same calls with the real audit log and with a no-op sink.
+4. Signed checkpoints (issue 12): writer records/s (wall and CPU) with
+   checkpoints on (a signature every 1,000 records) vs off, interleaved rounds
+   on the same machine; ``verify --pubkey`` of 1,000,000 records with their
+   1,000 checkpoints, its time, CPU time and peak RSS (and 100,000 for
+   flatness). Targets: checkpoints cost < 5% of write throughput; verify of
+   1M < 10 s in flat memory.
 
 ``python benchmarks/bench_audit.py [--quick]``
 """
@@ -104,10 +110,14 @@ def section_write(tmp: Path, n: int, n_fsync: int) -> float:
 # -- 2. reading -------------------------------------------------------------------------
 
 
-def generate(log_path: Path, n: int, max_bytes: int = 50 * 1024**2) -> tuple[int, float]:
-    """Write ``n`` chained records in rotated files exactly as the writer lays them out."""
+def generate(log_path: Path, n: int, max_bytes: int = 50 * 1024**2, signer=None, every: int = 1000) -> tuple[int, float]:
+    """Write ``n`` chained records in rotated files exactly as the writer lays them out
+    (with ``signer``: and a signed checkpoint every ``every`` records, as the writer does)."""
     from audit.chain import GENESIS_HASH, render_line
+    from audit.checkpoints import checkpoints_path, render
     from audit.processors import format_ts
+
+    cps = open(checkpoints_path(log_path), "wb") if signer is not None and log_path.parent.mkdir(parents=True, exist_ok=True) is None else None
 
     log_path.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
@@ -126,8 +136,12 @@ def generate(log_path: Path, n: int, max_bytes: int = 50 * 1024**2) -> tuple[int
             size = 0
         f.write(line)
         size += len(line)
+        if cps is not None and (i + 1) % every == 0:
+            cps.write(render(signer.name, i + 1, prev, [f"time {record['ts']}", "reason records"], [signer]))
     assert f is not None
     f.close()
+    if cps is not None:
+        cps.close()
     for index, part in enumerate(reversed(parts)):  # newest is agent.log, then .1, .2 ...
         part.rename(log_path if index == 0 else log_path.with_name(f"agent.log.{index}"))
     total = sum(p.stat().st_size for p in log_path.parent.glob("agent.log*"))
@@ -153,6 +167,11 @@ t0, c0 = time.perf_counter(), time.process_time()
 if kind == "verify":
     r = verify(path)
     detail = f"ok={r.ok} records={r.records} files={len(r.files)}"
+elif kind == "verify-signed":
+    from audit.signing import read_verifiers
+    r = verify(path, pubkeys=read_verifiers(sys.argv[4]))
+    c = r.checkpoints
+    detail = f"ok={r.ok} records={r.records} checkpoints={c.valid} covered={c.covered_seq} warnings={len(r.warnings)}"
 elif kind == "verify-strict":
     r = verify(path, strict=True)
     detail = f"ok={r.ok} records={r.records}"
@@ -175,9 +194,9 @@ print(json.dumps({"seconds": elapsed, "cpu": cpu, "rss_mb": peak_rss_mb(), "deta
 """
 
 
-def run_job(kind: str, path: Path) -> dict:
-    out = subprocess.run([sys.executable, "-c", READ_JOB, str(ROOT), kind, str(path)], capture_output=True, text=True,
-                         check=True)
+def run_job(kind: str, path: Path, *extra: str) -> dict:
+    out = subprocess.run([sys.executable, "-c", READ_JOB, str(ROOT), kind, str(path), *extra], capture_output=True,
+                         text=True, check=True)
     return json.loads(out.stdout)
 
 
@@ -204,6 +223,49 @@ def run_job_idle() -> float:
     code = PEAK_RSS + f"import sys; sys.path.insert(0, {str(ROOT)!r}); import audit.reader, audit.verifier; " \
            "print(peak_rss_mb())"
     return float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+
+
+# -- 4. signed checkpoints ------------------------------------------------------------------
+
+
+def section_checkpoints(tmp: Path, n_write: int, big: int, small: int, rounds: int = 6) -> None:
+    from audit import AuditLog, AuditSettings
+    from audit.signing import generate_key
+
+    _, signer = generate_key()
+    records = [sample_record(i) for i in range(n_write)]
+    results: dict[str, list[tuple[float, float]]] = {"off": [], "on": []}
+    for r in range(rounds):  # interleaved: the machine is shared, its load drifts
+        for name in (("off", "on") if r % 2 == 0 else ("on", "off")):
+            log = AuditLog(tmp / f"cp-{name}-{r}" / "logs" / "agent.log", AuditSettings(),
+                           signer=signer if name == "on" else None)
+            log.write({"warm": "up"})
+            t0, c0 = time.perf_counter(), time.process_time()
+            for rec in records:
+                log.write(rec)
+            results[name].append((time.perf_counter() - t0, time.process_time() - c0))
+            log.close()
+    wall = {k: statistics.median(w for w, _ in v) for k, v in results.items()}
+    cpu = {k: statistics.median(c for _, c in v) for k, v in results.items()}
+    print(f"\n== checkpoints: writer, {n_write:,} records x {rounds} interleaved rounds (medians), "
+          f"a signed checkpoint every 1,000 records ==")
+    for k in ("off", "on"):
+        print(f"  checkpoints {k:<3}  {n_write / wall[k]:>10,.0f} rec/s wall  {wall[k] / n_write * 1e6:6.2f} µs/rec   "
+              f"cpu {cpu[k] / n_write * 1e6:6.2f} µs/rec")
+    cost_wall = (wall["on"] - wall["off"]) / wall["off"] * 100
+    cost_cpu = (cpu["on"] - cpu["off"]) / cpu["off"] * 100
+    print(f"  cost of checkpoints: {cost_wall:+.1f}% wall, {cost_cpu:+.1f}% cpu (target < 5%)")
+
+    pub = tmp / "bench.pub"
+    pub.write_text(signer.verifier.text() + "\n")
+    print(f"\n== checkpoints: verify --pubkey (fresh process each) ==")
+    for n in (small, big):
+        path = tmp / f"cps{n}" / "logs" / "agent.log"
+        size, gen = generate(path, n, signer=signer)
+        r = run_job("verify-signed", path, str(pub))
+        print(f"  {n:>9,} records ({size / 1e6:,.0f} MB, generated in {gen:.1f} s): {r['seconds']:6.2f} s "
+              f"(cpu {r['cpu']:6.2f} s)  {n / r['seconds']:>10,.0f} rec/s  peak RSS {r['rss_mb']:6.1f} MB   {r['detail']}")
+    print("  (target: 1,000,000 records < 10 s, RSS flat between sizes)")
 
 
 # -- 3. share of a gateway call ------------------------------------------------------------
@@ -299,7 +361,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller counts (a smoke run)")
     parser.add_argument("--dir", type=Path, default=None, help="where to write the test logs (default: a temp dir)")
-    parser.add_argument("--only", choices=["write", "read", "share"], default=None, help="run one section")
+    parser.add_argument("--only", choices=["write", "read", "share", "checkpoints"], default=None, help="run one section")
     args = parser.parse_args()
     n_write, n_fsync, big, small, rounds = (
         (20_000, 500, 200_000, 20_000, 50) if args.quick else (100_000, 2_000, 1_000_000, 100_000, 300)
@@ -312,6 +374,8 @@ def main() -> None:
             per_record = section_write(tmp, n_write if args.only != "share" else n_write // 5, n_fsync)
         if args.only in (None, "read"):
             section_read(tmp, big, small)
+        if args.only in (None, "checkpoints"):
+            section_checkpoints(tmp, n_write // 5, big, small)
     if args.only in (None, "share"):
         section_share(rounds, per_record)
 
