@@ -133,3 +133,24 @@ def test_tail_and_query_print_a_header_row_but_json_does_not(hermes_home, capsys
         assert code == 0 and all(line.startswith("{") for line in out.splitlines())
     code, out, err = cli(capsys, "audit", "query", "--plugin", "nobody")
     assert code == 0 and out == "" and "no records match" in err
+
+
+# -- read-only commands leave the log alone ------------------------------------------------
+
+
+@pytest.mark.parametrize("argv", [
+    ["plugins", "list"], ["plugins", "list", "--json"], ["plugins", "info", "broken"], ["run", "help"],
+])
+def test_read_only_commands_append_nothing_to_the_audit_log(hermes_home, capsys, argv):
+    from tests.plugin_fixtures import HELLO_WORLD_INIT, HELLO_WORLD_MANIFEST, configure, write_plugin
+
+    root = hermes_home / "plugins"
+    write_plugin(root, "hello-world", HELLO_WORLD_INIT, manifest=HELLO_WORLD_MANIFEST)
+    write_plugin(root, "broken", "def register(ctx):\n    raise RuntimeError('exploded on load')\n")
+    configure(hermes_home, enabled=["hello-world", "broken"])
+    log = hermes_home / "logs" / "agent.log"
+    before = log.read_bytes() if log.exists() else b""
+    main(argv)
+    out = capsys.readouterr().out
+    assert out  # the command did its job ...
+    assert (log.read_bytes() if log.exists() else b"") == before  # ... and wrote no load events

@@ -109,9 +109,10 @@ def run(args: argparse.Namespace) -> int:
         return handler(args, home or _default_home())
     if action is None and not args.json and _interactive():
         return _interactive_menu(home or _default_home())
-    from plugin_llm.plugins import get_plugin_manager
+    from plugin_llm.plugins import PluginManager
 
-    manager = get_plugin_manager(home)
+    # read-only: loading the plugins to list them appends no load events to the audit log
+    manager = PluginManager(home or _default_home(), audit_events=False)
     config_error = _config_error(manager.home)
     plugins = manager.list_plugins()
     if action in (None, "list"):

@@ -47,7 +47,13 @@ def run(args: argparse.Namespace) -> int:
         raw = sys.stdin.read().strip()
     home = resolve_home(args.home)
     with home_environment(home):
-        manager = load_manager(home)
+        if name == "help":  # read-only: listing the commands appends no load events to the audit log
+            from plugin_llm.plugins import PluginManager
+
+            manager = PluginManager(home=home, audit_events=False)
+            manager.discover_plugins()
+        else:
+            manager = load_manager(home)
         if name in manager.commands:  # a plugin command may call the model: load litellm meanwhile
             from plugin_llm.transport import start_background_load
 
