@@ -1,10 +1,11 @@
 """``ctx.llm``: LLM calls for plugins through the host (SPEC §5).
 
 One pipeline serves the four public methods. It is written as a generator
-that *yields* transport requests and *receives* transport responses, so the
-sync shell (``complete``) and the async shell (``acomplete``) differ only in
-how they perform that one step; gating, routing, structured parsing, repair
-and auditing are the same code for both.
+that *yields* transport requests (and admission steps under the plugin's
+limits) and *receives* their outcomes, so the sync shell (``complete``) and
+the async shell (``acomplete``) differ only in how they perform those steps;
+gating, limits, routing, structured parsing, repair and auditing are the same
+code for both.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Generator
 
-from plugin_llm import structured
+from plugin_llm import limits, structured
 from plugin_llm.auditing import host_audit_log, watch_config
 from plugin_llm.config import ConfigSource, HostConfig, get_config_source
 from plugin_llm.credentials import key_source
@@ -54,7 +55,7 @@ _MESSAGE_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 #: parameters a plugin can never pass: endpoints and keys are the operator's
 _FORBIDDEN = frozenset({"api_base", "base_url", "api_key", "api_version", "headers", "extra_headers", "custom_llm_provider"})
 
-_Flow = Generator[TransportRequest, TransportResponse, Any]
+_Flow = Generator[Any, Any, Any]  # yields TransportRequest | _LimitStep
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,17 @@ class _Call:
     profile: str | None
     schema_name: str | None
     started: float
+
+
+@dataclass(frozen=True)
+class _LimitStep:
+    """Yielded by the flow for admission under the plugin's limits: the sync shell calls
+    ``limits.admit``, the async one ``limits.aadmit`` (the store work off the event loop)."""
+
+    settings: Any
+    home: Path
+    plugin_id: str
+    call: dict[str, Any]
 
 
 #: bounds of what a plugin passes (``messages``, ``tools``): nesting deeper than
@@ -582,7 +594,10 @@ class PluginLlm:
             while True:
                 failure: BaseException | None = None
                 try:
-                    response = transport.complete(request)
+                    if type(request) is _LimitStep:
+                        response = limits.admit(request.settings, request.home, request.plugin_id, **request.call)
+                    else:
+                        response = transport.complete(request)
                 except BaseException as exc:  # noqa: BLE001 - audited and re-raised by the flow
                     failure = exc
                 if failure is None:
@@ -604,7 +619,10 @@ class PluginLlm:
             while True:
                 failure: BaseException | None = None
                 try:
-                    response = await transport.acomplete(request)
+                    if type(request) is _LimitStep:
+                        response = await limits.aadmit(request.settings, request.home, request.plugin_id, **request.call)
+                    else:
+                        response = await transport.acomplete(request)
                 except BaseException as exc:  # noqa: BLE001 - incl. CancelledError: audited, then re-raised as is
                     failure = exc
                 if failure is None:
@@ -824,11 +842,44 @@ class PluginLlm:
             return
         raise PluginLlmConfigError(self._required_message(config, reason, sent=False))
 
+    def _admit_limits(self, call: _Call, admitted: _Admitted, audit_messages, messages, params, tally: "_Tally"):
+        """Reserve this request's worst case under the plugin's limits (issue: budgets and rate limits).
+
+        A refusal is the call's outcome (status ``quota``, with the deciding
+        limit), before anything is sent. A plugin without limits costs one
+        dict lookup and no yield.
+        """
+        settings = admitted.config.limits
+        if settings.for_plugin(call.plugin_id).empty:
+            return limits.UNLIMITED
+        route = admitted.route
+        step = _LimitStep(settings, admitted.config.home, call.plugin_id, {
+            "messages": messages, "provider": route.provider, "model": route.model,
+            "max_tokens": params.get("max_tokens"), "deadline": admitted.deadline,
+            "extra": (params.get("tools"), params.get("response_format")),
+        })
+        failure: BaseException | None = None
+        try:
+            ticket = yield step
+        except limits.PluginLlmLimitError as exc:
+            failure = exc
+        if failure is None:
+            tally.add_limits(ticket.audit_fields())
+            return ticket
+        tally.add_limits(failure.denial.audit_fields())  # decision "denied", the deciding limit and key
+        if tally.schema is not None:
+            tally.validation = "none"
+        self._audit_outcome(call, admitted, "quota", messages=audit_messages, response=None, tally=tally, error=failure)
+        raise failure
+
     def _provider_call(self, call: _Call, admitted: _Admitted, audit_messages, params, tally: "_Tally", *, messages=None):
-        """Yield one transport request; audit and raise whatever it ends in other than a usable response."""
+        """Admit under the limits, yield one transport request, settle; audit and raise whatever it
+        ends in other than a usable response."""
+        messages = messages if messages is not None else audit_messages
+        ticket = yield from self._admit_limits(call, admitted, audit_messages, messages, params, tally)
         request = TransportRequest(
             route=admitted.route,
-            messages=messages if messages is not None else audit_messages,
+            messages=messages,
             keys=key_source(admitted.config.home, admitted.route.provider, admitted.route.profile),
             deadline=admitted.deadline,
             params=params,
@@ -840,7 +891,11 @@ class PluginLlm:
         except BaseException as exc:  # noqa: BLE001 - every transport outcome is audited, then raised
             failure = exc
         if failure is None:
+            if admitted.config.limits.prices:
+                response = _operator_priced(admitted, response)
+            ticket.settle(response.usage)  # queued: no store round trip on the caller's path
             return response
+        ticket.release()
         cause = None
         if isinstance(failure, PluginLlmError) or not isinstance(failure, Exception):
             error = failure  # the transport's own error, or a cancellation/interrupt: raised as it is
@@ -1009,6 +1064,8 @@ class PluginLlm:
         })
         if tally.anomalies:
             record["usage_anomaly"] = list(tally.anomalies)
+        if tally.limit_fields:
+            record.update(tally.limit_fields)
         if call.api == "structured":
             record["schema_sha256"] = structured.schema_sha256(tally.schema)
             record["validation"] = tally.validation
@@ -1031,7 +1088,7 @@ class _Tally:
     """Running totals of one call across transport requests (repairs), and whether it is on record."""
 
     __slots__ = ("usage", "attempts", "provider_seconds", "repairs", "schema", "validation", "anomalies",
-                 "audited", "audit_messages")
+                 "audited", "audit_messages", "limit_fields")
 
     def __init__(self, schema: dict | None = None) -> None:
         self.usage = PluginLlmUsage()
@@ -1043,6 +1100,18 @@ class _Tally:
         self.anomalies: list[str] = []
         self.audited = False
         self.audit_messages: list[dict[str, Any]] | None = None
+        self.limit_fields: dict[str, Any] | None = None
+
+    def add_limits(self, fields: dict[str, Any]) -> None:
+        """Limit fields for the audit record; reservations of several requests (repairs) add up."""
+        if not fields:
+            return
+        if self.limit_fields is None:
+            self.limit_fields = {}
+        for key, value in fields.items():
+            if key.startswith("limits.reserved_") and key in self.limit_fields:
+                value = round(self.limit_fields[key] + value, 9)
+            self.limit_fields[key] = value
 
     def add(self, response: TransportResponse) -> "_Tally":
         self.usage = self.usage + response.usage
@@ -1055,6 +1124,18 @@ class _Tally:
             if len(self.anomalies) >= _MAX_ANOMALIES:
                 return
             self.anomalies.append(anomaly[:200] if isinstance(anomaly, str) else f"a {type(anomaly).__name__}")
+
+
+def _operator_priced(admitted: _Admitted, response: TransportResponse) -> TransportResponse:
+    """The response with its cost at the operator's price (``limits.prices``) when one is set for
+    the route's model: it wins over litellm's price map, for the result, the audit and the budget."""
+    route = admitted.route
+    price = limits.find_price(route.provider, route.model, admitted.config.limits.prices)
+    if price is None or not price.operator:
+        return response
+    usage = response.usage
+    nano = limits.actual_cost_nano(price, None, usage.input_tokens, usage.output_tokens)
+    return dataclasses.replace(response, usage=dataclasses.replace(usage, cost_usd=nano / limits.NANO))
 
 
 def _malformed(route: Route, problem: str) -> PluginLlmProviderError:

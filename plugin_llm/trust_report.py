@@ -66,7 +66,7 @@ OVERRIDES = tuple(FLAG_KEYS)
 #: keys the host understands directly under ``plugins:``
 PLUGINS_KEYS = ("enabled", "disabled", "hook_timeout", "entries")
 #: keys the host understands under ``plugins.entries.<id>``
-ENTRY_KEYS = ("llm",)
+ENTRY_KEYS = ("llm", "limits")
 _POLICY_ORDER = tuple(TrustPolicy.__dataclass_fields__)
 _LIST_FLAG = {lst: FLAG_KEYS[name] for name, lst in LIST_KEYS.items()}
 _DEFAULT_FLAG = "default (fail closed)"

@@ -1,0 +1,180 @@
+"""Limits through the gateway: admission before the provider call, settlement after, one audit record."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from plugin_llm import PluginLlm, PluginLlmQuotaError
+from plugin_llm import limits
+from plugin_llm.config import get_config_source
+from tests.conftest import audit_lines, write_config
+from tests.servers import FakeServer, Reply
+
+USER = [{"role": "user", "content": "hi"}]
+#: the fake server reports 7 prompt + 3 completion tokens; at these prices one call costs
+#: 7 * 1 + 3 * 2 = 13 micro-dollars, and reserves (input bound + max_tokens) far more
+PRICES = "  prices:\n    custom/m: {input_per_mtok: 1.0, output_per_mtok: 2.0}\n"
+
+
+@pytest.fixture(autouse=True)
+def _fresh_stores():
+    yield
+    limits.close_stores()
+
+
+def configure(home, base_url: str, block: str, host: str = PRICES) -> None:
+    write_config(home, (
+        f"model:\n  provider: custom\n  model: m\n  base_url: {base_url}\n"
+        f"limits:\n  store: local\n{host}"
+        f"plugins:\n  entries:\n    capped:\n      limits:\n{block}"
+    ))
+
+
+def snapshot(home, plugin: str = "capped") -> dict:
+    config = get_config_source(home).current()
+    return limits.snapshot(config.limits, home, plugin).as_dict()
+
+
+def test_requests_per_minute_refuses_before_the_provider_and_audits_the_deciding_limit(hermes_home):
+    with FakeServer() as server:
+        configure(hermes_home, server.base_url, "        requests_per_minute: 2\n")
+        llm = PluginLlm("capped")
+        llm.complete(USER)
+        llm.complete(USER)
+        with pytest.raises(PluginLlmQuotaError) as caught:
+            llm.complete(USER)
+        assert len(server.requests) == 2  # the third never reached the provider
+        other = PluginLlm("free").complete(USER)  # other plugins are not limited
+    message = str(caught.value)
+    assert "capped" in message and "requests_per_minute" in message
+    assert caught.value.config_key == "plugins.entries.capped.limits.requests_per_minute"
+    assert caught.value.resets_at is not None
+    lines = audit_lines(hermes_home)
+    assert [line["status"] for line in lines] == ["ok", "ok", "quota", "ok"]
+    denied = lines[2]
+    assert denied["decision"] == "denied" and denied["limits.limit"] == "requests_per_minute"
+    assert denied["decision_key"] == "plugins.entries.capped.limits.requests_per_minute"
+    assert denied["limits.resets_at"] and denied["attempts"] == 0 and denied["error.type"] == "PluginLlmLimitError"
+    assert lines[0]["limits.reserved_tokens"] > 0 and "limits.reserved_usd" in lines[0]
+    assert "limits.reserved_usd" not in lines[3] and other.text
+
+
+def test_settlement_replaces_the_reservation_with_the_actual_cost(hermes_home):
+    with FakeServer() as server:
+        configure(hermes_home, server.base_url, "        budget_usd: {day: 1.0, month: 5}\n")
+        result = PluginLlm("capped").complete(USER, max_tokens=1000)
+    assert result.usage.cost_usd == pytest.approx(13e-6)
+    limits.close_stores()  # flushes queued settlements
+    snap = snapshot(hermes_home)
+    assert snap["in_flight"] == 0
+    assert snap["spent_usd"]["day"] == pytest.approx(13e-6) and snap["reserved_usd"]["day"] == 0
+
+
+def test_a_failed_call_releases_its_reservation(hermes_home):
+    with FakeServer(default=Reply.error(400, "bad request")) as server:
+        configure(hermes_home, server.base_url, "        budget_usd: {day: 1.0}\n        max_concurrent: 1\n")
+        llm = PluginLlm("capped")
+        for _ in range(3):  # with max_concurrent 1, a leaked reservation would refuse the next call
+            with pytest.raises(Exception) as caught:
+                llm.complete(USER)
+            assert not isinstance(caught.value, PluginLlmQuotaError)
+    limits.close_stores()
+    snap = snapshot(hermes_home)
+    assert snap["in_flight"] == 0 and snap["spent_usd"]["day"] == 0
+    assert [line["status"] for line in audit_lines(hermes_home)] == ["provider_error"] * 3
+
+
+def test_a_budget_on_an_unpriced_model_is_refused_never_free(hermes_home):
+    with FakeServer() as server:
+        configure(hermes_home, server.base_url, "        budget_usd: {day: 1.0}\n", host="")
+        with pytest.raises(PluginLlmQuotaError, match=r'limits\.prices\."custom/m"'):
+            PluginLlm("capped").complete(USER)
+        assert server.requests == []
+    [line] = audit_lines(hermes_home)
+    assert line["status"] == "quota" and line["limits.limit"] == "price"
+
+
+def test_a_budget_smaller_than_one_worst_case_refuses_and_says_waiting_does_not_help(hermes_home):
+    with FakeServer() as server:
+        configure(hermes_home, server.base_url, "        budget_usd: {day: 0.000001}\n")
+        with pytest.raises(PluginLlmQuotaError, match="budget_usd.day") as caught:
+            PluginLlm("capped").complete(USER, max_tokens=1000)
+        assert server.requests == []
+    assert caught.value.config_key.startswith("plugins.entries.capped.limits.budget_usd")
+
+
+def test_a_raised_cap_applies_to_the_next_call(hermes_home):
+    with FakeServer() as server:
+        configure(hermes_home, server.base_url, "        requests_per_minute: 1\n")
+        llm = PluginLlm("capped")
+        llm.complete(USER)
+        with pytest.raises(PluginLlmQuotaError):
+            llm.complete(USER)
+        configure(hermes_home, server.base_url, "        requests_per_minute: 5\n")
+        llm.complete(USER)
+        assert len(server.requests) == 2
+
+
+def test_malformed_limits_fail_closed_for_that_plugin_only(hermes_home):
+    with FakeServer() as server:
+        configure(hermes_home, server.base_url, "        requests_per_minut: 5\n")
+        with pytest.raises(PluginLlmQuotaError, match="requests_per_minut"):
+            PluginLlm("capped").complete(USER)
+        assert PluginLlm("free").complete(USER).text
+        assert len(server.requests) == 1
+    assert any("did you mean 'requests_per_minute'" in w for w in get_config_source(hermes_home).current().warnings)
+
+
+def test_async_calls_are_admitted_and_refused_the_same_way(hermes_home):
+    async def run(llm: PluginLlm) -> list[str]:
+        outcomes = []
+        for _ in range(3):
+            try:
+                await llm.acomplete(USER)
+                outcomes.append("ok")
+            except PluginLlmQuotaError:
+                outcomes.append("quota")
+        return outcomes
+
+    with FakeServer() as server:
+        configure(hermes_home, server.base_url, "        requests_per_minute: 2\n")
+        assert asyncio.run(run(PluginLlm("capped"))) == ["ok", "ok", "quota"]
+        assert len(server.requests) == 2
+    assert [(line["mode"], line["status"]) for line in audit_lines(hermes_home)] == [
+        ("async", "ok"), ("async", "ok"), ("async", "quota")]
+
+
+def test_threads_hammering_one_budget_never_overspend_it(hermes_home):
+    """Each call's worst case (64 output tokens: 128 micro-dollars + input) is reserved before it is sent,
+    so however the threads interleave against a slow server, what is spent stays within the cap."""
+    cap = 0.0005
+    with FakeServer(default=Reply(delay=0.02)) as server:
+        configure(hermes_home, server.base_url, f"        budget_usd: {{day: {cap}}}\n")
+        llm = PluginLlm("capped")
+        outcomes: list[str] = []
+        lock = threading.Lock()
+
+        def worker() -> None:
+            for _ in range(6):
+                try:
+                    llm.complete(USER, max_tokens=64)
+                    outcome = "ok"
+                except PluginLlmQuotaError:
+                    outcome = "quota"
+                with lock:
+                    outcomes.append(outcome)
+
+        threads = [threading.Thread(target=worker) for _ in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+    lines = audit_lines(hermes_home)
+    assert len(lines) == len(outcomes) == 48  # every outcome audited exactly once
+    assert "quota" in outcomes and "ok" in outcomes
+    spent = sum(line["cost_usd"] for line in lines if line["status"] == "ok")
+    assert spent <= cap
+    assert sum(1 for line in lines if line["status"] == "ok") == len(server.requests)
