@@ -158,18 +158,12 @@ class Ticket:
             self._apply(admission, 0, 0)
 
     async def asettle(self, usage: Any = None, **numbers: Any) -> None:
-        """:meth:`settle` in a worker thread (a slow store never blocks the event loop)."""
-        if not self._done:
-            import asyncio
-
-            await asyncio.to_thread(self.settle, usage, **numbers)
+        """:meth:`settle` for async code (it only queues, so it never blocks the event loop)."""
+        self.settle(usage, **numbers)
 
     async def arelease(self) -> None:
-        """:meth:`release` in a worker thread."""
-        if not self._done:
-            import asyncio
-
-            await asyncio.to_thread(self.release)
+        """:meth:`release` for async code."""
+        self.release()
 
     def _apply(self, admission: Admission, cost_nano: int, tokens: int) -> None:
         try:
