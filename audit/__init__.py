@@ -1,8 +1,11 @@
 """Tamper-evident audit log of plugin LLM calls (SPEC §7).
 
 Writing: :func:`get_audit_log` / :class:`AuditLog` append hash-chained JSON
-lines to ``$HERMES_HOME/logs/agent.log``. Reading: :func:`iter_records`,
-:func:`tail_records`, :func:`verify`, :func:`stats`. The record layout is in
+lines to ``$HERMES_HOME/logs/agent.log`` and, with a signing key
+(:mod:`audit.signing`), signed checkpoints to ``agent.log.checkpoints``
+(:mod:`audit.checkpoints`). Reading: :func:`iter_records`,
+:func:`tail_records`, :func:`verify` (``pubkeys=`` checks the checkpoints),
+:func:`stats`, :func:`export_records`. The record layout is in
 :mod:`audit.records`.
 
 Names are imported lazily, so ``import audit`` is cheap and readers (the
@@ -39,6 +42,14 @@ __all__ = [
     "verify",
     "VerifyResult",
     "VerifyProblem",
+    "CheckpointSummary",
+    # signing and export
+    "Signer",
+    "Verifier",
+    "AuditKeyError",
+    "generate_key",
+    "read_verifiers",
+    "export_records",
     "stats",
     "StatsRow",
     "resolve_log_path",
@@ -66,6 +77,13 @@ _HOME: dict[str, str] = {
     "verify": "audit.verifier",
     "VerifyResult": "audit.verifier",
     "VerifyProblem": "audit.verifier",
+    "CheckpointSummary": "audit.verifier",
+    "Signer": "audit.signing",
+    "Verifier": "audit.signing",
+    "AuditKeyError": "audit.signing",
+    "generate_key": "audit.signing",
+    "read_verifiers": "audit.signing",
+    "export_records": "audit.export",
     "stats": "audit.summary",
     "StatsRow": "audit.summary",
     "resolve_log_path": "audit.logfiles",
@@ -87,7 +105,9 @@ if TYPE_CHECKING:  # pragma: no cover
     )
     from audit.settings import AuditSettings, parse_audit_settings
     from audit.summary import StatsRow, stats
-    from audit.verifier import VerifyProblem, VerifyResult, verify
+    from audit.export import export_records
+    from audit.signing import AuditKeyError, Signer, Verifier, generate_key, read_verifiers
+    from audit.verifier import CheckpointSummary, VerifyProblem, VerifyResult, verify
     from audit.writer import AuditLog, get_audit_log
 
 

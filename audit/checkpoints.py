@@ -61,7 +61,7 @@ MAX_LINES = 64
 MAX_BLOCK = 64 * 1024
 _SEQ = re.compile(r"0|[1-9][0-9]{0,18}")
 _HEX64 = re.compile(r"[0-9a-f]{64}")
-_SIG_PREFIX_B = SIG_PREFIX.encode("utf-8")
+_MAX_PENDING = 16  # unreadable blocks held while waiting for a checkpoint that names them torn
 
 
 def checkpoints_path(log_path: Path) -> Path:
@@ -91,7 +91,6 @@ class Block:
     line: int
     offset: int
     size: int
-    raw: bytes  #: its bytes (empty when longer than MAX_BLOCK)
     checkpoint: Checkpoint | None
     error: str | None
     complete: bool  #: ended with its blank line (False: the file ends inside it)
@@ -183,28 +182,18 @@ def iter_blocks(f: BinaryIO, size: int) -> Iterator[Block]:
             offset += 1
             continue
         start, first_line = offset, number
-        chunks: list[bytes] = []
         text_lines: list[bytes] = []
         sig_lines: list[bytes] = []
         phase = "text"
         error: str | None = None
         complete = False
-        overlong = False
-        held = 0
         while True:
-            held += len(raw)
-            if held <= MAX_BLOCK:
-                chunks.append(raw)
-            else:
-                overlong = True
             offset += len(raw)
             if not raw.endswith(b"\n"):
                 if offset >= size:
                     error = error or "incomplete (the file ends inside it)"
                     break
                 error = error or f"a line longer than {MAX_LINE} bytes"
-                chunks.append(b"")
-                overlong = True
                 while offset < size:  # read past the rest of it, holding nothing
                     more = f.readline(MAX_LINE)
                     if not more:
@@ -244,14 +233,13 @@ def iter_blocks(f: BinaryIO, size: int) -> Iterator[Block]:
             if offset + len(raw) > size:
                 raw = raw[: size - offset]
             number += 1
-        block_bytes = b"".join(chunks) if not overlong and sum(map(len, chunks)) <= MAX_BLOCK else b""
         checkpoint = None
         if error is None:
             try:
                 checkpoint = _parse(text_lines, sig_lines)
             except ValueError as exc:
                 error = str(exc)
-        yield Block(first_line, start, offset - start, block_bytes, checkpoint, error, complete)
+        yield Block(first_line, start, offset - start, checkpoint, error, complete)
 
 
 # -- checking -----------------------------------------------------------------------------
@@ -345,6 +333,9 @@ def check_checkpoints(
         for block in iter_blocks(f, size):
             report.blocks += 1
             cp = block.checkpoint
+            if len(pending) >= _MAX_PENDING:  # a run of garbage no crash leaves: judge the oldest now
+                bad = pending.pop(0)
+                problem(bad.line, *reasons.pop(bad.offset, ("checkpoint_bad", f"not a checkpoint: {bad.error}")))
             if cp is None:
                 pending.append(block)
                 continue

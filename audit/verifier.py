@@ -1,6 +1,8 @@
-"""``verify``: walk every file of the log and report the first break in the chain.
+"""``verify``: walk every file of the log, and its signed checkpoints, and report every problem.
 
-Checks, line by line, oldest file first:
+Every problem is reported (up to ``max_findings``; the rest are counted), in
+file order; after one the walk resynchronises on the next record, so one
+edit is one finding, not a cascade. Checks, line by line, oldest file first:
 
 - ``bad_json``   the line is not JSON (and is not a recovered torn line);
 - ``oversized``  the line is longer than :data:`audit.chain.MAX_LINE_BYTES` or
@@ -19,9 +21,27 @@ Checks, line by line, oldest file first:
 - ``broken_link`` ``prev_hash`` is not the previous record's ``hash``;
 - ``seq_gap``    ``seq`` jumps forward (records missing);
 - ``seq_order``  ``seq`` goes back or repeats, or two records were swapped;
+- ``inserted``   a second, different record claims the previous record's ``seq``;
 - ``history_start`` the oldest retained record is not seq 1 (see below);
 - ``anchor``     (with ``anchor=``) the record at the anchored ``seq`` has another
                  hash, or is not in the log at all (truncated, pruned or deleted).
+
+With public keys (``pubkeys=``, ``--pubkey``), the checkpoints file
+(:mod:`audit.checkpoints`) is checked too:
+
+- ``checkpoint_mismatch`` a record's hash is not the one a signed checkpoint
+                 gives for its ``seq``: records up to it were rewritten (and the
+                 unkeyed chain recomputed -- only the signature catches that);
+- ``truncated``  a signed checkpoint covers records the log no longer has;
+- ``checkpoint_signature`` a checkpoint's signature does not match its text;
+- ``checkpoint_key`` signed by no key given (nor endorsed by a key rotation);
+- ``checkpoint_fork`` two signed checkpoints give different heads for one ``seq``;
+- ``checkpoint_bad`` a block that is not a checkpoint (and no later signed
+                 ``torn`` line names it), or one of another log;
+- ``checkpoint_missing`` the log has records but no checkpoints at all;
+- warnings: ``unverified_tail`` (records newer than the last checkpoint: not
+  signed yet), ``checkpoint_torn`` (a crash while appending one, recovered or
+  still the last), ``checkpoint_unchecked`` (checkpoints but no public key).
 
 A torn line is only a *warning* when the writer recorded its recovery: the
 next record is a ``chain_resumed`` event whose ``torn_offset``,
@@ -30,13 +50,13 @@ next record is a ``chain_resumed`` event whose ``torn_offset``,
 The start of the chain: the chain continues across the rotated files
 (``agent.log.N`` .. ``agent.log.1``, ``agent.log``), so only the oldest
 retained record can lack a predecessor, and it must be seq 1 with the
-genesis ``prev_hash``. Rotation with ``audit.backup_count`` deletes the oldest
-file and leaves no trace in the files that remain, so a log whose head was
-pruned by retention cannot be told from one whose first lines were deleted:
-both fail with ``history_start`` unless the caller says pruning is expected
+genesis ``prev_hash`` -- unless a signed rotation checkpoint says retention
+pruned exactly the records before it (``pruned <seq> <hash>`` naming its
+``prev_hash``): then the pruned head is proven. Without that (no key, or
+records missing beyond what was pruned), a log whose head was pruned by
+retention cannot be told from one whose first lines were deleted: both fail
+with ``history_start`` unless the caller says pruning is expected
 (``allow_pruned_head=True``, ``--allow-pruned-head``); then it is a warning.
-The detail says whether rotated files were present (with none, nothing was
-ever pruned unless ``backup_count`` is 0).
 
 Speed: by default a line in the writer's layout is checked with one SHA-256
 over its bytes (:func:`audit.chain.fast_fields`): its hash covers exactly the
@@ -47,10 +67,12 @@ must re-render to the same bytes, and so must the last record (the one line
 whose hash no other line repeats). ``strict`` parses *every* line that way,
 which also catches a forger who recomputed the chain from an earlier line on
 but did not render like the writer (re-encoded bytes, duplicate keys).
+Checkpoints add one dict lookup per record and one signature check per
+checkpoint.
 
-Without an external anchor, removing records from the *end* of the newest
-file cannot be told from a log that simply ends there: keep the ``head`` that
-``verify`` prints and pass it back with ``--anchor``.
+What no local check can see: removing the newest records *and* the
+checkpoints after them leaves an older, valid state. Keep the ``head`` that
+``verify`` prints elsewhere and pass it back with ``--anchor``.
 """
 
 from __future__ import annotations
