@@ -1,0 +1,1 @@
+"""Compatibility layers for plugins written for other hosts (see :mod:`.hermes`)."""

@@ -1,0 +1,1 @@
+"""``agent``: the Hermes agent modules plugins import (base classes and helpers)."""

@@ -1,0 +1,1 @@
+"""``tools``: the Hermes tool helpers plugins import."""
