@@ -24,6 +24,7 @@ from plugin_llm.types import (
     PluginLlmCompleteResult,
     PluginLlmImageInput,
     PluginLlmStructuredResult,
+    PluginLlmToolCall,
     PluginLlmTextInput,
     PluginLlmUsage,
 )
@@ -41,6 +42,7 @@ __all__ = [
     "PluginLlmUsage",
     "PluginLlmCompleteResult",
     "PluginLlmStructuredResult",
+    "PluginLlmToolCall",
     "PluginLlmError",
     "PluginLlmTrustError",
     "PluginLlmTimeoutError",

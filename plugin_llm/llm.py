@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any, Callable, Generator
 
 from plugin_llm import limits, structured
+from plugin_llm.call_options import FORBIDDEN, check_options
+from plugin_llm.safe_json import loads_bounded
 from plugin_llm.auditing import host_audit_log, watch_config
 from plugin_llm.config import ConfigSource, HostConfig, get_config_source
 from plugin_llm.credentials import key_source
@@ -41,6 +43,7 @@ from plugin_llm.structured import _snippet
 from plugin_llm.types import (
     PluginLlmCompleteResult,
     PluginLlmStructuredResult,
+    PluginLlmToolCall,
     PluginLlmUsage,
     checked_usage,
 )
@@ -52,20 +55,12 @@ log = logging.getLogger("plugin_llm")
 
 HOST_IDENTITY = "host"
 _MESSAGE_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
-#: parameters a plugin can never pass: endpoints and keys are the operator's
-_FORBIDDEN = frozenset({"api_base", "base_url", "api_key", "api_version", "headers", "extra_headers", "custom_llm_provider"})
 
 _Flow = Generator[Any, Any, Any]  # yields TransportRequest | _LimitStep
 
 
-@dataclass(frozen=True)
-class ToolCall:
-    """A tool call requested by the model (host runtime only)."""
-
-    id: str
-    name: str
-    arguments: dict[str, Any]
-    raw_arguments: str
+#: a tool call requested by the model (the name the host runtime has always used)
+ToolCall = PluginLlmToolCall
 
 
 @dataclass(frozen=True)
@@ -433,18 +428,16 @@ def _seconds(value: Any) -> float:
     return float(value) if type(value) in (int, float) and math.isfinite(value) and 0 <= value < 1e7 else 0.0
 
 
-def _check_forbidden(plugin_id: str, extra: dict[str, Any]) -> None:
-    if not extra:
-        return
-    forbidden = sorted(set(extra) & _FORBIDDEN)
-    if forbidden:
-        raise PluginLlmTrustError(
-            f"plugin '{plugin_id}' passed {', '.join(forbidden)}: plugins can never choose an endpoint or a key; "
-            "the operator sets them in config.yaml (model.base_url) and auth.json",
-            plugin_id=plugin_id,
-            config_key="",
-        )
-    raise TypeError(f"unexpected keyword argument(s): {', '.join(sorted(extra))}")
+def _forbidden_error(plugin_id: str, options: dict[str, Any]) -> PluginLlmTrustError | None:
+    forbidden = sorted(set(options) & FORBIDDEN)
+    if not forbidden:
+        return None
+    return PluginLlmTrustError(
+        f"plugin '{plugin_id}' passed {', '.join(forbidden)}: plugins can never choose an endpoint or a key; "
+        "the operator sets them in config.yaml (model.base_url) and auth.json",
+        plugin_id=plugin_id,
+        config_key="",
+    )
 
 
 class PluginLlm:
@@ -497,10 +490,10 @@ class PluginLlm:
         agent_id: str | None = None,
         profile: str | None = None,
         purpose: str | None = None,
-        **forbidden: Any,
+        **options: Any,
     ) -> PluginLlmCompleteResult:
         """Chat completion; returns text, attribution, usage and the audit ids."""
-        flow = self._complete_flow("sync", messages, provider, model, temperature, max_tokens, timeout, agent_id, profile, purpose, forbidden)
+        flow = self._complete_flow("sync", messages, provider, model, temperature, max_tokens, timeout, agent_id, profile, purpose, options)
         return self._run_sync(flow)
 
     async def acomplete(
@@ -515,10 +508,10 @@ class PluginLlm:
         agent_id: str | None = None,
         profile: str | None = None,
         purpose: str | None = None,
-        **forbidden: Any,
+        **options: Any,
     ) -> PluginLlmCompleteResult:
         """Async twin of :meth:`complete`; never blocks the event loop on the provider."""
-        flow = self._complete_flow("async", messages, provider, model, temperature, max_tokens, timeout, agent_id, profile, purpose, forbidden)
+        flow = self._complete_flow("async", messages, provider, model, temperature, max_tokens, timeout, agent_id, profile, purpose, options)
         return await self._run_async(flow)
 
     def complete_structured(
@@ -538,12 +531,12 @@ class PluginLlm:
         agent_id: str | None = None,
         profile: str | None = None,
         purpose: str | None = None,
-        **forbidden: Any,
+        **options: Any,
     ) -> PluginLlmStructuredResult:
         """Typed JSON from text and image blocks, validated against ``json_schema``."""
         flow = self._structured_flow(
             "sync", instructions, input, json_schema, json_mode, schema_name, system_prompt,
-            provider, model, temperature, max_tokens, timeout, agent_id, profile, purpose, forbidden,
+            provider, model, temperature, max_tokens, timeout, agent_id, profile, purpose, options,
         )
         return self._run_sync(flow)
 
@@ -564,12 +557,12 @@ class PluginLlm:
         agent_id: str | None = None,
         profile: str | None = None,
         purpose: str | None = None,
-        **forbidden: Any,
+        **options: Any,
     ) -> PluginLlmStructuredResult:
         """Async twin of :meth:`complete_structured`."""
         flow = self._structured_flow(
             "async", instructions, input, json_schema, json_mode, schema_name, system_prompt,
-            provider, model, temperature, max_tokens, timeout, agent_id, profile, purpose, forbidden,
+            provider, model, temperature, max_tokens, timeout, agent_id, profile, purpose, options,
         )
         return await self._run_async(flow)
 
@@ -641,15 +634,16 @@ class PluginLlm:
     # every outcome gets exactly one record: the steps audit what they know how
     # to describe, and ``_guarded`` audits anything else once, as an error.
     def _complete_flow(self, mode, messages, provider, model, temperature, max_tokens, timeout, agent_id, profile,
-                       purpose, forbidden, *, tools=None, finish=None) -> _Flow:
-        _check_forbidden(self._plugin_id, forbidden)
+                       purpose, options, *, tools=None, finish=None) -> _Flow:
+        call = self._new_call("complete", mode, purpose, agent_id, profile, None)
+        self._refuse_forbidden(call, options)
         messages = _check_messages(messages)
+        extra = check_options("complete", options, tools_check=_check_tools) if options else {}
         tools = _check_tools(tools)
         _check_params(temperature, max_tokens, timeout)
-        params: dict[str, Any] = {"temperature": temperature, "max_tokens": max_tokens}
+        params: dict[str, Any] = {"temperature": temperature, "max_tokens": max_tokens, **extra}
         if tools:
             params["tools"] = tools
-        call = self._new_call("complete", mode, purpose, agent_id, profile, None)
         admitted = self._admit(call, provider, model, timeout)
         tally = _Tally()
         steps = self._complete_steps(call, admitted, tally, messages, params, finish or self._result)
@@ -663,24 +657,25 @@ class PluginLlm:
         return result
 
     def _structured_flow(self, mode, instructions, input, json_schema, json_mode, schema_name, system_prompt,
-                         provider, model, temperature, max_tokens, timeout, agent_id, profile, purpose, forbidden) -> _Flow:
-        _check_forbidden(self._plugin_id, forbidden)
+                         provider, model, temperature, max_tokens, timeout, agent_id, profile, purpose, options) -> _Flow:
+        schema_name = _check_optional_str("schema_name", schema_name)
+        call = self._new_call("structured", mode, purpose, agent_id, profile, schema_name)
+        self._refuse_forbidden(call, options)
+        extra = check_options("structured", options) if options else {}
         instructions = structured.check_instructions(instructions)
         blocks = structured.normalise_input(input)
         schema = structured.check_schema(json_schema)
-        schema_name = _check_optional_str("schema_name", schema_name)
         if system_prompt is not None and not isinstance(system_prompt, str):
             raise ValueError(f"system_prompt must be a str or None, got {type(system_prompt).__name__}")
         _check_params(temperature, max_tokens, timeout)
-        call = self._new_call("structured", mode, purpose, agent_id, profile, schema_name)
         admitted = self._admit(call, provider, model, timeout)
         tally = _Tally(schema=schema)
         steps = self._structured_steps(call, admitted, tally, instructions, blocks, schema, schema_name, system_prompt,
-                                       bool(json_mode), temperature, max_tokens)
+                                       bool(json_mode), temperature, max_tokens, extra)
         return (yield from self._guarded(call, admitted, tally, None, steps))
 
     def _structured_steps(self, call, admitted, tally, instructions, blocks, schema, schema_name, system_prompt,
-                          json_mode, temperature, max_tokens) -> _Flow:
+                          json_mode, temperature, max_tokens, extra) -> _Flow:
         native = schema is not None and bool(self._transport_impl().supports_json_schema(admitted.route))
         messages = first_messages = tally.audit_messages = structured.build_messages(
             instructions=instructions, blocks=blocks, json_schema=schema, schema_name=schema_name,
@@ -689,6 +684,7 @@ class PluginLlm:
         params = {
             "temperature": temperature,
             "max_tokens": max_tokens,
+            **extra,
             "response_format": structured.response_format(
                 json_schema=schema, schema_name=schema_name, json_mode=json_mode, native_schema=native
             ),
@@ -751,6 +747,7 @@ class PluginLlm:
             model=response.model or route.model,
             agent_id=call.agent_id,
             usage=usage,
+            tool_calls=_tool_calls(route, response.message) if response.message.get("tool_calls") else (),
             audit={
                 "plugin_id": call.plugin_id,
                 "purpose": call.purpose,
@@ -761,6 +758,21 @@ class PluginLlm:
         )
 
     # -- pipeline steps
+    def _refuse_forbidden(self, call: _Call, options: dict[str, Any]) -> None:
+        """An endpoint or key argument is a trust denial: audited as one, before anything else."""
+        error = _forbidden_error(self._plugin_id, options) if options else None
+        if error is None:
+            return
+        config = self._config.current()
+        record = self._base_record(call, config, None)
+        record.update({
+            "decision": "denied", "decision_reason": str(error), "decision_key": None, "status": "denied",
+            "error.type": type(error).__name__, "gen_ai.request.model": config.model.model, "attempts": 0,
+            "denied_arguments": sorted(set(options) & FORBIDDEN),
+        })
+        self._write_audit(call, config, record)
+        raise error
+
     def _new_call(self, api, mode, purpose, agent_id, profile, schema_name) -> _Call:
         if purpose is not None:
             if not isinstance(purpose, str):
@@ -1178,24 +1190,30 @@ class HostLlm(PluginLlm):
 
     def _chat_result(self, call: _Call, route: Route, response: TransportResponse, usage: PluginLlmUsage) -> HostChatResult:
         base = self._result(call, route, response, usage)
-        raw_calls = response.message.get("tool_calls") or ()
-        if not isinstance(raw_calls, (list, tuple)):
-            raise _malformed(route, f"its tool_calls is a {type(raw_calls).__name__}, not a list")
-        calls = []
-        for index, raw in enumerate(raw_calls):
-            function = raw.get("function") if isinstance(raw, dict) else None
-            if not isinstance(function, dict) or not isinstance(raw.get("id"), str) or not isinstance(function.get("name"), str):
-                raise _malformed(route, f"tool_calls[{index}] needs a str 'id' and a 'function' with a str 'name'")
-            arguments_text = function.get("arguments") or "{}"
-            if not isinstance(arguments_text, str):
-                raise _malformed(route, f"tool_calls[{index}]['function']['arguments'] is a "
-                                        f"{type(arguments_text).__name__}, not a JSON string")
-            try:
-                arguments = json.loads(arguments_text)
-            except (ValueError, RecursionError):
-                arguments = {}
-            calls.append(ToolCall(raw["id"], function["name"], arguments if isinstance(arguments, dict) else {}, arguments_text))
         return HostChatResult(
-            text=response.text, tool_calls=tuple(calls), message=dict(response.message), usage=usage,
+            text=response.text, tool_calls=base.tool_calls, message=dict(response.message), usage=usage,
             provider=base.provider, model=base.model, audit=base.audit,
         )
+
+
+def _tool_calls(route: Route, message: dict[str, Any]) -> tuple[PluginLlmToolCall, ...]:
+    """The tool calls of a reply message, checked (a malformed one is a provider error)."""
+    raw_calls = message.get("tool_calls") or ()
+    if not isinstance(raw_calls, (list, tuple)):
+        raise _malformed(route, f"its tool_calls is a {type(raw_calls).__name__}, not a list")
+    calls = []
+    for index, raw in enumerate(raw_calls):
+        function = raw.get("function") if isinstance(raw, dict) else None
+        if not isinstance(function, dict) or not isinstance(raw.get("id"), str) or not isinstance(function.get("name"), str):
+            raise _malformed(route, f"tool_calls[{index}] needs a str 'id' and a 'function' with a str 'name'")
+        arguments_text = function.get("arguments") or "{}"
+        if not isinstance(arguments_text, str):
+            raise _malformed(route, f"tool_calls[{index}]['function']['arguments'] is a "
+                                    f"{type(arguments_text).__name__}, not a JSON string")
+        try:
+            arguments = loads_bounded(arguments_text)
+        except (ValueError, RecursionError):
+            arguments = {}
+        calls.append(PluginLlmToolCall(raw["id"], function["name"], arguments if isinstance(arguments, dict) else {},
+                                       arguments_text))
+    return tuple(calls)

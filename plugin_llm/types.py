@@ -12,6 +12,7 @@ __all__ = [
     "PluginLlmUsage",
     "PluginLlmCompleteResult",
     "PluginLlmStructuredResult",
+    "PluginLlmToolCall",
     "MAX_USAGE_TOKENS",
     "MAX_USAGE_COST_USD",
     "checked_usage",
@@ -80,6 +81,17 @@ class PluginLlmUsage:
 
 
 @dataclass(frozen=True)
+class PluginLlmToolCall:
+    """A tool call the model asked for: ``arguments`` parsed (``{}`` when they are not a JSON
+    object), ``raw_arguments`` as the model wrote them."""
+
+    id: str
+    name: str
+    arguments: dict[str, Any]
+    raw_arguments: str
+
+
+@dataclass(frozen=True)
 class PluginLlmCompleteResult:
     """Result of ``complete``/``acomplete``.
 
@@ -94,6 +106,8 @@ class PluginLlmCompleteResult:
     agent_id: str | None
     usage: PluginLlmUsage
     audit: dict[str, Any]
+    #: the tool calls the model asked for (``complete(..., tools=[...])``); empty otherwise
+    tool_calls: tuple[PluginLlmToolCall, ...] = ()
 
 
 @dataclass(frozen=True)

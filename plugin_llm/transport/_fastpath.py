@@ -70,7 +70,8 @@ TESTED_LITELLM = ((1, 110), (1, 111))
 FAST_PATH_ENV = "PLUGIN_LLM_FAST_PATH"
 
 #: the litellm parameters a request may carry (the gateway sends no others)
-_PARAMS = ("temperature", "max_tokens", "response_format", "tools", "tool_choice")
+_PARAMS = ("temperature", "max_tokens", "response_format", "tools", "tool_choice", "top_p", "stop", "seed",
+           "presence_penalty", "frequency_penalty", "logit_bias", "user", "n")
 #: price-map entries that do not apply to a plain chat call (service tiers, batches, web search)
 _INAPPLICABLE_PRICE_SUFFIXES = ("_priority", "_flex", "_batches")
 _SIMPLE_PRICES = frozenset({"input_cost_per_token", "output_cost_per_token", "cache_read_input_token_cost",
@@ -410,7 +411,7 @@ def send(fast: FastRoute, request: Any, key: Key) -> Any:
         status, headers, content, body = _post(fast, request.messages, optional, key, request.deadline)
     finally:
         IO.deadline = outer
-    if status >= 400:
+    if not 200 <= status < 300:  # redirects are not followed (as by the openai SDK and litellm's handler)
         raise fast.http_error(status, headers, content)
     return fast.reply(status, headers, content, body, request.messages, optional)
 
@@ -420,7 +421,7 @@ async def asend(fast: FastRoute, request: Any, key: Key) -> Any:
     optional = fast.optional_params(request.params)
     async with asyncio.timeout(max(request.deadline - time.monotonic(), 0.0)):
         status, headers, content, body = await _apost(fast, request.messages, optional, key)
-    if status >= 400:
+    if not 200 <= status < 300:
         raise fast.http_error(status, headers, content)
     return fast.reply(status, headers, content, body, request.messages, optional)
 
@@ -444,7 +445,8 @@ def _post(fast: FastRoute, messages: list, optional: dict, key: Key, deadline: f
 
 async def _apost(fast: FastRoute, messages: list, optional: dict, key: Key):
     url, headers, body = _request(fast, messages, optional, key.reveal())
-    async with _session().post(url, data=json.dumps(body).encode(), headers=headers, proxy=_proxy(url)) as response:
+    async with _session().post(url, data=json.dumps(body).encode(), headers=headers, proxy=_proxy(url),
+                               allow_redirects=False) as response:
         content = await response.read()
         return response.status, response.headers, content, body
 
@@ -485,7 +487,7 @@ def _session() -> Any:
                                         cookie_jar=aiohttp.DummyCookieJar(), timeout=aiohttp.ClientTimeout(total=None))
         closer = _close_at_shutdown(session)  # held with the session: collected with the loop, not before
         _sessions[loop] = (session, closer)
-        loop.create_task(closer.__anext__())  # the loop now tracks it: shutdown_asyncgens() closes the session
+        loop.create_task(_first_step(closer))  # the loop now tracks it: shutdown_asyncgens() closes the session
     return session
 
 
@@ -505,6 +507,10 @@ def _proxy(url: str) -> Any:
         except LookupError:
             _PROXIES[where] = None
     return _PROXIES[where]
+
+
+async def _first_step(generator: Any) -> None:
+    await generator.__anext__()
 
 
 async def _close_at_shutdown(session: Any):
