@@ -53,6 +53,7 @@ __all__ = [
     "key_file",
     "pub_file",
     "write_new_key",
+    "append_public_key",
     "unique",
 ]
 
@@ -328,7 +329,12 @@ def write_new_key(key_path: Path, line: str, signer: Signer, *, replace: bool = 
             os.fsync(fd)
         finally:
             os.close(fd)
-    pub = pub_file(key_path)
+    return append_public_key(pub_file(key_path), signer)
+
+
+def append_public_key(pub: Path, signer: Signer) -> Path:
+    """Add ``signer``'s public key to the public keys file (created 0644; its directory 0700)."""
+    pub.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     fd = os.open(pub, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
     try:
         os.write(fd, (signer.verifier.text() + "\n").encode("ascii"))

@@ -466,3 +466,31 @@ def test_doctor_says_accidents_only_without_a_key_and_signed_with_one(hermes_hom
     main(["doctor"])
     out = capsys.readouterr().out
     assert "signed checkpoints (key id" in out and "accidents only" not in out
+
+
+def test_keygen_stdout_for_key_cmd_then_rotation(hermes_home, tmp_path, capsys):
+    code, out, err = cli(capsys, "audit", "keygen", "--stdout")
+    assert code == 0 and out.startswith("PRIVATE+KEY+") and "not saved here" in err
+    assert not key_file(hermes_home).exists()  # only printed, for a password manager
+    store = tmp_path / "vault"
+    store.write_text(out)
+    script = tmp_path / "print-key"
+    script.write_text(f"#!/bin/sh\ncat '{store}'\n")
+    script.chmod(0o700)
+    (hermes_home / "config.yaml").write_text(f"audit:\n  key_cmd: [{script}]\n  checkpoint_every: 5\n")
+    code, _, err = cli(capsys, "audit", "keygen")
+    assert code == 2 and "keygen --stdout" in err
+    from plugin_llm.config import ConfigSource
+
+    settings = ConfigSource(hermes_home).current().audit
+    path = write(hermes_home, 7, **{k: getattr(settings, k) for k in ("key_cmd", "checkpoint_every")})
+    code, out, err = cli(capsys, "audit", "keygen", "--rotate", "--stdout")
+    assert code == 0 and "rotated" in err
+    store.write_text(out)
+    write(hermes_home, 7, 7, **{k: getattr(settings, k) for k in ("key_cmd", "checkpoint_every")})
+    pubkeys = read_verifiers(pub_file(key_file(hermes_home)))
+    assert len(pubkeys) == 2
+    result = verify(path, pubkeys=pubkeys)
+    assert result.ok and not result.warnings and len(result.checkpoints.keys) == 2
+    code, out, _ = cli(capsys, "audit", "verify")
+    assert code == 0 and "checkpoints: " in out and "covered" in out

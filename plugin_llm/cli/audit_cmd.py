@@ -482,38 +482,53 @@ def _export(args: argparse.Namespace, log_path: Path) -> int:
 
 
 def _keygen(args: argparse.Namespace, log_path: Path) -> int:
-    from audit.signing import generate_key, load_signer, parse_signer, write_new_key
-    from audit.writer import AuditLog
-
     home = _home_of(args)
     if args.home and not home.is_dir():
         raise CliError(f"--home {home}: no such directory")
+    try:
+        return _make_key(args, home, log_path)
+    except OSError as exc:
+        where = f" {exc.filename}" if exc.filename else ""
+        raise CliError(f"cannot write{where}: {exc.strerror or type(exc).__name__}; check that the home and its "
+                       f"logs/ and keys/ directories are writable by you") from None
+
+
+def _make_key(args: argparse.Namespace, home: Path, log_path: Path) -> int:
+    from audit.signing import append_public_key, generate_key, load_signer, write_new_key
+    from audit.writer import AuditLog
+
     settings, key, pub = _key_paths(home)
-    if args.stdout:
-        line, signer = generate_key()
-        print(line)
-        print(f"# public key (append to {pub} and give it to auditors):\n{signer.verifier.text()}", file=sys.stderr)
-        return 0
+    if settings.key_cmd and not args.stdout:
+        raise CliError("audit.key_cmd is set in config.yaml, so the key comes from that command: run "
+                       "`plugin-llm audit keygen --stdout` (with --rotate to replace it) and store what it prints "
+                       "where the command reads it")
     if settings.key_cmd:
-        raise CliError("audit.key_cmd is set in config.yaml, so the key comes from that command: create one with "
-                       "`plugin-llm audit keygen --stdout`, store it where the command reads it, and append the "
-                       f"public key it prints to {pub}")
-    old = load_signer(key) if key.exists() else None
-    if old is not None and not args.rotate:
-        raise CliError(f"{key} already holds a signing key (key id {old.key_id_hex}); to replace it run "
-                       f"`plugin-llm audit keygen --rotate` (old checkpoints keep verifying with {pub})")
+        old = load_signer(key, settings.key_cmd) if args.rotate else None
+    else:
+        old = load_signer(key) if key.exists() else None
+        if old is not None and not args.rotate:
+            raise CliError(f"{key} already holds a signing key (key id {old.key_id_hex}); to replace it run "
+                           f"`plugin-llm audit keygen --rotate` (old checkpoints keep verifying with {pub})")
     line, new = generate_key(old.name if old is not None else None)
     log = AuditLog(log_path, settings, signer=new)
     try:
-        if old is not None:
+        if old is not None:  # the hand-over: signed by both, naming the new key
             seq, _ = log.checkpoint("key-rotation", signers=[old, new], extensions=(f"key {new.verifier.text()}",))
-        write_new_key(key, line, new, replace=old is not None)
+        if args.stdout:
+            append_public_key(pub, new)
+        else:
+            write_new_key(key, line, new, replace=old is not None)
         if old is None:
             seq, _ = log.checkpoint("keygen")
     finally:
         log.close()
-    parse_signer(line, "new key")  # sanity: what was written reads back
     verb = "rotated" if old is not None else "created"
+    if args.stdout:
+        print(line)
+        print(f"{verb} an audit signing key (key id {new.key_id_hex}), printed above: store it where audit.key_cmd "
+              f"reads it (it is not saved here); checkpoint written at seq {seq}; public key appended to {pub}",
+              file=sys.stderr)
+        return 0
     print(f"{verb} the audit signing key {key} (mode 0600, key id {new.key_id_hex}); checkpoint written at seq {seq}")
     print(f"public key{'s' if old is not None else ''} for auditors: {pub}  (`plugin-llm audit pubkey` prints them)")
     print(new.verifier.text())
