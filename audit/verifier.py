@@ -79,6 +79,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -295,7 +296,10 @@ def verify(
     anchor_seen = False
     head: tuple[str, int, bytes] | None = None  # the last record, if only its hash was checked
     limit = MAX_LINE_BYTES + 1  # the line and its newline
-    with snapshot(log_path, extra=(cp_path,)) as opened:
+    cp_odd = _not_regular(cp_path)
+    if cp_odd:  # a FIFO, a directory ...: a verdict, not an error (and never opened)
+        report(VerifyProblem(str(cp_path), 0, "checkpoint_bad", f"{cp_odd}, not a checkpoints file"))
+    with snapshot(log_path, extra=() if cp_odd else (cp_path,)) as opened:
         snaps = [s for s in opened if s.path != cp_path]
         cp_snap = next((s for s in opened if s.path == cp_path), None)
         if not snaps:
@@ -455,6 +459,16 @@ def verify(
     if prev is not None:
         result.head_seq, result.head_hash = prev.seq, prev.hash
     return result
+
+
+def _not_regular(path: Path) -> str | None:
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    if stat.S_ISREG(mode):
+        return None
+    return "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "not a regular file"
 
 
 def _flush(pending: list[_Bad], name: str, report: _Findings) -> None:

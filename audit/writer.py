@@ -38,6 +38,7 @@ import errno
 import fcntl
 import hashlib
 import os
+import stat
 import sys
 import threading
 import time
@@ -597,8 +598,7 @@ class AuditLog:
         """Both locks held: append one checkpoint of (self._seq, self._hash), recovering a torn tail first."""
         fd = self._cp_fd
         if fd is None:
-            fd = self._cp_fd = os.open(checkpoints_path(self.path), os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, _FILE_MODE)
-            self._cp_known = None
+            fd = self._cp_fd = self._open_checkpoints()
         st = os.fstat(fd)
         try:
             on_disk = os.stat(checkpoints_path(self.path))
@@ -606,9 +606,9 @@ class AuditLog:
             on_disk = None
         if on_disk is None or (on_disk.st_dev, on_disk.st_ino) != (st.st_dev, st.st_ino):
             os.close(fd)
-            fd = self._cp_fd = os.open(checkpoints_path(self.path), os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, _FILE_MODE)
+            self._cp_fd = None
+            fd = self._cp_fd = self._open_checkpoints()
             st = os.fstat(fd)
-            self._cp_known = None
         size = st.st_size
         lines = [f"time {format_ts(self._clock())}", f"reason {reason}"]
         if self._cp_known != (st.st_ino, size) and size:
@@ -631,6 +631,17 @@ class AuditLog:
         self._cp_seq = self._seq
         self._dirty = False
         self._cp_failed = False
+
+    def _open_checkpoints(self) -> int:
+        """The checkpoints file for appending; anything but a regular file there is refused (never blocks)."""
+        path = checkpoints_path(self.path)
+        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK, _FILE_MODE)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        os.set_blocking(fd, True)
+        self._cp_known = None
+        return fd
 
     def _write_fd(self, fd: int, data: bytes) -> None:
         while data:

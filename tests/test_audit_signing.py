@@ -494,3 +494,13 @@ def test_keygen_stdout_for_key_cmd_then_rotation(hermes_home, tmp_path, capsys):
     assert result.ok and not result.warnings and len(result.checkpoints.keys) == 2
     code, out, _ = cli(capsys, "audit", "verify")
     assert code == 0 and "checkpoints: " in out and "covered" in out
+
+
+def test_a_fifo_where_the_checkpoints_belong_never_blocks_the_writer(hermes_home, capsys):
+    make_key(hermes_home)
+    (hermes_home / "logs").mkdir()
+    os.mkfifo(hermes_home / "logs" / "agent.log.checkpoints")
+    path = write(hermes_home, EVERY + 1)  # returns: the records are written, the checkpoint is reported lost
+    assert "checkpoint could not be written" in capsys.readouterr().err
+    result = verify(path)
+    assert result.records == EVERY + 1 and kinds(result) == ["checkpoint_bad"]  # a verdict, not an OSError

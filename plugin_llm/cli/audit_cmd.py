@@ -80,13 +80,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     verify = actions.add_parser(
         "verify", parents=[common], help="check the hash chain (exit 0 only if whole)",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Walk every file oldest first; report the first broken, missing, reordered, edited, torn,\n"
-                    "re-encoded or unreadable line. Exit 0 only when the chain is whole, 1 when it is not.\n\n"
+        description="Walk every file oldest first and list every broken, missing, reordered, inserted, edited,\n"
+                    "torn, re-encoded or unreadable line, and -- with public keys -- every record a signed\n"
+                    "checkpoint contradicts, records deleted that a checkpoint covered, and forged, forked or\n"
+                    "missing checkpoints. Exit 0 when all is whole (warnings allowed), 1 when a problem was\n"
+                    "found, 2 when there is no log or an option is wrong.\n\n"
                     "The chain runs across the rotated files and must start at seq 1 from the genesis hash.\n"
-                    "Rotation with audit.backup_count deletes the oldest file without a trace, so a log whose\n"
-                    "head was pruned by retention looks exactly like one whose first lines were deleted: both\n"
-                    "fail unless you pass --allow-pruned-head (then it is a warning). Keep the head verify\n"
-                    "prints and pass it back with --anchor: that record must still be there.",
+                    "With a signing key, the rotation checkpoint names what retention deletes, so a pruned head\n"
+                    "is proven; without one, a log whose head was pruned looks exactly like one whose first\n"
+                    "lines were deleted: both fail unless you pass --allow-pruned-head (then it is a warning).\n"
+                    "Keep the head verify prints and pass it back with --anchor: that record must still be there.",
     )
     verify.add_argument("--strict", action="store_true",
                         help="parse every line and require the writer's exact rendering (slower; also catches "
