@@ -107,6 +107,14 @@ class HostConfig:
     def path(self) -> Path:
         return self.home / "config.yaml"
 
+    @property
+    def closed_reason(self) -> str | None:
+        """Why every override is refused when config.yaml is unusable (None when it is fine): the
+        words every denial and every command use, so nobody chases a flag that *is* set."""
+        if self.error is None:
+            return None
+        return f"config.yaml does not parse ({self.error}): the trust gate is closed until it is fixed"
+
     def trust_for(self, plugin_id: str) -> TrustPolicy:
         return self.trust.get(plugin_id, DENY_ALL)
 

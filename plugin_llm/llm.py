@@ -801,8 +801,12 @@ class PluginLlm:
         try:
             decision = enforce(self._plugin_id, config.trust_for(self._plugin_id), overrides)
         except PluginLlmTrustError as exc:
+            if config.closed_reason is not None:  # the flag may well be set: say what really refused it
+                asked = ", ".join(f"{name} {value!r}" for name, value in overrides.requested().items())
+                exc = PluginLlmTrustError(f"plugin '{self._plugin_id}' may not override {asked}: {config.closed_reason}",
+                                          plugin_id=self._plugin_id, config_key=exc.config_key)
             self._write_audit(call, config, self._denial_record(call, config, overrides, exc))
-            raise
+            raise exc from None
         try:
             route = resolve_route(config, provider=provider, model=model, profile=call.profile, timeout=timeout)
             admitted = _Admitted(config, route, decision, time.monotonic() + route.timeout)

@@ -6,7 +6,8 @@ only argument reads the arguments from standard input (for long pastes).
 No session is attached while it runs, so ``ctx.inject_message`` returns
 False: there is no conversation to receive the message. An unknown command
 exits with status 2 and lists the available ones; a handler that raises exits
-with status 1.
+with status 1, and ``--debug`` (before or after ``run``) shows the plugin's frames
+(file:line in the plugin's own code).
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import argparse
 import sys
 
 from plugin_llm.cli._common import printable_text
-from plugin_llm.cli.main import CliError
+from plugin_llm.cli.main import CliError, colour, debug_enabled
+from plugin_llm.config import get_config_source
 
 __all__ = ["register", "run"]
 
@@ -25,7 +27,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "run",
         help="run one plugin slash command",
         description="Run one slash command (built-in or from a plugin) and print what it returns.",
-        epilog="Options go before COMMAND; everything after it is passed to the command. "
+        epilog="Options (--home, --debug) go before COMMAND; everything after it is passed to the command. "
         "Example: plugin-llm run tldr 'a long text to summarise'",
     )
     parser.add_argument("--home", metavar="DIR", help="home directory (default: $HERMES_HOME or ~/.hermes)")
@@ -64,10 +66,16 @@ def run(args: argparse.Namespace) -> int:
         finally:
             session.close()
     if result.kind == "unknown_command":
+        closed = get_config_source(home).current().closed_reason
+        if closed is not None:  # no plugin is enabled while config.yaml does not parse
+            raise CliError(f"{result.text}\n({closed}; until then no plugin is enabled)")
         raise CliError(f"{result.text}\n(plugin commands come from enabled plugins in {home}/config.yaml; "
                        "see: plugin-llm plugins list)")
     if result.kind == "command_error":
-        print(f"plugin-llm: error: {printable_text(result.text)}", file=sys.stderr)
+        detail = result.detail if debug_enabled() else ""  # the plugin's frames: with --debug
+        hint = "" if debug_enabled() or not result.detail else " (--debug shows where in the plugin)"
+        print(f"plugin-llm: {colour('error', '31')}: {printable_text(result.text)}{hint}{printable_text(detail)}",
+              file=sys.stderr)
         return 1
     if result.text:
         print(printable_text(result.text))

@@ -310,9 +310,12 @@ def _explain(tr: Any, view: Any, installed: Mapping[str, str], args: argparse.Na
         _dump(result.as_dict())
         return 0 if result.decision.allowed else 1
     d = result.decision
-    print(f"{'ALLOWED' if d.allowed else 'DENIED'}  {d.reason}")
-    if view.error is not None:
-        print(f"  config.yaml does not parse, so every override is refused (fail closed): fix {view.path} first")
+    if view.error is not None and not d.allowed:  # the flag may be set: say what really refuses it
+        asked = ", ".join(f"{name} {value!r}" for name, value in overrides.requested().items())
+        print(f"DENIED  plugin '{printable(plugin_id)}' may not override {printable(asked)}: config.yaml does not parse ({printable(view.error)}): "
+              f"the trust gate is closed until it is fixed")
+    else:
+        print(f"{'ALLOWED' if d.allowed else 'DENIED'}  {d.reason}")
     for rule in result.rules:
         print(f"  {rule}")
     if not d.allowed and result.snippet:

@@ -1,0 +1,44 @@
+"""A config.yaml that does not parse: every denial and command says so instead of misleading (issue 13 item 7)."""
+
+from __future__ import annotations
+
+import pytest
+
+from plugin_llm import PluginLlm, PluginLlmTrustError
+from plugin_llm.cli.main import main
+from tests.conftest import audit_lines, write_config
+
+GOOD = "plugins:\n  enabled: [tldr]\n  entries:\n    tldr:\n      llm:\n        allow_model_override: true\n"
+BROKEN = GOOD + "  oops: [\n"
+CLOSED = "config.yaml does not parse"
+GATE = "the trust gate is closed until it is fixed"
+
+
+def test_a_denial_says_the_gate_is_closed_not_that_the_flag_is_unset(hermes_home):
+    write_config(hermes_home, BROKEN)
+    with pytest.raises(PluginLlmTrustError) as caught:
+        PluginLlm("tldr").complete([{"role": "user", "content": "hi"}], model="gpt-4o")
+    message = str(caught.value)
+    assert CLOSED in message and GATE in message and "config.yaml:8:1:" in message  # file:line:col of the problem
+    assert "has not set" not in message
+    [line] = audit_lines(hermes_home)
+    assert line["status"] == "denied" and GATE in line["decision_reason"]
+
+
+def test_try_run_and_trust_explain_say_config_does_not_parse(hermes_home, capsys):
+    write_config(hermes_home, BROKEN)
+    assert main(["try", "--as", "tldr", "--model", "gpt-4o", "hi"]) == 1
+    err = capsys.readouterr().err
+    assert GATE in err and "has not set" not in err
+    assert main(["run", "tldr", "hi"]) != 0
+    err = capsys.readouterr().err
+    assert "Unknown command /tldr" in err and CLOSED in err and "no plugin is enabled" in err
+    main(["trust", "explain", "tldr", "--model", "gpt-4o"])
+    out = capsys.readouterr().out
+    assert out.startswith("DENIED") and GATE in out.splitlines()[0] and "has not set" not in out
+
+
+def test_a_good_config_keeps_the_precise_reason(hermes_home):
+    write_config(hermes_home, "plugins:\n  entries:\n    other:\n      llm: {}\n")
+    with pytest.raises(PluginLlmTrustError, match="has not set plugins.entries.tldr.llm.allow_model_override"):
+        PluginLlm("tldr").complete([{"role": "user", "content": "hi"}], model="gpt-4o")
