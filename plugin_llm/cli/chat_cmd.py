@@ -7,6 +7,12 @@ tools. Messages that plugins inject while the session is idle
 (``ctx.inject_message``) run as the next turns. Works with a pipe as well as
 a terminal: without a TTY there is no prompt, and the exit status is 1 if any
 input failed (an error or an unknown command).
+
+On a terminal the line is read with :mod:`readline` (the standard library's
+GNU readline / libedit binding; no extra dependency): arrow keys, Home/End and
+Ctrl-R edit and search, and the history is kept in ``<home>/chat_history``
+(the last 1000 lines, owner-only). Ctrl-C cancels the line being typed or the
+turn in progress and returns to the prompt; Ctrl-D on an empty line leaves.
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
     stdin, out = sys.stdin, sys.stdout
     interactive = stdin.isatty()
     failures = 0
+    history = _History(home / "chat_history") if interactive else None
     with home_environment(home):
         manager = load_manager(home)
         with Session(manager, max_tool_iterations=args.max_tool_iterations, platform="cli") as session:
@@ -57,16 +64,57 @@ def run(args: argparse.Namespace) -> int:
             provider, model = session.route
             print(f"plugin-llm chat: model {model} (provider {provider}), {loaded} plugin(s) loaded "
                   f"from {home}. /help for commands, /exit to leave.", file=out)
-            while not session.exit_requested:
-                failures += _run_pending(session, out)
-                line = _read_line(stdin, interactive)
-                if line is None:  # end of input
-                    break
-                if not line.strip():
-                    continue
-                failures += _handle(session, line, out)
-            failures += 0 if session.exit_requested else _run_pending(session, out)
+            try:
+                while not session.exit_requested:
+                    try:
+                        failures += _run_pending(session, out)
+                        line = _read_line(stdin, interactive)
+                        if line is None:  # end of input (Ctrl-D)
+                            break
+                        if not line.strip():
+                            continue
+                        failures += _handle(session, line, out)
+                    except KeyboardInterrupt:
+                        if not interactive:
+                            raise
+                        print("\n(cancelled; Ctrl-D or /exit leaves)", file=out)  # Ctrl-C: back to the prompt
+                failures += 0 if session.exit_requested else _run_pending(session, out)
+            finally:
+                if history is not None:
+                    history.save()
     return 1 if failures and not interactive else 0
+
+
+class _History:
+    """readline line editing with the history in ``path`` (loaded now, saved by :meth:`save`)."""
+
+    LENGTH = 1000
+
+    def __init__(self, path) -> None:
+        self.path = path
+        try:
+            import readline  # noqa: F401 - importing it gives input() line editing
+        except ImportError:  # e.g. a Python built without it: plain input()
+            self.readline = None
+            return
+        self.readline = readline
+        readline.set_history_length(self.LENGTH)
+        try:
+            readline.read_history_file(str(path))
+        except (OSError, ValueError):
+            pass  # none yet (or unreadable): start empty
+
+    def save(self) -> None:
+        if self.readline is None:
+            return
+        try:
+            import os
+
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.readline.write_history_file(str(self.path))
+            os.chmod(self.path, 0o600)  # what the operator typed may be private
+        except OSError:
+            pass
 
 
 def _read_line(stdin: TextIO, interactive: bool) -> str | None:
@@ -87,7 +135,9 @@ def _handle(session, line: str, out: TextIO) -> int:
     try:
         result = session.run_turn(line)
     except PluginLlmError as exc:
-        print(f"error: {type(exc).__name__}: {_safe(exc)}", file=out)
+        from plugin_llm.cli.main import error_line
+
+        print(f"error: {error_line(exc)}", file=out)
         return 1
     except ValueError as exc:
         print(f"error: {printable_text(exc)}", file=out)
@@ -120,6 +170,10 @@ def _print_result(result, out: TextIO) -> None:
         print(f"assistant> {printable_text(result.text)}", file=out)
     elif result.text:
         print(printable_text(result.text), file=out)
+        if result.kind == "command_error" and result.detail:
+            from plugin_llm.cli.main import debug_enabled
+
+            print(printable_text(result.detail) if debug_enabled() else "(--debug shows where in the plugin)", file=out)
     out.flush()
 
 

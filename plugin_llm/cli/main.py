@@ -5,10 +5,15 @@ commands that do not call a model never import litellm and start fast. Each
 module exposes ``register(subparsers)``, which adds its parser and sets
 ``func`` (``func(args) -> int``) as a default.
 
-Operator mistakes raise :class:`CliError` (or a ``PluginLlmError``) and are
-printed as one line on stderr with exit code 2 (1 for gateway errors);
-``--debug`` shows the traceback. Ctrl-C anywhere prints ``plugin-llm: interrupted``
-and exits 130, without a traceback.
+Exit codes, the same for every subcommand (see :data:`EXIT_CODES`): 0 ok; 1 a
+check found problems or a call failed (a gateway error, a plugin command that
+raised); 2 a usage or configuration error (a bad flag, an unknown name, an
+unreadable config); 130 interrupted. Operator mistakes raise :class:`CliError`
+(or a ``PluginLlmError``) and are printed once, as one line on stderr.
+``--debug`` (before or after the subcommand) shows the plugin's own frames of
+a plugin failure, debug logging and, for the host's errors, the traceback.
+Ctrl-C anywhere prints ``plugin-llm: interrupted`` and exits 130, without a
+traceback. Colour only on a terminal, never with ``NO_COLOR`` set.
 
 As the process's entry point (``main()`` without ``argv``: the console script,
 ``python -m plugin_llm``), the process ends when the command is done, even if a
@@ -28,7 +33,35 @@ import sys
 import threading
 from typing import Sequence
 
-__all__ = ["CliError", "main", "SUBCOMMANDS"]
+__all__ = ["CliError", "main", "SUBCOMMANDS", "EXIT_CODES", "debug_enabled", "colour"]
+
+#: The exit codes of every ``plugin-llm`` command.
+EXIT_CODES: dict[int, str] = {
+    0: "ok",
+    1: "a check found problems, or a call or plugin command failed",
+    2: "usage or configuration error (bad flag, unknown name, unreadable config)",
+    130: "interrupted (Ctrl-C)",
+}
+
+_DEBUG = [False]
+
+
+def debug_enabled() -> bool:
+    """Whether this ``plugin-llm`` run was given ``--debug`` (show plugin frames, debug logs)."""
+    return _DEBUG[0]
+
+
+def colour(text: str, code: str, stream=None) -> str:
+    """``text`` in SGR colour ``code`` when ``stream`` (stderr) is a terminal and ``NO_COLOR``
+    is unset (https://no-color.org) and ``TERM`` is not ``dumb``; else ``text`` unchanged."""
+    stream = sys.stderr if stream is None else stream
+    if os.environ.get("NO_COLOR") or os.environ.get("TERM") == "dumb":
+        return text
+    try:
+        tty = stream.isatty()
+    except Exception:
+        tty = False
+    return f"\033[{code}m{text}\033[0m" if tty else text
 
 #: subcommand -> (module, one-line help). Order is the order shown in --help.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -62,14 +95,62 @@ def _build_parser(selected: str | None) -> argparse.ArgumentParser:
         prog="plugin-llm",
         description="LLM gateway for plugins: trust gate, host-held credentials, tamper-evident audit log.",
     )
-    parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
+    parser.add_argument("--debug", action="store_true",
+                        help="show plugin frames of plugin failures, debug logs and host tracebacks "
+                        "(also accepted after the subcommand)")
+    parser.add_argument("--version", action="version", version=f"plugin-llm {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module_name, help_text) in _available().items():
         if name == selected:
             importlib.import_module(module_name).register(sub)
         else:  # listed in --help without importing the module
             sub.add_parser(name, help=help_text, add_help=False)
+    _accept_debug(sub)
+    codes = "; ".join(f"{code} {what}" for code, what in EXIT_CODES.items())
+    parser.epilog = f"Exit codes: {codes}."
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
     return parser
+
+
+def _accept_debug(sub: argparse._SubParsersAction) -> None:
+    """``--debug`` after the subcommand too (at every level: ``plugins info --debug``); its
+    default is suppressed so an absent flag never overrides one given before the subcommand."""
+    for child in set(sub.choices.values()):
+        if not any("--debug" in a.option_strings for a in child._actions):
+            child.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+        for action in child._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                _accept_debug(action)
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("plugin-llm-gateway")
+    except Exception:
+        from plugin_llm import __version__
+
+        return __version__
+
+
+def _help_epilog_plugins(parser: argparse.ArgumentParser) -> None:
+    """Add the plugin CLI commands (``ctx.register_cli_command``) of the home to ``--help``."""
+    try:
+        from plugin_llm.plugins import PluginManager
+
+        manager = PluginManager(audit_events=False)  # read-only: no load events in the audit log
+        manager.discover_plugins()
+        commands = dict(manager.cli_commands)
+    except Exception:  # a broken home never breaks --help
+        return
+    if not commands:
+        return
+    from plugin_llm.cli._common import printable
+
+    lines = [f"  {printable(name, 40):<14}{printable(getattr(e, 'help', '') or '', 200)} "
+             f"(plugin {printable(getattr(e, 'plugin_key', ''), 80)})" for name, e in sorted(commands.items())]
+    parser.epilog = "plugin commands:\n" + "\n".join(lines) + "\n\n" + (parser.epilog or "")
 
 
 def _selected_command(argv: Sequence[str]) -> str | None:
@@ -77,6 +158,20 @@ def _selected_command(argv: Sequence[str]) -> str | None:
         if not arg.startswith("-"):
             return arg
     return None
+
+
+def _wants_help(argv: Sequence[str], selected: str | None) -> bool:
+    return selected is None and (not argv or "-h" in argv or "--help" in argv)
+
+
+def _set_debug(on: bool) -> None:
+    _DEBUG[0] = on
+    if not on:
+        return
+    logging.getLogger("plugin_llm").setLevel(logging.DEBUG)
+    for handler in logging.getLogger().handlers:
+        if getattr(handler, "_plugin_llm_terminal", False):
+            handler.setLevel(logging.DEBUG)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -99,9 +194,13 @@ def _main(argv: list[str]) -> int:
     if selected is not None and selected not in known:
         plugin_cli = _plugin_cli_command(selected)
         if plugin_cli is not None:
+            _set_debug("--debug" in argv[: argv.index(selected)])
             return plugin_cli(argv)
     parser = _build_parser(selected if selected in known else None)
+    if _wants_help(argv, selected):
+        _help_epilog_plugins(parser)
     args = parser.parse_args(argv)
+    _set_debug(bool(getattr(args, "debug", False)))
     if not getattr(args, "func", None):
         parser.print_help()
         return 0 if selected is None else 2
@@ -112,13 +211,24 @@ def _main(argv: list[str]) -> int:
     except CliError as exc:
         if args.debug:
             raise
-        print(f"plugin-llm: error: {_safe(exc)}", file=sys.stderr)
+        print(f"plugin-llm: {colour('error', '31')}: {_safe(exc)}", file=sys.stderr)
         return exc.exit_code
     except PluginLlmError as exc:
         if args.debug:
             raise
-        print(f"plugin-llm: {type(exc).__name__}: {_safe(exc)}", file=sys.stderr)
+        print(f"plugin-llm: {colour('error', '31')}: {error_line(exc)}", file=sys.stderr)
         return 1
+
+
+def error_line(exc: BaseException) -> str:
+    """``Type: message`` of an error for the terminal, without stuttering: a message that
+    already starts with its type's name (``APIConnectionError: APIConnectionError: ...``,
+    from a wrapped provider error) is not prefixed again."""
+    name = type(exc).__name__
+    text = _safe(exc)
+    while text.startswith(name + ": " + name + ":"):
+        text = text[len(name) + 2:]
+    return text if text.startswith(name + ":") else f"{name}: {text}"
 
 
 def _exit_if_threads_remain(code: int) -> None:

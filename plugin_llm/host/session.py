@@ -119,6 +119,8 @@ class TurnResult:
     provider: str | None = None
     model: str | None = None
     command: str | None = None
+    #: for ``command_error``: the plugin's own frames of the failure (file:line), "" when none
+    detail: str = ""
 
     @property
     def ok(self) -> bool:
@@ -469,9 +471,10 @@ class Session:
             out = yield _CommandRun(key, raw_args)
         except Exception as exc:  # the manager turns every other plugin BaseException into one
             text = error_text(exc)  # the handler's exception: formatted without trusting it
-            _log.warning("command /%s failed: %s", key, text)
+            detail = _command_frames(self.manager, key, exc)
+            # not logged: the caller prints the result (and its detail), so the failure shows once
             return TurnResult(kind="command_error", text=f"/{key} failed: {text}",
-                              stop_reason="command_error", command=key)
+                              stop_reason="command_error", command=key, detail=detail)
         text = out if out is None or type(out) is str else (safe_str(out, MAX_TEXT) or f"<{type_name(out)}>")
         return TurnResult(kind="command", text=text, stop_reason="command", command=key)
 
@@ -874,3 +877,15 @@ def format_plugins(plugins: list[dict[str, Any]]) -> str:
         if p.get("missing_env"):
             lines.append(f"      missing env: {', '.join(map(str, p['missing_env']))}")
     return "\n".join(lines)
+
+
+def _command_frames(manager: Any, key: str, exc: BaseException) -> str:
+    """The failing command's plugin frames (see :mod:`plugin_llm.plugins.tracebacks`)."""
+    from plugin_llm.plugins.tracebacks import frames_text, plugin_dir_of
+
+    try:
+        entry = manager._command(key)
+        plugin_dir = plugin_dir_of(manager, entry.plugin_key) if entry is not None else None
+    except Exception:
+        plugin_dir = None
+    return frames_text(exc, plugin_dir)

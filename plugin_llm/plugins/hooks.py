@@ -573,9 +573,15 @@ class HookRunner:
             entry.hook, entry.plugin_key, text,
         )
         if not outcome.timed_out and _log.isEnabledFor(logging.DEBUG):
-            _log.debug("hook %s of plugin %s traceback", entry.hook, entry.plugin_key, exc_info=error)
+            _log.debug("hook %s of plugin %s failed:%s", entry.hook, entry.plugin_key, _frames_text(error))
         if self._on_error is not None:
             try:
                 self._on_error(entry, error, text)
             except Exception:  # reporting must never break the host
                 _log.debug("hook error reporter failed", exc_info=True)
+
+
+def _frames_text(error: BaseException | None) -> str:
+    from .tracebacks import frames_text  # the plugin's own frames, not the host's internals
+
+    return frames_text(error)

@@ -46,6 +46,7 @@ from .isolation import (
     shown,
     type_name,
 )
+from .tracebacks import frames_text, plugin_dir_of, plugin_frames
 from .registry import (
     BUILTIN_COMMANDS,
     CliCommandEntry,
@@ -441,12 +442,13 @@ class PluginManager:
 
     def _mark_failed(self, record: _PluginRecord, message: str, exc_info: BaseException | None = None) -> None:
         message = bounded(exact_str(message), _MAX_LOAD_ERROR)
+        frames = frames_text(exc_info, record.candidate.path)  # the plugin's own frames: plugins info, audit, --debug
         record.status = STATUS_FAILED
-        record.error = message
+        record.error = message + frames
         _log.warning("plugin %s failed to load: %s", record.key, message)
-        if exc_info is not None:
-            _log.debug("plugin %s load traceback", record.key, exc_info=exc_info)
-        self._audit("plugin_load_failed", plugin_id=record.key, key=record.key, source=record.candidate.source, error=message)
+        if frames:
+            _log.debug("plugin %s failed to load:%s", record.key, frames)
+        self._audit("plugin_load_failed", plugin_id=record.key, key=record.key, source=record.candidate.source, error=message + frames)
 
     def _unregister(self, key: str) -> None:
         with self._registry_lock:
@@ -731,6 +733,7 @@ class PluginManager:
             plugin=entry.plugin_key,
             plugin_id=entry.plugin_key,
             message=message[:500],
+            frames=plugin_frames(error, plugin_dir_of(self, entry.plugin_key)),
             **{"error.type": name},
         )
 
@@ -851,7 +854,7 @@ class PluginManager:
         text = error_text(exc)
         _log.warning("tool %s (plugin %s) raised %s", entry.name, entry.plugin_key, text)
         if _log.isEnabledFor(logging.DEBUG):
-            _log.debug("tool %s traceback", entry.name, exc_info=exc)
+            _log.debug("tool %s failed:%s", entry.name, frames_text(exc, plugin_dir_of(self, entry.plugin_key)))
         return _tool_error(f"Tool '{entry.name}' failed: {text}")
 
     def _after_tool(self, tool_name: str, args: Any, result: str, hook_kw: dict[str, Any]) -> str:
