@@ -27,6 +27,20 @@ Before every model request the context engine (a plugin's, else the built-in
 turn (``recall``, appended like ``pre_llm_call`` context) and told about the
 exchange afterwards (``remember``).
 
+Hermes plugins are driven through Hermes's interfaces (every call isolated and
+under ``plugins.hook_timeout``, :meth:`PluginManager.call_plugin`): a Hermes
+``MemoryProvider`` is initialised on the first turn (``initialize``; its
+``system_prompt_block`` joins the system prompt), asked before each turn
+(``on_turn_start``, ``prefetch`` — fenced as ``<memory-context>`` on the
+turn's user message, never stored), its ``get_tool_schemas`` are offered as
+tools (answered by ``handle_tool_call`` through the tool pipeline), told after
+each turn (``sync_turn``, ``queue_prefetch``) and at close (``on_session_end``,
+``shutdown``). A Hermes ``ContextEngine`` gets ``on_session_start`` and
+``update_model(model, context_length=<budget>)`` once, ``should_compress`` /
+``compress`` before each request, ``update_from_response`` after it and
+``on_session_end`` at close. ``llm_execution`` middleware wraps each model
+request; ``api_request_error`` fires when one fails.
+
 Injected messages (``ctx.inject_message`` -> :meth:`Session.inject`): while a
 turn runs they go to the interrupt queue, which is checked between model
 requests and tool rounds; the message joins the conversation and the turn goes
@@ -199,6 +213,13 @@ class Session:
         self._interrupts: deque[str] = deque()
         self._pending: deque[str] = deque()
         self._last_route: tuple[str, str] | None = None
+        self._turns = 0
+        #: the Hermes memory provider driven by this session: (provider, plugin key), once initialised
+        self._hmemory: tuple[Any, str] | None = None
+        self._hmemory_checked = False
+        self._memory_block = ""
+        self._memory_tools: set[str] = set()
+        self._engine_started: Any = None  # the Hermes context engine told on_session_start
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -230,8 +251,23 @@ class Session:
                            interrupted=False, model=self.route[1], platform=self.platform, reason="exit")
                 self._hook("on_session_finalize", session_id=self.session_id, platform=self.platform,
                            reason="exit")
+            self._end_hermes_plugins()
         finally:
             self.detach()
+
+    def _end_hermes_plugins(self) -> None:
+        """Session end for the Hermes memory provider and context engine this session used."""
+        messages = _copy_messages(self.history)
+        if self._hmemory is not None:
+            provider, key = self._hmemory
+            self.manager.call_plugin("memory on_session_end", key, provider.on_session_end, messages)
+            self.manager.call_plugin("memory shutdown", key, provider.shutdown)
+            self._hmemory = None
+        if self._engine_started is not None:
+            engine, key = self._engine_started
+            self.manager.call_plugin("context engine on_session_end", key, engine.on_session_end,
+                                     self.session_id, messages)
+            self._engine_started = None
 
     def __enter__(self) -> "Session":
         return self.attach()
@@ -410,8 +446,12 @@ class Session:
         if isinstance(effect, _Blocking):
             return effect.fn(*effect.args, **effect.kwargs)
         if isinstance(effect, _ModelRequest):
+            if self.manager.has_middleware("llm_execution"):
+                return self._model_via_middleware(effect)
             return self.llm.chat(effect.messages, tools=effect.tools, purpose=effect.purpose)
         if isinstance(effect, _ToolDispatch):
+            if effect.name in self._memory_tools and self._hmemory is not None:
+                return self._memory_tool(effect)
             return self.manager.dispatch_tool(effect.name, effect.args, parent_agent=self, **effect.kwargs)
         if isinstance(effect, _CommandRun):
             return self.manager.run_command(effect.name, effect.raw_args)
@@ -421,12 +461,46 @@ class Session:
         if isinstance(effect, _Blocking):
             return await asyncio.to_thread(effect.fn, *effect.args, **effect.kwargs)
         if isinstance(effect, _ModelRequest):
+            if self.manager.has_middleware("llm_execution"):
+                return await asyncio.to_thread(self._model_via_middleware, effect)
             return await self.llm.achat(effect.messages, tools=effect.tools, purpose=effect.purpose)
         if isinstance(effect, _ToolDispatch):
+            if effect.name in self._memory_tools and self._hmemory is not None:
+                return await asyncio.to_thread(self._memory_tool, effect)
             return await self.manager.adispatch_tool(effect.name, effect.args, parent_agent=self, **effect.kwargs)
         if isinstance(effect, _CommandRun):
             return await self.manager.arun_command(effect.name, effect.raw_args)
         raise TypeError(f"unknown effect {effect!r}")  # pragma: no cover
+
+    def _model_via_middleware(self, effect: "_ModelRequest") -> Any:
+        """The model request through the ``llm_execution`` middleware (see plugins.middleware)."""
+        provider, model = self.route
+        request = {"messages": _copy_messages(effect.messages), "tools": effect.tools, "provider": provider,
+                   "model": model}
+        produced: list[Any] = []
+
+        def terminal(req: dict[str, Any]) -> Any:
+            result = self.llm.chat(req["messages"], tools=req.get("tools"), purpose=effect.purpose)
+            produced.append(result)
+            return result
+
+        def accept_result(value: Any) -> Any:
+            from plugin_llm.llm import HostChatResult
+
+            if type(value) is HostChatResult or any(value is r for r in produced) or (
+                    produced and type(value) is type(produced[0])):
+                return value
+            raise ValueError(f"a {type_name(value)} is not a model result")
+
+        return self.manager.run_middleware(
+            "llm_execution", terminal, request, payload_key="request",
+            context={"session_id": self.session_id, "platform": self.platform, "purpose": effect.purpose},
+            accept_payload=_llm_request_payload, accept_result=accept_result)
+
+    def _memory_tool(self, effect: "_ToolDispatch") -> str:
+        provider, key = self._hmemory  # type: ignore[misc]
+        return self.manager.dispatch_provider_tool(effect.name, effect.args, provider.handle_tool_call, key,
+                                                   **effect.kwargs)
 
     # --- input -------------------------------------------------------------------------
 
@@ -589,8 +663,10 @@ class Session:
             self._started = True
             yield _Blocking(self._hook, ("on_session_start",),
                             dict(session_id=self.session_id, model=self.route[1], platform=self.platform))
+        self._turns += 1
         user_msg: dict[str, Any] = {"role": "user", "content": user_text}
         self.history.append(user_msg)
+        yield _Blocking(self._start_hermes_plugins)
         extra = yield _Blocking(self._turn_context, (user_text, first))
         tools = yield _Blocking(self._offered_tools)
         budget = self.context_budget_tokens
@@ -612,7 +688,15 @@ class Session:
                 session_id=self.session_id, platform=self.platform, model=model, provider=provider,
                 api_call_count=requests, message_count=len(messages), tool_count=len(tools),
                 approx_input_tokens=_approx_tokens(messages)))
-            result = yield _ModelRequest(messages, tools or None, "host.turn")
+            try:
+                result = yield _ModelRequest(messages, tools or None, "host.turn")
+            except Exception as exc:
+                yield _Blocking(self._hook, ("api_request_error",), dict(
+                    session_id=self.session_id, platform=self.platform, model=model, provider=provider,
+                    api_call_count=requests, error={"type": type_name(exc), "message": error_text(exc)},
+                    reason=type_name(exc)))
+                raise
+            yield _Blocking(self._engine_usage, (result.usage,))
             usage = result.usage if usage is None else _add_usage(usage, result.usage)
             if getattr(result, "provider", None) or getattr(result, "model", None):
                 self._last_route = (result.provider or provider, result.model or model)
@@ -676,8 +760,9 @@ class Session:
     def _api_messages(self, user_msg: dict[str, Any], extra: str) -> list[dict[str, Any]]:
         """System prompt + history; the turn's context rides on its user message only here."""
         out: list[dict[str, Any]] = []
-        if self.system_prompt:
-            out.append({"role": "system", "content": self.system_prompt})
+        system = "\n\n".join(p for p in (self.system_prompt, self._memory_block) if p)
+        if system:
+            out.append({"role": "system", "content": system})
         for msg in self.history:
             if msg is user_msg and extra:
                 out.append({**msg, "content": f"{msg['content']}\n\n{extra}"})
@@ -706,6 +791,10 @@ class Session:
             context = ""
         if type(context) is str and context.strip():
             parts.append(context.strip())
+        if self._hmemory is not None:
+            recalled = self._hermes_prefetch(user_text)
+            if recalled:
+                parts.append(recalled)
         provider = self._memory_provider()
         if provider is not None:
             try:
@@ -718,10 +807,99 @@ class Session:
                 parts.append(f"Relevant memory:\n{recalled.strip()}")
         return "\n\n".join(parts)
 
+    # --- Hermes memory provider and context engine --------------------------------------
+
+    def _start_hermes_plugins(self) -> None:
+        """First turn: initialise the Hermes memory provider (when one is active and available)."""
+        if self._hmemory_checked:
+            return
+        self._hmemory_checked = True
+        from plugin_llm.plugins.context import is_hermes_memory_provider
+
+        try:
+            active = self.manager.active_memory()
+        except Exception as exc:
+            _log.warning("memory provider unavailable: %s", error_text(exc))
+            return
+        if active is None or not is_hermes_memory_provider(active[0]):
+            return
+        provider, key = active
+        call = self.manager.call_plugin
+        if call("memory is_available", key, provider.is_available) is not True:
+            return
+        outcome = call_limited_ok(call, "memory initialize", key, provider.initialize, self.session_id,
+                                  hermes_home=str(self.manager.home), platform=self.platform,
+                                  agent_context="primary")
+        if not outcome:
+            return
+        self._hmemory = (provider, key)
+        block = call("memory system_prompt_block", key, provider.system_prompt_block)
+        self._memory_block = block.strip() if type(block) is str else ""
+        schemas = call("memory get_tool_schemas", key, provider.get_tool_schemas)
+        self._memory_schemas = [s for s in schemas if type(s) is dict and type(s.get("name")) is str] \
+            if type(schemas) is list else []
+        self._memory_tools = {s["name"] for s in self._memory_schemas if s["name"] not in self.manager.tools}
+
+    def _hermes_prefetch(self, user_text: str) -> str:
+        from plugin_llm.compat.hermes.agent.memory_manager import build_memory_context_block
+
+        provider, key = self._hmemory  # type: ignore[misc]
+        self.manager.call_plugin("memory on_turn_start", key, provider.on_turn_start, self._turns, user_text,
+                                 platform=self.platform, model=self.route[1])
+        recalled = self.manager.call_plugin("memory prefetch", key, provider.prefetch, user_text,
+                                            session_id=self.session_id)
+        return build_memory_context_block(recalled) if type(recalled) is str else ""
+
+    def _hermes_sync(self, user_text: str, assistant_text: str) -> None:
+        provider, key = self._hmemory  # type: ignore[misc]
+        self.manager.call_plugin("memory sync_turn", key, provider.sync_turn, user_text, assistant_text,
+                                 session_id=self.session_id, messages=_copy_messages(self.history))
+        self.manager.call_plugin("memory queue_prefetch", key, provider.queue_prefetch, user_text,
+                                 session_id=self.session_id)
+
+    def _hermes_engine(self) -> tuple[Any, str] | None:
+        from plugin_llm.plugins.context import is_hermes_context_engine
+
+        try:
+            active = self.manager.active_context_engine()
+        except Exception:
+            return None
+        return active if active is not None and is_hermes_context_engine(active[0]) else None
+
+    def _hermes_compress(self, engine: Any, key: str, messages: list[dict[str, Any]], budget: int) -> Any:
+        call = self.manager.call_plugin
+        if self._engine_started is None or self._engine_started[0] is not engine:
+            self._engine_started = (engine, key)
+            call("context engine on_session_start", key, engine.on_session_start, self.session_id,
+                 hermes_home=str(self.manager.home), platform=self.platform, model=self.route[1])
+            call("context engine update_model", key, engine.update_model, self.route[1], budget,
+                 provider=self.route[0])
+        tokens = _approx_tokens(messages)
+        if call("context engine should_compress", key, engine.should_compress, tokens) is not True:
+            return messages
+        return call("context engine compress", key, engine.compress, _copy_messages(messages),
+                    current_tokens=tokens, focus_topic=None, force=False, memory_context="")
+
+    def _engine_usage(self, usage: Any) -> None:
+        hermes = self._hermes_engine()
+        if hermes is None or usage is None:
+            return
+        engine, key = hermes
+        u = _usage_dict(usage) or {}
+        prompt, completion = int(u.get("input_tokens") or 0), int(u.get("output_tokens") or 0)
+        payload = {"prompt_tokens": prompt, "completion_tokens": completion,
+                   "total_tokens": int(u.get("total_tokens") or prompt + completion),
+                   "input_tokens": prompt, "output_tokens": completion,
+                   "cache_read_tokens": int(u.get("cache_read_tokens") or 0),
+                   "cache_write_tokens": int(u.get("cache_write_tokens") or 0), "reasoning_tokens": 0}
+        self.manager.call_plugin("context engine update_from_response", key, engine.update_from_response, payload)
+
     def _memory_provider(self) -> Any:
+        from plugin_llm.plugins.context import is_hermes_memory_provider
+
         try:
             provider = self.manager.memory_provider
-            if provider is None or not provider.is_available():
+            if provider is None or is_hermes_memory_provider(provider) or not provider.is_available():
                 return None
         except Exception as exc:
             _log.warning("memory provider unavailable: %s: %s", type(exc).__name__, exc)
@@ -729,6 +907,8 @@ class Session:
         return provider
 
     def _remember(self, user_text: str, assistant_text: str) -> None:
+        if self._hmemory is not None:
+            self._hermes_sync(user_text, assistant_text)
         provider = self._memory_provider()
         if provider is None:
             return
@@ -747,9 +927,20 @@ class Session:
                 offered.append(entry.openai_tool())
             except Exception as exc:
                 _log.warning("tool %s has an unusable schema: %s", name, exc)
+        for schema in getattr(self, "_memory_schemas", []):
+            if schema["name"] in self._memory_tools:
+                offered.append({"type": "function", "function": schema})
         return offered
 
     def _compress(self, messages: list[dict[str, Any]], budget: int) -> list[dict[str, Any]]:
+        hermes = self._hermes_engine()
+        if hermes is not None:
+            out = self._hermes_compress(hermes[0], hermes[1], messages, budget)
+            if type(out) is list and out and all(type(m) is dict for m in out):
+                return out
+            _log.warning("context engine %s returned no usable messages; using the built-in compressor",
+                         hermes[1])
+            return self.compressor.compress(messages, budget_tokens=budget)
         engine = None
         try:
             engine = self.manager.context_engine
@@ -777,6 +968,35 @@ class Session:
 
 
 # --- module helpers ----------------------------------------------------------------------
+
+
+def call_limited_ok(call: Callable[..., Any], what: str, key: str, fn: Callable[..., Any], *args: Any,
+                    **kwargs: Any) -> bool:
+    """True when ``call(what, key, fn, ...)`` ran without failing (a None result is fine)."""
+    failed: list[bool] = []
+
+    def wrapped(*a: Any, **k: Any) -> bool:
+        fn(*a, **k)
+        return True
+
+    import functools
+
+    functools.update_wrapper(wrapped, fn)  # keyword filtering follows fn's signature
+    return call(what, key, wrapped, *args, **kwargs) is True and not failed
+
+
+def _llm_request_payload(value: Any) -> dict[str, Any]:
+    """A request an ``llm_execution`` middleware hands to ``next_call``: plain data of the right shape."""
+    from plugin_llm.plugins.isolation import plain
+
+    value = plain(value)
+    if type(value) is not dict or type(value.get("messages")) is not list or not all(
+            type(m) is dict for m in value["messages"]):
+        raise ValueError("the request must be a dict with a 'messages' list of message dicts")
+    tools = value.get("tools")
+    if tools is not None and (type(tools) is not list or not all(type(t) is dict for t in tools)):
+        raise ValueError("request['tools'] must be a list of tool dicts or None")
+    return value
 
 
 def _new_session_id() -> str:

@@ -27,6 +27,9 @@ __all__ = [
     "get_plugin_manager",
     "discover_plugins",
     "invoke_hook",
+    "has_hook",
+    "has_middleware",
+    "get_plugin_image_gen_provider",
     "get_pre_tool_call_block_message",
     "get_pre_llm_call_context",
     "get_plugin_command_handler",
@@ -69,41 +72,60 @@ def discover_plugins(force: bool = False) -> None:
     get_plugin_manager().discover_plugins(force=force)
 
 
+def _discovered() -> PluginManager:
+    """The default manager, after discovery (Hermes's ``_ensure_plugins_discovered``)."""
+    manager = get_plugin_manager()
+    manager.discover_plugins()
+    return manager
+
+
 def invoke_hook(name: str, **kwargs: Any) -> list[Any]:
     """Fire a hook on the default manager; non-None results in registration order."""
-    return get_plugin_manager().invoke_hook(name, **kwargs)
+    return _discovered().invoke_hook(name, **kwargs)
+
+
+def has_hook(name: str) -> bool:
+    return _discovered().has_hook(name)
+
+
+def has_middleware(kind: str) -> bool:
+    return _discovered().has_middleware(kind)
 
 
 def get_pre_tool_call_block_message(tool_name: str, args: Any, **kw: Any) -> str | None:
-    return get_plugin_manager().get_pre_tool_call_block_message(tool_name, args, **kw)
+    return _discovered().get_pre_tool_call_block_message(tool_name, args, **kw)
 
 
 def get_pre_llm_call_context(**kw: Any) -> str:
-    return get_plugin_manager().get_pre_llm_call_context(**kw)
+    return _discovered().get_pre_llm_call_context(**kw)
 
 
 def get_plugin_command_handler(name: str) -> Callable[[str], Any] | None:
-    return get_plugin_manager().get_plugin_command_handler(name)
+    return _discovered().get_plugin_command_handler(name)
 
 
 def get_plugin_commands() -> dict[str, CommandEntry]:
     """Plugin slash commands by normalised name."""
-    return dict(get_plugin_manager().commands)
+    return dict(_discovered().commands)
 
 
 def get_plugin_toolsets() -> list[tuple[str, str, str]]:
     """``(toolset, label, description)`` of the toolsets plugins registered tools in."""
-    return get_plugin_manager().toolsets()
+    return _discovered().toolsets()
 
 
 def get_plugin_context_engine() -> ContextEngine | None:
-    return get_plugin_manager().context_engine
+    return _discovered().context_engine
 
 
 def get_plugin_memory_provider() -> MemoryProvider | None:
-    return get_plugin_manager().memory_provider
+    return _discovered().memory_provider
+
+
+def get_plugin_image_gen_provider() -> Any:
+    return _discovered().image_gen_provider
 
 
 def find_plugin_skill(qualified_name: str) -> SkillEntry | None:
     """A plugin skill by ``<plugin>:<skill>`` name (plugin skills are not in the skill index)."""
-    return get_plugin_manager().find_skill(qualified_name)
+    return _discovered().find_skill(qualified_name)

@@ -49,16 +49,21 @@ _log = logging.getLogger("plugin_llm.plugins")
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _CLI_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_TOOL_PARAMS = ("toolset", "schema", "handler", "check_fn", "requires_env", "is_async", "description", "emoji")
+_TOOL_PARAMS = ("toolset", "schema", "handler", "check_fn", "requires_env", "is_async", "description", "emoji",
+                "override")
 
 
 class PluginContext:
     """Registration API handed to one plugin's ``register(ctx)``.
 
-    Methods: ``llm``, ``register_tool``, ``register_hook``, ``register_command``,
+    Methods: ``llm``, ``profile_name``, ``has_capability``, ``register_tool``,
+    ``register_hook``, ``register_middleware``, ``register_command``,
     ``register_cli_command``, ``register_context_engine``,
     ``register_memory_provider``, ``register_skill``, ``register_platform``,
     ``register_image_gen_provider``, ``inject_message``, ``dispatch_tool``.
+    The provider registrations accept this host's base classes and Hermes's
+    (``agent.memory_provider.MemoryProvider``, ``agent.context_engine.ContextEngine``,
+    ``agent.image_gen_provider.ImageGenProvider``).
     """
 
     __slots__ = ("_manager", "_key", "_manifest", "_plugin_dir", "_generation", "_llm")
@@ -89,6 +94,15 @@ class PluginContext:
 
             self._llm = PluginLlm(plugin_id=self._key, home=self._manager.home)
         return self._llm
+
+    @property
+    def profile_name(self) -> str:
+        """The name of the active credential profile (never anything of its keys)."""
+        return self._manager.profile_name()
+
+    def has_capability(self, name: str) -> bool:
+        """True when the manifest requests capability ``name`` and the operator consented to it."""
+        return isinstance(name, str) and name.strip() in self._manager.granted_capabilities(self._key)
 
     # --- helpers ----------------------------------------------------------------------
 
@@ -137,6 +151,7 @@ class PluginContext:
         is_async: Any = False,
         description: Any = "",
         emoji: Any = "",
+        override: Any = False,
     ) -> ToolEntry | None:
         who = f"plugin {self._key}: register_tool({name!r})"
         if not isinstance(name, str) or not _TOOL_NAME.match(name):
@@ -183,9 +198,19 @@ class PluginContext:
         if not self._live("register_tool"):
             return None
         owner = self._manager._add_tool(entry)
-        if owner is not None:
+        if owner is None:
+            return entry
+        if override is not True:
             self._refuse(f"tool {name!r} refused: the name is already registered by {owner}")
             return None
+        if not self._manager.settings.entry(self._key).allow_tool_override:
+            self._refuse(
+                f"tool {name!r}: override=True refused ({owner} registered it): the operator has not set "
+                f"plugins.entries.{self._key}.allow_tool_override: true in config.yaml"
+            )
+            return None
+        replaced = self._manager._replace_tool(entry)
+        _log.warning("plugin %s: tool %r replaces the one of %s (allow_tool_override)", self._key, name, replaced)
         return entry
 
     # --- hooks ------------------------------------------------------------------------
@@ -200,6 +225,28 @@ class PluginContext:
             return
         self._manager._hooks.register(name, self._key, callback)
 
+    def register_middleware(self, kind: str, callback: Callable[..., Any]) -> None:
+        """Wrap the host's model requests (``llm_execution``) or tool calls (``tool_execution``):
+        ``callback(request|args=..., next_call=..., **context)`` (see :mod:`.middleware`).
+        Unknown kinds (and Hermes's ``llm_request``/``tool_request``, which this host does not
+        run) are kept with a warning."""
+        from .middleware import RUN_KINDS, VALID_MIDDLEWARE, MiddlewareEntry
+
+        if not isinstance(kind, str) or not kind.strip():
+            raise TypeError(f"plugin {self._key}: register_middleware: kind must be a non-empty string")
+        if not callable(callback):
+            raise TypeError(f"plugin {self._key}: register_middleware({kind!r}): callback must be callable")
+        if not self._live("register_middleware"):
+            return
+        kind = kind.strip()
+        if kind not in VALID_MIDDLEWARE:
+            self._refuse(f"middleware kind {kind!r} is unknown (valid: {', '.join(sorted(VALID_MIDDLEWARE))}); "
+                         "kept, never run")
+        elif kind not in RUN_KINDS:
+            self._refuse(f"middleware kind {kind!r} is accepted but never run by this host "
+                         f"(it runs {', '.join(sorted(RUN_KINDS))})")
+        self._manager._add_middleware(MiddlewareEntry.create(kind, self._key, callback))
+
     # --- commands ---------------------------------------------------------------------
 
     def register_command(self, name: str, handler: Callable[[str], Any], description: str = "", args_hint: str = "") -> CommandEntry | None:
@@ -208,11 +255,17 @@ class PluginContext:
         Names are normalised (``"/MyCmd "`` -> ``mycmd``); built-in names
         (``help``, ``exit``, ...) and names already taken are refused.
         """
-        normalized = normalize_command_name(name)
         if not callable(handler):
             raise TypeError(f"plugin {self._key}: register_command({name!r}): handler must be callable")
         if not isinstance(description, str) or not isinstance(args_hint, str):
             raise TypeError(f"plugin {self._key}: register_command({name!r}): description and args_hint must be strings")
+        try:
+            normalized = normalize_command_name(name.strip().replace(" ", "-") if isinstance(name, str) else name)
+        except (TypeError, ValueError) as exc:  # Hermes skips such a command with a warning
+            self._refuse(f"command skipped: {exc}")
+            return None
+        description = description.strip() or "Plugin command"
+        args_hint = args_hint.strip()
         if not self._live("register_command"):
             return None
         if normalized in BUILTIN_COMMANDS:
@@ -231,6 +284,7 @@ class PluginContext:
         help: str,
         setup_fn: Callable[[Any], Any],
         handler_fn: Callable[[Any], Any] | None = None,
+        description: str = "",
     ) -> CliCommandEntry | None:
         """``plugin-llm <name> ...``: ``setup_fn(argparse parser)``, then ``handler_fn(args)``.
 
@@ -239,8 +293,8 @@ class PluginContext:
         who = f"plugin {self._key}: register_cli_command({name!r})"
         if not isinstance(name, str) or not _CLI_NAME.match(name.strip().lower()):
             raise ValueError(f"{who}: name must be lowercase letters, digits, '-' or '_'")
-        if not isinstance(help, str):
-            raise TypeError(f"{who}: help must be a string")
+        if not isinstance(help, str) or not isinstance(description, str):
+            raise TypeError(f"{who}: help and description must be strings")
         if not callable(setup_fn):
             raise TypeError(f"{who}: setup_fn must be callable")
         if handler_fn is not None and not callable(handler_fn):
@@ -251,7 +305,7 @@ class PluginContext:
         if name in _builtin_cli_commands():
             self._refuse(f"CLI command {name!r} refused: 'plugin-llm {name}' is a built-in command")
             return None
-        entry = CliCommandEntry(name, help, setup_fn, handler_fn, self._key)
+        entry = CliCommandEntry(name, help, setup_fn, handler_fn, self._key, description)
         owner = self._manager._add_named("cli_commands", entry)
         if owner is not None:
             self._refuse(f"CLI command {name!r} refused: already registered by {owner}")
@@ -262,11 +316,12 @@ class PluginContext:
 
     def register_context_engine(self, engine: ContextEngine) -> bool:
         """Replace the built-in context compressor (one engine in total; a second is refused)."""
-        if isinstance(engine, type) or not isinstance(engine, ContextEngine):
+        if isinstance(engine, type) or not (isinstance(engine, ContextEngine) or is_hermes_context_engine(engine)):
             hint = " (pass an instance, not the class)" if isinstance(engine, type) else ""
             raise TypeError(
                 f"plugin {self._key}: register_context_engine needs an instance of a "
-                f"plugin_llm.plugins.ContextEngine subclass{hint}, got {engine!r}"
+                f"plugin_llm.plugins.ContextEngine or agent.context_engine.ContextEngine subclass{hint}, "
+                f"got {type(engine).__name__}"
             )
         if not self._live("register_context_engine"):
             return False
@@ -279,11 +334,12 @@ class PluginContext:
 
     def register_memory_provider(self, provider: MemoryProvider) -> bool:
         """Offer a memory provider; the active one is chosen by ``memory.provider``."""
-        if isinstance(provider, type) or not isinstance(provider, MemoryProvider):
+        if isinstance(provider, type) or not (isinstance(provider, MemoryProvider) or is_hermes_memory_provider(provider)):
             hint = " (pass an instance, not the class)" if isinstance(provider, type) else ""
             raise TypeError(
                 f"plugin {self._key}: register_memory_provider needs an instance of a "
-                f"plugin_llm.plugins.MemoryProvider subclass{hint}, got {provider!r}"
+                f"plugin_llm.plugins.MemoryProvider or agent.memory_provider.MemoryProvider subclass{hint}, "
+                f"got {type(provider).__name__}"
             )
         if not self._live("register_memory_provider"):
             return False
@@ -424,6 +480,28 @@ class PluginContext:
             return json.dumps({"error": f"plugin {self._key}: dispatch_tool(): an argument cannot be used: {exc}"})
         kw.pop("parent_agent", None)  # the host decides who the parent is
         return self._manager.dispatch_tool(name, args, parent_agent=self._manager.active_session, **kw)
+
+
+_HERMES_MEMORY_METHODS = ("is_available", "initialize", "prefetch", "sync_turn", "get_tool_schemas")
+_HERMES_ENGINE_METHODS = ("compress", "should_compress", "update_from_response")
+
+
+def is_hermes_memory_provider(obj: Any) -> bool:
+    """A Hermes ``MemoryProvider`` (the compat base class, or the real one's interface)."""
+    from plugin_llm.compat.hermes.agent.memory_provider import MemoryProvider as HermesMemoryProvider
+
+    if isinstance(obj, HermesMemoryProvider):
+        return True
+    return not isinstance(obj, MemoryProvider) and all(callable(getattr(type(obj), m, None)) for m in _HERMES_MEMORY_METHODS)
+
+
+def is_hermes_context_engine(obj: Any) -> bool:
+    """A Hermes ``ContextEngine`` (the compat base class, or the real one's interface)."""
+    from plugin_llm.compat.hermes.agent.context_engine import ContextEngine as HermesContextEngine
+
+    if isinstance(obj, HermesContextEngine):
+        return True
+    return not isinstance(obj, ContextEngine) and all(callable(getattr(type(obj), m, None)) for m in _HERMES_ENGINE_METHODS)
 
 
 def _env_names(requires_env: Any, who: str) -> tuple[str, ...]:

@@ -126,6 +126,11 @@ def _unsafe_name(value: str, where: str, what: str, fix: str) -> str | None:
 
 #: bytes of ``__init__.py`` read to classify a manifest without ``kind:`` (Hermes reads 8192 characters)
 _SNIFF_BYTES = 8192
+#: Hermes's plugin category directories (a package there is a category, never a plugin without a manifest)
+HERMES_CATEGORY_DIRS = frozenset({
+    "context_engine", "memory", "image_gen", "video_gen", "platforms", "model-providers", "browser", "web",
+    "dashboard_auth", "observability", "cron_providers", "tts", "stt",
+})
 
 
 def _file_head(path: Path, size: int) -> bytes:
@@ -214,6 +219,10 @@ def _scan(root: Path, source: str) -> list[PluginCandidate]:
                     found.append(PluginCandidate(key, grandchild.name, source, grandchild, None, error))
                 continue
             found.extend(_candidate(g, m, source, category) for g, m in nested)
+        elif child.name in HERMES_CATEGORY_DIRS:
+            # Hermes keeps a discovery package (an __init__.py) in some category directories
+            # (plugins/context_engine/): a category with no plugins yet, not a plugin.
+            _log.debug("%s: a category directory without plugins; ignored", _shown(child))
         elif (child / "__init__.py").is_file():
             # Looks like a plugin whose author forgot the manifest: say so rather than ignore it.
             found.append(

@@ -64,11 +64,13 @@ from typing import Any, Callable
 
 from .isolation import SIGINT_WATCH, HostInterrupt, UnusableValue, error_text, exact_str, plain, shown, type_name
 
-__all__ = ["VALID_HOOKS", "HookEntry", "HookOutcome", "HookTimeoutError", "HookRunner", "call_limited"]
+__all__ = ["VALID_HOOKS", "NEVER_FIRED", "HookEntry", "HookOutcome", "HookTimeoutError", "HookRunner", "call_limited"]
 
 _log = logging.getLogger("plugin_llm.plugins")
 
-#: Hook names the host fires (SPEC §8). Unknown names are accepted with a warning.
+#: Hook names plugins may register (SPEC §8 plus the ones current Hermes added). Unknown names are
+#: accepted with a warning. Where this host fires each one is listed in :data:`NEVER_FIRED` (never)
+#: and the README; ``api_request_error`` fires when a turn's model request fails.
 VALID_HOOKS = frozenset(
     {
         "pre_tool_call",
@@ -77,13 +79,26 @@ VALID_HOOKS = frozenset(
         "post_llm_call",
         "pre_api_request",
         "post_api_request",
+        "api_request_error",
         "on_session_start",
         "on_session_end",
         "on_session_finalize",
         "on_session_reset",
         "transform_tool_result",
         "transform_llm_output",
+        "transform_terminal_output",
+        "subagent_start",
+        "subagent_stop",
+        "pre_gateway_dispatch",
+        "pre_approval_request",
+        "post_approval_response",
     }
+)
+#: Hooks accepted for compatibility that this host has no point to fire: no subagents, no
+#: messaging gateway, no approval prompts, no terminal (shell) tool.
+NEVER_FIRED = frozenset(
+    {"subagent_start", "subagent_stop", "pre_gateway_dispatch", "pre_approval_request", "post_approval_response",
+     "transform_terminal_output"}
 )
 
 #: Seconds a callback that caught its timeout gets to unwind before every check point raises.

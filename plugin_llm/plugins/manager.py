@@ -3,7 +3,12 @@
 One manager per home (``get_plugin_manager``). ``discover_plugins()`` finds every
 plugin (see :mod:`.discovery`), loads only those enabled in ``plugins.enabled``
 (``plugins.disabled`` always wins) and records the rest, so ``list_plugins()``
-can say why each plugin is or is not active. Loading a plugin means importing
+can say why each plugin is or is not active. By manifest ``kind``: an
+``exclusive`` plugin also loads when ``<category>.provider`` selects it
+(``memory.provider: honcho`` loads ``memory/honcho``); a ``model-provider`` is
+recognised and never imported (status ``skipped``: model routing is this
+host's core). Before plugin code runs, the Hermes SDK import hook
+(:mod:`plugin_llm.compat.hermes.finder`) is installed. Loading a plugin means importing
 it under its own module namespace (``hermes_plugins.<key>``) and calling
 ``register(ctx)``; anything that goes wrong marks that plugin failed, removes
 whatever it had registered, and the others load.
@@ -33,8 +38,10 @@ from typing import Any, Callable, Iterable
 
 from .context import PluginContext
 from .discovery import SOURCE_ENTRY_POINT, PluginCandidate, candidate_location, discover_all_candidates
+from .manifest import KIND_EXCLUSIVE, KIND_MODEL_PROVIDER, KIND_PLATFORM, KIND_STANDALONE
 from .engines import ContextEngine, MemoryProvider
 from .hooks import HookEntry, HookRunner, call_limited
+from .middleware import RUN_KINDS, MiddlewareEntry, run_chain
 from .isolation import (
     MAX_TEXT,
     SIGINT_WATCH,
@@ -71,7 +78,11 @@ STATUS_ENABLED = "enabled"
 STATUS_DISABLED = "disabled"
 STATUS_NOT_ENABLED = "not enabled"
 STATUS_FAILED = "failed"
+#: recognised but never loaded here (a model-provider plugin)
+STATUS_SKIPPED = "skipped"
 _STATUS_LOADING = "loading"
+MODEL_PROVIDER_NOTE = ("model-provider plugin: recognised, not loaded — model routing is this host's core "
+                       "(SPEC §3); configure the provider under model: in config.yaml")
 
 
 class UnknownCommandError(LookupError):
@@ -98,6 +109,7 @@ class _PluginRecord:
     module_name: str | None = None
     generation: int = 0
     load_ms: float | None = None
+    note: str | None = None
 
     @property
     def key(self) -> str:
@@ -130,6 +142,28 @@ def _ensure_namespace() -> None:
 def _module_dir(module: Any) -> Path | None:
     filename = getattr(module, "__file__", None)
     return Path(filename).resolve().parent if filename else None
+
+
+def _is_missing_hermes_module(error: BaseException) -> bool:
+    from plugin_llm.compat.hermes.finder import HermesModuleMissing
+
+    return type(error) is HermesModuleMissing
+
+
+def _register_entry_point_dir(key: str, entry_point: Any) -> None:
+    """The directory of a pip plugin's package counts as plugin code for the Hermes SDK hook."""
+    from importlib.util import find_spec
+
+    from plugin_llm.compat.hermes import finder
+
+    top = str(getattr(entry_point, "value", "")).partition(":")[0].partition(".")[0].strip()
+    try:
+        spec = find_spec(top) if top else None
+    except (ImportError, ValueError):
+        spec = None
+    origin = getattr(spec, "origin", None) if spec is not None else None
+    if origin:
+        finder.register_plugin(key, Path(origin).parent, top)
 
 
 def _run_awaitable(awaitable: Any) -> Any:
@@ -223,6 +257,21 @@ def _tool_text(result: Any) -> str:
     return bounded(text, MAX_TEXT)
 
 
+def _tool_args_payload(value: Any) -> dict[str, Any]:
+    """Arguments a ``tool_execution`` middleware hands to ``next_call``: a JSON object, as plain data."""
+    value = plain(value)
+    if type(value) is not dict:
+        raise ValueError(f"tool arguments must be a dict, got {type_name(value)}")
+    return value
+
+
+def _tool_result_value(value: Any) -> str:
+    """A ``tool_execution`` middleware's result as the tool's result string."""
+    if value is None:
+        raise ValueError("it returned None")
+    return _tool_text(value)
+
+
 def _command_text(result: Any) -> str | None:
     """A command handler's return value as text (None stays None)."""
     if result is None:
@@ -280,6 +329,7 @@ class PluginManager:
         self._discover_lock = threading.RLock()
         self._registry_lock = threading.Lock()
         self._discovered = False
+        self._middleware: dict[str, tuple[MiddlewareEntry, ...]] = {}  # replaced, never mutated
         self._generation = 0
         self._said: set[str] = set()
         #: The host ``Session`` currently attached (``ctx.inject_message`` / ``dispatch_tool``).
@@ -315,31 +365,59 @@ class PluginManager:
                 self._unload_all()
             self._generation += 1
             settings = self._settings.current()
-            for candidate in discover_all_candidates(self.home, self.project_dir, self._entry_points):
+            candidates = discover_all_candidates(self.home, self.project_dir, self._entry_points)
+            self._prepare_compat(candidates)
+            for candidate in candidates:
                 key = candidate.key
                 record = _PluginRecord(candidate, generation=self._generation)
                 # Several plugins claiming one key all fail (discovery); each is still listed.
                 record_id = key if key not in self._records else f"{key}@{candidate_location(candidate)}"
                 self._records[record_id] = record
+                kind = candidate.manifest.kind if candidate.manifest is not None else KIND_STANDALONE
+                if candidate.manifest is not None:
+                    record.warnings.extend(candidate.manifest.notes)
                 if candidate.error is not None:
                     self._mark_failed(record, candidate.error)
                 elif settings.is_disabled(key, candidate.name):
                     record.status = STATUS_DISABLED
-                elif settings.is_enabled(key, candidate.name):
+                elif kind == KIND_MODEL_PROVIDER:
+                    record.status, record.note = STATUS_SKIPPED, MODEL_PROVIDER_NOTE
+                elif settings.is_enabled(key, candidate.name) or (
+                    kind == KIND_EXCLUSIVE and settings.is_selected(key, candidate.name)
+                ):
                     self._load(record)
                 else:
                     record.status = STATUS_NOT_ENABLED
+                    if kind == KIND_EXCLUSIVE:
+                        category = key.rpartition("/")[0] or "memory"
+                        record.note = (f"exclusive plugin: select it with {category}.provider: "
+                                       f"{key.rpartition('/')[2]} in config.yaml")
             self._discovered = True
             loaded = sum(1 for r in self._records.values() if r.status == STATUS_ENABLED)
             _log.debug("plugins: %d found, %d loaded from %s", len(self._records), loaded, self.home)
 
+    def _prepare_compat(self, candidates: list[PluginCandidate]) -> None:
+        """Install the Hermes SDK import hook for this home's plugins (before any plugin code runs)."""
+        from plugin_llm.compat.hermes import _home, finder
+
+        _home.set_active_home(self.home)
+        roots = [self.home / "plugins"]
+        if self.project_dir is not None:
+            roots.append(self.project_dir / ".hermes" / "plugins")
+        finder.set_plugin_roots(roots, [c.key for c in candidates if c.error is None])
+        finder.install()
+
     def _unload_all(self) -> None:
+        from plugin_llm.compat.hermes import finder
+
         for record in self._records.values():
+            finder.unregister_plugin(record.key, record.candidate.path)
             if record.module_name:
                 _purge_modules(record.module_name)
         self._records.clear()
         with self._registry_lock:
             self._registry.clear()
+            self._middleware = {}
         self._hooks.clear()
 
     def _load(self, record: _PluginRecord) -> None:
@@ -388,13 +466,20 @@ class PluginManager:
             text = str(error) if registering[0] else str(error).replace("did not return", "did not finish", 1)
             what = f"register() {text}" if registering[0] else f"importing {where} {text}"
             self._mark_failed(record, f"{what}; raise plugins.hook_timeout in config.yaml if it needs longer")
+        elif not registering[0] and _is_missing_hermes_module(error) and candidate.manifest.kind == KIND_PLATFORM:
+            self._mark_failed(record, (
+                f"platform plugin: needs Hermes's messaging gateway, which plugin-llm does not provide "
+                f"(it imports {bounded(exact_str(str(getattr(error, 'name', '') or '?')), 100)})"))
         else:
             phase = "register() raised" if registering[0] else "import failed"
             self._mark_failed(record, f"{phase}: {outcome.error_text}", exc_info=error)
 
     def _discard(self, record: _PluginRecord) -> None:
         """Remove what a plugin that failed to load registered, and its modules."""
+        from plugin_llm.compat.hermes import finder
+
         self._unregister(record.key)
+        finder.unregister_plugin(record.key, record.candidate.path)
         if record.module_name:
             _purge_modules(record.module_name)
             record.module_name = None
@@ -403,6 +488,7 @@ class PluginManager:
         """The plugin's ``register`` (or None) and its directory."""
         candidate = record.candidate
         if candidate.source == SOURCE_ENTRY_POINT:
+            _register_entry_point_dir(record.key, candidate.entry_point)
             target = candidate.entry_point.load()
             if isinstance(target, types.ModuleType):
                 return getattr(target, "register", None), _module_dir(target)
@@ -426,6 +512,9 @@ class PluginManager:
             raise _LoadError(f"cannot import {init}")
         module = module_from_spec(spec)
         sys.modules[module_name] = module
+        from plugin_llm.compat.hermes import finder
+
+        finder.register_plugin(record.key, path, module_name)  # its code may import Hermes SDK modules
         spec.loader.exec_module(module)
         return getattr(module, "register", None), path
 
@@ -453,7 +542,127 @@ class PluginManager:
     def _unregister(self, key: str) -> None:
         with self._registry_lock:
             self._registry.remove_plugin(key)
+            self._middleware = {k: tuple(e for e in v if e.plugin_key != key) for k, v in self._middleware.items()}
         self._hooks.remove_plugin(key)
+
+    # --- middleware -------------------------------------------------------------------
+
+    def _add_middleware(self, entry: MiddlewareEntry) -> None:
+        with self._registry_lock:
+            self._middleware = {**self._middleware, entry.kind: self._middleware.get(entry.kind, ()) + (entry,)}
+
+    def has_middleware(self, kind: str) -> bool:
+        return bool(self._middleware.get(kind))
+
+    def middleware_of(self, key: str) -> list[str]:
+        return [kind for kind, entries in self._middleware.items() if any(e.plugin_key == key for e in entries)]
+
+    def run_middleware(self, kind: str, terminal: Callable[[Any], Any], payload: Any, *, payload_key: str,
+                       context: dict[str, Any], accept_payload: Callable[[Any], Any],
+                       accept_result: Callable[[Any], Any]) -> Any:
+        """``terminal(payload)`` wrapped by the ``kind`` middleware (see :mod:`.middleware`)."""
+        entries = list(self._middleware.get(kind, ()))
+        if not entries or kind not in RUN_KINDS:
+            return terminal(payload)
+        return run_chain(kind, entries, terminal, payload, payload_key=payload_key, context=context,
+                         timeout=self._hook_timeout(), accept_payload=accept_payload,
+                         accept_result=accept_result, on_error=self._on_middleware_error)
+
+    def _on_middleware_error(self, entry: MiddlewareEntry, what: str) -> None:
+        self._audit("hook_error", hook=f"middleware:{entry.kind}", plugin=entry.plugin_key,
+                    plugin_id=entry.plugin_key, message=what[:500])
+
+    # --- calling provider plugins (memory providers, context engines) -----------------
+
+    def call_plugin(self, what: str, plugin_key: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``fn(*args, **kwargs)`` — plugin code — isolated and under ``plugins.hook_timeout``, like a
+        hook (only the keywords ``fn``'s signature accepts are passed). Its result as plain data
+        (see :mod:`.isolation`), or None when it failed (logged once and audited as ``hook_error``)."""
+        if kwargs:
+            kwargs = HookEntry.create(what, plugin_key, fn).select_kwargs(kwargs)
+        outcome = call_limited(what, plugin_key, lambda: fn(*args, **kwargs), self._hook_timeout())
+        if outcome.error is not None:
+            self._say_once(f"plugin {plugin_key}: {what} failed: {outcome.error_text}")
+            self._on_hook_error(outcome.entry, outcome.error, outcome.error_text)
+            return None
+        return outcome.value
+
+    def active_memory(self) -> tuple[Any, str] | None:
+        """``(provider, plugin key)`` of the memory provider in effect, or None."""
+        provider = self.memory_provider
+        if provider is None:
+            return None
+        for entry in list(self._registry.memory_providers.values()):
+            if entry.provider is provider:
+                return provider, entry.plugin_key
+        return None
+
+    def active_context_engine(self) -> tuple[Any, str] | None:
+        engine = self.context_engine
+        if engine is None:
+            return None
+        for entry in list(self._registry.context_engines):
+            if entry.provider is engine:
+                return engine, entry.plugin_key
+        return None
+
+    def dispatch_provider_tool(self, tool_name: str, args: Any, handler: Callable[[str, Any], Any], plugin_key: str,
+                               **kw: Any) -> str:
+        """A tool a provider plugin answers (a memory provider's ``handle_tool_call``) through the
+        same path as registered tools: pre_tool_call guards -> tool_execution middleware -> the
+        handler (isolated, time-limited) -> transform_tool_result -> post_tool_call."""
+        if issubclass(type(args), str):
+            try:
+                args = json.loads(exact_str(args)) if exact_str(args).strip() else {}
+            except ValueError as exc:
+                return _tool_error(f"Tool '{shown(tool_name)}': arguments are not valid JSON: {exc}")
+        args = plain(args) if args is not None else {}
+        if type(args) is not dict:
+            return _tool_error(f"Tool '{shown(tool_name)}': arguments must be a JSON object")
+        block = self.get_pre_tool_call_block_message(tool_name, args, **kw)
+        if block is not None:
+            return _tool_error(f"Tool '{tool_name}' was blocked by plugin policy: {block}")
+
+        def terminal(a: Any) -> str:
+            value = self.call_plugin(f"tool {tool_name}", plugin_key, handler, tool_name, a)
+            return _tool_text(value) if value is not None else _tool_error(f"Tool '{tool_name}' failed")
+
+        if self._middleware.get("tool_execution"):
+            context = {k: v for k, v in kw.items() if k in ("session_id", "tool_call_id")}
+            result = self.run_middleware("tool_execution", terminal, args, payload_key="args",
+                                         context={**context, "tool_name": tool_name},
+                                         accept_payload=_tool_args_payload, accept_result=_tool_result_value)
+        else:
+            result = terminal(args)
+        return self._after_tool(tool_name, args, result, kw)
+
+    # --- consent and identity ---------------------------------------------------------
+
+    def granted_capabilities(self, key: str) -> list[str]:
+        """The capabilities of plugin ``key`` in effect: requested by its manifest and consented to
+        (``plugins.entries.<key>.granted_capabilities`` with a matching ``capabilities_sha256``)."""
+        record = self._records.get(key)
+        manifest = record.candidate.manifest if record is not None else None
+        if manifest is None or not manifest.capabilities:
+            return []
+        try:
+            from plugin_llm.config import get_config_source
+
+            granted = set(get_config_source(self.home).current().trust_for(key).granted_capabilities)
+        except Exception:  # an unreadable config grants nothing
+            return []
+        return [c for c in manifest.capabilities if c in granted]
+
+    def profile_name(self) -> str:
+        """The active credential profile's name (``auth.json`` ``default_profile``, else ``default``)."""
+        try:
+            from auth.authfile import load_auth
+
+            spec, _ = load_auth(self.home / "auth.json")
+        except Exception:
+            return "default"
+        name = spec.default_profile
+        return name if isinstance(name, str) and name else "default"
 
     # --- registration callbacks used by PluginContext ---------------------------------
 
@@ -484,6 +693,13 @@ class PluginManager:
                 return f"plugin {existing.plugin_key}"
             registered[entry.name if table != "skills" else entry.qualified_name] = entry
         return None
+
+    def _replace_tool(self, entry: ToolEntry) -> str:
+        """Put ``entry`` in place of the tool of the same name (``allow_tool_override``); who held it."""
+        with self._registry_lock:
+            old = self._registry.tools.get(entry.name)
+            self._registry.tools[entry.name] = entry
+        return f"plugin {old.plugin_key}" if old is not None else "nobody"
 
     def _add_context_engine(self, entry: ProviderEntry) -> str | None:
         with self._registry_lock:
@@ -525,6 +741,10 @@ class PluginManager:
             "description": manifest.description if manifest else "",
             "author": manifest.author if manifest else "",
             "kind": manifest.kind if manifest else "",
+            "declared_kind": manifest.declared_kind if manifest else "",
+            "capabilities": list(manifest.capabilities) if manifest else [],
+            "granted_capabilities": self.granted_capabilities(record.key),
+            "note": record.note,
             "source": candidate.source,
             "path": str(candidate.path) if candidate.path else None,
             "module": record.module_name,
@@ -533,6 +753,7 @@ class PluginManager:
             "status": status,
             "tools": owned["tools"],
             "hooks": hooks,
+            "middleware": self.middleware_of(record.key),
             "commands": owned["commands"],
             "cli_commands": owned["cli_commands"],
             "skills": owned["skills"],
@@ -885,10 +1106,24 @@ class PluginManager:
         if block is not None:
             _log.info("tool %s blocked: %s", tool_name, block)
             return _tool_error(f"Tool '{tool_name}' was blocked by plugin policy: {block}")
-        result, failure = _guarded(self._run_handler, entry, args, parent_agent, kw)
-        if failure is not None:
-            result = self._tool_failed(entry, failure)
+        result = self._execute_tool(entry, tool_name, args, parent_agent, kw, hook_kw)
         return self._after_tool(tool_name, args, result, hook_kw)
+
+    def _run_tool_terminal(self, entry: ToolEntry, args: Any, parent_agent: Any, kw: dict[str, Any]) -> str:
+        result, failure = _guarded(self._run_handler, entry, args, parent_agent, kw)
+        return self._tool_failed(entry, failure) if failure is not None else result
+
+    def _execute_tool(self, entry: ToolEntry, tool_name: str, args: Any, parent_agent: Any, kw: dict[str, Any],
+                      hook_kw: dict[str, Any]) -> str:
+        """The handler's result string, through the ``tool_execution`` middleware when there is any."""
+        if not self._middleware.get("tool_execution"):
+            return self._run_tool_terminal(entry, args, parent_agent, kw)
+        context = {k: v for k, v in hook_kw.items() if k in ("session_id", "tool_call_id")}
+        context["tool_name"] = tool_name
+        return self.run_middleware(
+            "tool_execution", lambda a: self._run_tool_terminal(entry, a, parent_agent, kw), plain(args),
+            payload_key="args", context=context, accept_payload=_tool_args_payload, accept_result=_tool_result_value,
+        )
 
     async def adispatch_tool(self, tool_name: str, args: Any, *, parent_agent: Any = None, **kw: Any) -> str:
         """:meth:`dispatch_tool` for async hosts: async handlers run on this loop; sync
@@ -905,7 +1140,10 @@ class PluginManager:
             if block is not None:
                 _log.info("tool %s blocked: %s", tool_name, block)
                 return _tool_error(f"Tool '{tool_name}' was blocked by plugin policy: {block}")
-        if entry.is_async or inspect.iscoroutinefunction(entry.handler):
+        if self._middleware.get("tool_execution"):
+            result, failure = await asyncio.to_thread(
+                _guarded, self._execute_tool, entry, tool_name, args, parent_agent, kw, hook_kw)
+        elif entry.is_async or inspect.iscoroutinefunction(entry.handler):
             result, failure = await _aguarded(self._arun_handler(entry, args, parent_agent, kw))
         else:
             result, failure = await asyncio.to_thread(_guarded, self._run_handler, entry, args, parent_agent, kw)

@@ -95,6 +95,7 @@ class CliCommandEntry:
     setup_fn: Callable[[Any], Any]
     handler_fn: Callable[[Any], Any] | None = None
     plugin_key: str = ""
+    description: str = ""
 
 
 @dataclass(frozen=True)

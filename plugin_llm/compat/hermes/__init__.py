@@ -41,6 +41,7 @@ SERVED: dict[str, str] = {
         "agent.message_content",
         "agent.skill_commands",
         "hermes_constants",
+        "hermes_state",
         "hermes_cli",
         "hermes_cli.config",
         "hermes_cli.auth",

@@ -1,0 +1,304 @@
+"""Issue 15: real Hermes plugins run unchanged — keys, kinds, the Hermes SDK modules, provider driving.
+
+Fixtures under ``tests/plugin_fixtures/hermes_bundled/`` are bundled plugins of the
+hermes-agent 0.19.0 wheel, copied unchanged (MIT licence next to them).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from plugin_llm.host import Session
+from plugin_llm.plugins import PluginManager
+
+from tests.conftest import write_config
+from tests.test_host_support import ScriptedLlm, reply, tool_request
+
+BUNDLED = Path(__file__).parent / "plugin_fixtures" / "hermes_bundled"
+
+
+def install_bundled(home: Path, *rel: str) -> None:
+    for name in rel:
+        shutil.copytree(BUNDLED / name, home / "plugins" / name)
+
+
+def write_plugin(home: Path, rel: str, code: str, manifest: str | None = None) -> Path:
+    d = home / "plugins" / rel
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "plugin.yaml").write_text(manifest if manifest is not None else f"name: {rel.rsplit('/', 1)[-1]}\n",
+                                   encoding="utf-8")
+    (d / "__init__.py").write_text(textwrap.dedent(code), encoding="utf-8")
+    return d
+
+
+def load(home: Path) -> PluginManager:
+    manager = PluginManager(home)
+    manager.discover_plugins()
+    return manager
+
+
+def by_key(manager: PluginManager) -> dict[str, dict]:
+    return {p["key"]: p for p in manager.list_plugins()}
+
+
+# --------------------------------------------------------------------------- keys and kinds
+
+
+def test_nested_keys_are_path_derived_and_top_level_keys_are_the_manifest_name(hermes_home):
+    write_plugin(hermes_home, "browser/browser_use", "def register(ctx): pass\n",
+                 "name: browser-browser-use\nkind: backend\n")
+    write_plugin(hermes_home, "disk", "def register(ctx): pass\n", "name: disk-cleanup\n")
+    write_config(hermes_home, "plugins:\n  enabled: [browser/browser_use, disk-cleanup]\n")
+    plugins = by_key(load(hermes_home))
+    assert set(plugins) == {"browser/browser_use", "disk-cleanup"}
+    assert plugins["browser/browser_use"]["name"] == "browser-browser-use"
+    assert plugins["browser/browser_use"]["status"] == "enabled" and plugins["disk-cleanup"]["status"] == "enabled"
+
+
+def test_bundled_plugins_get_hermes_keys_and_kinds(hermes_home):
+    install_bundled(hermes_home, "disk-cleanup", "spotify", "memory", "image_gen", "model-providers")
+    plugins = by_key(load(hermes_home))
+    assert {k: p["kind"] for k, p in plugins.items()} == {
+        "disk-cleanup": "standalone",
+        "spotify": "backend",
+        "memory/holographic": "exclusive",
+        "image_gen/openai": "backend",
+        "model-providers/openrouter": "model-provider",
+    }
+
+
+def test_a_model_provider_is_recognised_never_imported_never_failed(hermes_home):
+    install_bundled(hermes_home, "model-providers")
+    marker = hermes_home / "imported"
+    write_plugin(hermes_home, "model-providers/mine",
+                 f"open({str(marker)!r}, 'w').close()\ndef register(ctx): pass\n",
+                 "name: mine-provider\nkind: model-provider\n")
+    write_config(hermes_home, "plugins:\n  enabled: [model-providers/openrouter, model-providers/mine]\n")
+    plugins = by_key(load(hermes_home))
+    for key in ("model-providers/openrouter", "model-providers/mine"):
+        assert plugins[key]["status"] == "skipped" and plugins[key]["error"] is None
+        assert "model routing is this host's core" in plugins[key]["note"]
+    assert not marker.exists()
+    assert not any(m.startswith("hermes_plugins.model_providers") for m in sys.modules)
+
+
+def test_unknown_kind_warns_and_is_standalone_and_memory_plugins_are_exclusive(hermes_home):
+    write_plugin(hermes_home, "odd", "def register(ctx): pass\n", "name: odd\nkind: gizmo\n")
+    write_plugin(hermes_home, "memory/mine", "def register(ctx): pass\n", "name: mine\nkind: standalone\n")
+    write_config(hermes_home, "plugins:\n  enabled: [odd]\n")
+    plugins = by_key(load(hermes_home))
+    assert plugins["odd"]["kind"] == "standalone" and plugins["odd"]["declared_kind"] == "gizmo"
+    assert any("unknown kind 'gizmo'" in w for w in plugins["odd"]["warnings"])
+    assert plugins["memory/mine"]["kind"] == "exclusive"
+    assert plugins["memory/mine"]["status"] == "not enabled"
+    assert "memory.provider: mine" in plugins["memory/mine"]["note"]
+
+
+# --------------------------------------------------------------------------- loading without Hermes
+
+
+def test_standalone_and_backend_bundled_plugins_load_without_hermes(hermes_home):
+    install_bundled(hermes_home, "disk-cleanup", "spotify")
+    write_config(hermes_home, "plugins:\n  enabled: [disk-cleanup, spotify]\n")
+    manager = load(hermes_home)
+    plugins = by_key(manager)
+    assert plugins["disk-cleanup"]["status"] == "enabled", plugins["disk-cleanup"]["error"]
+    assert plugins["spotify"]["status"] == "enabled", plugins["spotify"]["error"]
+    assert "post_tool_call" in plugins["disk-cleanup"]["hooks"] and "disk-cleanup" in manager.commands
+    assert "spotify_search" in manager.tools  # from plugins.spotify.tools: the plugin found itself
+    # spotify's availability check asks hermes_cli.auth for a status (never a key): logged out here
+    assert json.loads(manager.dispatch_tool("spotify_search", {"query": "x"}))["error"]
+
+
+def test_hermes_modules_are_served_only_to_plugin_code(hermes_home):
+    with pytest.raises(ModuleNotFoundError):
+        import agent.memory_provider  # noqa: F401  (not from plugin code: nothing is served)
+    write_plugin(hermes_home, "probe", """
+        from agent.memory_provider import MemoryProvider
+        from tools.registry import tool_error, tool_result
+        from hermes_constants import get_hermes_home
+        from hermes_cli.config import cfg_get, load_config
+        def register(ctx):
+            ctx.register_command("probe", lambda raw: f"{get_hermes_home()}|{tool_error('x')}|"
+                                 f"{cfg_get(load_config(), 'plugins', 'hook_timeout')}")
+    """)
+    write_config(hermes_home, "plugins:\n  enabled: [probe]\n  hook_timeout: 7\n")
+    manager = load(hermes_home)
+    assert manager.run_command("probe") == f'{hermes_home}|{{"error": "x"}}|7'
+    assert "site-packages" not in (sys.modules["agent"].__file__ or "")
+
+
+def test_other_hermes_modules_fail_with_one_line_naming_the_subsystem(hermes_home):
+    write_plugin(hermes_home, "platforms/irc", "from gateway.platforms.base import BasePlatformAdapter\n"
+                 "def register(ctx): pass\n", "name: irc-platform\nkind: platform\n")
+    write_plugin(hermes_home, "web/exa", "from agent.web_search_provider import WebSearchProvider\n"
+                 "def register(ctx): pass\n", "name: web-exa\nkind: backend\n")
+    write_config(hermes_home, "plugins:\n  enabled: [platforms/irc, web/exa]\n")
+    plugins = by_key(load(hermes_home))
+    irc, exa = plugins["platforms/irc"]["error"].splitlines()[0], plugins["web/exa"]["error"].splitlines()[0]
+    assert irc == ("platform plugin: needs Hermes's messaging gateway, which plugin-llm does not provide "
+                   "(it imports gateway)")
+    assert "needs Hermes's web search (agent.web_search_provider)" in exa and "does not provide" in exa
+
+
+def test_lazy_deps_never_install_and_auth_never_hands_out_a_key(hermes_home):
+    write_plugin(hermes_home, "deps", """
+        from tools.lazy_deps import FeatureUnavailable, ensure
+        from hermes_cli.auth import AuthError, get_auth_status, resolve_spotify_runtime_credentials
+        def probe(raw):
+            out = []
+            try:
+                ensure("memory.honcho")
+            except FeatureUnavailable as exc:
+                out.append(str(exc))
+            try:
+                resolve_spotify_runtime_credentials()
+            except AuthError as exc:
+                out.append("auth refused")
+            out.append(repr(sorted(get_auth_status("openai"))))
+            return " | ".join(out)
+        def register(ctx):
+            ctx.register_command("deps", probe)
+    """)
+    write_config(hermes_home, "plugins:\n  enabled: [deps]\n")
+    text = load(hermes_home).run_command("deps")
+    assert "pip install honcho-ai" in text and "never installs" in text
+    assert "auth refused" in text and "['logged_in', 'provider']" in text
+
+
+def test_plugins_may_not_edit_the_plugins_section_through_save_config(hermes_home):
+    write_plugin(hermes_home, "sneaky", """
+        from hermes_cli.config import load_config, save_config
+        def grant(raw):
+            cfg = load_config()
+            cfg["plugins"]["entries"] = {"sneaky": {"llm": {"allow_model_override": True}}}
+            try:
+                save_config(cfg)
+            except PermissionError as exc:
+                return "refused: " + str(exc)
+            return "saved"
+        def other(raw):
+            cfg = load_config()
+            cfg.setdefault("image_gen", {})["provider"] = "fal"
+            save_config(cfg)
+            return "ok"
+        def register(ctx):
+            ctx.register_command("grant", grant)
+            ctx.register_command("other", other)
+    """)
+    write_config(hermes_home, "plugins:\n  enabled: [sneaky]\n")
+    manager = load(hermes_home)
+    assert manager.run_command("grant").startswith("refused: a plugin may not change the 'plugins' section")
+    assert "entries" not in (hermes_home / "config.yaml").read_text()
+    assert manager.run_command("other") == "ok"
+    assert "provider: fal" in (hermes_home / "config.yaml").read_text()
+
+
+# --------------------------------------------------------------------------- memory providers
+
+
+def test_an_exclusive_memory_provider_loads_when_selected(hermes_home):
+    install_bundled(hermes_home, "memory")
+    assert by_key(load(hermes_home))["memory/holographic"]["status"] == "not enabled"
+    write_config(hermes_home, "memory:\n  provider: holographic\n")
+    manager = load(hermes_home)
+    assert by_key(manager)["memory/holographic"]["status"] == "enabled"
+    assert manager.memory_provider is not None and manager.memory_provider.name == "holographic"
+
+
+def test_a_hermes_memory_provider_is_driven_through_session_turns(hermes_home):
+    install_bundled(hermes_home, "memory")
+    write_config(hermes_home, "memory:\n  provider: holographic\n")
+    manager = load(hermes_home)
+    llm = ScriptedLlm(
+        tool_request("fact_store", {"action": "add", "content": "Ada prefers green tea"}),
+        reply("noted"),
+        reply("you like green tea"),
+    )
+    with Session(manager, llm=llm) as session:
+        first = session.run_turn("remember that I prefer green tea")
+        assert first.text == "noted"
+        assert json.loads(first.tool_runs[0].result)["status"] == "added"  # handle_tool_call stored it
+        assert "fact_store" in {t["function"]["name"] for t in llm.requests[0]["tools"]}  # its tool schemas
+        assert "Holographic Memory" in llm.requests[0]["messages"][0]["content"]  # system_prompt_block
+        session.run_turn("what tea do I like?")
+    user = llm.requests[-1]["messages"][-1]
+    assert user["role"] == "user" and "<memory-context>" in user["content"] and "green tea" in user["content"]
+    assert "<memory-context>" not in json.dumps(session.history)  # prefetch rides on the request only
+    assert manager.memory_provider._store is None  # shutdown() at session end
+
+
+# --------------------------------------------------------------------------- image generation
+
+
+IMAGE_GEN = """
+from agent.image_gen_provider import ImageGenProvider, resolve_aspect_ratio, save_b64_image, success_response
+
+class Sketch(ImageGenProvider):
+    @property
+    def name(self):
+        return "sketch"
+
+    def generate(self, prompt, aspect_ratio="landscape", **kwargs):
+        path = save_b64_image("aGVsbG8=", prefix="sketch")
+        return success_response(image=str(path), model="s-1", prompt=prompt,
+                                aspect_ratio=resolve_aspect_ratio(aspect_ratio), provider=self.name)
+
+def register(ctx):
+    ctx.register_image_gen_provider(Sketch())
+"""
+
+
+def test_image_gen_backend_selected_by_config_and_called(hermes_home):
+    install_bundled(hermes_home, "image_gen")
+    write_plugin(hermes_home, "image_gen/sketch", IMAGE_GEN, "name: sketch\nkind: backend\n")
+    write_config(hermes_home, "plugins:\n  enabled: [image_gen/openai, image_gen/sketch]\nimage_gen:\n  provider: openai\n")
+    manager = load(hermes_home)
+    assert by_key(manager)["image_gen/openai"]["status"] == "enabled", by_key(manager)["image_gen/openai"]["error"]
+    assert type(manager.image_gen_provider).__name__ == "OpenAIImageGenProvider"
+    write_config(hermes_home, "plugins:\n  enabled: [image_gen/openai, image_gen/sketch]\nimage_gen:\n  provider: sketch\n")
+    result = manager.image_gen_provider.generate("a cat", aspect_ratio="SQUARE")
+    assert result["success"] is True and result["aspect_ratio"] == "square"
+    assert Path(result["image"]).read_bytes() == b"hello"
+    assert Path(result["image"]).parent == hermes_home / "cache" / "images"
+
+
+# --------------------------------------------------------------------------- context engine (seed 000)
+
+
+SEED_ENGINE = '''
+from agent.context_engine import ContextEngine
+
+class MyContextEngine(ContextEngine):
+    name = "my-engine"
+
+    def compress(self, messages, **kwargs):
+        # 自定义压缩逻辑
+        compressed_messages = [messages[0], messages[-1]]
+        return compressed_messages
+
+def register(ctx):
+    ctx.register_context_engine(MyContextEngine())
+'''
+
+
+def test_the_seed_context_engine_example_runs_as_written(hermes_home):
+    write_plugin(hermes_home, "context_engine/my-engine", SEED_ENGINE)
+    write_config(hermes_home, "plugins:\n  enabled: [context_engine/my-engine]\ncontext:\n  budget_tokens: 60\n")
+    manager = load(hermes_home)
+    assert by_key(manager)["context_engine/my-engine"]["status"] == "enabled"
+    llm = ScriptedLlm(reply("ok"))
+    with Session(manager, llm=llm) as session:
+        session.run_turn("first " * 40)
+        session.run_turn("second question")
+    sent = llm.requests[-1]["messages"]
+    assert [m["role"] for m in sent] == ["system", "user"] and sent[-1]["content"] == "second question"
+    engine = manager.context_engine
+    assert engine.context_length == 60 and engine.threshold_tokens == 45  # update_model(budget)
+    assert engine.last_total_tokens == 2  # update_from_response after each request
