@@ -143,9 +143,14 @@ def parse_audit_settings(section: Mapping[str, Any] | None) -> tuple[AuditSettin
             AuditSettings(**{key: values[key]})
         except ValueError:
             values.pop(key, None)
-            if key in ("log_content", "required"):
+            shown = repr(raw) if len(repr(raw)) <= 60 else repr(raw)[:57] + "..."
+            if key == "required":  # a typo here must not make the audit fail open
+                values[key] = True
+                warnings.append(f"audit.required: {shown} is not true/false; treated as true (fail closed: a call "
+                                "fails when its record cannot be written) until it is written as true or false")
+            elif key == "log_content":
                 values[key] = False
-                warnings.append(f"audit.{key}: {raw!r} is not true/false; treated as false")
+                warnings.append(f"audit.log_content: {shown} is not true/false; treated as false")
             else:
                 shown = repr(raw) if len(repr(raw)) <= 60 else repr(raw)[:57] + "..."
                 if key == "key_cmd":

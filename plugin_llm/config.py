@@ -27,6 +27,7 @@ from audit.settings import AuditSettings, parse_audit_settings
 from plugin_llm.safe_files import MIB, UnsafeFileError, read_home_text
 from plugin_llm.bounded_repr import short_repr
 from plugin_llm.limits.settings import LimitSettings, parse_limit_settings
+from plugin_llm.provider_names import unknown_provider_problem
 from plugin_llm.safe_yaml import load_yaml
 from plugin_llm.trust import DENY_ALL, LIST_KEYS, TRUST_KEYS, TrustPolicy, config_path
 
@@ -193,6 +194,10 @@ def _parse_model(raw: Any, warnings: list[str]) -> ModelConfig:
             provider = provider.strip().lower()
         else:
             provider = _infer_provider(model) if model else LOCAL_PROVIDER
+    if provider is not None:
+        problem = unknown_provider_problem(provider)
+        if problem is not None:
+            warnings.append(f"model.provider: {problem}")
     if provider == "custom" and not base_url:
         warnings.append("model.provider is 'custom' but model.base_url is not set; calls will fail until it is")
     supports = raw.get("supports_json_schema")
@@ -312,6 +317,7 @@ def parse_config(home: Path, text: str) -> HostConfig:
     if not isinstance(data, Mapping):
         raise ValueError(f"the top level must be a mapping, got {type(data).__name__}")
     warnings: list[str] = []
+    _check_top_level(data, warnings)
     plugins = data.get("plugins")
     limits, limit_issues = parse_limit_settings(data.get("limits"), plugins)
     return HostConfig(
@@ -324,6 +330,37 @@ def parse_config(home: Path, text: str) -> HostConfig:
         limits=limits,
         warnings=(*warnings, *map(str, limit_issues)),
     )
+
+
+#: the top-level sections this host reads
+HOST_SECTIONS = ("model", "llm", "audit", "plugins", "limits", "memory", "image_gen", "context")
+#: top-level sections of a Hermes config.yaml this host ignores (an operator's existing file is not "wrong")
+_HERMES_SECTIONS = frozenset((
+    "_config_version agent approvals auxiliary backend bedrock browser checkpoints code_execution command_allowlist "
+    "compression computer_use container_cpu container_disk container_memory container_persistent context_file_max_chars "
+    "credential_pool_strategies cron curator cwd dashboard daytona_image delegation desktop discord display docker_env "
+    "docker_extra_args docker_forward_env docker_image docker_mount_cwd_to_workspace docker_network docker_orphan_reaper "
+    "docker_persist_across_processes docker_run_as_host_user docker_volumes fallback_providers file_read_max_chars "
+    "gateway goals honcho hooks hooks_auto_accept human_delay kanban lifetime_seconds logging lsp matrix mattermost "
+    "max_concurrent_sessions max_live_sessions mcp mcp_discovery_timeout moa modal_image modal_mode model_catalog "
+    "network onboarding openrouter paste_collapse_char_threshold paste_collapse_threshold "
+    "paste_collapse_threshold_fallback persistent_shell personalities platform_hints prefill_messages_file privacy "
+    "prompt_caching providers quick_commands sandbox_dir secrets security sessions singularity_image skills slack "
+    "ssh_host ssh_key ssh_port ssh_user streaming stt telegram terminal timeout timezone tool_loop_guardrails "
+    "tool_output tools toolsets tts updates vertex voice web whatsapp x_search"
+).split())
+
+
+def _check_top_level(data: Mapping[str, Any], warnings: list[str]) -> None:
+    """A top-level key that is neither this host's nor Hermes's but close to one of ours is a typo
+    (``plugin:`` for ``plugins:`` would silently enable nothing)."""
+    for key in data:
+        if not isinstance(key, str) or key in HOST_SECTIONS or key in _HERMES_SECTIONS:
+            continue
+        close = difflib.get_close_matches(key, HOST_SECTIONS, n=1, cutoff=0.7)
+        if close:
+            warnings.append(f"{short_repr(key)}: unknown top-level section (did you mean {close[0]!r}?); "
+                            "it is ignored")
 
 
 def describe_yaml_error(path: Path, exc: Exception) -> str:

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
+from plugin_llm.bounded_repr import short_repr
 from plugin_llm.cli.main import CliError
 
 __all__ = ["register", "run"]
@@ -181,7 +182,7 @@ def _provider_name(raw: str) -> str:
 
     name = normalize_provider(raw)
     if not name or not all(c.isalnum() or c in "_-." for c in name):
-        raise CliError(f"{raw!r} is not a provider name (letters, digits, '_', '-', '.')")
+        raise CliError(f"{short_repr(raw)} is not a provider name (letters, digits, '_', '-', '.')")
     return name
 
 
@@ -287,6 +288,11 @@ def _cmd_add(args: argparse.Namespace) -> int:
     from auth import locked, mask, read_document, register_secret, write_document
 
     provider = _provider_name(args.provider)
+    from plugin_llm.provider_names import unknown_provider_problem
+
+    problem = unknown_provider_problem(provider)
+    if problem is not None:  # a key stored under a typo is never used: refuse before asking for it
+        raise CliError(f"{problem}; nothing was added")
     profile = args.profile.strip() if args.profile else None
     if args.pool and not args.from_stdin:
         raise CliError("--pool adds a literal key to a pool: use it with --from-stdin")

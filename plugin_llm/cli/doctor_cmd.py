@@ -218,7 +218,9 @@ def _config(view: Any) -> list[Check]:
     problems = [w for w in view.config.warnings if not w.startswith("plugins")]
     problems += [p for p in settings_from_raw(view.config.raw).problems if not p.startswith("plugins")]
     for problem in problems:
-        out.append(Check(WARN, "config", problem, f"edit {view.path}"))
+        # a non-boolean audit.required already fails closed: a FAIL, so it is fixed rather than lived with
+        status = FAIL if problem.startswith("audit.required:") else WARN
+        out.append(Check(status, "config", problem, f"edit {view.path}"))
     return out
 
 

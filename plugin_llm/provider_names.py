@@ -1,0 +1,60 @@
+"""Which provider names exist: litellm's, plus ``custom`` and ``local`` — without importing litellm.
+
+A typo such as ``model.provider: opnai`` or ``plugin-llm auth add opneai``
+would otherwise only surface as a confusing failure on the first call. The
+names come from litellm's ``LlmProviders`` enum, read as text from its
+installed source (importing litellm costs seconds; commands that do not call
+a model never import it). The common names are known without reading
+anything.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import importlib.util
+import re
+from pathlib import Path
+
+from auth.providers import ENV_VARS
+
+__all__ = ["known_providers", "unknown_provider_problem"]
+
+_HOST_PROVIDERS = frozenset({"custom", "local"})
+_ENUM_MEMBER = re.compile(r'^\s+[A-Z][A-Z0-9_]*\s*=\s*"([a-z0-9_.\-]+)"', re.M)
+
+
+@functools.lru_cache(maxsize=1)
+def _litellm_providers() -> frozenset[str]:
+    spec = importlib.util.find_spec("litellm")  # locates the package without importing it
+    if spec is None or not spec.submodule_search_locations:
+        return frozenset()
+    path = Path(next(iter(spec.submodule_search_locations))) / "types" / "utils.py"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return frozenset()
+    start = text.find("class LlmProviders(")
+    if start < 0:
+        return frozenset()
+    end = text.find("\nclass ", start + 1)
+    return frozenset(_ENUM_MEMBER.findall(text[start:end if end > 0 else None]))
+
+
+def known_providers() -> frozenset[str]:
+    """Every provider name a route may use (empty litellm list when litellm cannot be read)."""
+    return _HOST_PROVIDERS | frozenset(ENV_VARS) | _litellm_providers()
+
+
+def unknown_provider_problem(name: str) -> str | None:
+    """None for a known provider, else a one-line problem with a "did you mean"."""
+    name = name.strip().lower()
+    if name in _HOST_PROVIDERS or name in ENV_VARS:
+        return None  # the common names: no file read
+    known = known_providers()
+    if name in known or len(known) <= len(_HOST_PROVIDERS) + len(ENV_VARS):
+        return None  # litellm's list is unreadable: do not guess
+    close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.75)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return (f"unknown provider {name!r}{hint}: use one of litellm's provider names (openai, anthropic, "
+            "openrouter, gemini, ollama, ...), custom (an OpenAI-compatible model.base_url) or local")
