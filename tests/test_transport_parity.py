@@ -324,3 +324,14 @@ def test_switch_off_by_environment_sends_through_litellm(hermes_home, fake, monk
     fake.push(Reply(content="via litellm"))
     assert PluginLlm("p").complete(USER).text == "via litellm"
     assert TAKEN[0] == ["fallback"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_the_fast_path_follows_no_redirect(hermes_home, fake, mode):
+    """A difference, on purpose: a 3xx is a provider error on the fast path (the key never goes where a Location
+    points); the openai SDK under the fallback follows it."""
+    configure(hermes_home, fake.base_url)
+    moved = Reply(status=307, body={"moved": True}, headers={"Location": fake.base_url + "/elsewhere"})
+    out = run_call(hermes_home, fake, "fast", mode, calls(mode, "complete", USER), [moved], TAKEN[0])
+    assert len(out["sent"]) == 1
+    assert out["outcome"]["error"] == "PluginLlmProviderError" and out["outcome"]["status"] == 307
