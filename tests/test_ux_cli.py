@@ -178,6 +178,43 @@ def _pty_run(home: Path, args: list[str], keys: list[bytes], env: dict[str, str]
     return os.waitstatus_to_exitcode(status), out.decode("utf-8", "replace")
 
 
+def pty_dialog(home: Path, args: list[str], steps: list[tuple[bytes, bytes]],
+               env: dict[str, str] | None = None) -> tuple[int, str]:
+    """Run the CLI on a pseudo-terminal: for each (expected, reply), wait until the output since
+    the last reply contains ``expected``, then type ``reply``. The whole transcript is returned."""
+    import pty
+    import select
+    import time
+
+    full = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "FORCE_COLOR")}
+    full.update(HERMES_HOME=str(home), HOME=str(home.parent / "user-home"), PYTHONPATH=str(ROOT),
+                TERM="xterm", INPUTRC="/dev/null")
+    full.update(env or {})
+    pid, fd = pty.fork()
+    if pid == 0:  # pragma: no cover - the child
+        os.chdir(str(home.parent))
+        os.execve(sys.executable, [sys.executable, "-m", "plugin_llm.cli.main", *args], full)
+    out, since = b"", 0
+    pending = list(steps)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], 0.2)
+        if ready:
+            try:
+                chunk = os.read(fd, 4096)
+            except OSError:
+                break
+            if not chunk:
+                break
+            out += chunk
+        if pending and pending[0][0] in out[since:]:
+            since = len(out)
+            os.write(fd, pending.pop(0)[1])
+    _, status = os.waitpid(pid, 0)
+    os.close(fd)
+    return os.waitstatus_to_exitcode(status), out.decode("utf-8", "replace")
+
+
 def test_chat_line_editing_history_ctrl_c_and_ctrl_d(hermes_home: Path):
     enable(hermes_home)
     keys = [

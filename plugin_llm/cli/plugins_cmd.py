@@ -63,8 +63,13 @@ def register(subparsers: Any) -> None:
         description="Install a plugin into <home>/plugins/. SOURCE: owner/repo (GitHub), a git URL "
         "(https://, ssh://, git@host:path, file://), URL#subdir, or a local directory (path or path#subdir).",
     )
-    install.add_argument("source", metavar="SOURCE")
+    install.add_argument("source", metavar="SOURCE", nargs="?")
+    install.add_argument("--link", metavar="DIR", help="development: link DIR instead of copying it (edits apply "
+                         "on the next load; update is a no-op; remove deletes only the link)")
     install.add_argument("--force", action="store_true", help="replace an existing plugin of the same name")
+    install.add_argument("--accept-existing-grants", action="store_true",
+                         help="keep the plugins.enabled / plugins.entries.<key> settings config.yaml already has "
+                         "for this name (left by a removed plugin) without asking")
     toggle = install.add_mutually_exclusive_group()
     toggle.add_argument("--enable", dest="enable", action="store_true", default=None, help="enable it (no question)")
     toggle.add_argument("--no-enable", dest="enable", action="store_false", help="do not enable it (no question)")
@@ -79,6 +84,8 @@ def register(subparsers: Any) -> None:
     remove = actions.add_parser("remove", parents=[again], help="delete an installed plugin (directory and record)")
     remove.add_argument("name", help="plugin key, name or unique leaf")
     remove.add_argument("--force", action="store_true", help="remove even with local edits in its git checkout")
+    remove.add_argument("--keep-config", action="store_true",
+                        help="keep its plugins.enabled entry and plugins.entries.<key> (trust grants) in config.yaml")
 
     for verb, text in (("enable", "add a plugin to plugins.enabled (and out of plugins.disabled)"),
                        ("disable", "add a plugin to plugins.disabled (and out of plugins.enabled)")):
@@ -366,13 +373,20 @@ def _install(args: argparse.Namespace, home: Path) -> int:
         raise CliError("--timeout must be a positive number of seconds")
     if home.exists() and not home.is_dir():
         raise CliError(f"home {home} is not a directory")
+    if (args.source is None) == (args.link is None):
+        raise CliError("give SOURCE or --link DIR (not both): plugin-llm plugins install owner/repo | --link ./my-plugin")
+    if args.link is not None and args.ref:
+        raise CliError("--ref applies to git sources, not --link")
     try:
-        source = inst.parse_source(args.source)
-        if not args.json:
-            verb = "Cloning" if source.kind == "git" else "Copying"
-            print(f"{verb} {source.display} ...", file=sys.stderr)
         home.mkdir(parents=True, exist_ok=True)
-        staged = inst.stage_plugin(home / "plugins", source, ref=args.ref, category=args.category, timeout=timeout)
+        if args.link is not None:
+            staged = inst.stage_link(home / "plugins", args.link, category=args.category)
+        else:
+            source = inst.parse_source(args.source)
+            if not args.json:
+                verb = "Cloning" if source.kind == "git" else "Copying"
+                print(f"{verb} {source.display} ...", file=sys.stderr)
+            staged = inst.stage_plugin(home / "plugins", source, ref=args.ref, category=args.category, timeout=timeout)
     except inst.InstallError as exc:
         raise CliError(printable(f"{exc}; nothing was installed", limit=2000)) from None
     except OSError as exc:  # disk full, permissions: the staging directory is already gone
@@ -382,6 +396,13 @@ def _install(args: argparse.Namespace, home: Path) -> int:
         target = staged.target
         # before any question: an existing plugin needs --force; a category or a non-plugin is never replaced
         inst.check_target(staged, force=args.force)
+        if not staged.target.exists():  # a new name: settings left by a removed plugin are not its to inherit
+            _check_leftover_config(home, key, accept=args.accept_existing_grants, interactive=interactive)
+        # the environment values first (secrets masked), then "Enable?": an answer is never typed at the wrong prompt
+        requirements = [(r.name, r.description) for r in staged.manifest.requires_env]
+        missing = set(inst.missing_env(home, [n for n, _ in requirements]))
+        requirements = [r for r in requirements if r[0] in missing]
+        values = _prompt_env(home, requirements) if requirements and interactive else {}
         enable = args.enable
         if enable is None and interactive:
             enable = _ask_yes_no(f"Enable {key} now?")
@@ -391,10 +412,6 @@ def _install(args: argparse.Namespace, home: Path) -> int:
                 edit_config(home, lambda doc: None, dry_run=True)
             except ConfigEditError as exc:
                 raise CliError(f"cannot enable {key}: {exc}; nothing was installed (fix config.yaml or use --no-enable)") from None
-        requirements = [(r.name, r.description) for r in staged.manifest.requires_env]
-        missing = set(inst.missing_env(home, [n for n, _ in requirements]))
-        requirements = [r for r in requirements if r[0] in missing]
-        values = _prompt_env(home, requirements) if requirements and interactive else {}
         entry = inst.commit_staged(staged, force=args.force)
     except inst.InstallError as exc:
         raise CliError(printable(f"{exc}; nothing was installed", limit=2000)) from None
@@ -428,6 +445,9 @@ def _install(args: argparse.Namespace, home: Path) -> int:
             lines.append(f"warning: installed but not enabled: {exc}")
             _emit(args, _install_json(entry, target, False, still_missing, saved), lines)
             return 1
+    elif "plugins.enabled" in _config_mentions(home, key):  # kept with --accept-existing-grants: say so
+        enable = True
+        lines.append(f"Enabled: {key} is already in plugins.enabled of {home / 'config.yaml'}")
     else:
         lines.append(f"Not enabled; enable it with: plugin-llm plugins enable {key}")
     _emit(args, _install_json(entry, target, enable, still_missing, saved), lines)
@@ -450,7 +470,9 @@ def _update(args: argparse.Namespace, home: Path) -> int:
         raise CliError(printable(str(exc), limit=2000)) from None
     except OSError as exc:
         raise CliError(printable(f"cannot update {args.name}: {_os_error(exc)}", limit=2000)) from None
-    if not result.changed:
+    if not result.changed and result.old_revision is None and _is_link(home, result.key):
+        line = f"{result.key} is linked (--link): nothing to update; edits in its directory apply on the next load"
+    elif not result.changed:
         line = f"{result.key} is already up to date" + (f" ({result.old_revision[:12]})" if result.old_revision else "")
     else:
         line = f"Updated {result.key}: {(result.old_revision or '?')[:12]} -> {(result.new_revision or '?')[:12]}"
@@ -465,21 +487,88 @@ def _update(args: argparse.Namespace, home: Path) -> int:
 def _remove(args: argparse.Namespace, home: Path) -> int:
     from plugin_llm.plugins import install as inst
 
+    from plugin_llm.config_edit import ConfigEditError, edit_config
+
     refs = _refs(home)
     try:
-        result = inst.remove_plugin(home, args.name, force=args.force)
+        key = inst.resolve_installed(home / "plugins", args.name)
+    except inst.InstallError as exc:
+        hint = _not_removable_hint(args.name, refs)
+        raise CliError(printable(f"{exc}{hint}", limit=2000)) from None
+    mentions = [m for m in _config_mentions(home, key) if m != "plugins.disabled"]  # disabled: harmless, kept
+    cleaning = bool(mentions) and not args.keep_config
+    if cleaning:  # refuse before deleting anything when config.yaml cannot be edited
+        try:
+            edit_config(home, lambda doc: None, dry_run=True)
+        except ConfigEditError as exc:
+            raise CliError(f"cannot remove {key}'s settings: {exc}; nothing was removed "
+                           "(fix config.yaml, or use --keep-config)") from None
+    try:
+        result = inst.remove_plugin(home, key, force=args.force)
     except inst.InstallError as exc:
         hint = _not_removable_hint(args.name, refs)
         raise CliError(printable(f"{exc}{hint}", limit=2000)) from None
     except OSError as exc:
         raise CliError(printable(f"cannot remove {args.name}: {_os_error(exc)} (nothing was removed)", 2000)) from None
     lines = [f"Removed {result.key} ({', '.join(result.removed_paths) or 'no files left'})"]
-    mentions = _config_mentions(home, result.key)
-    if mentions:
-        lines.append(f"config.yaml still mentions {result.key} in {', '.join(mentions)} (kept; "
-                     "`plugin-llm trust check` reports entries of plugins that are not installed)")
-    _emit(args, {"key": result.key, "removed": list(result.removed_paths), "config_mentions": mentions}, lines)
+    removed_config: list[str] = []
+    if cleaning:
+        try:
+            removed_config, edit = _remove_config(home, result.key)
+        except ConfigEditError as exc:
+            lines.append(f"warning: {result.key}'s settings are still in config.yaml ({', '.join(mentions)}): {exc}")
+        else:
+            lines.append(f"Removed from {home / 'config.yaml'}: {'; '.join(removed_config)} "
+                         "(so a plugin installed later under this name is neither enabled nor trusted)")
+            if edit.backup:
+                lines.append(f"Previous version saved as {edit.backup}")
+    elif mentions:
+        lines.append(f"config.yaml still mentions {result.key} in {', '.join(mentions)} (kept: --keep-config; "
+                     "a plugin installed later under this name would inherit them)")
+    _emit(args, {"key": result.key, "removed": list(result.removed_paths), "config_removed": removed_config,
+                 "config_mentions": [] if removed_config else mentions}, lines)
     return 0
+
+
+def _remove_config(home: Path, key: str) -> tuple[list[str], Any]:
+    """Take ``key`` out of ``plugins.enabled`` and delete ``plugins.entries.<key>``; what was removed."""
+    from plugin_llm.config_edit import delete_value, edit_config, get_value, list_remove
+
+    removed: list[str] = []
+
+    def mutate(doc: Any) -> None:
+        if list_remove(doc, ("plugins", "enabled"), key):
+            removed.append(f"{key} from plugins.enabled")
+        entry = get_value(doc, ("plugins", "entries", key))
+        if entry is not None:
+            what = ", ".join(printable(k, 60) for k in entry) if isinstance(entry, Mapping) else "its value"
+            if delete_value(doc, ("plugins", "entries", key)):
+                removed.append(f"plugins.entries.{key} ({what})")
+
+    result = edit_config(home, mutate)
+    return removed, result
+
+
+def _check_leftover_config(home: Path, key: str, *, accept: bool, interactive: bool) -> None:
+    """Settings config.yaml already has for ``key`` (a removed plugin's ``--keep-config``, a hand
+    edit) would enable and trust the new plugin: ask on a terminal, refuse otherwise."""
+    mentions = [m for m in _config_mentions(home, key) if m != "plugins.disabled"]
+    if not mentions or accept:
+        return
+    shown = ", ".join(mentions)
+    if interactive:
+        print(f"config.yaml already has settings for {key}: {shown}. They were not given to this plugin.",
+              file=sys.stderr)
+        if _ask_yes_no(f"Let the new {key} have them (enabled / trusted as configured)?"):
+            return
+    raise CliError(f"config.yaml already has settings for {key} ({shown}), left by an earlier plugin of that name; "
+                   "nothing was installed. Remove them from config.yaml, or pass --accept-existing-grants "
+                   "to give them to this plugin")
+
+
+def _is_link(home: Path, key: str) -> bool:
+    record = _install_record(home, key)
+    return bool(record) and record.get("kind") == "link"
 
 
 def _not_removable_hint(name: str, refs: list[Any]) -> str:

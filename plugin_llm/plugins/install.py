@@ -65,6 +65,7 @@ __all__ = [
     "parse_source",
     "validate_install_name",
     "stage_plugin",
+    "stage_link",
     "commit_staged",
     "check_target",
     "discard_staged",
@@ -105,7 +106,7 @@ class InstallError(Exception):
 
 @dataclass(frozen=True)
 class InstallSource:
-    """Where a plugin comes from. ``kind`` is ``git`` or ``dir``."""
+    """Where a plugin comes from. ``kind`` is ``git``, ``dir`` or ``link`` (``--link DIR``)."""
 
     kind: str
     location: str  # the git URL, or the absolute directory path
@@ -332,7 +333,7 @@ class InstalledPlugin:
 
     key: str
     source: str  # as given (password masked)
-    kind: str  # git | dir
+    kind: str  # git | dir | link (``--link``: a symlink to the author's directory)
     location: str  # git URL (masked) or directory path
     subdir: str | None
     ref: str | None  # --ref given at install: pinned, never updated
@@ -625,6 +626,33 @@ def discard_staged(staged: StagedPlugin) -> None:
     shutil.rmtree(staged.staging, ignore_errors=True)
 
 
+def stage_link(plugins_dir: Path, directory: str | Path, *, category: str | None = None) -> StagedPlugin:
+    """``plugins install --link DIR``: validate the plugin in DIR for a link install (development).
+
+    Nothing is copied: :func:`commit_staged` places a symlink ``plugins/<key> -> DIR`` and records
+    ``kind: link``, so the author's edits apply on the next load (``update`` is a no-op and
+    ``remove`` deletes only the link, never DIR). No ``*.example`` file is created in DIR.
+    """
+    if category is not None:
+        validate_install_name(category, what="category")
+    origin = Path(directory).expanduser()
+    if not origin.is_dir():
+        raise InstallError(f"--link {escape_unsafe(str(directory), 200)}: no such directory")
+    root = Path(os.path.realpath(origin))
+    if _within(root, plugins_dir):
+        raise InstallError(f"--link {root}: the directory is already inside {plugins_dir}")
+    manifest = _validate_tree(root, str(root))
+    name = manifest.name if _manifest_has_name(root) else root.name
+    validate_install_name(name)
+    if name != manifest.name:
+        manifest = replace(manifest, name=name, key=name)
+    key = f"{category}/{name}" if category else name
+    plugins_dir.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=plugins_dir))
+    source = InstallSource("link", str(root), None, str(directory))
+    return StagedPlugin(staging, root, root, manifest, key, source, None, None, [], plugins_dir)
+
+
 def _entry_from_staged(staged: StagedPlugin, installed_at: str | None = None) -> InstalledPlugin:
     source = staged.source
     return InstalledPlugin(
@@ -709,7 +737,7 @@ def _check_replace(plugins_dir: Path, key: str, entry: InstalledPlugin | None, f
     when it must not replace them (never a category or a non-plugin, even with force)."""
     target = _target_for(plugins_dir, key)
     old_paths = [p for p in _existing_paths(plugins_dir, key, entry) if _occupied(p)]
-    if target.is_symlink() and (entry is None or not entry.repo):
+    if target.is_symlink() and (entry is None or not (entry.repo or entry.kind == "link")):
         raise InstallError(
             f"{target} is a symlink not made by plugin-llm (it resolves to {os.path.realpath(target)}); "
             "remove it by hand first"
@@ -758,7 +786,9 @@ def commit_staged(
                 os.rename(path, dest)
                 moved.append((dest, path))
             target.parent.mkdir(parents=True, exist_ok=True)
-            if staged.uses_repo_dir:
+            if staged.source.kind == "link":  # --link: the author's directory itself, never copied
+                os.symlink(staged.root, target)
+            elif staged.uses_repo_dir:
                 repo = plugins_dir / REPOS_DIRNAME / staged.key
                 repo.parent.mkdir(parents=True, exist_ok=True)
                 os.rename(staged.tree, repo)
@@ -884,6 +914,8 @@ def update_plugin(home: Path, name: str, *, timeout: float = DEFAULT_GIT_TIMEOUT
             f"{key} was not installed with `plugin-llm plugins install` (no record in {_metadata_path(plugins_dir)}); "
             "update it by hand, or reinstall it with `plugins install SOURCE --force`"
         )
+    if entry.kind == "link":  # --link: edits in the linked directory apply on the next load
+        return UpdateResult(key, None, None, False, ())
     if entry.kind == "dir":
         return _update_dir(home, plugins_dir, entry, timeout)
     if entry.ref:
