@@ -504,3 +504,37 @@ def test_a_fifo_where_the_checkpoints_belong_never_blocks_the_writer(hermes_home
     assert "checkpoint could not be written" in capsys.readouterr().err
     result = verify(path)
     assert result.records == EVERY + 1 and kinds(result) == ["checkpoint_bad"]  # a verdict, not an OSError
+
+
+# -- the key and note formats are C2SP signed-note / Go sumdb/note, byte for byte ------------
+
+_GO_SKEY = "PRIVATE+KEY+PeterNeumann+c74f20a3+AYEKFALVFGyNhPJEMzD1QIDr+Y7hfZx09iUvxdXHKDFz"
+_GO_VKEY = "PeterNeumann+c74f20a3+ARpc2QcUPDhMQegwxbzhKqiBfsVkmqq/LDE4izWy10TW"
+_GO_TEXT = b"If you think cryptography is the answer to your problem,\nthen you don't know what your problem is.\n"
+_GO_SIG = ("\u2014 PeterNeumann x08go/ZJkuBS9UG/SffcvIAQxVBtiFupLLr8pAcElZInNIuGUgYN1FFYC2pZSNXgKvqfqdngotpRZb6KE6Ryy"
+           "BwJnAM=\n").encode()
+
+
+def test_keys_and_signatures_match_the_signed_note_reference_vectors():
+    from audit.signing import parse_signer, parse_verifier
+
+    signer = parse_signer(_GO_SKEY, "vector")
+    assert signer.key_id_hex == "c74f20a3" and signer.verifier.text() == _GO_VKEY
+    assert signer.signature_line(_GO_TEXT) == _GO_SIG  # Ed25519 is deterministic
+    verifier = parse_verifier(_GO_VKEY, "vector")
+    blob = __import__("base64").b64decode(_GO_SIG.split(b" ")[2])
+    assert int.from_bytes(blob[:4], "big") == verifier.key_id and verifier.verify(_GO_TEXT, blob[4:])
+    assert not verifier.verify(_GO_TEXT.replace(b"answer", b"answers"), blob[4:])
+    # the C2SP signed-note specification's own example
+    spec = parse_verifier("example.com/foo+530d903a+AekyeRrm56hApGFkyQR4ZCbV54Id2LKaANYcrnKv3U2k", "spec")
+    sig = __import__("base64").b64decode("Uw2QOkn8srV1yJGh2VYRlL1Tnagv1YEq6TfXppzi2ONncAlTgK7Ztg1ERYNZXsYjOBH3mFXmRKuwHjG1Yu72IneyaQM=")
+    assert spec.verify(b"This is an example message.\n", sig[4:])
+
+
+def test_without_a_key_nothing_changes(hermes_home, capsys):
+    path = write(hermes_home, 3 * EVERY)
+    assert not checkpoints_path(path).exists() and capsys.readouterr().err == ""
+    result = verify(path)
+    assert result.ok and not result.warnings and not result.checkpoints.present
+    code, out, _ = cli(capsys, "audit", "verify")
+    assert code == 0 and "tamper-evident against accidents only" in out

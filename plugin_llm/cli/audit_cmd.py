@@ -447,6 +447,8 @@ def _verify(args: argparse.Namespace, log_path: Path) -> int:
         line = f"checkpoints: {cps.valid} signed (key id {keys}, from {_clean(key_source)})"
         if cps.covered_seq is not None:
             line += f"; records 1..{cps.covered_seq} covered by a signature"
+        if cps.last_seq is not None:
+            line += f"; the last signed at seq {cps.last_seq}, {_clean(cps.last_time or 'unknown time')}"
         if cps.pruned_through:
             line += f"; records 1..{cps.pruned_through} pruned by retention (signed)"
         print(line)
