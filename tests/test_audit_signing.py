@@ -538,3 +538,18 @@ def test_without_a_key_nothing_changes(hermes_home, capsys):
     assert result.ok and not result.warnings and not result.checkpoints.present
     code, out, _ = cli(capsys, "audit", "verify")
     assert code == 0 and "tamper-evident against accidents only" in out
+
+
+def test_audit_checkpoint_covers_a_running_writers_tail(hermes_home, signed, capsys):
+    path, pubkeys = signed
+    log = AuditLog(path, AuditSettings(checkpoint_every=EVERY, checkpoint_seconds=3600))
+    log.write({"plugin_id": "late"})
+    assert [w.kind for w in verify(path, pubkeys=pubkeys).warnings] == ["unverified_tail"]
+    code, out, _ = cli(capsys, "audit", "checkpoint")
+    assert code == 0 and "signed checkpoint of seq 36" in out
+    result = verify(path, pubkeys=pubkeys)
+    assert result.ok and not result.warnings
+    log.close()
+    key_file(hermes_home).unlink()
+    code, _, err = cli(capsys, "audit", "checkpoint")
+    assert code == 2 and "audit keygen" in err

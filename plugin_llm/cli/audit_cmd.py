@@ -122,6 +122,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="print the private key instead of writing it (to store in a password manager "
                              "for audit.key_cmd)")
 
+    checkpoint = actions.add_parser("checkpoint", parents=[common], help="sign a checkpoint of the log's head now",
+                                    description="Append a signed checkpoint of the current head (e.g. before copying "
+                                                "the logs for an auditor while the host runs, so no record is left "
+                                                "uncovered). Needs the signing key.")
+    checkpoint.add_argument("--json", action="store_true", help="one JSON document")
+
     pubkey = actions.add_parser("pubkey", parents=[common], help="print the public key(s) for auditors",
                                 description="Print every public key checkpoints of this home were signed with "
                                             "(newest last): give this file to auditors for `audit verify --pubkey`.")
@@ -173,9 +179,9 @@ def run(args: argparse.Namespace) -> int:
     from audit.signing import AuditKeyError
 
     handler = {"tail": _tail, "query": _query, "stats": _stats, "verify": _verify, "export": _export,
-               "keygen": _keygen, "pubkey": _pubkey}[action]
+               "keygen": _keygen, "pubkey": _pubkey, "checkpoint": _checkpoint}[action]
     try:
-        return handler(args, _log_path(args, must_exist=action not in ("keygen", "pubkey")))
+        return handler(args, _log_path(args, must_exist=action not in ("keygen", "pubkey", "checkpoint")))
     except (AuditLogNotFoundError, AuditKeyError) as exc:
         raise CliError(str(exc)) from None
     except BrokenPipeError:  # e.g. `plugin-llm audit query | head`
@@ -537,6 +543,30 @@ def _make_key(args: argparse.Namespace, home: Path, log_path: Path) -> int:
     print(f"{verb} the audit signing key {key} (mode 0600, key id {new.key_id_hex}); checkpoint written at seq {seq}")
     print(f"public key{'s' if old is not None else ''} for auditors: {pub}  (`plugin-llm audit pubkey` prints them)")
     print(new.verifier.text())
+    return 0
+
+
+def _checkpoint(args: argparse.Namespace, log_path: Path) -> int:
+    from audit.signing import load_signer
+    from audit.writer import AuditLog
+
+    settings, key, _pub = _key_paths(_home_of(args))
+    signer = load_signer(key, settings.key_cmd) if (settings.key_cmd or key.exists()) else None
+    if signer is None:
+        raise CliError(f"no audit signing key ({key} does not exist): create one with `plugin-llm audit keygen`")
+    if not log_path.exists():
+        raise CliError(f"no audit log at {log_path}: nothing to checkpoint yet")
+    log = AuditLog(log_path, settings, signer=signer)
+    try:
+        seq, head = log.checkpoint("manual")
+    except OSError as exc:
+        raise CliError(f"cannot write the checkpoint: {exc.strerror or type(exc).__name__}") from None
+    finally:
+        log.close()
+    if args.json:
+        print(json.dumps({"seq": seq, "hash": head, "key_id": signer.key_id_hex}))
+    else:
+        print(f"signed checkpoint of seq {seq} (hash {head}, key id {signer.key_id_hex})")
     return 0
 
 
