@@ -32,7 +32,7 @@ from plugin_llm.config import CONFIG_MAX_BYTES, HostConfig, describe_yaml_error,
 from plugin_llm.safe_files import UnsafeFileError, read_home_text
 from plugin_llm.bounded_repr import short_repr
 from plugin_llm.safe_yaml import compose_yaml
-from plugin_llm.trust import DENY_ALL, FLAG_KEYS, LIST_KEYS, TRUST_KEYS, Decision, Overrides, TrustPolicy, decide
+from plugin_llm.trust import CAPABILITY_FOR, DENY_ALL, FLAG_KEYS, LIST_KEYS, TRUST_KEYS, Decision, Overrides, TrustPolicy, decide
 
 __all__ = [
     "ERROR",
@@ -66,7 +66,7 @@ OVERRIDES = tuple(FLAG_KEYS)
 #: keys the host understands directly under ``plugins:``
 PLUGINS_KEYS = ("enabled", "disabled", "hook_timeout", "entries")
 #: keys the host understands under ``plugins.entries.<id>``
-ENTRY_KEYS = ("llm", "limits")
+ENTRY_KEYS = ("llm", "limits", "allow_tool_override", "granted_capabilities", "capabilities_sha256")
 _POLICY_ORDER = tuple(TrustPolicy.__dataclass_fields__)
 _LIST_FLAG = {lst: FLAG_KEYS[name] for name, lst in LIST_KEYS.items()}
 _DEFAULT_FLAG = "default (fail closed)"
@@ -181,14 +181,16 @@ class PluginTrust:
             return "no entry: no overrides"
         granted = []
         for name, flag in FLAG_KEYS.items():
-            if getattr(self.policy, flag):
+            by = self.policy.grants(name)
+            if by is not None:
+                via = f" (by {by})" if by != flag else ""
                 allowlist = getattr(self.policy, LIST_KEYS[name]) if name in LIST_KEYS else None
                 if allowlist is None:
-                    granted.append(name)
+                    granted.append(name + via)
                 elif not allowlist:
-                    granted.append(f"{name} (allowlist empty: nothing)")
+                    granted.append(f"{name}{via} (allowlist empty: nothing)")
                 else:
-                    granted.append(f"{name} in [{', '.join(allowlist)}]")
+                    granted.append(f"{name}{via} in [{', '.join(allowlist)}]")
         return "may override " + "; ".join(granted) if granted else "no overrides granted"
 
     def as_dict(self) -> dict[str, Any]:
@@ -201,6 +203,8 @@ class PluginTrust:
             "summary": self.summary,
             "policy": {s.key: (list(s.value) if isinstance(s.value, tuple) else s.value) for s in self.settings},
             "settings": [s.as_dict() for s in self.settings],
+            "granted_capabilities": list(self.policy.granted_capabilities),
+            "granted_by": {name: self.policy.grants(name) for name in FLAG_KEYS if self.policy.grants(name)},
             "warnings": [f.as_dict() for f in self.findings],
         }
 
@@ -298,6 +302,17 @@ def installed_plugins(home: Path) -> dict[str, str]:
     from plugin_llm.plugins.discovery import discover_candidates
 
     return {key: cand.name for key, cand in discover_candidates(Path(home)).items()}
+
+
+def legacy_key_of(name: str, installed: Mapping[str, str]) -> str | None:
+    """The key of the nested plugin that ``name`` named under the old ``<category>/<manifest name>``
+    scheme (``browser/browser-browser-use`` -> ``browser/browser_use``), or None."""
+    category, sep, leaf = name.partition("/")
+    if not sep:
+        return None
+    matches = [k for k, n in installed.items() if "/" in k and k.split("/", 1)[0] == category and n == leaf
+               and k != name]
+    return matches[0] if len(matches) == 1 else None
 
 
 def resolve_plugin_id(name: str, installed: Mapping[str, str], configured: Iterable[str] = ()) -> tuple[str, str | None]:
@@ -537,6 +552,12 @@ class _Checker:
             item = item.strip()
             if item in self.installed or item in names:
                 continue
+            legacy = legacy_key_of(item, self.installed)
+            if legacy is not None:
+                self.add(WARNING, keys + (i,), f"{short_repr(item)} is the old manifest-name key of {legacy!r} "
+                         f"(did you mean {legacy!r}?); it matches no plugin",
+                         f"write {legacy} in plugins.{key} (a nested plugin's key is <category>/<directory>)")
+                continue
             guess = _did_you_mean(item, list(self.installed) + sorted(names))
             hint = f" (did you mean {guess!r}?)" if guess else ""
             self.add(WARNING, keys + (i,), f"{short_repr(item)} matches no installed plugin{hint}",
@@ -580,6 +601,12 @@ class _Checker:
         if plugin_id in self.installed:
             return
         keys = ("plugins", "entries", plugin_id)
+        legacy = legacy_key_of(plugin_id, self.installed)
+        if legacy is not None:  # keys were <category>/<manifest name> before issue 15
+            self.add(ERROR, keys, f"{plugin_id!r} is the old manifest-name key of {legacy!r} (did you mean {legacy!r}?); "
+                     "a nested plugin's key is <category>/<directory>: this entry grants nothing",
+                     f"rename the entry to {entry_key(legacy)}", plugin_id)
+            return
         leaf_matches = [k for k, n in self.installed.items() if plugin_id in (n, k.rsplit("/", 1)[-1])]
         guess = leaf_matches[0] if len(leaf_matches) == 1 else _did_you_mean(plugin_id, self.installed, cutoff=0.75)
         if guess:  # most likely a typo or a bare name: the entry silently grants nothing
@@ -678,9 +705,27 @@ def check_plugins(
     model_known: Callable[[str], bool | None] = litellm_knows_model,
 ) -> list[Finding]:
     """Every problem in the ``plugins:`` section (and a parse error of the whole file)."""
-    findings = _Checker(view, installed, model_known).run()
+    findings = _Checker(view, installed, model_known).run() + _limit_findings(view)
     order = {ERROR: 0, WARNING: 1}
     return sorted(findings, key=lambda f: (order.get(f.severity, 2), f.line if f.line is not None else 0))
+
+
+def _limit_findings(view: ConfigView) -> list[Finding]:
+    """The limits blocks under ``plugins.entries`` (parse problems) and what the limits mean for the
+    routes (a budget on an unpriced model, a token limit below one call, ...), as trust findings."""
+    if view.error is not None:
+        return []
+    from plugin_llm.limits import check_limits, parse_limit_settings
+
+    raw = view.config.raw
+    _, issues = parse_limit_settings(raw.get("limits"), raw.get("plugins"))
+    issues = [i for i in issues if i.path.startswith("plugins.")]  # limits.* parse problems are config warnings
+    route_provider = view.config.model.provider  # an unqualified model override stays on the route's provider
+    models = {pid: [m if "/" in m else f"{route_provider}/{m}" for m in policy.allowed_models or () if m != "*"]
+              for pid, policy in view.config.trust.items()}
+    issues += check_limits(view.config.limits, provider=view.config.model.provider, model=view.config.model.model,
+                           plugin_models=models)
+    return [Finding(i.severity, i.path, i.problem, i.fix, plugin_id=i.plugin_id) for i in issues]
 
 
 # ------------------------------------------------------------------ explain
@@ -717,9 +762,15 @@ def explain(view: ConfigView, plugin_id: str, overrides: Overrides, installed: M
         flag = FLAG_KEYS[name]
         flag_keys = ("plugins", "entries", plugin_id, "llm", flag)
         alone = Overrides(**{name: value}, active_provider=overrides.active_provider)
-        if not getattr(policy, flag):
+        capability = CAPABILITY_FOR[name]
+        if not getattr(policy, flag) and capability in policy.granted_capabilities:
+            rules.append(f"{name}={value!r}: allowed by the granted capability {capability} "
+                         f"(plugins.entries.{entry_key(plugin_id)}.granted_capabilities, consented); {flag} is false")
+            with_flag = policy
+        elif not getattr(policy, flag):
             where = view.source(*flag_keys) if view.error is None else f"fail closed ({view.path.name} does not parse)"
-            rules.append(f"{name}={value!r}: refused: {flag} is false, {where}")
+            rules.append(f"{name}={value!r}: refused: {flag} is false, {where}, and the capability {capability} "
+                         "is not granted")
             changes[flag] = True
             with_flag = replace(policy, **{flag: True})
         else:

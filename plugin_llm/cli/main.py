@@ -73,6 +73,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "chat": ("plugin_llm.cli.chat_cmd", "interactive session with the configured model and plugins"),
     "trust": ("plugin_llm.cli.trust_cmd", "show, check and explain the per-plugin trust policy"),
     "auth": ("plugin_llm.cli.auth_cmd", "manage credentials in auth.json"),
+    "limits": ("plugin_llm.cli.limits_cmd", "show or reset per-plugin budgets and rate limits"),
     "audit": ("plugin_llm.cli.audit_cmd", "tail, query, summarise and verify the audit log"),
     "doctor": ("plugin_llm.cli.doctor_cmd", "check the home, config, credentials, audit log and plugins"),
 }
@@ -182,6 +183,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:  # the operator's Ctrl-C, wherever it arrived
         print("plugin-llm: interrupted", file=sys.stderr)
         code = 130
+    except BrokenPipeError:  # `plugin-llm ... | head`: the reader left; no traceback, no flush error at exit
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        code = 141  # 128 + SIGPIPE, as a shell reports it
     if argv is None:
         _exit_if_threads_remain(code)
     return code

@@ -194,12 +194,25 @@ def _render_plugin(pt: Any, view: Any) -> list[str]:
         lines.append("  fail closed: no overrides (config.yaml does not parse)")
         return lines
     lines.append(f"  {pt.summary}")
+    plugin_limits = view.config.limits.for_plugin(pt.plugin_id)
+    if not plugin_limits.empty or plugin_limits.error is not None:
+        from plugin_llm.limits.views import describe
+
+        lines.append(f"  limits: {describe(plugin_limits)}")
     if pt.has_entry:
         width_key = max(len(s.key) for s in pt.settings)
         width_val = max(len(s.display()) for s in pt.settings)
         for s in pt.settings:
             note = f"  (written: {short_repr(s.written)})" if s.written is not None else ""
             lines.append(f"    {s.key:<{width_key}}  {s.display():<{width_val}}  {s.source}{note}")
+    granted = getattr(pt.policy, "granted_capabilities", ())
+    if granted:  # consented capabilities allow the matching overrides like the allow_* flags
+        from plugin_llm.trust import CAPABILITY_FOR
+
+        by_capability = {c: n for n, c in CAPABILITY_FOR.items()}
+        for capability in granted:
+            what = f"allows the {by_capability[capability]} override" if capability in by_capability else "no effect here"
+            lines.append(f"    capability {printable(capability, 100)}  granted (consent recorded)  {what}")
     for f in pt.findings:
         lines.extend(_render_finding(f, view, indent="  "))
     return lines

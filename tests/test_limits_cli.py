@@ -1,0 +1,78 @@
+"""plugin-llm limits show|reset, and limits in trust show / trust check."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from plugin_llm import PluginLlm, PluginLlmQuotaError, limits
+from plugin_llm.cli.main import main
+from tests.conftest import write_config
+
+CONFIG = ("limits:\n  store: local\nplugins:\n  enabled: [capped]\n  entries:\n    capped:\n      limits:\n"
+          "        requests_per_minute: 2\n        budget_usd: {day: 1.0}\n")
+USER = [{"role": "user", "content": "hi"}]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_stores():
+    yield
+    limits.close_stores()
+
+
+def events(home) -> list[dict]:
+    lines = (home / "logs" / "agent.log").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r.get("kind") == "event"]
+
+
+def test_show_lists_each_limit_with_its_usage_and_reset_time(hermes_home, capsys):
+    write_config(hermes_home, CONFIG)
+    PluginLlm("capped").complete(USER)
+    limits.close_stores()
+    assert main(["limits", "show"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("capped: budget $1.00/day; 2 requests/min")
+    assert "requests_per_minute" in out and "1 used, resets" in out and "budget_usd.day" in out
+    assert main(["limits", "show", "capped", "--json"]) == 0
+    [row] = json.loads(capsys.readouterr().out)["plugins"]
+    assert row["plugin_id"] == "capped" and row["usage"]["minute"]["requests"] == 1
+
+
+def test_reset_is_audited_first_and_lets_the_plugin_call_again(hermes_home, capsys):
+    write_config(hermes_home, CONFIG)
+    llm = PluginLlm("capped")
+    llm.complete(USER)
+    llm.complete(USER)
+    with pytest.raises(PluginLlmQuotaError):
+        llm.complete(USER)
+    limits.close_stores()
+    assert main(["limits", "reset", "capped"]) == 0
+    assert "reset capped" in capsys.readouterr().out
+    [event] = [e for e in events(hermes_home) if e["event"] == "limits.reset"]
+    assert event["plugin_id"] == "capped" and event["forgotten.requests_this_minute"] == 2
+    llm.complete(USER)  # the minute's requests were forgotten
+
+
+def test_reset_and_show_refuse_what_makes_no_sense_in_one_line(hermes_home, capsys):
+    write_config(hermes_home, CONFIG)
+    assert main(["limits", "reset", "unlimited"]) == 2
+    assert "has no limits" in capsys.readouterr().err
+    write_config(hermes_home, "limits:\n  store: redis\n  redis_url: redis://127.0.0.1:1/0\n  store_timeout: 0.5\n"
+                              "plugins:\n  entries:\n    capped:\n      limits: {requests_per_minute: 2}\n")
+    assert main(["limits", "show"]) == 1
+    captured = capsys.readouterr()
+    assert "usage unknown" in captured.out and "Traceback" not in captured.err
+    assert main(["limits", "reset", "capped"]) == 1
+    assert "did not answer" in capsys.readouterr().err
+
+
+def test_trust_show_and_check_report_limits(hermes_home, capsys):
+    write_config(hermes_home, "model:\n  provider: custom\n  model: m\n  base_url: http://127.0.0.1:9/v1\n"
+                              "plugins:\n  entries:\n    capped:\n      limits:\n        budget_usd: {day: 1.0}\n")
+    main(["trust", "show"])
+    out = capsys.readouterr().out
+    assert "limits: budget $1.00/day" in out
+    main(["trust", "check"])
+    out = capsys.readouterr().out
+    assert 'limits.prices."custom/m"' in out  # a budget on an unpriced model refuses every call
