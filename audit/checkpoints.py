@@ -264,6 +264,7 @@ class CheckpointReport:
     pruned: list[tuple[int, str, int]] = field(default_factory=list)  #: (through seq, its hash, line)
     keys: list[str] = field(default_factory=list)  #: key ids that signed valid checkpoints
     problems: list[tuple[int, str, str]] = field(default_factory=list)
+    more: int = 0  #: problems beyond max_findings, counted only
     warnings: list[tuple[int, str, str]] = field(default_factory=list)
 
 
@@ -323,9 +324,13 @@ def check_checkpoints(
     pending: list[Block] = []
     reasons: dict[int, tuple[str, str]] = {}  # block offset -> (kind, detail) when it parsed but failed
 
+    unknown: dict[str, list[int]] = {}  # key ids of untrusted signers -> [first line, count]
+
     def problem(line: int, kind: str, detail: str) -> None:
         if len(report.problems) < max_findings:
             report.problems.append((line, kind, detail))
+        else:
+            report.more += 1
 
     if size is None:
         size = os.fstat(f.fileno()).st_size
@@ -351,17 +356,17 @@ def check_checkpoints(
                     f"(the checkpoint was altered or forged)"))
                 pending.append(block)
                 continue
-            if not ok_sigs:
+            if not ok_sigs:  # one finding per set of unknown keys, with a count
                 ids = ", ".join(f"{k:08x}" for _n, k, _s in cp.signatures) or "none"
-                problem(block.line, "checkpoint_key", (
-                    f"checkpoint for seq {cp.seq} is signed by key id(s) {ids}, none of them a public key given "
-                    f"(or endorsed by a key rotation): forged, or pass the auditor the right public keys"))
+                seen_ids = unknown.setdefault(ids, [block.line, 0, cp.seq])
+                seen_ids[1] += 1
                 continue
             if pending:
                 if _covers(cp, pending, block.offset, f):
                     for bad in pending:
+                        why = bad.error or "its signature cut short"
                         report.warnings.append((bad.line, "checkpoint_torn", (
-                            f"a checkpoint torn by a crash ({bad.error}); recovered by the checkpoint at line {block.line}")))
+                            f"a checkpoint torn by a crash ({why}); recovered by the checkpoint at line {block.line}")))
                 else:
                     for bad in pending:
                         problem(bad.line, *reasons.get(bad.offset, ("checkpoint_bad", f"not a checkpoint: {bad.error}")))
@@ -407,6 +412,11 @@ def check_checkpoints(
                 f"the next writer recovers it")))
         else:
             problem(bad.line, *reasons.get(bad.offset, ("checkpoint_bad", f"not a checkpoint: {bad.error}")))
+    for ids, (line, count, seq) in unknown.items():
+        also = f" (and {count - 1} later checkpoint{'s' if count > 2 else ''} signed the same way)" if count > 1 else ""
+        problem(line, "checkpoint_key", (
+            f"checkpoint for seq {seq} is signed by key id(s) {ids}, none of them a public key given "
+            f"(or endorsed by a key rotation){also}: forged, or the auditor needs the right public keys"))
     report.keys = list(keys_seen)
     if report.blocks and not trusted:
         report.warnings.append((0, "checkpoint_unchecked", (

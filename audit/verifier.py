@@ -497,6 +497,7 @@ def _checkpoint_verdicts(
     summary.keys = list(cps.keys)
     for line, kind, detail in cps.problems:
         report(VerifyProblem(where, line, kind, detail))
+    result.more += cps.more
     for line, kind, detail in cps.warnings:
         result.warnings.append(VerifyProblem(where, line, kind, detail))
     if not cps.checked:
