@@ -55,6 +55,9 @@ def test_config_yaml_is_valid_without_warnings(tmp_path: Path):
     assert (config.model.provider, config.model.model) == ("local", "local-echo-1")
     assert config.trust_for("paste-to-tasks").allow_model_override is True
     assert config.trust_for("tldr").allow_model_override is False
+    fanout = config.limits.for_plugin("async-fanout")
+    assert (fanout.requests_per_minute, fanout.max_concurrent, fanout.error) == (600, 8, None)
+    assert config.limits.for_plugin("tldr").empty
 
 
 def test_every_config_key_is_documented_by_a_comment():
@@ -72,7 +75,7 @@ def test_every_config_key_is_documented_by_a_comment():
                 undocumented.append(f"{i + 1}: {line}")
     assert undocumented == []
     data = yaml.safe_load("\n".join(lines))
-    assert {"model", "llm", "plugins", "audit", "memory", "context", "image_gen"} <= set(data)
+    assert {"model", "llm", "limits", "plugins", "audit", "memory", "context", "image_gen"} <= set(data)
     assert {"enabled", "disabled", "entries", "hook_timeout"} <= set(data["plugins"])
 
 
