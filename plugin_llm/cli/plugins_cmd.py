@@ -77,6 +77,14 @@ def register(subparsers: Any) -> None:
     install.add_argument("--category", metavar="CAT", help="install as <CAT>/<name> (e.g. memory, context_engine)")
     install.add_argument("--timeout", type=float, default=None, metavar="SECONDS", help="git timeout (default 120)")
 
+    consent = actions.add_parser(
+        "consent", parents=[again], help="review and grant the capabilities a plugin requests",
+        description="Show the capabilities a plugin's manifest requests (capabilities: in plugin.yaml) and what "
+        "is granted; on a terminal, ask to grant the ones not granted yet (recorded in plugins.entries.<key>).",
+    )
+    consent.add_argument("name", help="plugin key, name or unique leaf")
+    consent.add_argument("--yes", action="store_true", help="grant every requested capability without asking")
+
     update = actions.add_parser("update", parents=[again], help="git pull --ff-only an installed plugin")
     update.add_argument("name", help="plugin key, name or unique leaf")
     update.add_argument("--timeout", type=float, default=None, metavar="SECONDS", help="git timeout (default 120)")
@@ -137,6 +145,7 @@ Manage plugins:
   plugin-llm plugins install SOURCE [--enable|--no-enable] [--ref SHA] [--force]
         SOURCE: owner/repo, a git URL (https://, ssh://, git@host:path, file://)[#subdir], or a directory
   plugin-llm plugins update NAME        git pull --ff-only (refuses pinned installs and local edits)
+  plugin-llm plugins consent NAME       review and grant the capabilities a plugin requests
   plugin-llm plugins remove NAME        delete the plugin directory and its install record
   plugin-llm plugins enable NAME        NAME: key (image_gen/openai), manifest name, or unique leaf (openai)
   plugin-llm plugins disable NAME
@@ -223,6 +232,11 @@ def _notes(p: dict[str, Any]) -> list[str]:
         notes.append(f"missing env: {', '.join(p['missing_env'])} (the plugin loads, but may not work)")
     if p["enable_hint"]:
         notes.append(f"enable: {p['enable_hint']}")
+    if p.get("note"):
+        notes.append(f"note: {p['note']}")
+    pending = [c for c in p.get("capabilities") or () if c not in (p.get("granted_capabilities") or ())]
+    if pending:
+        notes.append(f"capabilities not granted: {', '.join(pending)} (plugin-llm plugins consent {p['key']})")
     for warning in p.get("warnings") or ():
         notes.append(f"warning: {warning}")
     return notes
@@ -267,7 +281,13 @@ def _print_info(home: Path, p: dict[str, Any]) -> None:
         origin += f" (pinned to {install['ref']})"
     fields = [
         ("key", p["key"]), ("name", p["name"]), ("status", p["status"]), ("version", p["version"]),
-        ("description", p["description"]), ("author", p["author"]), ("kind", p["kind"]),
+        ("description", p["description"]), ("author", p["author"]),
+        ("kind", p["kind"] + (f" (declared: {p['declared_kind']})" if p.get("declared_kind")
+                              and p["declared_kind"] != p["kind"] else "")),
+        ("note", p.get("note")),
+        ("capabilities", ", ".join(p.get("capabilities") or ())),
+        ("granted", ", ".join(p.get("granted_capabilities") or ()) if p.get("capabilities") else None),
+        ("middleware", ", ".join(p.get("middleware") or ())),
         ("source", p["source"]), ("path", p["path"] or p["entry_point"]),
         ("installed from", origin), ("revision", install.get("revision")),
         ("installed at", install.get("installed_at")), ("updated at", install.get("updated_at")),
@@ -412,6 +432,8 @@ def _install(args: argparse.Namespace, home: Path) -> int:
                 edit_config(home, lambda doc: None, dry_run=True)
             except ConfigEditError as exc:
                 raise CliError(f"cannot enable {key}: {exc}; nothing was installed (fix config.yaml or use --no-enable)") from None
+        requested = tuple(staged.manifest.capabilities)  # consent last: non-interactive installs grant nothing
+        grant = _ask_consent(key, requested) if requested and interactive else False
         entry = inst.commit_staged(staged, force=args.force)
     except inst.InstallError as exc:
         raise CliError(printable(f"{exc}; nothing was installed", limit=2000)) from None
@@ -437,6 +459,8 @@ def _install(args: argparse.Namespace, home: Path) -> int:
     if still_missing:
         lines.append(f"Missing environment: {', '.join(still_missing)} — set them in the environment "
                      f"or in {home / '.env'}; the plugin loads, but may not work without them")
+    if requested:
+        lines.append(_record_consent(home, key, requested, grant))
     if enable:
         try:
             _set_enabled(home, key, enable=True, dry_run=False)
@@ -451,6 +475,83 @@ def _install(args: argparse.Namespace, home: Path) -> int:
     else:
         lines.append(f"Not enabled; enable it with: plugin-llm plugins enable {key}")
     _emit(args, _install_json(entry, target, enable, still_missing, saved), lines)
+    return 0
+
+
+def _ask_consent(key: str, capabilities: tuple[str, ...] | list[str]) -> bool:
+    """Show what ``key`` requests and ask (terminal only)."""
+    from plugin_llm.plugins.consent import describe
+
+    print(f"{printable(key, 200)} requests these capabilities:")
+    for capability in capabilities:
+        print(f"  {printable(capability, 100)}: {describe(capability)}")
+    return _ask_yes_no("Grant them?")
+
+
+def _record_consent(home: Path, key: str, capabilities: tuple[str, ...] | list[str], grant: bool,
+                    already: tuple[str, ...] = ()) -> str:
+    from plugin_llm.config_edit import ConfigEditError
+    from plugin_llm.plugins.consent import record_consent
+
+    shown = ", ".join(printable(c, 100) for c in capabilities)
+    if not grant:
+        return (f"Capabilities not granted: {shown} — review and grant them with: "
+                f"plugin-llm plugins consent {key}")
+    try:
+        record_consent(home, key, tuple(already) + tuple(capabilities))
+    except (ConfigEditError, OSError) as exc:
+        return f"warning: capabilities not granted: cannot edit config.yaml: {printable(str(exc), 500)}"
+    return f"Granted {shown} to {key} in {home / 'config.yaml'}"
+
+
+def _requested_capabilities(home: Path, key: str) -> tuple[str, ...] | None:
+    from plugin_llm.plugins import PluginManager
+
+    plugins = {p["key"]: p for p in PluginManager(home, audit_events=False).list_plugins()}
+    p = plugins.get(key)
+    return tuple(p.get("capabilities") or ()) if p is not None else None
+
+
+def _consent_after_update(args: argparse.Namespace, home: Path, key: str) -> list[str]:
+    """An update that requests more capabilities asks again; until then the new ones are not granted."""
+    from plugin_llm.plugins.consent import consent_state
+
+    requested = _requested_capabilities(home, key)
+    if not requested:
+        return []
+    state = consent_state(home, key, requested)
+    if not state.pending:
+        return []
+    already = tuple(c for c in state.granted if c in requested) if state.valid else ()
+    grant = not args.json and _interactive() and _ask_consent(key, state.pending)
+    return [_record_consent(home, key, state.pending, grant, already)]
+
+
+def _consent(args: argparse.Namespace, home: Path) -> int:
+    from plugin_llm.plugins import PluginManager
+    from plugin_llm.plugins.consent import consent_state, describe
+    from plugin_llm.plugins.install import InstallError, resolve_name
+
+    plugins = {p["key"]: p for p in PluginManager(home, audit_events=False).list_plugins()}
+    try:
+        key = resolve_name(args.name, {k: p["name"] for k, p in plugins.items()}, where=f" in {home}")
+    except InstallError as exc:
+        raise CliError(printable(str(exc), limit=2000)) from None
+    requested = tuple(plugins[key].get("capabilities") or ())
+    state = consent_state(home, key, requested)
+    lines = [f"{key}: requests {', '.join(requested) or 'no capabilities'}"]
+    for capability in requested:
+        mark = "granted" if capability in state.granted and state.valid else "not granted"
+        lines.append(f"  {capability}: {mark} — {describe(capability)}")
+    if not state.valid:
+        lines.append("  the recorded grant does not match its capabilities_sha256: it grants nothing")
+    if state.pending:
+        grant = args.yes or (not args.json and _interactive() and _ask_consent(key, state.pending))
+        already = tuple(c for c in state.granted if c in requested) if state.valid else ()
+        lines.append(_record_consent(home, key, state.pending, bool(grant), already))
+    after = consent_state(home, key, requested)
+    _emit(args, {"key": key, "requested": list(requested), "granted": list(after.granted if after.valid else ()),
+                 "pending": list(after.pending)}, lines)
     return 0
 
 
@@ -479,6 +580,7 @@ def _update(args: argparse.Namespace, home: Path) -> int:
     lines = [line]
     if result.created_files:
         lines.append(f"Created from *.example: {', '.join(result.created_files)}")
+    lines += _consent_after_update(args, home, result.key)
     _emit(args, {"key": result.key, "changed": result.changed, "old_revision": result.old_revision,
                  "new_revision": result.new_revision, "created_files": list(result.created_files)}, lines)
     return 0
@@ -712,6 +814,7 @@ def _save_menu(home: Path, model: Any) -> int:
 
 _ACTIONS: dict[str, Callable[[argparse.Namespace, Path], int]] = {
     "install": _install,
+    "consent": _consent,
     "update": _update,
     "remove": _remove,
     "enable": lambda args, home: _toggle(args, home, enable=True),

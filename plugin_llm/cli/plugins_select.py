@@ -48,7 +48,7 @@ DISABLED = ("plugins", "disabled")
 MEMORY_KEY = ("memory", "provider")
 CONTEXT_KEY = ("context", "engine")
 BUILTIN_CONTEXT = "compressor"
-_MEMORY_KINDS = frozenset({"memory", "memory_provider", "memory-provider"})
+_MEMORY_KINDS = frozenset({"memory", "memory_provider", "memory-provider", "exclusive"})
 _CONTEXT_KINDS = frozenset({"context_engine", "context-engine", "context"})
 
 
@@ -78,7 +78,7 @@ def known_plugins(home: Path) -> list[PluginRef]:
                 key=key,
                 name=manifest.name if manifest else cand.name,
                 source=cand.source,
-                kind=(manifest.kind if manifest else "") or "",
+                kind=((manifest.declared_kind or manifest.kind) if manifest else "") or "",
                 description=(manifest.description if manifest else "") or "",
                 requires_env=tuple(manifest.required_env_names) if manifest else (),
                 error=cand.error,

@@ -1,0 +1,99 @@
+"""Capability consent: what a plugin asks for (``capabilities:`` in plugin.yaml) and what the operator granted.
+
+A consent is recorded in ``config.yaml`` next to the plugin's other settings::
+
+    plugins:
+      entries:
+        image_gen/openai:
+          granted_capabilities: [llm.model_override]
+          capabilities_sha256: <consent_digest(key, granted)>
+
+The digest ties the list to the key it was consented for (a list copied to
+another plugin, or edited by hand, grants nothing — :mod:`plugin_llm.config`
+checks it and says so). ``plugins install`` on a terminal shows the requested
+capabilities and asks; a non-interactive install grants nothing. An update whose
+manifest requests more asks again for the new ones; until then only what was
+granted before stays granted. ``plugins consent KEY`` reviews and grants later.
+
+Behaviour Hermes does not document (it added consent after 0.19.0) is fail
+closed here: unknown capabilities can be granted but give nothing, a
+capability the current manifest no longer requests is not in effect
+(:meth:`PluginManager.granted_capabilities`), and no capability is ever granted
+without an explicit yes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from plugin_llm.trust import consent_digest
+
+__all__ = ["CAPABILITY_HELP", "ConsentState", "consent_state", "record_consent", "describe"]
+
+#: what each capability this host knows lets a plugin do
+CAPABILITY_HELP = {
+    "llm.model_override": "choose the model of its ctx.llm calls (as allow_model_override does)",
+    "llm.provider_override": "choose the provider of its ctx.llm calls (as allow_provider_override does)",
+    "llm.agent_id_override": "pass agent_id= to ctx.llm (as allow_agent_id_override does)",
+    "llm.profile_override": "pick the credential profile of its ctx.llm calls (as allow_profile_override does)",
+}
+
+
+def describe(capability: str) -> str:
+    return CAPABILITY_HELP.get(capability, "not known to this host: granting it has no effect here")
+
+
+@dataclass(frozen=True)
+class ConsentState:
+    """Requested vs granted for one plugin. ``valid`` is False when a recorded grant does not match its digest."""
+
+    key: str
+    requested: tuple[str, ...]
+    granted: tuple[str, ...]
+    valid: bool = True
+
+    @property
+    def pending(self) -> tuple[str, ...]:
+        """Requested and not granted (what a consent would add)."""
+        granted = set(self.granted) if self.valid else set()
+        return tuple(c for c in self.requested if c not in granted)
+
+
+def _entry(raw: Any, key: str) -> Any:
+    plugins = raw.get("plugins") if isinstance(raw, dict) else None
+    entries = plugins.get("entries") if isinstance(plugins, dict) else None
+    return entries.get(key) if isinstance(entries, dict) else None
+
+
+def consent_state(home: Path, key: str, requested: tuple[str, ...] | list[str]) -> ConsentState:
+    """What ``config.yaml`` grants plugin ``key`` (read through the host's config loader)."""
+    from plugin_llm.config import get_config_source
+
+    try:
+        raw = get_config_source(Path(home)).current().raw
+    except Exception:
+        raw = {}
+    entry = _entry(dict(raw or {}), key)
+    names = entry.get("granted_capabilities") if isinstance(entry, dict) else None
+    if not isinstance(names, list):
+        return ConsentState(key, tuple(requested), (), names is None)
+    granted = tuple(sorted({n.strip() for n in names if isinstance(n, str) and n.strip()}))
+    digest = entry.get("capabilities_sha256")
+    valid = isinstance(digest, str) and digest.strip() == consent_digest(key, granted)
+    return ConsentState(key, tuple(requested), granted, valid)
+
+
+def record_consent(home: Path, key: str, capabilities: tuple[str, ...] | list[str]) -> None:
+    """Write ``granted_capabilities`` and its digest for ``key`` (comments and the rest of config.yaml kept)."""
+    from plugin_llm.config_edit import edit_config, set_value
+
+    granted = sorted(set(capabilities))
+    digest = consent_digest(key, granted)
+
+    def mutate(doc: Any) -> None:
+        set_value(doc, ("plugins", "entries", key, "granted_capabilities"), list(granted))
+        set_value(doc, ("plugins", "entries", key, "capabilities_sha256"), digest)
+
+    edit_config(Path(home), mutate)

@@ -1,0 +1,281 @@
+"""Issue 15: the ctx surface of current Hermes, middleware, capability consent, old-key warnings."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from plugin_llm.cli import plugins_cmd
+from plugin_llm.cli.main import main
+from plugin_llm.config import get_config_source
+from plugin_llm.host import Session
+from plugin_llm.plugins import PluginManager
+
+from tests.conftest import write_config
+from tests.test_host_support import ScriptedLlm, reply
+
+
+def write_plugin(home: Path, rel: str, code: str, manifest: str | None = None) -> Path:
+    d = home / "plugins" / rel
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "plugin.yaml").write_text(manifest if manifest is not None else f"name: {rel.rsplit('/', 1)[-1]}\n",
+                                   encoding="utf-8")
+    (d / "__init__.py").write_text(textwrap.dedent(code), encoding="utf-8")
+    return d
+
+
+def load(home: Path) -> PluginManager:
+    manager = PluginManager(home)
+    manager.discover_plugins()
+    return manager
+
+
+def by_key(manager: PluginManager) -> dict[str, dict]:
+    return {p["key"]: p for p in manager.list_plugins()}
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+TOOL = """
+def register(ctx):
+    ctx.register_tool("echo", {"name": "echo", "parameters": {"type": "object"}}, lambda args: "echo:" + args.get("x", ""))
+"""
+
+
+# --------------------------------------------------------------------------- middleware
+
+
+def test_tool_execution_middleware_wraps_in_registration_order(hermes_home):
+    write_plugin(hermes_home, "tools", TOOL)
+    write_plugin(hermes_home, "a-outer", """
+        def mw(tool_name, args, next_call, **kw):
+            return "outer(" + next_call({**args, "x": args["x"] + "+outer"}) + ")"
+        def register(ctx):
+            ctx.register_middleware("tool_execution", mw)
+    """)
+    write_plugin(hermes_home, "b-inner", """
+        def mw(args, next_call, telemetry_schema_version, middleware_schema_version):
+            assert middleware_schema_version == "hermes.middleware.v1"
+            return "inner(" + next_call({**args, "x": args["x"] + "+inner"}) + ")"
+        def register(ctx):
+            ctx.register_middleware("tool_execution", mw)
+    """)
+    write_config(hermes_home, "plugins:\n  enabled: [tools, a-outer, b-inner]\n")  # loaded in key order
+    manager = load(hermes_home)
+    assert manager.dispatch_tool("echo", {"x": "a"}) == "outer(inner(echo:a+outer+inner))"
+    assert by_key(manager)["a-outer"]["middleware"] == ["tool_execution"]
+
+
+def test_a_failing_or_hanging_middleware_is_skipped_within_the_time_limit(hermes_home):
+    write_plugin(hermes_home, "tools", TOOL)
+    write_plugin(hermes_home, "broken", """
+        def mw(args, next_call, **kw):
+            raise RuntimeError("middleware bug")
+        def register(ctx):
+            ctx.register_middleware("tool_execution", mw)
+    """)
+    write_plugin(hermes_home, "slow", """
+        import time
+        def mw(args, next_call, **kw):
+            while True:
+                time.sleep(0.05)
+        def register(ctx):
+            ctx.register_middleware("tool_execution", mw)
+    """)
+    write_config(hermes_home, "plugins:\n  enabled: [tools, broken, slow]\n  hook_timeout: 1\n")
+    manager = load(hermes_home)
+    started = time.monotonic()
+    assert manager.dispatch_tool("echo", {"x": "a"}) == "echo:a"  # both skipped, the tool still runs
+    assert time.monotonic() - started < 10
+
+
+def test_the_middleware_time_limit_does_not_count_the_downstream_call(hermes_home):
+    write_plugin(hermes_home, "tools", """
+        import time
+        def slow(args):
+            time.sleep(1.5)
+            return "done"
+        def register(ctx):
+            ctx.register_tool("slow_tool", {"name": "slow_tool"}, slow)
+    """)
+    write_plugin(hermes_home, "wrap", """
+        def mw(args, next_call, **kw):
+            return "wrapped:" + next_call()
+        def register(ctx):
+            ctx.register_middleware("tool_execution", mw)
+    """)
+    write_config(hermes_home, "plugins:\n  enabled: [tools, wrap]\n  hook_timeout: 1\n")
+    assert load(hermes_home).dispatch_tool("slow_tool", {}) == "wrapped:done"
+
+
+def test_llm_execution_middleware_wraps_the_sessions_model_requests(hermes_home):
+    write_plugin(hermes_home, "llmwrap", """
+        SEEN = []
+        def mw(request, next_call, **kw):
+            SEEN.append(len(request["messages"]))
+            request = {**request, "messages": request["messages"] + [{"role": "user", "content": "MW-ADDED"}]}
+            return next_call(request)
+        def register(ctx):
+            ctx.register_middleware("llm_execution", mw)
+    """)
+    write_config(hermes_home, "plugins:\n  enabled: [llmwrap]\n")
+    manager = load(hermes_home)
+    llm = ScriptedLlm(reply("hi"))
+    with Session(manager, llm=llm) as session:
+        assert session.run_turn("hello").text == "hi"
+    assert llm.requests[0]["messages"][-1]["content"] == "MW-ADDED"
+
+
+def test_api_request_error_fires_when_a_model_request_fails(hermes_home):
+    write_plugin(hermes_home, "watch", """
+        import json, os
+        def on_error(error, reason, **kw):
+            with open(os.environ["HERMES_HOME"] + "/errors.jsonl", "a") as fh:
+                fh.write(json.dumps({"error": error, "reason": reason}) + "\\n")
+        def register(ctx):
+            ctx.register_hook("api_request_error", on_error)
+    """)
+    write_config(hermes_home, "plugins:\n  enabled: [watch]\n")
+
+    def boom(messages, tools):
+        raise ConnectionError("provider down")
+
+    with Session(load(hermes_home), llm=ScriptedLlm(boom)) as session:
+        with pytest.raises(ConnectionError):
+            session.run_turn("hello")
+    recorded = json.loads((hermes_home / "errors.jsonl").read_text().splitlines()[0])
+    assert recorded == {"error": {"type": "ConnectionError", "message": "ConnectionError: provider down"},
+                        "reason": "ConnectionError"}
+
+
+# --------------------------------------------------------------------------- other ctx methods
+
+
+OVERRIDE = """
+def register(ctx):
+    ctx.register_tool("echo", {"name": "echo"}, lambda args: "replaced", override=True)
+"""
+
+
+def test_register_tool_override_needs_the_operators_allow_tool_override(hermes_home):
+    write_plugin(hermes_home, "tools", TOOL)
+    write_plugin(hermes_home, "zover", OVERRIDE)
+    write_config(hermes_home, "plugins:\n  enabled: [tools, zover]\n")
+    manager = load(hermes_home)
+    assert manager.dispatch_tool("echo", {"x": "a"}) == "echo:a"
+    warning = by_key(manager)["zover"]["warnings"][0]
+    assert "override=True refused" in warning and "plugins.entries.zover.allow_tool_override: true" in warning
+    write_config(hermes_home, "plugins:\n  enabled: [tools, zover]\n  entries:\n    zover:\n"
+                              "      allow_tool_override: true\n")
+    manager.discover_plugins(force=True)
+    assert manager.dispatch_tool("echo", {"x": "a"}) == "replaced"
+    assert manager.tools["echo"].plugin_key == "zover"
+
+
+def test_cli_command_description_profile_name_and_lazy_module_helpers(hermes_home, monkeypatch):
+    write_plugin(hermes_home, "cli", """
+        def register(ctx):
+            ctx.register_cli_command("honk", "make noise", lambda p: None, description="Honks loudly")
+            ctx.register_command("profile", lambda raw: ctx.profile_name)
+    """)
+    write_config(hermes_home, "plugins:\n  enabled: [cli]\n")
+    (hermes_home / "auth.json").write_text(json.dumps({"default_profile": "work", "profiles": {"work": {}}}))
+    (hermes_home / "auth.json").chmod(0o600)
+    import plugin_llm.plugins as plugins
+
+    monkeypatch.setattr(plugins, "_MANAGERS", {})
+    assert "profile" in plugins.get_plugin_commands()  # discovered on first use, like Hermes
+    assert plugins.get_plugin_command_handler("profile")("") == "work"
+    manager = plugins.get_plugin_manager()
+    assert manager.cli_commands["honk"].description == "Honks loudly"
+
+
+# --------------------------------------------------------------------------- capability consent
+
+
+def make_source(tmp_path: Path, capabilities: list[str]) -> Path:
+    src = tmp_path / "src" / "capper"
+    src.mkdir(parents=True, exist_ok=True)
+    (src / "plugin.yaml").write_text(f"name: capper\nversion: '1'\ncapabilities: {json.dumps(capabilities)}\n")
+    (src / "__init__.py").write_text(
+        "def register(ctx):\n    ctx.register_command('caps', lambda raw: ','.join(\n"
+        "        c for c in ('llm.model_override', 'llm.provider_override') if ctx.has_capability(c)))\n")
+    return src
+
+
+def policy(home: Path, key: str = "capper"):
+    return get_config_source(home).current().trust_for(key)
+
+
+def test_a_non_interactive_install_grants_nothing_and_consent_grants(hermes_home, tmp_path, capsys):
+    src = make_source(tmp_path, ["llm.model_override"])
+    code, out, err = run(capsys, "plugins", "install", str(src), "--enable")
+    assert code == 0, err
+    assert "Capabilities not granted: llm.model_override" in out and "plugins consent capper" in out
+    assert policy(hermes_home).grants("model") is None
+    assert load(hermes_home).run_command("caps") == ""
+    code, out, err = run(capsys, "plugins", "consent", "capper", "--yes")
+    assert code == 0, err and "Granted llm.model_override" in out
+    assert policy(hermes_home).grants("model") == "capability llm.model_override"
+    assert policy(hermes_home).grants("provider") is None
+    assert load(hermes_home).run_command("caps") == "llm.model_override"
+    code, out, _ = run(capsys, "trust", "explain", "capper", "--model", "gpt-4o")
+    assert "allowed by the granted capability llm.model_override" in out
+
+
+def test_install_on_a_terminal_shows_the_capabilities_and_asks(hermes_home, tmp_path, capsys, monkeypatch):
+    src = make_source(tmp_path, ["llm.model_override"])
+    monkeypatch.setattr(plugins_cmd, "_interactive", lambda: True)
+    answers = iter(["n", "y"])  # enable? / grant?
+    monkeypatch.setattr("builtins.input", lambda prompt: next(answers))
+    code, out, err = run(capsys, "plugins", "install", str(src))
+    assert code == 0, err
+    assert "capper requests these capabilities:" in out and "choose the model of its ctx.llm calls" in out
+    assert "Granted llm.model_override to capper" in out
+    assert policy(hermes_home).grants("model") == "capability llm.model_override"
+
+
+def test_an_update_requesting_more_needs_consent_again(hermes_home, tmp_path, capsys):
+    src = make_source(tmp_path, ["llm.model_override"])
+    assert run(capsys, "plugins", "install", str(src), "--enable")[0] == 0
+    assert run(capsys, "plugins", "consent", "capper", "--yes")[0] == 0
+    make_source(tmp_path, ["llm.model_override", "llm.provider_override"])
+    code, out, err = run(capsys, "plugins", "update", "capper")
+    assert code == 0, err
+    assert "Capabilities not granted: llm.provider_override" in out
+    assert policy(hermes_home).grants("model") == "capability llm.model_override"  # kept
+    assert policy(hermes_home).grants("provider") is None  # new: not granted until consent
+    assert load(hermes_home).run_command("caps") == "llm.model_override"
+
+
+def test_a_hand_edited_grant_grants_nothing(hermes_home):
+    write_plugin(hermes_home, "capper", "def register(ctx): pass\n",
+                 "name: capper\ncapabilities: [llm.model_override]\n")
+    write_config(hermes_home, "plugins:\n  enabled: [capper]\n  entries:\n    capper:\n"
+                              "      granted_capabilities: [llm.model_override]\n      capabilities_sha256: forged\n")
+    config = get_config_source(hermes_home).current()
+    assert config.trust_for("capper").grants("model") is None
+    assert any("does not match" in w and "plugins consent capper" in w for w in config.warnings)
+
+
+# --------------------------------------------------------------------------- keys named the old way
+
+
+def test_trust_check_says_did_you_mean_for_an_old_manifest_name_key(hermes_home, capsys):
+    write_plugin(hermes_home, "browser/browser_use", "def register(ctx): pass\n", "name: browser-browser-use\n")
+    write_config(hermes_home, "plugins:\n  enabled: [browser/browser-browser-use]\n  entries:\n"
+                              "    browser/browser-browser-use:\n      llm:\n        allow_model_override: true\n")
+    code, out, err = run(capsys, "trust", "check")
+    text = out + err
+    assert code != 0
+    assert "old manifest-name key of 'browser/browser_use' (did you mean 'browser/browser_use'?)" in text
+    assert get_config_source(hermes_home).current().trust_for("browser/browser_use").allow_model_override is False
+    assert by_key(load(hermes_home))["browser/browser_use"]["status"] == "not enabled"
