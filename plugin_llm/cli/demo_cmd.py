@@ -56,8 +56,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def find_examples(explicit: str | None = None) -> Path:
-    """The ``config_examples`` directory: ``--examples``, else the one beside the package."""
+    """The ``config_examples`` directory: ``--examples``, else the copy shipped in the package
+    (``plugin_llm/examples``), else the checkout's."""
     candidates = [Path(explicit).expanduser()] if explicit else [
+        Path(__file__).resolve().parents[1] / "examples",  # package data: a wheel install (a link in a checkout)
         Path(__file__).resolve().parents[2] / "config_examples",
         Path.cwd() / "config_examples",
     ]
