@@ -228,7 +228,7 @@ def run_job_idle() -> float:
 # -- 4. signed checkpoints ------------------------------------------------------------------
 
 
-def section_checkpoints(tmp: Path, n_write: int, big: int, small: int, rounds: int = 6) -> None:
+def section_checkpoints(tmp: Path, n_write: int, big: int, small: int, rounds: int = 10) -> None:
     from audit import AuditLog, AuditSettings
     from audit.signing import generate_key
 
@@ -245,16 +245,18 @@ def section_checkpoints(tmp: Path, n_write: int, big: int, small: int, rounds: i
                 log.write(rec)
             results[name].append((time.perf_counter() - t0, time.process_time() - c0))
             log.close()
-    wall = {k: statistics.median(w for w, _ in v) for k, v in results.items()}
-    cpu = {k: statistics.median(c for _, c in v) for k, v in results.items()}
-    print(f"\n== checkpoints: writer, {n_write:,} records x {rounds} interleaved rounds (medians), "
+    print(f"\n== checkpoints: writer, {n_write:,} records x {rounds} interleaved rounds, "
           f"a signed checkpoint every 1,000 records ==")
-    for k in ("off", "on"):
-        print(f"  checkpoints {k:<3}  {n_write / wall[k]:>10,.0f} rec/s wall  {wall[k] / n_write * 1e6:6.2f} µs/rec   "
-              f"cpu {cpu[k] / n_write * 1e6:6.2f} µs/rec")
-    cost_wall = (wall["on"] - wall["off"]) / wall["off"] * 100
-    cost_cpu = (cpu["on"] - cpu["off"]) / cpu["off"] * 100
-    print(f"  cost of checkpoints: {cost_wall:+.1f}% wall, {cost_cpu:+.1f}% cpu (target < 5%)")
+    for stat_name, pick in (("median", statistics.median), ("best", min)):
+        wall = {k: pick(w for w, _ in v) for k, v in results.items()}
+        cpu = {k: pick(c for _, c in v) for k, v in results.items()}
+        for k in ("off", "on"):
+            print(f"  {stat_name:<6} checkpoints {k:<3}  {n_write / wall[k]:>10,.0f} rec/s wall  "
+                  f"{wall[k] / n_write * 1e6:6.2f} µs/rec   cpu {cpu[k] / n_write * 1e6:6.2f} µs/rec")
+        cost_wall = (wall["on"] - wall["off"]) / wall["off"] * 100
+        cost_cpu = (cpu["on"] - cpu["off"]) / cpu["off"] * 100
+        print(f"  {stat_name:<6} cost of checkpoints: {cost_wall:+.1f}% wall, {cost_cpu:+.1f}% cpu (target < 5%)")
+    print("  (the machine is shared: 'best' is the least disturbed round of each)")
 
     pub = tmp / "bench.pub"
     pub.write_text(signer.verifier.text() + "\n")
