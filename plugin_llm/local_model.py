@@ -1018,6 +1018,11 @@ def _sha(data: Any) -> str:
     return hashlib.sha256(raw.encode("utf-8")).hexdigest()
 
 
+#: Installed by :mod:`plugin_llm.testing` (``replies=``): ``script(messages) -> str | None``; a str is
+#: the reply's text (no rule below applies), None falls through to the rules. Empty in normal use.
+_SCRIPT: list[Any] = []
+
+
 def generate(
     messages: list[dict],
     *,
@@ -1070,7 +1075,8 @@ def generate(
 
     content: str | None = None
     tool_calls: list[dict] | None = None
-    specs = _tool_specs(tools)
+    scripted = _SCRIPT[-1](msgs) if _SCRIPT else None  # plugin_llm.testing: replies an author scripted
+    specs = _tool_specs(tools) if scripted is None else {}
     last_role = msgs[-1].get("role") if msgs else None
     if specs and last_role == "user" and tool_choice != "none":
         forced, required = _forced_tool(tool_choice, specs)
@@ -1095,7 +1101,9 @@ def generate(
     if tool_calls is None:
         rf_type = response_format.get("type") if isinstance(response_format, dict) else (
             "json_schema" if hasattr(response_format, "model_json_schema") else None)
-        if rf_type == "json_schema":
+        if scripted is not None:
+            content = scripted
+        elif rf_type == "json_schema":
             schema = _schema_of(response_format)
             content = json.dumps(_Instance(schema, facts).value(schema, []), ensure_ascii=False)
         elif rf_type == "json_object":

@@ -95,6 +95,14 @@ def register(subparsers: Any) -> None:
     remove.add_argument("--keep-config", action="store_true",
                         help="keep its plugins.enabled entry and plugins.entries.<key> (trust grants) in config.yaml")
 
+    new = actions.add_parser("new", parents=[again], help="create a working plugin to start from (with a test)",
+                             description="Create DIR/NAME/: plugin.yaml, __init__.py (register(ctx) with a command "
+                             "that calls ctx.llm), tests/ (passes as generated, offline) and a README.")
+    new.add_argument("name", metavar="NAME", help="plugin name (also its command: /NAME)")
+    new.add_argument("--kind", default="command", choices=("command", "tool", "hook"),
+                     help="command (default); tool: also a tool for the model; hook: also a pre_llm_call hook")
+    new.add_argument("--dir", default=".", metavar="DIR", help="where to create NAME/ (default: the current directory)")
+
     for verb, text in (("enable", "add a plugin to plugins.enabled (and out of plugins.disabled)"),
                        ("disable", "add a plugin to plugins.disabled (and out of plugins.enabled)")):
         sub = actions.add_parser(verb, parents=[again], help=text, description=text[0].upper() + text[1:] + ".")
@@ -673,6 +681,23 @@ def _is_link(home: Path, key: str) -> bool:
     return bool(record) and record.get("kind") == "link"
 
 
+def _new(args: argparse.Namespace) -> int:
+    from plugin_llm.plugins.scaffold import ScaffoldError, scaffold_plugin
+
+    try:
+        path = scaffold_plugin(args.name, Path(args.dir).expanduser(), kind=args.kind)
+    except ScaffoldError as exc:
+        raise CliError(printable(str(exc), limit=2000)) from None
+    except OSError as exc:
+        raise CliError(printable(f"cannot create {args.name} in {args.dir}: {_os_error(exc)}", limit=2000)) from None
+    files = sorted(str(p.relative_to(path)) for p in path.rglob("*") if p.is_file())
+    lines = [f"Created {path}: {', '.join(files)}",
+             f"Test it:     python -m pytest {path / 'tests'}",
+             f"Try it:      plugin-llm plugins install --link {path} --enable && plugin-llm run {args.name} 'some text'"]
+    _emit(args, {"path": str(path), "files": files, "kind": args.kind}, lines)
+    return 0
+
+
 def _not_removable_hint(name: str, refs: list[Any]) -> str:
     for ref in refs:
         if name in (ref.key, ref.name) and ref.source != "user":
@@ -817,6 +842,7 @@ _ACTIONS: dict[str, Callable[[argparse.Namespace, Path], int]] = {
     "consent": _consent,
     "update": _update,
     "remove": _remove,
+    "new": lambda args, home: _new(args),
     "enable": lambda args, home: _toggle(args, home, enable=True),
     "disable": lambda args, home: _toggle(args, home, enable=False),
 }

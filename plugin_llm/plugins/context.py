@@ -40,6 +40,8 @@ from .registry import (
 )
 
 if TYPE_CHECKING:  # pragma: no cover
+    from plugin_llm.llm import PluginLlm
+
     from .manager import PluginManager
 
 __all__ = ["PluginContext"]
@@ -87,7 +89,7 @@ class PluginContext:
         return self._manifest
 
     @property
-    def llm(self) -> Any:
+    def llm(self) -> "PluginLlm":
         """``PluginLlm`` bound to this plugin's key (created on first use)."""
         if self._llm is None:
             from plugin_llm.llm import PluginLlm

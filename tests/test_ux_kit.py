@@ -1,0 +1,89 @@
+"""Issue 13 item 3: the author kit — `plugins new` scaffolds a plugin whose test passes as
+generated, plugin_llm.testing (a real ctx on a temporary home, scripted replies), py.typed."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import typing
+from pathlib import Path
+
+import pytest
+
+from tests.test_ux_cli import ROOT, cli
+
+
+@pytest.mark.parametrize("kind", ["command", "tool"])
+def test_scaffolded_plugin_passes_its_own_test_and_runs(hermes_home: Path, tmp_path: Path, kind: str):
+    work = tmp_path / "work"
+    work.mkdir()
+    made = cli(hermes_home, "plugins", "new", "summ", "--kind", kind, "--dir", str(work))
+    assert made.returncode == 0, made.stderr
+    plugin = work / "summ"
+    assert {"plugin.yaml", "__init__.py", "README.md"} <= {p.name for p in plugin.iterdir()}
+    assert "ctx.llm.complete" in (plugin / "__init__.py").read_text()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HOME": str(tmp_path / "user-home")}
+    env.pop("HERMES_HOME", None)  # the generated test makes its own home
+    tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(plugin / "tests")],
+                           cwd=str(work), env=env, capture_output=True, text=True, timeout=180)
+    assert tests.returncode == 0, tests.stdout[-3000:] + tests.stderr[-2000:]
+    assert ("3 passed" if kind == "tool" else "2 passed") in tests.stdout
+    # and it works as installed for development
+    assert cli(hermes_home, "plugins", "install", "--link", str(plugin), "--enable").returncode == 0
+    run = cli(hermes_home, "run", "summ", "First sentence here. Second one.")
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip()
+    assert cli(hermes_home, "plugins", "new", "summ", "--dir", str(work)).returncode == 2  # never overwrites
+
+
+def test_scaffold_rejects_bad_names(hermes_home: Path, tmp_path: Path):
+    for name in ("help", "../x", "a b"):
+        out = cli(hermes_home, "plugins", "new", name, "--dir", str(tmp_path))
+        assert out.returncode == 2 and "Traceback" not in out.stderr, (name, out.stderr)
+
+
+def _plugin(where: Path, body: str) -> Path:
+    where.mkdir(parents=True)
+    (where / "plugin.yaml").write_text(f"name: {where.name}\nversion: 0.1.0\n")
+    (where / "__init__.py").write_text(body)
+    return where
+
+
+def test_testing_harness_scripts_replies_and_gives_a_real_ctx(tmp_path: Path):
+    from plugin_llm.testing import load_plugin
+
+    plugin_dir = _plugin(tmp_path / "echoer", (
+        "def register(ctx):\n"
+        "    ctx.register_command('ask', lambda raw: ctx.llm.complete([{'role': 'user', 'content': raw}]).text)\n"))
+    before = os.environ.get("HERMES_HOME")
+    with load_plugin(plugin_dir, replies=["first", "second"]) as plugin:
+        assert os.environ["HERMES_HOME"] == str(plugin.home)
+        assert plugin.run_command("ask", "a") == "first"
+        assert plugin.ctx.llm.complete([{"role": "user", "content": "b"}]).text == "second"
+        assert plugin.run_command("ask", "c").startswith("Local model reply to")  # script used up: the rules
+        assert [c["plugin_id"] for c in plugin.calls()] == ["echoer"] * 3
+        home = plugin.home
+    assert os.environ.get("HERMES_HOME") == before and not home.exists()
+    with load_plugin(plugin_dir, replies=lambda messages: messages[-1]["content"].upper()) as plugin:
+        assert plugin.run_command("ask", "shout") == "SHOUT"
+
+
+def test_testing_harness_reports_a_load_failure_with_the_plugin_frames(tmp_path: Path):
+    from plugin_llm.testing import PluginLoadError, load_plugin
+
+    plugin_dir = _plugin(tmp_path / "broken", "def register(ctx):\n    raise ValueError('bad setup')\n")
+    with pytest.raises(PluginLoadError) as info:
+        with load_plugin(plugin_dir):
+            pass
+    assert "bad setup" in str(info.value) and "__init__.py:2 in register" in str(info.value)
+
+
+def test_package_is_typed_and_ctx_llm_is_annotated():
+    import plugin_llm
+    from plugin_llm.llm import PluginLlm
+    from plugin_llm.plugins.context import PluginContext
+
+    assert (Path(plugin_llm.__file__).parent / "py.typed").is_file()
+    hints = typing.get_type_hints(PluginContext.llm.fget, globalns={"PluginLlm": PluginLlm})
+    assert hints["return"] is PluginLlm
