@@ -61,6 +61,7 @@ MAX_LINES = 64
 MAX_BLOCK = 64 * 1024
 _SEQ = re.compile(r"0|[1-9][0-9]{0,18}")
 _HEX64 = re.compile(r"[0-9a-f]{64}")
+_SIG_PREFIX_B = SIG_PREFIX.encode("utf-8")
 _MAX_PENDING = 16  # unreadable blocks held while waiting for a checkpoint that names them torn
 
 
@@ -94,6 +95,7 @@ class Block:
     checkpoint: Checkpoint | None
     error: str | None
     complete: bool  #: ended with its blank line (False: the file ends inside it)
+    plausible: bool = False  #: incomplete, and what is there could be the start of a checkpoint (a crash)
 
 
 def render(origin: str, seq: int, head_hex: str, extensions: Sequence[str], signers: Sequence[Signer]) -> bytes:
@@ -165,6 +167,45 @@ def _parse(text_lines: list[bytes], sig_lines: list[bytes]) -> Checkpoint:
     return Checkpoint(origin, int(seq_text), head.hex(), time, reason, pruned, torn, new_key, text, tuple(sigs))
 
 
+_EXT_WORDS = ("time", "reason", "pruned", "torn", "key")
+_B64 = re.compile(rb"[A-Za-z0-9+/]*={0,2}")
+
+
+def _plausible_line(position: int, line: bytes, whole: bool) -> bool:
+    """Could ``line`` (``whole``: or a prefix of it) be the writer's line at this 1-based text position?"""
+    if position == 1:
+        return bool(line) and not any(c <= 32 or c == 127 for c in line) if whole else not any(c <= 32 for c in line)
+    if position == 2:
+        return (bool(line) or not whole) and line.isdigit() or (not whole and not line)
+    if position == 3:
+        return _B64.fullmatch(line) is not None and (not whole or len(line) == 44)
+    word, space, _ = line.partition(b" ")
+    if whole or space:
+        return word.decode("ascii", "replace") in _EXT_WORDS and bool(space)
+    return any(w.startswith(word.decode("ascii", "replace")) for w in _EXT_WORDS)
+
+
+def _plausible_prefix(text_lines: list[bytes], sig_lines: list[bytes], phase: str, partial: bytes) -> bool:
+    """Is an incomplete block what a crash part-way through appending a checkpoint leaves?
+
+    Anything else (a line no writer writes) is damage, not a tear: it must not pass as one.
+    """
+    if len(text_lines) + len(sig_lines) > MAX_LINES:
+        return False
+    for position, line in enumerate(text_lines, 1):
+        if not _plausible_line(position, line, True):
+            return False
+    prefix = _SIG_PREFIX_B
+    for line in sig_lines:
+        if not line.startswith(prefix) or line.count(b" ") != 2:
+            return False
+    if not partial:
+        return True
+    if phase == "text":
+        return _plausible_line(len(text_lines) + 1, partial, False)
+    return prefix.startswith(partial) or (partial.startswith(prefix) and partial.count(b" ") <= 2)
+
+
 def iter_blocks(f: BinaryIO, size: int) -> Iterator[Block]:
     """The blocks of a checkpoints file up to ``size``, bounded: lines of at most
     :data:`MAX_LINE` bytes, blocks of at most :data:`MAX_LINES` lines."""
@@ -187,11 +228,13 @@ def iter_blocks(f: BinaryIO, size: int) -> Iterator[Block]:
         phase = "text"
         error: str | None = None
         complete = False
+        partial = b""
         while True:
             offset += len(raw)
             if not raw.endswith(b"\n"):
                 if offset >= size:
                     error = error or "incomplete (the file ends inside it)"
+                    partial = raw
                     break
                 error = error or f"a line longer than {MAX_LINE} bytes"
                 while offset < size:  # read past the rest of it, holding nothing
@@ -234,12 +277,15 @@ def iter_blocks(f: BinaryIO, size: int) -> Iterator[Block]:
                 raw = raw[: size - offset]
             number += 1
         checkpoint = None
-        if error is None:
-            try:
+        whole_but_the_end = not complete and phase == "sigs" and sig_lines and not partial and offset >= size
+        if error is None or (whole_but_the_end and len(text_lines) + len(sig_lines) <= MAX_LINES):
+            try:  # a block missing only its closing blank line is still a whole signed note
                 checkpoint = _parse(text_lines, sig_lines)
+                error = None
             except ValueError as exc:
                 error = str(exc)
-        yield Block(first_line, start, offset - start, checkpoint, error, complete)
+        plausible = not complete and _plausible_prefix(text_lines, sig_lines, phase, partial)
+        yield Block(first_line, start, offset - start, checkpoint, error, complete, plausible)
 
 
 # -- checking -----------------------------------------------------------------------------
@@ -371,6 +417,10 @@ def check_checkpoints(
                     for bad in pending:
                         problem(bad.line, *reasons.get(bad.offset, ("checkpoint_bad", f"not a checkpoint: {bad.error}")))
                 pending = []
+            if not block.complete:
+                report.warnings.append((block.line, "checkpoint_torn", (
+                    "the last checkpoint lacks its closing blank line (a crash right after writing it); "
+                    "it is whole and signed, so it counts")))
             if report.origin is None:
                 report.origin = cp.origin
             elif cp.origin != report.origin:
@@ -406,7 +456,7 @@ def check_checkpoints(
         if file is None:
             f.close()
     for bad in pending:
-        if bad is pending[-1] and not bad.complete:
+        if bad is pending[-1] and not bad.complete and bad.plausible:
             report.warnings.append((bad.line, "checkpoint_torn", (
                 f"the last checkpoint is incomplete ({bad.error}): a crash while writing it; "
                 f"the next writer recovers it")))

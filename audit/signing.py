@@ -301,7 +301,7 @@ def _register(text: str) -> None:
     except ImportError:  # pragma: no cover
         return
     register_secret(text.strip())
-    encoded = text.strip().rsplit("+", 1)[-1]
+    encoded = text.strip().split("+", 4)[-1]
     register_secret(encoded)
 
 

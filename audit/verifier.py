@@ -503,9 +503,10 @@ def _checkpoint_verdicts(
     if not cps.checked:
         return summary
     if cps.last is None:
-        if prev is not None and cps.blocks == 0:
+        if prev is not None and not cps.problems:  # else those findings say why none is valid
             report(VerifyProblem(where, 0, "checkpoint_missing", (
-                f"the log has {prev.seq} records but no signed checkpoint (the checkpoints were emptied)")))
+                f"the log has {prev.seq} records but {cp_path.name} holds no valid signed checkpoint "
+                f"(emptied, replaced or damaged; a log signed from its first `audit keygen` on always has one)")))
         return summary
     seq, digest, line, time = cps.last
     summary.last_seq, summary.last_time = seq, time

@@ -84,7 +84,7 @@ def test_keygen_writes_a_private_key_0600_and_prints_the_public_key(hermes_home,
     assert stat.S_IMODE(key.parent.stat().st_mode) == 0o700
     signer = load_signer(key)
     assert signer.verifier.text() in out and "PRIVATE" not in out
-    secret = key.read_text().strip().rsplit("+", 1)[1]
+    secret = key.read_text().strip().split("+", 4)[4]
     assert secret not in repr(signer) and secret not in out
     code, out, _ = cli(capsys, "audit", "pubkey")
     assert code == 0 and out.strip() == signer.verifier.text()
@@ -103,9 +103,9 @@ def test_the_private_key_is_redacted_and_never_in_the_log(hermes_home):
     path = write(hermes_home, 3)
     log = AuditLog(path, AuditSettings(checkpoint_every=EVERY))
     assert log.signer is not None and secret not in repr(log.signer)
-    assert secret.rsplit("+", 1)[1] not in redact(f"leaked {secret}")
+    assert secret.split("+", 4)[4] not in redact(f"leaked {secret}")
     for name in ("agent.log", "agent.log.checkpoints"):
-        assert secret.rsplit("+", 1)[1] not in (path.parent / name).read_text()
+        assert secret.split("+", 4)[4] not in (path.parent / name).read_text()
 
 
 def test_a_key_readable_by_others_is_refused_with_the_fix(hermes_home, capsys):
@@ -554,3 +554,46 @@ def test_audit_checkpoint_covers_a_running_writers_tail(hermes_home, signed, cap
     key_file(hermes_home).unlink()
     code, _, err = cli(capsys, "audit", "checkpoint")
     assert code == 2 and "audit keygen" in err
+
+
+# -- random damage is always a finding, never a crash ----------------------------------------
+
+
+@pytest.mark.parametrize("target", ["agent.log", "agent.log.checkpoints"])
+def test_any_single_byte_change_is_found(signed, target):
+    import random
+
+    path, pubkeys = signed
+    victim = path.parent / target
+    original = victim.read_bytes()
+    rng = random.Random(12)
+    for _ in range(150):
+        data = bytearray(original)
+        pos = rng.randrange(len(data) - 1)  # the final newline: its loss is a tear, seen as one (a warning)
+        data[pos] = rng.choice([b for b in range(256) if b != data[pos]])
+        victim.write_bytes(bytes(data))
+        result = verify(path, pubkeys=pubkeys)
+        assert not result.ok, (target, pos, bytes(data[max(0, pos - 20):pos + 20]))
+    victim.write_bytes(original)
+    assert verify(path, pubkeys=pubkeys).ok
+
+
+def test_random_garbage_as_checkpoints_is_a_verdict(signed):
+    import random
+
+    path, pubkeys = signed
+    rng = random.Random(7)
+    cp = checkpoints_path(path)
+    for size in (1, 100, 5000, 200_000):
+        cp.write_bytes(bytes(rng.randrange(256) for _ in range(size)))
+        result = verify(path, pubkeys=pubkeys)
+        assert not result.ok and len(result.problems) <= 1000
+
+
+def test_a_last_checkpoint_missing_only_its_closing_blank_line_still_counts(signed):
+    path, pubkeys = signed
+    cp = checkpoints_path(path)
+    cp.write_bytes(cp.read_bytes()[:-1])
+    result = verify(path, pubkeys=pubkeys)
+    assert result.ok and result.checkpoints.covered_seq == 35
+    assert [w.kind for w in result.warnings] == ["checkpoint_torn"]
