@@ -68,6 +68,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("plugin_llm.cli.demo_cmd", "run the example plugins end to end on the configured route"),
     "try": ("plugin_llm.cli.try_cmd", "make one call as a plugin through the trust gate"),
     "serve-local": ("plugin_llm.cli.serve_local_cmd", "serve the embedded local model over OpenAI-compatible HTTP"),
+    "serve": ("plugin_llm.cli.serve_cmd", "serve the gateway over HTTP to plugins holding a token"),
+    "tokens": ("plugin_llm.cli.tokens_cmd", "create, list and revoke per-plugin tokens for plugin-llm serve"),
     "plugins": ("plugin_llm.cli.plugins_cmd", "list and manage plugins"),
     "run": ("plugin_llm.cli.run_cmd", "run one plugin slash command"),
     "chat": ("plugin_llm.cli.chat_cmd", "interactive session with the configured model and plugins"),

@@ -1,0 +1,123 @@
+"""``plugin-llm tokens create|list|revoke``: per-plugin tokens for ``plugin-llm serve``.
+
+``create PLUGIN`` prints a new token once (``plg_...``); the home keeps only
+its SHA-256 with the plugin key, creation time, expiry and an id
+(``<home>/service/tokens.db``, mode 0600). Whoever holds the token calls the
+gateway as that plugin: its trust policy, its limits, its audit lines.
+``list`` shows ids, plugins, times and status (never a token); ``revoke ID``
+refuses the token within a second on every worker and replica sharing the file.
+Creation and revocation are written to the audit log (without the token).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+from plugin_llm.cli._common import add_home_argument, dumps_json, home_from, printable
+from plugin_llm.cli.main import CliError
+
+__all__ = ["register"]
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("tokens", help="create, list and revoke per-plugin tokens for plugin-llm serve",
+                              description=__doc__.split("\n\n")[1])
+    sub = p.add_subparsers(dest="tokens_command", metavar="{create,list,revoke}")
+    create = sub.add_parser("create", help="a new token for a plugin, printed once")
+    create.add_argument("plugin", help="the plugin key the token calls as (e.g. my-plugin, image_gen/openai)")
+    create.add_argument("--expires", metavar="DURATION", default=None,
+                        help="lifetime such as 30d, 12h, 90m or 2w (default: until revoked)")
+    create.add_argument("--json", action="store_true", help="machine-readable output (includes the token, once)")
+    add_home_argument(create)
+    create.set_defaults(func=run_create)
+    listing = sub.add_parser("list", help="every token's id, plugin, times and status (never the token)")
+    listing.add_argument("--json", action="store_true", help="machine-readable output")
+    add_home_argument(listing)
+    listing.set_defaults(func=run_list)
+    revoke = sub.add_parser("revoke", help="revoke a token by its id (see tokens list)")
+    revoke.add_argument("id", help="the token id, tok_...")
+    add_home_argument(revoke)
+    revoke.set_defaults(func=run_revoke)
+
+
+def _store(args: argparse.Namespace):
+    from plugin_llm.service.tokens import TokenStore
+
+    home = home_from(args)
+    if home.exists() and not home.is_dir():
+        raise CliError(f"--home {home} is not a directory")
+    return home, TokenStore(home)
+
+
+def _when(value: Any) -> str:
+    if value is None:
+        return "-"
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(value))
+
+
+def _audit(home, event: str, **fields: Any) -> None:
+    from plugin_llm.auditing import write_event
+
+    write_event(home, event, **fields)
+
+
+def run_create(args: argparse.Namespace) -> int:
+    from plugin_llm.service.tokens import TokenError, parse_duration
+
+    home, store = _store(args)
+    try:
+        expires_in = parse_duration(args.expires) if args.expires is not None else None
+        info, token = store.create(args.plugin, expires_in=expires_in)
+    except TokenError as exc:
+        raise CliError(str(exc)) from None
+    finally:
+        store.close()
+    _audit(home, "service.token_created", token_id=info.id, plugin_id=info.plugin, expires=info.expires)
+    if args.json:
+        print(dumps_json({**info.as_dict(), "token": token}))
+    else:
+        print(token)
+        print(f"token {info.id} for plugin {printable(info.plugin)}, expires {_when(info.expires)}; "
+              "shown once: store it where the plugin reads it (e.g. an environment variable)", file=__import__("sys").stderr)
+    return 0
+
+
+def run_list(args: argparse.Namespace) -> int:
+    from plugin_llm.service.tokens import TokenError
+
+    _, store = _store(args)
+    try:
+        rows = store.list()
+    except TokenError as exc:
+        raise CliError(str(exc)) from None
+    finally:
+        store.close()
+    if args.json:
+        print(dumps_json([row.as_dict() for row in rows]))
+        return 0
+    if not rows:
+        print("No tokens (create one with: plugin-llm tokens create PLUGIN).")
+        return 0
+    print(f"{'ID':<17} {'PLUGIN':<30} {'CREATED':<20} {'EXPIRES':<20} STATUS")
+    for row in rows:
+        print(f"{row.id:<17} {printable(row.plugin, 30):<30} {_when(row.created):<20} {_when(row.expires):<20} "
+              f"{row.status()}")
+    return 0
+
+
+def run_revoke(args: argparse.Namespace) -> int:
+    from plugin_llm.service.tokens import TokenError
+
+    home, store = _store(args)
+    try:
+        info = store.revoke(args.id)
+    except TokenError as exc:
+        raise CliError(str(exc)) from None
+    finally:
+        store.close()
+    _audit(home, "service.token_revoked", token_id=info.id, plugin_id=info.plugin)
+    print(f"revoked {info.id} (plugin {printable(info.plugin)}); every worker sharing {store.path} refuses it "
+          "within a second")
+    return 0

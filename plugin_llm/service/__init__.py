@@ -1,0 +1,25 @@
+"""The gateway as a service: ``plugin-llm serve`` (issue 14).
+
+A Starlette app (:func:`create_app`) that lets a plugin in another process,
+language or machine call the gateway with a per-plugin token
+(:class:`TokenStore`), through the same pipeline as ``ctx.llm``. Modules:
+``tokens`` (the token file), ``requests`` (body checks), ``errors`` (errors as
+HTTP), ``metrics`` (Prometheus), ``app`` (routes), ``server`` (uvicorn, signals,
+workers). Importing this package loads neither Starlette nor litellm.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from plugin_llm.service.tokens import TokenError, TokenInfo, TokenStore
+
+__all__ = ["create_app", "TokenStore", "TokenInfo", "TokenError"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "create_app":
+        from plugin_llm.service.app import create_app
+
+        return create_app
+    raise AttributeError(f"module 'plugin_llm.service' has no attribute {name!r}")

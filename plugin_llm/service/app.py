@@ -1,0 +1,330 @@
+"""The gateway as an HTTP service: a Starlette app over the one pipeline (issue 14).
+
+Every call endpoint authenticates the bearer token, takes its plugin key as
+the caller's identity and calls ``PluginLlm(plugin_id=<that key>)`` - the same
+object ``ctx.llm`` is - with ``acomplete``/``acomplete_structured`` on the
+event loop. Gating, routing, limits and the audit record are the pipeline's;
+the service adds authentication, request checks, JSON rendering and metrics.
+
+Routes::
+
+    POST /v1/plugin-llm/complete              PluginLlm.complete's parameters as JSON
+    POST /v1/plugin-llm/complete_structured   PluginLlm.complete_structured's parameters
+    POST /v1/chat/completions                 OpenAI chat completions (stream: true as SSE)
+    GET  /healthz                             {"status": "ok", ...}, no token needed
+    GET  /metrics                             Prometheus text, no token needed
+
+A refused token (missing, unknown, expired, revoked) gets the same 401 and an
+audit event ``service.auth_denied`` with the reason and the token's id when
+it has one - never the token.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from plugin_llm.service import requests as req
+from plugin_llm.service.errors import UNAUTHORIZED_MESSAGE, ApiError, error_for
+from plugin_llm.service.metrics import ServiceMetrics
+from plugin_llm.service.tokens import TokenStore
+
+__all__ = ["create_app", "ServiceState", "EVENT_AUTH_DENIED"]
+
+log = logging.getLogger("plugin_llm.service")
+
+EVENT_AUTH_DENIED = "service.auth_denied"
+_JSON = "application/json"
+_STATUS_BY_CODE = {"trust_denied": "denied", "quota_exceeded": "quota", "schema_mismatch": "schema_error",
+                   "timeout": "timeout", "provider_error": "provider_error", "invalid_request": "bad_request"}
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), default=str)
+
+
+def _json(status: int, body: Any, headers: dict[str, str] | None = None) -> Response:
+    return Response(_ENCODER.encode(body).encode("utf-8", "surrogatepass"), status_code=status, media_type=_JSON,
+                    headers=headers)
+
+
+def _error_response(error: ApiError) -> Response:
+    return _json(error.status, error.body(), error.headers)
+
+
+class ServiceState:
+    """What the app holds: the home, the token store, one ``PluginLlm`` per plugin, the metrics."""
+
+    def __init__(self, home: Path, *, max_body: int = req.MAX_BODY_BYTES, llm_factory: Callable[[str], Any] | None = None) -> None:
+        from plugin_llm.config import get_config_source
+
+        self.home = Path(home)
+        self.config = get_config_source(self.home)
+        self.tokens = TokenStore(self.home)
+        self.metrics = ServiceMetrics()
+        self.max_body = max_body
+        self._llms: dict[str, Any] = {}
+        self._factory = llm_factory
+
+    def llm(self, plugin: str) -> Any:
+        """The pipeline bound to ``plugin`` (built once per plugin and kept)."""
+        llm = self._llms.get(plugin)
+        if llm is None:
+            if self._factory is not None:
+                llm = self._factory(plugin)
+            else:
+                from plugin_llm.llm import PluginLlm
+
+                llm = PluginLlm(plugin_id=plugin, home=self.home)
+            self._llms[plugin] = llm
+        return llm
+
+    def audit_refusal(self, request: Request, reason: str, info: Any) -> None:
+        from plugin_llm.auditing import write_event
+
+        client = request.client
+        write_event(self.home, EVENT_AUTH_DENIED, reason=reason, token_id=getattr(info, "id", None),
+                    plugin_id=getattr(info, "plugin", None), path=request.url.path[:200],
+                    client=f"{client.host}" if client else None)
+
+
+def _bearer(request: Request) -> str | None:
+    header = request.headers.get("authorization")
+    if not header:
+        return None
+    scheme, _, value = header.partition(" ")
+    if scheme.lower() != "bearer":
+        return None
+    return value.strip() or None
+
+
+def _authenticate(state: ServiceState, request: Request) -> str | Response:
+    """The plugin key of the request's token, or the 401 answer (audited)."""
+    token = _bearer(request)
+    if token is None:
+        info, reason = None, "missing"
+    else:
+        info, reason = state.tokens.verify(token)
+        token = None
+    if reason == "ok":
+        return info.plugin
+    state.metrics.refused(reason)
+    state.audit_refusal(request, reason, info)
+    return _json(401, ApiError(401, "PluginLlmAuthError", UNAUTHORIZED_MESSAGE, "invalid_token").body(),
+                 {"WWW-Authenticate": 'Bearer realm="plugin-llm"'})
+
+
+async def _read_body(state: ServiceState, request: Request) -> bytes:
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > state.max_body:
+        raise req.BadRequest(f"the body is {int(length):,} bytes; at most {state.max_body:,} are accepted",
+                             status=413)
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > state.max_body:
+            raise req.BadRequest(f"the body is over {state.max_body:,} bytes; at most {state.max_body:,} are accepted",
+                                 status=413)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _bad_request(exc: req.BadRequest) -> Response:
+    code = "body_too_large" if exc.status == 413 else "invalid_request"
+    return _error_response(ApiError(exc.status, "ValueError", str(exc), code, param=exc.param))
+
+
+def _usage_dict(usage: Any) -> dict[str, Any]:
+    return dataclasses.asdict(usage)
+
+
+def _result_dict(result: Any) -> dict[str, Any]:
+    return dataclasses.asdict(result)
+
+
+def _openai_completion(result: Any, created: int) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": result.text if result.text or not result.tool_calls else None}
+    if result.tool_calls:
+        message["tool_calls"] = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.raw_arguments}}
+                                 for c in result.tool_calls]
+    usage = result.usage
+    return {
+        "id": f"chatcmpl-{result.audit['call_id']}",
+        "object": "chat.completion",
+        "created": created,
+        "model": result.model,
+        "choices": [{"index": 0, "message": message, "logprobs": None,
+                     "finish_reason": "tool_calls" if result.tool_calls else "stop"}],
+        "usage": {"prompt_tokens": usage.input_tokens, "completion_tokens": usage.output_tokens,
+                  "total_tokens": usage.total_tokens or usage.input_tokens + usage.output_tokens},
+        "plugin_llm": {"call_id": result.audit["call_id"], "provider": result.provider, "cost_usd": usage.cost_usd},
+    }
+
+
+def _sse_chunks(completion: dict[str, Any]):
+    """The completion as OpenAI ``chat.completion.chunk`` events, usage in the last one."""
+    base = {"id": completion["id"], "object": "chat.completion.chunk", "created": completion["created"],
+            "model": completion["model"]}
+    choice = completion["choices"][0]
+    message = choice["message"]
+    events: list[dict[str, Any]] = [
+        {**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}]
+    if message.get("content"):
+        events.append({**base, "choices": [{"index": 0, "delta": {"content": message["content"]}, "finish_reason": None}]})
+    for index, call in enumerate(message.get("tool_calls") or ()):
+        events.append({**base, "choices": [{"index": 0, "delta": {"tool_calls": [{"index": index, **call}]},
+                                            "finish_reason": None}]})
+    events.append({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}]})
+    events.append({**base, "choices": [], "usage": completion["usage"], "plugin_llm": completion["plugin_llm"]})
+    for event in events:
+        yield b"data: " + _ENCODER.encode(event).encode("utf-8", "surrogatepass") + b"\n\n"
+    yield b"data: [DONE]\n\n"
+
+
+def _outcome(state: ServiceState, plugin: str, endpoint: str, started: float, exc: BaseException | None,
+             usage: Any, fields: frozenset[str]) -> Response | None:
+    """Count the call; for a failure, the error answer."""
+    if exc is None:
+        state.metrics.observe(plugin, endpoint, "ok", time.perf_counter() - started, usage)
+        return None
+    error = error_for(exc, fields)
+    if error.code == "internal_error":  # the type only: an unexpected exception's text may carry anything
+        log.error("service: %s for plugin %s failed: %s", endpoint, plugin, type(exc).__name__)
+    usage = getattr(exc, "usage", None)
+    state.metrics.observe(plugin, endpoint, _STATUS_BY_CODE.get(error.code, "error"), time.perf_counter() - started,
+                          usage if dataclasses.is_dataclass(usage) else None)
+    return _error_response(error)
+
+
+def create_app(home: Path | str | None = None, *, llm_factory: Callable[[str], Any] | None = None,
+               max_body: int = req.MAX_BODY_BYTES, warm: bool = True) -> Starlette:
+    """The service's ASGI app for ``home`` (default ``$HERMES_HOME``).
+
+    ``llm_factory(plugin) -> PluginLlm`` is a seam for tests; the default builds
+    ``PluginLlm(plugin_id=plugin, home=home)``. ``warm`` loads litellm at start-up
+    (in a thread) so the first call does not pay for the import.
+    """
+    from plugin_llm.config import hermes_home
+
+    state = ServiceState(Path(home) if home is not None else hermes_home(), max_body=max_body, llm_factory=llm_factory)
+
+    async def native(request: Request, api: str) -> Response:
+        started = time.perf_counter()
+        plugin = _authenticate(state, request)
+        if isinstance(plugin, Response):
+            return plugin
+        endpoint = "complete" if api == "complete" else "complete_structured"
+        fields = req.COMPLETE_FIELDS if api == "complete" else req.STRUCTURED_FIELDS
+        try:
+            body = req.parse_body(await _read_body(state, request))
+            llm = state.llm(plugin)
+            if api == "complete":
+                messages, kwargs = req.complete_kwargs(body)
+                result = await llm.acomplete(messages, **kwargs)
+            else:
+                result = await llm.acomplete_structured(**req.structured_kwargs(body))
+        except req.BadRequest as exc:
+            _outcome(state, plugin, endpoint, started, exc, None, fields)
+            return _bad_request(exc)
+        except Exception as exc:  # noqa: BLE001 - every failure becomes its stable error body
+            return _outcome(state, plugin, endpoint, started, exc, None, fields)
+        _outcome(state, plugin, endpoint, started, None, result.usage, fields)
+        return _json(200, _result_dict(result))
+
+    async def complete(request: Request) -> Response:
+        return await native(request, "complete")
+
+    async def complete_structured(request: Request) -> Response:
+        return await native(request, "structured")
+
+    async def chat_completions(request: Request) -> Response:
+        started = time.perf_counter()
+        plugin = _authenticate(state, request)
+        if isinstance(plugin, Response):
+            return plugin
+        try:
+            body = req.parse_body(await _read_body(state, request))
+            messages, kwargs, stream = req.chat_kwargs(body)
+            result = await state.llm(plugin).acomplete(messages, **kwargs)
+        except req.BadRequest as exc:
+            _outcome(state, plugin, "chat", started, exc, None, req.CHAT_FIELDS)
+            return _bad_request(exc)
+        except Exception as exc:  # noqa: BLE001
+            return _outcome(state, plugin, "chat", started, exc, None, req.CHAT_FIELDS)
+        _outcome(state, plugin, "chat", started, None, result.usage, req.CHAT_FIELDS)
+        completion = _openai_completion(result, int(time.time()))
+        if stream:
+            return StreamingResponse(_sse_chunks(completion), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+        return _json(200, completion)
+
+    async def healthz(request: Request) -> Response:
+        return _json(200, {"status": "ok", "pid": os.getpid()})
+
+    async def metrics(request: Request) -> Response:
+        data, content_type = state.metrics.render()
+        return Response(data, media_type=content_type.split(";")[0], headers={"Content-Type": content_type})
+
+    async def not_found(request: Request, exc: Exception) -> Response:
+        status = getattr(exc, "status_code", 404)
+        message = ("no such endpoint: the service has POST /v1/plugin-llm/complete, /v1/plugin-llm/complete_structured, "
+                   "/v1/chat/completions and GET /healthz, /metrics") if status == 404 else "method not allowed here"
+        return _error_response(ApiError(status, "NotFound" if status == 404 else "MethodNotAllowed", message,
+                                        "not_found" if status == 404 else "method_not_allowed"))
+
+    async def server_error(request: Request, exc: Exception) -> Response:
+        return _error_response(error_for(RuntimeError()))
+
+    from contextlib import asynccontextmanager
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette):
+        if warm:
+            from plugin_llm.transport import LitellmTransport
+
+            await LitellmTransport().aready()
+        try:
+            yield
+        finally:
+            _shutdown(state)
+
+    app = Starlette(
+        routes=[
+            Route("/v1/plugin-llm/complete", complete, methods=["POST"]),
+            Route("/v1/plugin-llm/complete_structured", complete_structured, methods=["POST"]),
+            Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+            Route("/healthz", healthz, methods=["GET"]),
+            Route("/metrics", metrics, methods=["GET"]),
+        ],
+        exception_handlers={404: not_found, 405: not_found, 500: server_error},
+        lifespan=lifespan,
+    )
+    app.state.service = state
+    return app
+
+
+def _shutdown(state: ServiceState) -> None:
+    """Flush queued limit settlements, close the token file and the audit logs."""
+    try:
+        from plugin_llm import limits
+
+        limits.close_stores()
+    except Exception as exc:  # noqa: BLE001 - shutting down must finish
+        log.error("service: closing the limits stores failed: %s", type(exc).__name__)
+    state.tokens.close()
+    writer = __import__("sys").modules.get("audit.writer")
+    if writer is not None:
+        writer.close_all()
+
+
+def app_from_env() -> Starlette:
+    """Factory for uvicorn workers (``plugin_llm.service.app:app_from_env``): home from ``$HERMES_HOME``."""
+    return create_app()

@@ -1,0 +1,111 @@
+"""Errors as HTTP: one stable JSON body for every refusal of the service (issue 14).
+
+Every error answer has the OpenAI error shape (so OpenAI SDKs in any language
+read it) with the gateway's own fields added::
+
+    {"error": {"type": "PluginLlmTrustError",      # the in-process class name
+               "message": "...",                   # the same text as in-process
+               "param": "model",                   # the request field, when known
+               "code": "trust_denied",             # a stable snake_case code
+               ...class-specific fields: config_key, limit, resets_at, status, provider,
+                  retryable, errors, text}}
+
+``PluginLlmTrustError`` 403, ``PluginLlmQuotaError`` 429 with ``Retry-After``,
+``PluginLlmSchemaError`` 422, ``PluginLlmTimeoutError`` 504,
+``PluginLlmProviderError`` 502, ``PluginLlmConfigError`` 500 (the host's
+config; the operator must act), ``ValueError``/``TypeError`` from argument
+checks 400, a bad token 401, anything else 500 with no detail.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from plugin_llm.errors import (
+    PluginLlmConfigError,
+    PluginLlmError,
+    PluginLlmProviderError,
+    PluginLlmQuotaError,
+    PluginLlmSchemaError,
+    PluginLlmTimeoutError,
+    PluginLlmTrustError,
+)
+
+__all__ = ["ApiError", "error_for", "UNAUTHORIZED_MESSAGE", "param_of"]
+
+UNAUTHORIZED_MESSAGE = ("the token is not valid: send 'Authorization: Bearer plg_...' with a token the operator "
+                        "created with 'plugin-llm tokens create PLUGIN'")
+_MAX_RETRY_AFTER = 86400 * 31
+_LEADING_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+@dataclass(frozen=True)
+class ApiError:
+    """One error answer: HTTP status, body fields and extra headers."""
+
+    status: int
+    type: str
+    message: str
+    code: str
+    param: str | None = None
+    extra: dict[str, Any] | None = None
+    headers: dict[str, str] | None = None
+
+    def body(self) -> dict[str, Any]:
+        error: dict[str, Any] = {"type": self.type, "message": self.message, "param": self.param, "code": self.code}
+        if self.extra:
+            error.update(self.extra)
+        return {"error": error}
+
+
+def param_of(message: str, fields: frozenset[str] | set[str]) -> str | None:
+    """The request field a validation message starts with (``messages[0]...`` -> ``messages``)."""
+    match = _LEADING_NAME.match(message)
+    if match and match.group() in fields:
+        return match.group()
+    match = re.search(r"keyword argument '([A-Za-z0-9_]{1,64})'", message)
+    return match.group(1) if match else None
+
+
+def _retry_after(resets_at: Any) -> str | None:
+    if type(resets_at) not in (int, float) or not math.isfinite(resets_at):
+        return None
+    seconds = max(1, math.ceil(resets_at - time.time()))
+    return str(min(seconds, _MAX_RETRY_AFTER))
+
+
+def error_for(exc: BaseException, fields: frozenset[str] | set[str] = frozenset()) -> ApiError:
+    """The answer to an exception raised by the pipeline or the request checks."""
+    name = type(exc).__name__
+    message = str(exc)
+    if isinstance(exc, PluginLlmTrustError):
+        return ApiError(403, name, message, "trust_denied", extra={"config_key": exc.config_key or None})
+    if isinstance(exc, PluginLlmQuotaError):
+        resets_at = getattr(exc, "resets_at", None)
+        retry = _retry_after(resets_at)
+        return ApiError(429, "PluginLlmQuotaError" if name == "PluginLlmLimitError" else name, message, "quota_exceeded",
+                        extra={"limit": getattr(exc, "limit", None), "config_key": getattr(exc, "config_key", None),
+                               "resets_at": resets_at if retry is not None else None},
+                        headers={"Retry-After": retry} if retry is not None else None)
+    if isinstance(exc, PluginLlmSchemaError):
+        usage = exc.usage
+        return ApiError(422, name, message, "schema_mismatch",
+                        extra={"errors": list(exc.errors), "text": exc.text,
+                               "usage": vars(usage) if usage is not None and hasattr(usage, "__dict__") else None})
+    if isinstance(exc, PluginLlmTimeoutError):
+        return ApiError(504, name, message, "timeout")
+    if isinstance(exc, PluginLlmProviderError):
+        return ApiError(502, name, message, "provider_error",
+                        extra={"status": exc.status, "provider": exc.provider, "retryable": exc.retryable})
+    if isinstance(exc, PluginLlmConfigError):
+        return ApiError(500, name, message, "config_error")
+    if isinstance(exc, PluginLlmError):
+        return ApiError(500, name, message, "gateway_error")
+    if isinstance(exc, (ValueError, TypeError)):
+        return ApiError(400, name, message, "invalid_request", param=param_of(message, fields))
+    return ApiError(500, "PluginLlmError", "the gateway service failed on this request; the operator can find "
+                    "the cause in the service's log", "internal_error")

@@ -1,0 +1,69 @@
+"""Prometheus metrics of the service (``GET /metrics``), per plugin and status (issue 14).
+
+Label values come from the operator (the plugin key a token names) and from a
+fixed set (endpoint, status, reason), never from request input, so a client
+cannot grow the series. With ``--workers N`` each worker counts its own calls;
+``plugin-llm serve`` then points ``PROMETHEUS_MULTIPROC_DIR`` at a directory of
+its own, and ``/metrics`` on any worker reports the sum over all of them.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+__all__ = ["ServiceMetrics"]
+
+#: latency buckets (seconds): sub-millisecond gateway answers up to long model calls
+_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+
+
+class ServiceMetrics:
+    """The service's counters and histogram, in a registry of their own (one per app)."""
+
+    def __init__(self) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
+
+        disable_created_metrics()  # no *_created series: half the scrape, nothing an operator reads
+
+        self.multiprocess = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
+        self.registry = CollectorRegistry(auto_describe=True)
+        kw: dict[str, Any] = {"registry": None if self.multiprocess else self.registry}
+        self.calls = Counter("plugin_llm_service_calls", "Calls through the service by plugin, endpoint and status",
+                             ("plugin", "endpoint", "status"), **kw)
+        self.denials = Counter("plugin_llm_service_denials", "Refused requests by plugin (empty when the token was "
+                               "not valid) and reason", ("plugin", "reason"), **kw)
+        self.latency = Histogram("plugin_llm_service_latency_seconds", "Time from request to answer by plugin and "
+                                 "status", ("plugin", "status"), buckets=_BUCKETS, **kw)
+        self.tokens = Counter("plugin_llm_service_tokens", "Tokens used by plugin and direction (input, output)",
+                              ("plugin", "direction"), **kw)
+        self.cost = Counter("plugin_llm_service_cost_usd", "Cost in USD by plugin (priced calls only)", ("plugin",),
+                            **kw)
+
+    def observe(self, plugin: str, endpoint: str, status: str, seconds: float, usage: Any = None) -> None:
+        self.calls.labels(plugin, endpoint, status).inc()
+        self.latency.labels(plugin, status).observe(seconds)
+        if status in ("denied", "quota"):
+            self.denials.labels(plugin, status).inc()
+        if usage is not None:
+            if usage.input_tokens:
+                self.tokens.labels(plugin, "input").inc(usage.input_tokens)
+            if usage.output_tokens:
+                self.tokens.labels(plugin, "output").inc(usage.output_tokens)
+            if usage.cost_usd:
+                self.cost.labels(plugin).inc(usage.cost_usd)
+
+    def refused(self, reason: str) -> None:
+        self.denials.labels("", reason).inc()
+
+    def render(self) -> tuple[bytes, str]:
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        if self.multiprocess:
+            from prometheus_client import CollectorRegistry
+            from prometheus_client.multiprocess import MultiProcessCollector
+
+            registry = CollectorRegistry()
+            MultiProcessCollector(registry)
+            return generate_latest(registry), CONTENT_TYPE_LATEST
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

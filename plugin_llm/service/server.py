@@ -1,0 +1,116 @@
+"""Running the service: uvicorn on a socket we bind, one process or N workers (issue 14).
+
+The socket is bound here (before uvicorn starts), so the URL printed at
+start-up has the real port even for ``--port 0``, and every worker accepts on
+the same socket. SIGTERM (or Ctrl-C) stops accepting, lets every call in flight
+finish - each within its own deadline, at most ``llm.max_timeout`` - then
+flushes the limits stores and the audit log and exits 0. With several
+workers, the parent forwards SIGTERM to each and waits for them.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+__all__ = ["ServeOptions", "serve", "LOOPBACK_HOSTS", "tls_warning"]
+
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+#: seconds added to llm.max_timeout for a call's answer to be written before the process exits
+_DRAIN_MARGIN = 5.0
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    home: Path
+    host: str = "127.0.0.1"
+    port: int = 8787
+    workers: int = 1
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+    #: the operator says a TLS-terminating proxy or load balancer is in front
+    behind_tls_proxy: bool = False
+    log_level: str = "warning"
+
+
+def tls_warning(options: ServeOptions) -> str | None:
+    """The warning printed when the service listens beyond loopback with no TLS anywhere."""
+    if options.host in LOOPBACK_HOSTS or options.ssl_certfile or options.behind_tls_proxy:
+        return None
+    return (f"listening on {options.host}, beyond this machine, without TLS: tokens and prompts cross the network "
+            "in clear text. Put a TLS-terminating proxy or load balancer in front (and pass --behind-tls-proxy), "
+            "or pass --ssl-certfile/--ssl-keyfile")
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def _url(options: ServeOptions, sock: socket.socket) -> str:
+    port = sock.getsockname()[1]
+    host = f"[{options.host}]" if ":" in options.host else options.host
+    scheme = "https" if options.ssl_certfile else "http"
+    return f"{scheme}://{host}:{port}"
+
+
+def serve(options: ServeOptions, out: TextIO = sys.stdout) -> int:
+    """Serve until SIGTERM/SIGINT; 0 after a clean drain. Raises OSError when the address cannot be bound."""
+    import uvicorn
+
+    from plugin_llm.config import get_config_source
+
+    os.environ["HERMES_HOME"] = str(options.home)  # the workers' app factory reads it
+    max_timeout = get_config_source(options.home).current().llm.max_timeout
+    metrics_dir = None
+    if options.workers > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        metrics_dir = tempfile.mkdtemp(prefix="plugin-llm-metrics-")
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir  # /metrics sums every worker's counts
+    sock = _bind(options.host, options.port)
+    config = uvicorn.Config(
+        "plugin_llm.service.app:app_from_env",
+        factory=True,
+        workers=options.workers,
+        log_level=options.log_level,
+        access_log=False,  # request lines carry nothing an operator needs that the audit log lacks
+        server_header=False,
+        timeout_graceful_shutdown=int(max_timeout + _DRAIN_MARGIN),
+        ssl_certfile=options.ssl_certfile,
+        ssl_keyfile=options.ssl_keyfile,
+        lifespan="on",
+    )
+    url = _url(options, sock)
+    print(f"plugin-llm serve: listening on {url} ({options.workers} worker{'s' if options.workers != 1 else ''}, "
+          f"home {options.home}); SIGTERM drains calls in flight (up to {max_timeout + _DRAIN_MARGIN:g}s)",
+          file=out, flush=True)
+    try:
+        if options.workers > 1:
+            from uvicorn.supervisors import Multiprocess
+
+            Multiprocess(config, sockets=[sock]).run()
+        else:
+            server = uvicorn.Server(config)
+            server.run(sockets=[sock])
+            if not server.started:
+                return 1
+    finally:
+        sock.close()
+        if metrics_dir is not None:
+            shutil.rmtree(metrics_dir, ignore_errors=True)
+    print("plugin-llm serve: stopped", file=out, flush=True)
+    return 0

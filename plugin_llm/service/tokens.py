@@ -1,0 +1,242 @@
+"""Per-plugin service tokens: ``plg_`` + 32 random bytes, only their SHA-256 kept (issue 14).
+
+A token's identity is a plugin key: whoever presents it calls the gateway as
+that plugin (trust gate, limits and audit exactly as ``ctx.llm``). The home
+keeps ``<home>/service/tokens.db``, a small SQLite file created mode 0600,
+with one row per token: an id (``tok_`` + 12 hex digits, safe to show and to
+log), the plugin key, the SHA-256 of the token, created/expires/revoked
+times. The token itself is printed once, by ``plugin-llm tokens create``, and
+stored nowhere.
+
+Several workers and ``serve`` processes on one machine share the file (WAL
+mode); each caches a verified token for at most :data:`CACHE_SECONDS`, so a
+revocation is refused everywhere within one second. Across machines, share
+the file (a network filesystem SQLite supports) or create a token on each
+machine: tokens are not replicated.
+
+Verification looks the token's digest up (the token is never compared as
+text) and compares the stored digest with ``hmac.compare_digest``; unknown,
+expired and revoked tokens all give the same ``None`` to the caller, which
+answers 401 without saying which.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import os
+import re
+import secrets
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = [
+    "TOKEN_PREFIX",
+    "CACHE_SECONDS",
+    "TokenInfo",
+    "TokenStore",
+    "TokenError",
+    "tokens_path",
+    "parse_duration",
+    "digest",
+]
+
+TOKEN_PREFIX = "plg_"
+#: random bytes in a token (256 bits)
+TOKEN_BYTES = 32
+#: a verified token is trusted this long without asking the file again (revocation latency)
+CACHE_SECONDS = 0.5
+#: the longest Authorization value looked at; a token is 47 characters
+_MAX_TOKEN_CHARS = 128
+_TOKEN_SHAPE = re.compile(r"plg_[A-Za-z0-9_-]{43,100}")
+_ID_SHAPE = re.compile(r"tok_[0-9a-f]{12}")
+_DURATION = re.compile(r"\s*(\d{1,6})\s*([smhdw]?)\s*")
+_UNIT_SECONDS = {"": 86400, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_MAX_PLUGIN = 256
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS tokens (
+    id TEXT PRIMARY KEY,
+    plugin TEXT NOT NULL,
+    sha256 TEXT NOT NULL UNIQUE,
+    created REAL NOT NULL,
+    expires REAL,
+    revoked REAL
+);
+"""
+
+
+class TokenError(Exception):
+    """An operator mistake with tokens (unknown id, bad plugin key or duration), or an unusable file."""
+
+
+@dataclass(frozen=True)
+class TokenInfo:
+    """One token's row: never the token itself."""
+
+    id: str
+    plugin: str
+    created: float
+    expires: float | None
+    revoked: float | None
+
+    def status(self, now: float | None = None) -> str:
+        """``active``, ``expired`` or ``revoked``."""
+        if self.revoked is not None:
+            return "revoked"
+        if self.expires is not None and self.expires <= (time.time() if now is None else now):
+            return "expired"
+        return "active"
+
+    def as_dict(self) -> dict:
+        return {"id": self.id, "plugin": self.plugin, "created": self.created, "expires": self.expires,
+                "revoked": self.revoked, "status": self.status()}
+
+
+def tokens_path(home: Path | str) -> Path:
+    return Path(home) / "service" / "tokens.db"
+
+
+def digest(token: str) -> str:
+    """Hex SHA-256 of a token (what the file keeps)."""
+    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def parse_duration(text: str) -> float:
+    """``30d``, ``12h``, ``90m``, ``3600s``, ``2w`` (a bare number is days) -> seconds."""
+    match = _DURATION.fullmatch(text or "")
+    if match is None or int(match.group(1)) == 0:
+        raise TokenError(f"--expires must be a positive duration such as 30d, 12h, 90m or 2w, got {text[:40]!r}")
+    return float(int(match.group(1)) * _UNIT_SECONDS[match.group(2)])
+
+
+class TokenStore:
+    """The token file of one home; one connection per process, shared by its threads."""
+
+    def __init__(self, home: Path | str, *, clock=time.time, monotonic=time.monotonic) -> None:
+        self.path = tokens_path(home)
+        self._lock = threading.Lock()
+        self._conn: sqlite3.Connection | None = None
+        self._pid = 0
+        self._clock = clock
+        self._monotonic = monotonic
+        self._cache: dict[str, tuple[float, TokenInfo]] = {}
+
+    def __repr__(self) -> str:
+        return f"TokenStore({str(self.path)!r})"
+
+    # -- file
+    def _connection(self, create: bool) -> sqlite3.Connection | None:
+        if self._conn is not None and self._pid == os.getpid():
+            return self._conn
+        if not create and not self.path.exists():
+            return None
+        try:
+            self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600))  # owner-only before SQLite writes a byte
+            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=5.0)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.executescript(_SCHEMA)
+        except (sqlite3.Error, OSError) as exc:
+            raise TokenError(f"the token file {self.path} cannot be used ({type(exc).__name__}: "
+                             f"{str(exc)[:200]}); check its permissions, or move it away to start afresh") from None
+        self._conn, self._pid = conn, os.getpid()
+        return conn
+
+    def _execute(self, sql: str, params: tuple = (), *, create: bool = False) -> list[tuple]:
+        with self._lock:
+            conn = self._connection(create)
+            if conn is None:
+                return []
+            try:
+                return conn.execute(sql, params).fetchall()
+            except sqlite3.Error as exc:
+                raise TokenError(f"the token file {self.path} failed ({type(exc).__name__}: {str(exc)[:200]})") from None
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None and self._pid == os.getpid():
+                self._conn.close()
+            self._conn = None
+            self._cache.clear()
+
+    # -- operator commands
+    def create(self, plugin: str, *, expires_in: float | None = None) -> tuple[TokenInfo, str]:
+        """A new token for ``plugin``: its row and the token (shown once, stored nowhere)."""
+        if not isinstance(plugin, str) or not plugin.strip() or len(plugin.strip()) > _MAX_PLUGIN \
+                or any(ch.isspace() or not ch.isprintable() for ch in plugin.strip()):
+            raise TokenError("the plugin key must be a non-empty name without spaces or control characters, "
+                             "such as my-plugin or image_gen/openai (see plugin-llm plugins list)")
+        token = TOKEN_PREFIX + base64.urlsafe_b64encode(secrets.token_bytes(TOKEN_BYTES)).rstrip(b"=").decode()
+        now = self._clock()
+        info = TokenInfo(id="tok_" + secrets.token_hex(6), plugin=plugin.strip(), created=now,
+                         expires=now + expires_in if expires_in is not None else None, revoked=None)
+        self._execute("INSERT INTO tokens (id, plugin, sha256, created, expires, revoked) VALUES (?, ?, ?, ?, ?, NULL)",
+                      (info.id, info.plugin, digest(token), info.created, info.expires), create=True)
+        return info, token
+
+    def list(self) -> list[TokenInfo]:
+        rows = self._execute("SELECT id, plugin, created, expires, revoked FROM tokens ORDER BY created, id")
+        return [TokenInfo(*row) for row in rows]
+
+    def revoke(self, token_id: str) -> TokenInfo:
+        """Revoke by id (idempotent: an already revoked token keeps its first revocation time)."""
+        if not isinstance(token_id, str) or not _ID_SHAPE.fullmatch(token_id.strip()):
+            raise TokenError(f"a token id looks like tok_0123456789ab (see plugin-llm tokens list), "
+                             f"got {str(token_id)[:40]!r}")
+        token_id = token_id.strip()
+        self._execute("UPDATE tokens SET revoked = ? WHERE id = ? AND revoked IS NULL", (self._clock(), token_id))
+        rows = self._execute("SELECT id, plugin, created, expires, revoked FROM tokens WHERE id = ?", (token_id,))
+        if not rows:
+            raise TokenError(f"no token {token_id} in {self.path} (see plugin-llm tokens list)")
+        with self._lock:
+            self._cache.clear()
+        return TokenInfo(*rows[0])
+
+    # -- the service
+    def lookup(self, token: str) -> TokenInfo | None:
+        """The row of a token, whatever its status, or None when it is not one of ours.
+
+        Used by :meth:`verify`; the caller must not tell the client which case refused it.
+        """
+        if not isinstance(token, str) or len(token) > _MAX_TOKEN_CHARS or not _TOKEN_SHAPE.fullmatch(token):
+            return None
+        wanted = digest(token)
+        rows = self._execute("SELECT id, plugin, created, expires, revoked, sha256 FROM tokens WHERE sha256 = ?",
+                             (wanted,))
+        if not rows or not hmac.compare_digest(rows[0][5], wanted):
+            return None
+        return TokenInfo(*rows[0][:5])
+
+    def verify(self, token: str) -> tuple[TokenInfo | None, str]:
+        """``(info, "ok")`` for an active token, else ``(info or None, "unknown" | "expired" | "revoked")``.
+
+        The reason is for the audit log only. An active token is cached for
+        :data:`CACHE_SECONDS` (keyed by its digest), then read again.
+        """
+        if not isinstance(token, str) or len(token) > _MAX_TOKEN_CHARS:
+            return None, "unknown"
+        key = digest(token)
+        cached = self._cache.get(key)
+        now_mono = self._monotonic()
+        if cached is not None and now_mono - cached[0] < CACHE_SECONDS:
+            info = cached[1]
+            if info.expires is None or info.expires > self._clock():
+                return info, "ok"
+        info = self.lookup(token)
+        if info is None:
+            self._cache.pop(key, None)
+            return None, "unknown"
+        status = info.status(self._clock())
+        if status != "active":
+            self._cache.pop(key, None)
+            return info, status
+        if len(self._cache) > 10_000:  # bounded: a host with that many live tokens re-reads more often
+            self._cache.clear()
+        self._cache[key] = (now_mono, info)
+        return info, "ok"
