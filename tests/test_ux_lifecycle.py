@@ -95,3 +95,30 @@ def test_install_link_uses_the_directory_in_place(hermes_home: Path, tmp_path: P
     removed = cli(hermes_home, "plugins", "remove", "linked")
     assert removed.returncode == 0, removed.stderr
     assert not target.exists() and not target.is_symlink() and (dev / "__init__.py").is_file()  # DIR untouched
+
+
+CALC = """
+def register(ctx):
+    ctx.register_tool("calc", {"name": "calc", "description": "calculator", "parameters": {"type": "object"}},
+                      lambda args, **kw: "from {me}")
+"""
+
+
+def test_tool_name_clash_is_won_by_the_plugin_installed_first(hermes_home: Path, tmp_path: Path):
+    (hermes_home / "config.yaml").write_text("model:\n  provider: local\n", encoding="utf-8")
+    hermesy = make_plugin(tmp_path / "src" / "hermesy", "hermesy", CALC.replace("{me}", "hermesy"))
+    edge = make_plugin(tmp_path / "src" / "edge", "edge", CALC.replace("{me}", "edge"))
+    assert cli(hermes_home, "plugins", "install", str(hermesy), "--enable").returncode == 0
+    out = cli(hermes_home, "plugins", "install", str(edge), "--enable")  # alphabetically first, installed later
+    assert out.returncode == 0, out.stderr
+    assert "warning: edge: tool 'calc' refused: the name is already registered by plugin hermesy (it loads first" in out.stdout, out.stdout
+    assert out.stdout.index("warning: edge") < out.stdout.index("Enabled edge")  # warned before enabling
+    listing = cli(hermes_home, "plugins", "list")
+    assert "registered by plugin hermesy (it loads first: the first plugin to register a name keeps it)" \
+        in listing.stdout
+    tools = json.loads(cli(hermes_home, "plugins", "list", "--json").stdout)
+    assert {p["key"]: p["tools"] for p in tools} == {"edge": [], "hermesy": ["calc"]}
+    assert [p["key"] for p in tools] == ["edge", "hermesy"]  # listed in discovery order still
+    cli(hermes_home, "plugins", "disable", "edge")
+    again = cli(hermes_home, "plugins", "enable", "edge")
+    assert "warning: edge: tool 'calc' refused" in again.stdout

@@ -469,6 +469,8 @@ def _install(args: argparse.Namespace, home: Path) -> int:
                      f"or in {home / '.env'}; the plugin loads, but may not work without them")
     if requested:
         lines.append(_record_consent(home, key, requested, grant))
+    clashes = _clashes(home, key) if enable else []
+    lines.extend(f"warning: {c}" for c in clashes)  # before enabling: what it will not get
     if enable:
         try:
             _set_enabled(home, key, enable=True, dry_run=False)
@@ -767,9 +769,10 @@ def _set_enabled(home: Path, name: str, *, enable: bool, dry_run: bool) -> tuple
 def _toggle(args: argparse.Namespace, home: Path, *, enable: bool) -> int:
     from plugin_llm.plugins.install import missing_env
 
+    clashes = _clashes(home, _resolve_ref(args.name, _refs(home), home).key) if enable else []
     target, changes, result = _set_enabled(home, args.name, enable=enable, dry_run=args.dry_run)
     verb = "enabled" if enable else "disabled"
-    lines: list[str] = []
+    lines: list[str] = [f"warning: {c}" for c in clashes]
     if not changes:
         lines.append(f"{target.key} is already {verb}")
     elif args.dry_run:
@@ -788,8 +791,42 @@ def _toggle(args: argparse.Namespace, home: Path, *, enable: bool) -> int:
         lines.append("Takes effect the next time plugins are loaded (new sessions and commands).")
     _emit(args, {"key": target.key, "action": "enable" if enable else "disable", "changed": bool(changes),
                  "changes": changes, "dry_run": args.dry_run, "diff": result.diff,
-                 "backup": str(result.backup) if result.backup else None, "missing_env": missing}, lines)
+                 "backup": str(result.backup) if result.backup else None, "missing_env": missing,
+                 "clashes": clashes}, lines)
     return 0
+
+
+def _clashes(home: Path, key: str) -> list[str]:
+    """What ``key`` would fail to register once enabled because another plugin has the name
+    (the first plugin to register a name keeps it; see ``registry.load_order``). Loads the
+    plugins read-only (no audit events) as they would load with ``key`` enabled."""
+    from dataclasses import replace
+
+    from plugin_llm.plugins import PluginManager
+
+    manager = PluginManager(home, audit_events=False)
+    real = manager._settings
+
+    class _WithKey:  # config.yaml as it will read once key is enabled
+        def __getattr__(self, name: str) -> Any:
+            return getattr(real, name)
+
+        def current(self) -> Any:
+            settings = real.current()
+            return replace(settings, enabled=settings.enabled | {key}, disabled=settings.disabled - {key})
+
+    manager._settings = _WithKey()  # type: ignore[assignment]
+    quiet = logging.getLogger(_PLUGINS_LOGGER)
+    was = quiet.disabled
+    quiet.disabled = True  # the refusals are reported below, once
+    try:
+        plugins = manager.list_plugins()
+    except Exception:  # a probe never blocks enabling
+        return []
+    finally:
+        quiet.disabled = was
+    mine = next((p for p in plugins if p["key"] == key), None)
+    return [f"{key}: {w}" for w in (mine or {}).get("warnings") or () if "already registered by" in str(w)]
 
 
 # --------------------------------------------------------------------------- interactive

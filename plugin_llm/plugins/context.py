@@ -203,7 +203,8 @@ class PluginContext:
         if owner is None:
             return entry
         if override is not True:
-            self._refuse(f"tool {name!r} refused: the name is already registered by {owner}")
+            self._refuse(f"tool {name!r} refused: the name is already registered by {owner} "
+                         "(it loads first: the first plugin to register a name keeps it)")
             return None
         if not self._manager.settings.entry(self._key).allow_tool_override:
             self._refuse(

@@ -409,7 +409,9 @@ def _plugins_lock(plugins_dir: Path) -> Iterator[None]:
 
 
 def _now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
+    # microseconds: installs within one second still order (registry.load_order: the first installed
+    # keeps a clashing name); a record written with whole seconds sorts before ones of that second
+    return _dt.datetime.now(_dt.timezone.utc).isoformat()
 
 
 # --------------------------------------------------------------------------- validation

@@ -55,6 +55,7 @@ from .isolation import (
 )
 from .tracebacks import frames_text, plugin_dir_of, plugin_frames
 from .registry import (
+    load_order,
     BUILTIN_COMMANDS,
     CliCommandEntry,
     CommandEntry,
@@ -366,6 +367,8 @@ class PluginManager:
             self._generation += 1
             settings = self._settings.current()
             candidates = discover_all_candidates(self.home, self.project_dir, self._entry_points)
+            listed = {id(c): i for i, c in enumerate(candidates)}  # listings keep the discovery order
+            candidates = load_order(candidates, self.home)  # a clashing name stays with the plugin there first
             self._prepare_compat(candidates)
             for candidate in candidates:
                 key = candidate.key
@@ -392,6 +395,7 @@ class PluginManager:
                         category = key.rpartition("/")[0] or "memory"
                         record.note = (f"exclusive plugin: select it with {category}.provider: "
                                        f"{key.rpartition('/')[2]} in config.yaml")
+            self._records = dict(sorted(self._records.items(), key=lambda item: listed[id(item[1].candidate)]))
             self._discovered = True
             loaded = sum(1 for r in self._records.values() if r.status == STATUS_ENABLED)
             _log.debug("plugins: %d found, %d loaded from %s", len(self._records), loaded, self.home)

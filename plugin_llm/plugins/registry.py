@@ -205,6 +205,23 @@ def scan_for_injection(text: str) -> tuple[str, ...]:
     return tuple(findings)
 
 
+def load_order(candidates: list[Any], home: Path) -> list[Any]:
+    """The order plugins load in, which decides name clashes: **the first plugin to register a
+    name keeps it** (a later one's registration is refused and listed as a warning). Plugins
+    placed by hand, project plugins and entry points come first (in discovery order), then the
+    ones ``plugins install`` installed, oldest install first, so installing a plugin never takes a
+    name from one already there. ``candidates`` are :class:`~.discovery.PluginCandidate`."""
+    try:
+        from .install import read_metadata
+
+        installed = {key: entry.installed_at or "" for key, entry in read_metadata(Path(home) / "plugins").items()}
+    except Exception:  # an unreadable record: discovery order
+        installed = {}
+    ranked = sorted(enumerate(candidates), key=lambda item: (
+        (1, installed[item[1].key], item[0]) if item[1].key in installed else (0, "", item[0])))
+    return [c for _, c in ranked]
+
+
 class PluginRegistry:
     """Everything registered by loaded plugins, keyed by name; hooks live in ``HookRunner``."""
 
