@@ -7,6 +7,7 @@ hermes-agent 0.19.0 wheel, copied unchanged (MIT licence next to them).
 from __future__ import annotations
 
 import json
+import time
 import shutil
 import sys
 import textwrap
@@ -302,3 +303,66 @@ def test_the_seed_context_engine_example_runs_as_written(hermes_home):
     engine = manager.context_engine
     assert engine.context_length == 60 and engine.threshold_tokens == 45  # update_model(budget)
     assert engine.last_total_tokens == 2  # update_from_response after each request
+
+
+# --------------------------------------------------------------------------- isolation of the SDK surface
+
+
+def test_each_plugin_gets_the_home_of_the_manager_that_loaded_it(tmp_path):
+    homes = [tmp_path / "a", tmp_path / "b"]
+    managers = []
+    for home in homes:
+        write_plugin(home, "where", """
+            from hermes_constants import get_hermes_home
+            def register(ctx):
+                ctx.register_command("where", lambda raw: str(get_hermes_home()))
+        """)
+        write_config(home, "plugins:\n  enabled: [where]\n")
+        managers.append(load(home))
+    assert [m.run_command("where") for m in managers] == [str(h) for h in homes]
+
+
+def test_a_plugin_cannot_import_the_package_of_a_plugin_that_is_not_loaded(hermes_home):
+    write_plugin(hermes_home, "victim", "SECRET = 1\ndef register(ctx): pass\n")
+    write_plugin(hermes_home, "thief", "from plugins.victim import SECRET\ndef register(ctx): pass\n")
+    write_config(hermes_home, "plugins:\n  enabled: [thief]\n")
+    error = by_key(load(hermes_home))["thief"]["error"].splitlines()[0]
+    assert "plugins.victim belongs to plugin 'victim', which is not loaded" in error
+
+
+def test_a_hanging_memory_prefetch_is_bounded_by_the_hook_timeout(hermes_home):
+    write_plugin(hermes_home, "memory/stuck", """
+        import time
+        from agent.memory_provider import MemoryProvider
+
+        class Stuck(MemoryProvider):
+            name = "stuck"
+            def is_available(self):
+                return True
+            def initialize(self, session_id, **kwargs):
+                pass
+            def get_tool_schemas(self):
+                return []
+            def prefetch(self, query, *, session_id=""):
+                while True:
+                    time.sleep(0.05)
+
+        def register(ctx):
+            ctx.register_memory_provider(Stuck())
+    """)
+    write_config(hermes_home, "memory:\n  provider: stuck\nplugins:\n  hook_timeout: 1\n")
+    started = time.monotonic()
+    with Session(load(hermes_home), llm=ScriptedLlm(reply("fine"))) as session:
+        assert session.run_turn("hi").text == "fine"
+    assert time.monotonic() - started < 10
+
+
+def test_doctor_says_did_you_mean_for_an_old_manifest_name_key(hermes_home, capsys):
+    from plugin_llm.cli.main import main
+
+    write_plugin(hermes_home, "browser/browser_use", "def register(ctx): pass\n", "name: browser-browser-use\n")
+    write_config(hermes_home, "plugins:\n  entries:\n    browser/browser-browser-use:\n      llm:\n"
+                              "        allow_model_override: true\n")
+    main(["doctor"])
+    out, err = capsys.readouterr()
+    assert "did you mean 'browser/browser_use'" in out + err

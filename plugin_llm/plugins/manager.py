@@ -151,7 +151,7 @@ def _is_missing_hermes_module(error: BaseException) -> bool:
     return type(error) is HermesModuleMissing
 
 
-def _register_entry_point_dir(key: str, entry_point: Any) -> None:
+def _register_entry_point_dir(key: str, entry_point: Any, home: Path) -> None:
     """The directory of a pip plugin's package counts as plugin code for the Hermes SDK hook."""
     from importlib.util import find_spec
 
@@ -164,7 +164,7 @@ def _register_entry_point_dir(key: str, entry_point: Any) -> None:
         spec = None
     origin = getattr(spec, "origin", None) if spec is not None else None
     if origin:
-        finder.register_plugin(key, Path(origin).parent, top)
+        finder.register_plugin(key, Path(origin).parent, top, home)
 
 
 def _run_awaitable(awaitable: Any) -> Any:
@@ -408,7 +408,7 @@ class PluginManager:
         roots = [self.home / "plugins"]
         if self.project_dir is not None:
             roots.append(self.project_dir / ".hermes" / "plugins")
-        finder.set_plugin_roots(roots, [c.key for c in candidates if c.error is None])
+        finder.set_plugin_roots(roots, [c.key for c in candidates])  # failed ones too: never importable
         finder.install()
 
     def _unload_all(self) -> None:
@@ -492,7 +492,7 @@ class PluginManager:
         """The plugin's ``register`` (or None) and its directory."""
         candidate = record.candidate
         if candidate.source == SOURCE_ENTRY_POINT:
-            _register_entry_point_dir(record.key, candidate.entry_point)
+            _register_entry_point_dir(record.key, candidate.entry_point, self.home)
             target = candidate.entry_point.load()
             if isinstance(target, types.ModuleType):
                 return getattr(target, "register", None), _module_dir(target)
@@ -518,7 +518,7 @@ class PluginManager:
         sys.modules[module_name] = module
         from plugin_llm.compat.hermes import finder
 
-        finder.register_plugin(record.key, path, module_name)  # its code may import Hermes SDK modules
+        finder.register_plugin(record.key, path, module_name, self.home)  # its code may import Hermes SDK modules
         spec.loader.exec_module(module)
         return getattr(module, "register", None), path
 

@@ -57,7 +57,7 @@ class _Plugin:
     key: str
     path: str  # resolved directory, with a trailing separator
     module_name: str  # the manager's module name (hermes_plugins.<key>)
-    loaded: bool = True
+    home: Path | None = None  # the home of the manager that loaded it
 
 
 _plugins: dict[str, _Plugin] = {}  # dotted key path ("memory.honcho") -> plugin
@@ -84,10 +84,11 @@ def _dotted(key: str) -> str | None:
     return ".".join(parts) if all(p.isidentifier() for p in parts) else None
 
 
-def register_plugin(key: str, path: Path, module_name: str) -> None:
-    """A plugin being loaded: its directory is plugin code, ``plugins.<key>`` is its package."""
+def register_plugin(key: str, path: Path, module_name: str, home: Path | None = None) -> None:
+    """A plugin being loaded: its directory is plugin code, ``plugins.<key>`` is its package,
+    ``home`` the home its SDK calls act on (``get_hermes_home()``)."""
     resolved = os.path.realpath(path) + os.sep
-    entry = _Plugin(key, resolved, module_name)
+    entry = _Plugin(key, resolved, module_name, Path(home) if home is not None else None)
     with _lock:
         _dirs[resolved] = entry
         dotted = _dotted(key)
@@ -129,6 +130,22 @@ def _plugin_frame() -> bool:
         real = os.path.realpath(filename) if not filename.startswith("<") else filename
         return any(real.startswith(d) for d in list(_dirs))
     return False
+
+
+def caller_home() -> Path | None:
+    """The home of the plugin whose code is running on this thread (the nearest plugin frame)."""
+    frame = sys._getframe(1)
+    dirs = list(_dirs.items())
+    if not dirs:
+        return None
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if not filename.startswith(("<", _PACKAGE_DIR)):
+            for directory, entry in dirs:
+                if filename.startswith(directory) or os.path.realpath(filename).startswith(directory):
+                    return entry.home
+        frame = frame.f_back
+    return None
 
 
 class _AliasLoader:
