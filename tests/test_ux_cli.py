@@ -239,3 +239,17 @@ def test_colour_only_on_a_terminal_and_never_with_no_color(boom_home: Path):
     assert "\x1b[31merror\x1b[0m" in coloured
     _, plain = _pty_run(boom_home, ["run", "nosuch"], [], env={"NO_COLOR": "1"})
     assert "\x1b[31m" not in plain and "error:" in plain
+
+
+def test_bare_trust_grant_warns_that_it_allows_any_model(boom_home: Path):
+    out = cli(boom_home, "trust", "grant", "boom", "model")
+    assert out.returncode == 0, out.stderr
+    assert "this allows any model" in out.stderr and "plugin-llm trust grant boom model VALUE" in out.stderr
+    narrowed = cli(boom_home, "trust", "grant", "boom", "model", "gpt-4o-mini")
+    assert "this allows any model" not in narrowed.stderr
+
+
+def test_did_you_mean_names_each_candidate_once(boom_home: Path):
+    out = cli(boom_home, "plugins", "info", "bom")
+    assert out.returncode == 2
+    assert "did you mean 'boom'?" in out.stderr and "'boom' or 'boom'" not in out.stderr

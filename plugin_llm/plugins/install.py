@@ -870,7 +870,8 @@ def resolve_name(name: str, plugins: dict[str, str], *, what: str = "plugin", wh
         raise InstallError(f"{name!r} is ambiguous: it matches {', '.join(matches)}; use the full key")
     import difflib
 
-    close = difflib.get_close_matches(name, list(plugins) + sorted(set(plugins.values())), n=3, cutoff=0.6)
+    names = list(dict.fromkeys([*plugins, *sorted(set(plugins.values()))]))  # a key that is also a name: once
+    close = difflib.get_close_matches(name, names, n=3, cutoff=0.6)
     hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
     if not plugins:
         known = " (none found)"
