@@ -1,0 +1,287 @@
+"""The service over real HTTP: uvicorn on 127.0.0.1, httpx and the openai SDK as clients (issue 14)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+
+import httpx
+import openai
+import pytest
+
+from plugin_llm import limits
+from plugin_llm.service.app import EVENT_AUTH_DENIED
+from plugin_llm.service.tokens import TokenStore
+from tests.conftest import audit_lines, write_config
+from tests.servers import FakeServer, Reply
+from tests.service_server import ServiceServer
+
+USER = [{"role": "user", "content": "hello"}]
+COMPLETE = "/v1/plugin-llm/complete"
+STRUCTURED = "/v1/plugin-llm/complete_structured"
+CHAT = "/v1/chat/completions"
+
+
+@pytest.fixture(autouse=True)
+def _fresh_stores():
+    yield
+    limits.close_stores()
+
+
+@pytest.fixture
+def service(hermes_home):
+    with ServiceServer(hermes_home) as running:
+        yield running
+
+
+def events(home, name):
+    path = home / "logs" / "agent.log"
+    lines = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return [line for line in lines if line.get("event") == name]
+
+
+def test_complete_over_http_is_the_plugins_call_with_its_audit_line(service, hermes_home):
+    token = service.token("notes")
+    response = httpx.post(service.url + COMPLETE, headers=service.auth(token),
+                          json={"messages": USER, "purpose": "summary", "max_tokens": 64})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["provider"] == "local" and "hello" in body["text"]
+    assert body["usage"]["total_tokens"] > 0 and body["tool_calls"] == []
+    [line] = audit_lines(hermes_home)
+    assert line["plugin_id"] == "notes" and line["purpose"] == "summary" and line["mode"] == "async"
+    assert line["call_id"] == body["audit"]["call_id"] and line["status"] == "ok"
+
+
+def test_structured_over_http_parses_and_validates(service, hermes_home):
+    token = service.token("invoices")
+    schema = {"type": "object", "properties": {"vendor": {"type": "string"}, "total": {"type": "number"}},
+              "required": ["vendor", "total"]}
+    response = httpx.post(service.url + STRUCTURED, headers=service.auth(token), json={
+        "instructions": "Extract the invoice", "input": [{"type": "text", "text": "Vendor: ACME\nTotal: 12.50"}],
+        "json_schema": schema, "schema_name": "invoice"})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["parsed"] == {"vendor": "ACME", "total": 12.5} and body["content_type"] == "json"
+    [line] = audit_lines(hermes_home)
+    assert line["api"] == "structured" and line["validation"] == "passed" and line["plugin_id"] == "invoices"
+
+
+@pytest.mark.parametrize("case", ["missing", "not bearer", "unknown", "malformed", "expired", "revoked"])
+def test_every_bad_token_gets_the_same_401_and_an_audit_event_without_the_token(service, hermes_home, case):
+    store = TokenStore(hermes_home)
+    info, token = store.create("p", expires_in=None)
+    headers = {}
+    if case == "not bearer":
+        headers = {"Authorization": f"Basic {token}"}
+    elif case == "unknown":
+        token = "plg_" + secrets.token_urlsafe(32)
+        headers = service.auth(token)
+    elif case == "malformed":
+        token = "sk-" + secrets.token_hex(20)
+        headers = service.auth(token)
+    elif case == "expired":
+        expired_info, token = TokenStore(hermes_home, clock=lambda: 0.0).create("p", expires_in=1)
+        headers = service.auth(token)
+    elif case == "revoked":
+        store.revoke(info.id)
+        headers = service.auth(token)
+    response = httpx.post(service.url + COMPLETE, headers=headers, json={"messages": USER})
+    assert response.status_code == 401
+    assert response.json() == {"error": {
+        "type": "PluginLlmAuthError", "param": None, "code": "invalid_token",
+        "message": "the token is not valid: send 'Authorization: Bearer plg_...' with a token the operator "
+                   "created with 'plugin-llm tokens create PLUGIN'"}}
+    assert response.headers["www-authenticate"].startswith("Bearer")
+    [event] = events(hermes_home, EVENT_AUTH_DENIED)
+    expected = {"missing": "missing", "not bearer": "missing", "unknown": "unknown", "malformed": "unknown",
+                "expired": "expired", "revoked": "revoked"}[case]
+    assert event["reason"] == expected and event["path"] == COMPLETE
+    if case == "revoked":
+        assert event["token_id"] == info.id and event["plugin_id"] == "p"
+    log = (hermes_home / "logs" / "agent.log").read_text()
+    assert token not in log and token[4:] not in log
+    assert audit_lines(hermes_home) == []  # nothing reached the pipeline
+
+
+@pytest.mark.parametrize("body, status, param, fragment", [
+    (b"{not json", 400, None, "not valid JSON"),
+    (b"[1, 2]", 400, None, "must be a JSON object, got a JSON array"),
+    (b"", 400, None, "has no body"),
+    (b'{"messages": [], "x": NaN}', 400, None, "NaN"),
+    (b'{"mesages": []}', 400, "mesages", "did you mean 'messages'"),
+    (b'{"purpose": "x"}', 400, "messages", "messages is required"),
+    (b'{"messages": "hi"}', 400, "messages", "messages must be a list"),
+    (b'{"messages": [{"role": "robot", "content": "x"}]}', 400, "messages", "messages[0]['role']"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}', 400, "temperature", "a number"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 1.5}', 400, "max_tokens", "whole number"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "top_p": 7}', 400, "top_p", "top_p must be"),
+    (b'[' * 100 + b']' * 100, 400, None, "nested deeper"),
+    (b"\xff\xfe", 400, None, "not UTF-8"),
+])
+def test_bad_requests_get_400_naming_the_field(service, body, status, param, fragment):
+    token = service.token("p")
+    response = httpx.post(service.url + COMPLETE, headers={**service.auth(token), "Content-Type": "application/json"},
+                          content=body)
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert error["param"] == param and fragment in error["message"]
+    assert error["type"] == "ValueError" and error["code"] == "invalid_request"
+
+
+def test_an_oversized_body_is_413_before_it_is_read_whole(hermes_home):
+    with ServiceServer(hermes_home, max_body=1024) as service:
+        token = service.token("p")
+        big = {"messages": [{"role": "user", "content": "x" * 5000}]}
+        response = httpx.post(service.url + COMPLETE, headers=service.auth(token), json=big)
+        assert response.status_code == 413 and response.json()["error"]["code"] == "body_too_large"
+
+        def chunks():  # no Content-Length: the cap holds on the stream too
+            for _ in range(10):
+                yield b"x" * 512
+
+        response = httpx.post(service.url + COMPLETE, headers=service.auth(token), content=chunks())
+        assert response.status_code == 413
+
+
+def test_errors_map_to_their_status_with_the_in_process_message(hermes_home, custom_route):
+    with FakeServer([Reply.error(400, "no such model"), Reply.hanging()]) as upstream:
+        custom_route(upstream.base_url, extra="limits:\n  store: local\nplugins:\n  entries:\n    capped:\n"
+                                              "      limits:\n        requests_per_minute: 1\n")
+        with ServiceServer(hermes_home) as service:
+            token = service.token("p")
+            provider = httpx.post(service.url + COMPLETE, headers=service.auth(token), json={"messages": USER})
+            timeout = httpx.post(service.url + COMPLETE, headers=service.auth(token),
+                                 json={"messages": USER, "timeout": 0.5})
+            denied = httpx.post(service.url + COMPLETE, headers=service.auth(token),
+                                json={"messages": USER, "model": "gpt-4o-mini"})
+            forbidden = httpx.post(service.url + COMPLETE, headers=service.auth(token),
+                                   json={"messages": USER, "api_base": "http://evil.example"})
+            capped = service.token("capped")
+            upstream.default = Reply()
+            httpx.post(service.url + COMPLETE, headers=service.auth(capped), json={"messages": USER})
+            quota = httpx.post(service.url + COMPLETE, headers=service.auth(capped), json={"messages": USER})
+    assert provider.status_code == 502 and provider.json()["error"]["type"] == "PluginLlmProviderError"
+    assert provider.json()["error"]["status"] == 400 and "no such model" in provider.json()["error"]["message"]
+    assert timeout.status_code == 504 and timeout.json()["error"]["type"] == "PluginLlmTimeoutError"
+    assert denied.status_code == 403 and denied.json()["error"]["type"] == "PluginLlmTrustError"
+    assert denied.json()["error"]["config_key"] == "plugins.entries.p.llm.allow_model_override"
+    assert forbidden.status_code == 403 and "endpoint or a key" in forbidden.json()["error"]["message"]
+    assert quota.status_code == 429 and quota.json()["error"]["type"] == "PluginLlmQuotaError"
+    assert quota.json()["error"]["limit"] == "requests_per_minute"
+    assert 1 <= int(quota.headers["retry-after"]) <= 60
+    statuses = [line["status"] for line in audit_lines(hermes_home)]
+    assert statuses == ["provider_error", "timeout", "denied", "denied", "ok", "quota"]
+
+
+def test_a_schema_error_is_422_with_the_errors_and_the_text(hermes_home, custom_route):
+    with FakeServer(default=Reply.json('{"vendor": 1}')) as upstream:
+        custom_route(upstream.base_url)
+        with ServiceServer(hermes_home) as service:
+            token = service.token("p")
+            response = httpx.post(service.url + STRUCTURED, headers=service.auth(token), json={
+                "instructions": "x", "input": ["y"],
+                "json_schema": {"type": "object", "properties": {"vendor": {"type": "string"}}}})
+    assert response.status_code == 422
+    error = response.json()["error"]
+    assert error["type"] == "PluginLlmSchemaError" and error["text"] == '{"vendor": 1}'
+    assert any(e.startswith("$.vendor") for e in error["errors"]) and error["usage"]["total_tokens"] == 20
+
+
+def test_openai_sdk_against_chat_completions(service, hermes_home):
+    token = service.token("sdk-plugin")
+    client = openai.OpenAI(base_url=service.url + "/v1", api_key=token, max_retries=0)
+    reply = client.chat.completions.create(model="default", messages=USER)
+    assert "hello" in reply.choices[0].message.content and reply.choices[0].finish_reason == "stop"
+    assert reply.usage.total_tokens > 0 and reply.model == "local-echo-1"
+    stream = client.chat.completions.create(messages=USER, model="default", stream=True,
+                                            stream_options={"include_usage": True})
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == reply.choices[0].message.content
+    assert chunks[-1].usage is not None and chunks[-1].usage.total_tokens == reply.usage.total_tokens
+    with pytest.raises(openai.PermissionDeniedError) as denied:
+        client.chat.completions.create(model="gpt-4o", messages=USER)
+    assert "allow_model_override" in str(denied.value)
+    with pytest.raises(openai.BadRequestError, match="logprobs"):
+        client.chat.completions.create(model="default", messages=USER, logprobs=True)
+    bad = openai.OpenAI(base_url=service.url + "/v1", api_key="plg_" + "x" * 43, max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad.chat.completions.create(model="default", messages=USER)
+    lines = audit_lines(hermes_home)
+    assert [(line["plugin_id"], line["status"]) for line in lines] == [
+        ("sdk-plugin", "ok"), ("sdk-plugin", "ok"), ("sdk-plugin", "denied")]
+
+
+def test_async_openai_sdk_with_a_trusted_model_override(hermes_home, custom_route):
+    import asyncio
+
+    with FakeServer() as upstream:
+        custom_route(upstream.base_url, extra="plugins:\n  entries:\n    trusted:\n      llm:\n"
+                                              "        allow_model_override: true\n")
+        with ServiceServer(hermes_home) as service:
+            token = service.token("trusted")
+
+            async def run():
+                client = openai.AsyncOpenAI(base_url=service.url + "/v1", api_key=token, max_retries=0)
+                replies = await asyncio.gather(*[client.chat.completions.create(model="other-model", messages=USER)
+                                                 for _ in range(8)])
+                await client.close()
+                return replies
+
+            replies = asyncio.run(run())
+        assert {r.choices[0].message.content for r in replies} == {"ok"}
+        assert {r.json.get("model") for r in upstream.requests if r.json} == {"other-model"}
+    assert [line["gen_ai.request.model"] for line in audit_lines(hermes_home)] == ["other-model"] * 8
+
+
+def test_healthz_and_metrics(service):
+    token = service.token("metered")
+    assert httpx.get(service.url + "/healthz").json()["status"] == "ok"
+    httpx.post(service.url + COMPLETE, headers=service.auth(token), json={"messages": USER})
+    httpx.post(service.url + COMPLETE, headers=service.auth(token), json={"messages": USER, "model": "x"})
+    httpx.post(service.url + COMPLETE, headers=service.auth("plg_" + "y" * 43), json={"messages": USER})
+    text = httpx.get(service.url + "/metrics").text
+    assert 'plugin_llm_service_calls_total{endpoint="complete",plugin="metered",status="ok"} 1.0' in text
+    assert 'plugin_llm_service_calls_total{endpoint="complete",plugin="metered",status="denied"} 1.0' in text
+    assert 'plugin_llm_service_denials_total{plugin="",reason="unknown"} 1.0' in text
+    assert 'plugin_llm_service_tokens_total{direction="output",plugin="metered"}' in text
+    assert 'plugin_llm_service_latency_seconds_count{plugin="metered",status="ok"} 1.0' in text
+    assert "plugin_llm_service_cost_usd" in text
+
+
+def test_unknown_paths_and_methods(service):
+    assert httpx.get(service.url + "/v1/nope").status_code == 404
+    response = httpx.get(service.url + COMPLETE)
+    assert response.status_code == 405 and response.json()["error"]["code"] == "method_not_allowed"
+
+
+def test_no_token_or_key_in_responses_logs_or_audit(hermes_home, custom_route, caplog):
+    secret = f"cnry{secrets.token_hex(16)}"
+    auth = hermes_home / "auth.json"
+    auth.write_text(json.dumps({"providers": {"custom": {"api_key": secret}}}))
+    os.chmod(auth, 0o600)
+
+    def echo(_json, headers, path):  # a provider that echoes the key back in its error
+        key = next(v for k, v in headers.items() if k.lower() == "authorization")
+        return 401, {"error": {"message": f"Incorrect API key provided: {key}", "type": "invalid_request_error"}}
+
+    caplog.set_level(logging.DEBUG)
+    with FakeServer([Reply()], default=Reply(body=echo)) as upstream:
+        custom_route(upstream.base_url)
+        with ServiceServer(hermes_home) as service:
+            token = service.token("p")
+            bodies = [httpx.post(service.url + path, headers=service.auth(token), json=payload).text
+                      for path, payload in [(COMPLETE, {"messages": USER}), (COMPLETE, {"messages": USER}),
+                                            (CHAT, {"messages": USER}), (COMPLETE, {"messages": USER, "model": "m"}),
+                                            (COMPLETE, {"messages": USER, "api_key": token})]]
+            bodies.append(httpx.post(service.url + COMPLETE, headers=service.auth(token[:-2] + "AA"),
+                                     json={"messages": USER}).text)
+            bodies.append(httpx.get(service.url + "/metrics").text)
+        assert any(secret in r.headers.get("Authorization", "") for r in upstream.requests)  # the key was used
+    assert json.loads(bodies[0])["text"] == "ok" and json.loads(bodies[1])["error"]["type"] == "PluginLlmProviderError"
+    log = (hermes_home / "logs" / "agent.log").read_text()
+    for text in bodies + [log, caplog.text]:
+        assert secret not in text and token not in text and token[4:] not in text

@@ -1,0 +1,115 @@
+"""Per-plugin service tokens: create/list/revoke/expiry, only digests stored, the CLI (issue 14)."""
+
+from __future__ import annotations
+
+import json
+import stat
+import time
+
+import pytest
+
+from plugin_llm.cli.main import main
+from plugin_llm.service.tokens import CACHE_SECONDS, TokenError, TokenStore, digest, parse_duration, tokens_path
+
+
+def test_create_prints_a_plg_token_of_32_random_bytes_and_stores_only_its_digest(hermes_home):
+    store = TokenStore(hermes_home)
+    info, token = store.create("my-plugin")
+    store.close()
+    assert token.startswith("plg_") and len(token) >= 4 + 43  # 32 bytes, urlsafe base64 without padding
+    path = tokens_path(hermes_home)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    raw = b"".join(p.read_bytes() for p in path.parent.iterdir())  # the database and its WAL
+    assert token.encode() not in raw and token[4:].encode() not in raw
+    assert digest(token).encode() in raw
+    assert info.id.startswith("tok_") and info.plugin == "my-plugin" and info.expires is None
+    other = TokenStore(hermes_home).create("my-plugin")[1]
+    assert other != token
+
+
+def test_verify_active_unknown_expired_and_revoked(hermes_home):
+    now = [1_000_000.0]
+    store = TokenStore(hermes_home, clock=lambda: now[0])
+    live, live_token = store.create("a")
+    short, short_token = store.create("b", expires_in=60)
+    gone, gone_token = store.create("c")
+    assert store.verify(live_token) == (live, "ok")
+    assert store.verify(short_token)[1] == "ok"
+    store.revoke(gone.id)
+    assert store.verify(gone_token)[1] == "revoked"
+    now[0] += 61
+    assert store.verify(short_token)[1] == "expired"  # even while the positive answer is still cached
+    assert store.verify("plg_" + "A" * 43) == (None, "unknown")
+    assert store.verify("not-a-token") == (None, "unknown")
+    assert store.verify("plg_" + "A" * 5000) == (None, "unknown")
+    statuses = {row.id: row.status(now[0]) for row in store.list()}
+    assert statuses == {live.id: "active", short.id: "expired", gone.id: "revoked"}
+
+
+def test_revocation_reaches_another_store_on_the_same_file_within_the_cache_time(hermes_home):
+    mono = [0.0]
+    server = TokenStore(hermes_home, monotonic=lambda: mono[0])  # a worker that has seen the token
+    operator = TokenStore(hermes_home)
+    info, token = operator.create("p")
+    assert server.verify(token)[1] == "ok"
+    operator.revoke(info.id)
+    mono[0] += CACHE_SECONDS  # the cached answer has expired: the file is read again
+    assert server.verify(token)[1] == "revoked"
+    assert CACHE_SECONDS <= 1.0
+
+
+@pytest.mark.parametrize("text, seconds", [("30d", 30 * 86400), ("12h", 43200), ("90m", 5400), ("3600s", 3600),
+                                           ("2w", 14 * 86400), ("7", 7 * 86400)])
+def test_durations(text, seconds):
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "0d", "-1d", "soon", "1y", "1.5d"])
+def test_bad_durations_say_what_is_accepted(text):
+    with pytest.raises(TokenError, match="30d, 12h, 90m or 2w"):
+        parse_duration(text)
+
+
+def test_bad_plugin_keys_and_ids_are_refused(hermes_home):
+    store = TokenStore(hermes_home)
+    for bad in ("", "  ", "two words", "x\x1b[31m"):
+        with pytest.raises(TokenError, match="plugin key"):
+            store.create(bad)
+    with pytest.raises(TokenError, match="tok_0123456789ab"):
+        store.revoke("nonsense")
+    with pytest.raises(TokenError, match="no token tok_0123456789ab"):
+        store.revoke("tok_0123456789ab")
+
+
+def test_cli_create_list_revoke(hermes_home, capsys):
+    assert main(["tokens", "create", "my-plugin", "--expires", "30d", "--json"]) == 0
+    created = json.loads(capsys.readouterr().out)
+    token = created["token"]
+    assert token.startswith("plg_") and created["plugin"] == "my-plugin" and created["status"] == "active"
+    assert created["expires"] == pytest.approx(time.time() + 30 * 86400, abs=60)
+    assert main(["tokens", "create", "other"]) == 0
+    out = capsys.readouterr()
+    plain_token = out.out.strip()
+    assert plain_token.startswith("plg_") and "shown once" in out.err
+    assert main(["tokens", "list", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert [row["plugin"] for row in listed] == ["my-plugin", "other"]
+    assert main(["tokens", "list"]) == 0
+    table = capsys.readouterr().out
+    assert created["id"] in table and token not in table and plain_token not in table
+    assert main(["tokens", "revoke", created["id"]]) == 0
+    assert "revoked" in capsys.readouterr().out
+    assert TokenStore(hermes_home).verify(token)[1] == "revoked"
+    log = (hermes_home / "logs" / "agent.log").read_text()
+    events = [json.loads(line) for line in log.splitlines()]
+    assert [e["event"] for e in events if e["event"].startswith("service.")] == [
+        "service.token_created", "service.token_created", "service.token_revoked"]
+    assert token not in log and plain_token not in log
+
+
+def test_cli_mistakes_are_one_line_errors(hermes_home, capsys):
+    assert main(["tokens", "create", "p", "--expires", "forever"]) == 2
+    assert main(["tokens", "revoke", "tok_0123456789ab"]) == 2
+    err = capsys.readouterr().err
+    assert "30d" in err and "no token tok_0123456789ab" in err and "Traceback" not in err
+    assert main(["tokens", "list"]) == 0 and "No tokens" in capsys.readouterr().out
