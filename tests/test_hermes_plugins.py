@@ -366,3 +366,43 @@ def test_doctor_says_did_you_mean_for_an_old_manifest_name_key(hermes_home, caps
     main(["doctor"])
     out, err = capsys.readouterr()
     assert "did you mean 'browser/browser_use'" in out + err
+
+
+def test_the_bundled_report_counts_per_kind(tmp_path, monkeypatch, capsys):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("hermes_bundled_report",
+                                                  Path(__file__).parents[1] / "benchmarks" / "hermes_bundled_report.py")
+    report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(report)
+    monkeypatch.setenv("HERMES_HOME", str(tmp_path / "unused"))  # the script points it at its own temp home
+    assert report.main([str(BUNDLED), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["plugins"] == 5 and data["hermes_keys"] is True
+    assert data["per_kind"] == {
+        "backend": {"found": 1, "loaded": 1},
+        "image_gen": {"found": 1, "loaded": 1},
+        "memory": {"found": 1, "loaded": 1},
+        "model-provider": {"found": 1, "skipped": 1},
+        "standalone": {"found": 1, "loaded": 1},
+    }
+
+
+def test_the_seed_context_engine_example_verbatim_loads_and_a_broken_compress_falls_back(hermes_home):
+    seeds = Path(__file__).parents[2] / "shared" / "seeds" / "000_f62bcae4ea3f0cbe.txt"
+    text = seeds.read_text(encoding="utf-8") if seeds.exists() else ""
+    start = text.find("from agent.context_engine import ContextEngine")
+    end = text.find("ctx.register_context_engine(MyContextEngine())", start)
+    code = text[start:end] + "ctx.register_context_engine(MyContextEngine())\n" if start >= 0 and end > 0 else (
+        "from agent.context_engine import ContextEngine\n\nclass MyContextEngine(ContextEngine):\n"
+        "    name = \"my-engine\"\n\n    def compress(self, messages, **kwargs):\n        # 自定义压缩逻辑\n"
+        "        return compressed_messages\n\ndef register(ctx):\n    ctx.register_context_engine(MyContextEngine())\n")
+    assert "return compressed_messages" in code  # the seed's own text: compressed_messages is never defined
+    write_plugin(hermes_home, "context_engine/my-engine", code)
+    write_config(hermes_home, "plugins:\n  enabled: [context_engine/my-engine]\ncontext:\n  budget_tokens: 60\n")
+    manager = load(hermes_home)
+    assert by_key(manager)["context_engine/my-engine"]["status"] == "enabled"
+    assert manager.context_engine.name == "my-engine"
+    llm = ScriptedLlm(reply("ok"))
+    with Session(manager, llm=llm) as session:
+        assert session.run_turn("first " * 200).text == "ok"  # compress raised NameError: built-in compressor

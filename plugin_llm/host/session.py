@@ -827,7 +827,7 @@ class Session:
         call = self.manager.call_plugin
         if call("memory is_available", key, provider.is_available) is not True:
             return
-        outcome = call_limited_ok(call, "memory initialize", key, provider.initialize, self.session_id,
+        outcome = _ran_ok(call, "memory initialize", key, provider.initialize, self.session_id,
                                   hermes_home=str(self.manager.home), platform=self.platform,
                                   agent_context="primary")
         if not outcome:
@@ -970,19 +970,17 @@ class Session:
 # --- module helpers ----------------------------------------------------------------------
 
 
-def call_limited_ok(call: Callable[..., Any], what: str, key: str, fn: Callable[..., Any], *args: Any,
+def _ran_ok(call: Callable[..., Any], what: str, key: str, fn: Callable[..., Any], *args: Any,
                     **kwargs: Any) -> bool:
     """True when ``call(what, key, fn, ...)`` ran without failing (a None result is fine)."""
-    failed: list[bool] = []
+    import functools
 
     def wrapped(*a: Any, **k: Any) -> bool:
         fn(*a, **k)
         return True
 
-    import functools
-
     functools.update_wrapper(wrapped, fn)  # keyword filtering follows fn's signature
-    return call(what, key, wrapped, *args, **kwargs) is True and not failed
+    return call(what, key, wrapped, *args, **kwargs) is True
 
 
 def _llm_request_payload(value: Any) -> dict[str, Any]:
