@@ -54,8 +54,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     parser = subparsers.add_parser(
         "audit",
-        help="tail, query, summarise and verify the audit log",
-        description="Read the tamper-evident audit log ($HERMES_HOME/logs/agent.log and its rotated backups).",
+        help="tail, query, summarise, export and verify the audit log; manage its signing key",
+        description="Read the tamper-evident audit log ($HERMES_HOME/logs/agent.log and its rotated backups); "
+                    "with a signing key (audit keygen), checkpoints an auditor verifies with the public key alone.",
     )
     actions = parser.add_subparsers(dest="audit_action", metavar="ACTION")
 
@@ -78,7 +79,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     stats.add_argument("--json", action="store_true", help="one JSON document")
 
     verify = actions.add_parser(
-        "verify", parents=[common], help="check the hash chain (exit 0 only if whole)",
+        "verify", parents=[common], help="check the hash chain and signed checkpoints; list every problem (exit 0 only if whole)",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Walk every file oldest first and list every broken, missing, reordered, inserted, edited,\n"
                     "torn, re-encoded or unreadable line, and -- with public keys -- every record a signed\n"
