@@ -597,3 +597,17 @@ def test_a_last_checkpoint_missing_only_its_closing_blank_line_still_counts(sign
     result = verify(path, pubkeys=pubkeys)
     assert result.ok and result.checkpoints.covered_seq == 35
     assert [w.kind for w in result.warnings] == ["checkpoint_torn"]
+
+
+def test_a_lost_key_is_replaced_keeping_the_logs_origin(hermes_home, capsys):
+    assert main(["audit", "keygen"]) == 0
+    path = write(hermes_home, 12)
+    old = read_verifiers(pub_file(key_file(hermes_home)))[0]
+    key_file(hermes_home).unlink()  # lost
+    code, _, err = cli(capsys, "audit", "keygen")
+    assert code == 0 and "cannot be endorsed" in err
+    write(hermes_home, 12, 12)
+    both = read_verifiers(pub_file(key_file(hermes_home)))
+    assert [v.name for v in both] == [old.name, old.name]
+    assert verify(path, pubkeys=both).ok  # same origin: one log, two keys
+    assert "checkpoint_key" in kinds(verify(path, pubkeys=[old]))  # the old key alone cannot vouch for the new

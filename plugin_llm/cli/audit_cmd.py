@@ -521,7 +521,14 @@ def _make_key(args: argparse.Namespace, home: Path, log_path: Path) -> int:
         if old is not None and not args.rotate:
             raise CliError(f"{key} already holds a signing key (key id {old.key_id_hex}); to replace it run "
                            f"`plugin-llm audit keygen --rotate` (old checkpoints keep verifying with {pub})")
-    line, new = generate_key(old.name if old is not None else None)
+    name = old.name if old is not None else None
+    if old is None and pub.is_file():  # the key was lost: keep the log's origin (no hand-over is possible)
+        from audit.signing import read_verifiers
+
+        name = read_verifiers(pub)[-1].name
+        print(f"plugin-llm: note: {pub} names earlier keys but their private key is gone, so the new key cannot "
+              f"be endorsed by a signed hand-over: auditors need the new public key as well", file=sys.stderr)
+    line, new = generate_key(name)
     log = AuditLog(log_path, settings, signer=new)
     try:
         if old is not None:  # the hand-over: signed by both, naming the new key
