@@ -229,6 +229,22 @@ def test_a_non_interactive_install_grants_nothing_and_consent_grants(hermes_home
     assert load(hermes_home).run_command("caps") == "llm.model_override"
     code, out, _ = run(capsys, "trust", "explain", "capper", "--model", "gpt-4o")
     assert "allowed by the granted capability llm.model_override" in out
+    code, out, _ = run(capsys, "trust", "show", "capper")
+    assert "may override model (by capability llm.model_override)" in out
+    assert "capability llm.model_override  granted (consent recorded)" in out
+
+
+def test_the_trust_gate_allows_an_override_by_flag_or_granted_capability():
+    from plugin_llm.trust import Overrides, TrustPolicy, decide
+
+    ask = Overrides(model="gpt-4o")
+    assert not decide("p", TrustPolicy(), ask).allowed
+    by_capability = decide("p", TrustPolicy(granted_capabilities=("llm.model_override",)), ask)
+    assert by_capability.allowed and by_capability.reason == "overrides granted by capability llm.model_override"
+    assert decide("p", TrustPolicy(allow_model_override=True), ask).reason == "overrides granted by allow_model_override"
+    listed = TrustPolicy(granted_capabilities=("llm.model_override",), allowed_models=("gpt-4o-mini",))
+    assert not decide("p", listed, ask).allowed  # the allowlist applies either way
+    assert not decide("p", TrustPolicy(granted_capabilities=("llm.model_override",)), Overrides(provider="x")).allowed
 
 
 def test_install_on_a_terminal_shows_the_capabilities_and_asks(hermes_home, tmp_path, capsys, monkeypatch):

@@ -406,3 +406,63 @@ def test_the_seed_context_engine_example_verbatim_loads_and_a_broken_compress_fa
     llm = ScriptedLlm(reply("ok"))
     with Session(manager, llm=llm) as session:
         assert session.run_turn("first " * 200).text == "ok"  # compress raised NameError: built-in compressor
+
+
+RECORDING_MEMORY = """
+import json, os
+from agent.memory_provider import MemoryProvider
+
+def log(*event):
+    with open(os.path.join(os.environ["HERMES_HOME"], "memory.jsonl"), "a") as fh:
+        fh.write(json.dumps(event) + "\\n")
+
+class Recording(MemoryProvider):
+    name = "recording"
+    def is_available(self):
+        return True
+    def initialize(self, session_id, **kwargs):
+        log("initialize", sorted(kwargs))
+    def system_prompt_block(self):
+        return "MEMORY-BLOCK"
+    def on_turn_start(self, turn_number, message, **kwargs):
+        log("on_turn_start", turn_number, message)
+    def prefetch(self, query, *, session_id=""):
+        log("prefetch", query)
+        return "recalled"
+    def sync_turn(self, user_content, assistant_content, *, session_id="", messages=None):
+        log("sync_turn", user_content, assistant_content, len(messages or []))
+    def queue_prefetch(self, query, *, session_id=""):
+        log("queue_prefetch", query)
+    def get_tool_schemas(self):
+        return []
+    def on_session_switch(self, new_session_id, *, parent_session_id="", reset=False, **kwargs):
+        log("on_session_switch", reset)
+    def on_session_end(self, messages):
+        log("on_session_end", len(messages))
+    def shutdown(self):
+        log("shutdown")
+
+def register(ctx):
+    ctx.register_memory_provider(Recording())
+"""
+
+
+def test_the_host_drives_a_hermes_memory_provider_in_hermes_order(hermes_home):
+    write_plugin(hermes_home, "memory/recording", RECORDING_MEMORY)
+    write_config(hermes_home, "memory:\n  provider: recording\n")
+    llm = ScriptedLlm(reply("a1"), reply("a2"))
+    with Session(load(hermes_home), llm=llm) as session:
+        session.run_turn("q1")
+        session.reset()
+        session.run_turn("q2")
+    events = [json.loads(line) for line in (hermes_home / "memory.jsonl").read_text().splitlines()]
+    assert events == [
+        ["initialize", ["agent_context", "hermes_home", "platform"]],
+        ["on_turn_start", 1, "q1"], ["prefetch", "q1"],
+        ["sync_turn", "q1", "a1", 2], ["queue_prefetch", "q1"],
+        ["on_session_switch", True],
+        ["on_turn_start", 2, "q2"], ["prefetch", "q2"],
+        ["sync_turn", "q2", "a2", 2], ["queue_prefetch", "q2"],
+        ["on_session_end", 2], ["shutdown"],
+    ]
+    assert llm.requests[0]["messages"][0]["content"].endswith("MEMORY-BLOCK")

@@ -34,8 +34,8 @@ under ``plugins.hook_timeout``, :meth:`PluginManager.call_plugin`): a Hermes
 (``on_turn_start``, ``prefetch`` — fenced as ``<memory-context>`` on the
 turn's user message, never stored), its ``get_tool_schemas`` are offered as
 tools (answered by ``handle_tool_call`` through the tool pipeline), told after
-each turn (``sync_turn``, ``queue_prefetch``) and at close (``on_session_end``,
-``shutdown``). A Hermes ``ContextEngine`` gets ``on_session_start`` and
+each turn (``sync_turn``, ``queue_prefetch``), on ``/reset`` (``on_session_switch``
+with ``reset=True``) and at close (``on_session_end``, ``shutdown``). A Hermes ``ContextEngine`` gets ``on_session_start`` and
 ``update_model(model, context_length=<budget>)`` once, ``should_compress`` /
 ``compress`` before each request, ``update_from_response`` after it and
 ``on_session_end`` at close. ``llm_execution`` middleware wraps each model
@@ -584,6 +584,13 @@ class Session:
         self._started = False
         self._hook("on_session_reset", session_id=self.session_id, previous_session_id=old,
                    platform=self.platform)
+        if self._hmemory is not None:  # Hermes: a new conversation under a new id, provider kept
+            provider, key = self._hmemory
+            self.manager.call_plugin("memory on_session_switch", key, provider.on_session_switch,
+                                     self.session_id, parent_session_id=old, reset=True)
+        if self._engine_started is not None:
+            engine, key = self._engine_started
+            self.manager.call_plugin("context engine on_session_reset", key, engine.on_session_reset)
         return f"New conversation started (session {self.session_id})."
 
     def _help_text(self) -> str:
