@@ -95,6 +95,11 @@ def test_a_failing_or_hanging_middleware_is_skipped_within_the_time_limit(hermes
     started = time.monotonic()
     assert manager.dispatch_tool("echo", {"x": "a"}) == "echo:a"  # both skipped, the tool still runs
     assert time.monotonic() - started < 10
+    plugins = by_key(manager)
+    assert plugins["broken"]["middleware"] == plugins["slow"]["middleware"] == ["tool_execution"]
+    failed = [json.loads(line) for line in (hermes_home / "logs" / "agent.log").read_text().splitlines()
+              if '"hook_error"' in line]
+    assert {e["plugin_id"] for e in failed} == {"broken", "slow"}
 
 
 def test_the_middleware_time_limit_does_not_count_the_downstream_call(hermes_home):
