@@ -189,3 +189,24 @@ def test_an_attached_session_starts_loading_litellm(hermes_home):
         "session.close()\n"
     )
     assert python(code) == "True True"
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_an_http_proxy_from_the_environment_is_used(hermes_home, monkeypatch, mode):
+    from plugin_llm.transport import _fastpath
+
+    for name in ("NO_PROXY", "no_proxy", "ALL_PROXY", "all_proxy", "HTTPS_PROXY", "https_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    with FakeServer() as proxy:
+        monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{proxy.port}")
+        monkeypatch.setenv("http_proxy", f"http://127.0.0.1:{proxy.port}")
+        _fastpath.reset_clients()  # proxies are looked up once per endpoint
+        write_config(hermes_home, "model:\n  provider: custom\n  model: m\n  base_url: http://127.0.0.1:9/v1\n")
+        try:
+            llm = PluginLlm("p")
+            result = llm.complete(USER) if mode == "sync" else asyncio.run(llm.acomplete(USER))
+        finally:
+            _fastpath.reset_clients()
+        [request] = proxy.requests
+    assert result.text == "ok"
+    assert request.path == "http://127.0.0.1:9/v1/chat/completions"  # the absolute form a proxy is sent
