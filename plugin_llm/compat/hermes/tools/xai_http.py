@@ -1,8 +1,10 @@
 """``tools.xai_http``: helpers of the xAI backends.
 
-Credentials come from the process environment only (``XAI_API_KEY``, which the
-plugin could read itself): never from this host's credential store, whose keys
-plugins never see.
+No credential is handed out: ``XAI_API_KEY`` is the variable this host reads
+its own xAI provider key from, and plugins never receive the host's keys
+(their model calls go through ``ctx.llm``). :func:`has_xai_credentials` is
+therefore False and :func:`resolve_xai_http_credentials` returns an empty
+``api_key``: an xAI backend loads and reports itself unavailable.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ def get_env_value(name: str, default: Any = None) -> Any:
 
 
 def has_xai_credentials() -> bool:
-    return bool(get_env_value("XAI_API_KEY"))
+    return False  # the host's XAI_API_KEY is never a plugin's
 
 
 def hermes_xai_user_agent() -> str:
@@ -38,9 +40,9 @@ def hermes_xai_user_agent() -> str:
 
 
 def resolve_xai_http_credentials(*, force_refresh: bool = False, api_key_hint: str = "") -> Dict[str, str]:
-    """``{"provider", "api_key", "base_url"}`` from the environment (``api_key`` "" when unset)."""
+    """``{"provider", "api_key", "base_url"}`` with an empty ``api_key`` (see the module docstring)."""
     base = str(get_env_value("HERMES_XAI_BASE_URL") or get_env_value("XAI_BASE_URL") or DEFAULT_XAI_BASE_URL)
-    return {"provider": "xai", "api_key": str(get_env_value("XAI_API_KEY", "")), "base_url": base.rstrip("/")}
+    return {"provider": "xai", "api_key": "", "base_url": base.rstrip("/")}
 
 
 def _section(name: str) -> Dict[str, Any]:
