@@ -195,8 +195,10 @@ def load_plugin(
         manager.discover_plugins()
         entry = next((p for p in manager.list_plugins() if p["name"] == name or p["key"] == name), None)
         if entry is None or entry["status"] != "enabled":
-            what = entry["error"] if entry else "not found"
-            raise PluginLoadError(f"plugin {name} did not load: {what or (entry or {}).get('status')}")
+            what = (entry["error"] or entry["status"]) if entry else "not found"
+            frames = "".join(f"\n    {f}" for f in (entry or {}).get("error_frames") or ())
+            raise PluginLoadError(f"plugin {name} did not load: {what}"
+                                  + (f"\n  plugin traceback (most recent call last):{frames}" if frames else ""))
         yield PluginHarness(manager, entry["key"], scripted)
     finally:
         if scripted in local_model._SCRIPT:

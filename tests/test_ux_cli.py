@@ -83,7 +83,10 @@ def test_import_failure_frames_in_plugins_info_list_and_audit(hermes_home: Path)
     cli(hermes_home, "run", "nosuch")  # a loading command records the failure in the audit log
     events = [json.loads(line) for line in (hermes_home / "logs" / "agent.log").read_text().splitlines()]
     failed = [e for e in events if e.get("event") == "plugin_load_failed"]
-    assert failed and "__init__.py:2 in <module>" in failed[-1]["error"]
+    assert failed and failed[-1]["error"] == "import failed: KeyError: 'missing'"
+    assert any("__init__.py:2 in <module>" in f for f in failed[-1]["frames"])
+    data = json.loads(cli(hermes_home, "plugins", "info", "broken", "--json").stdout)
+    assert data["error_frames"] == ["__init__.py:2 in <module>: X = {}['missing']"]
 
 
 def test_hook_and_tool_failures_carry_the_plugin_frames(hermes_home: Path):

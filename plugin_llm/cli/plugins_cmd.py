@@ -234,8 +234,8 @@ def _list(home: Path, plugins: list[dict[str, Any]], as_json: bool, config_error
 def _notes(p: dict[str, Any]) -> list[str]:
     notes = []
     if p["error"]:
-        first, _, frames = str(p["error"]).partition("\n")  # the plugin's frames: in plugins info
-        notes.append(f"error: {first}" + (f" (plugin-llm plugins info {p['key']} shows where)" if frames else ""))
+        where = f" (plugin-llm plugins info {p['key']} shows where)" if p.get("error_frames") else ""
+        notes.append(f"error: {p['error']}{where}")
     if p["missing_env"]:
         notes.append(f"missing env: {', '.join(p['missing_env'])} (the plugin loads, but may not work)")
     if p["enable_hint"]:
@@ -313,10 +313,11 @@ def _print_info(home: Path, p: dict[str, Any]) -> None:
     width = max(len(k) for k, _ in fields)
     for key, value in fields:
         if value:
-            first, *more = str(value).split("\n") if key == "error" else [value]  # error: + the plugin's frames
-            print(f"{key.ljust(width)}  {printable(first, limit=2000 if key == 'error' else 500)}")
-            for line in more[:40]:
-                print(f"{''.ljust(width)}  {printable(line, limit=400)}")
+            print(f"{key.ljust(width)}  {printable(value, limit=2000 if key == 'error' else 500)}")
+        if key == "error" and p.get("error_frames"):  # where in the plugin's own code it failed
+            print(f"{'traceback'.ljust(width)}  (most recent call last)")
+            for frame in p["error_frames"]:
+                print(f"{''.ljust(width)}    {printable(frame, limit=400)}")
     for warning in p["warnings"]:
         print(f"{'warning'.ljust(width)}  {printable(warning, limit=2000)}")
 

@@ -111,6 +111,8 @@ class _PluginRecord:
     generation: int = 0
     load_ms: float | None = None
     note: str | None = None
+    #: the plugin's own frames of its load failure (``file:line in func: source``), see .tracebacks
+    frames: list[str] = field(default_factory=list)
 
     @property
     def key(self) -> str:
@@ -535,13 +537,14 @@ class PluginManager:
 
     def _mark_failed(self, record: _PluginRecord, message: str, exc_info: BaseException | None = None) -> None:
         message = bounded(exact_str(message), _MAX_LOAD_ERROR)
-        frames = frames_text(exc_info, record.candidate.path)  # the plugin's own frames: plugins info, audit, --debug
+        frames = plugin_frames(exc_info, record.candidate.path)  # the plugin's own frames: plugins info, audit, --debug
         record.status = STATUS_FAILED
-        record.error = message + frames
+        record.error, record.frames = message, frames
         _log.warning("plugin %s failed to load: %s", record.key, message)
         if frames:
-            _log.debug("plugin %s failed to load:%s", record.key, frames)
-        self._audit("plugin_load_failed", plugin_id=record.key, key=record.key, source=record.candidate.source, error=message + frames)
+            _log.debug("plugin %s failed to load:%s", record.key, frames_text(exc_info, record.candidate.path))
+        self._audit("plugin_load_failed", plugin_id=record.key, key=record.key, source=record.candidate.source,
+                    error=message, **({"frames": frames} if frames else {}))
 
     def _unregister(self, key: str) -> None:
         with self._registry_lock:
@@ -770,6 +773,7 @@ class PluginManager:
             "requires_env": required,
             "missing_env": missing,
             "error": record.error,
+            "error_frames": list(record.frames),
             "warnings": list(record.warnings),
             "enable_hint": hint,
             "load_ms": round(record.load_ms, 3) if record.load_ms is not None else None,
