@@ -121,10 +121,10 @@ def test_parse_audit_settings_accepts_sizes_and_strict_booleans():
 
 def test_parse_audit_settings_warns_and_falls_back():
     settings, warnings = parse_audit_settings({"requird": True, "required": "yes", "fsync": "sometimes", "max_bytes": "big"})
-    assert settings == AuditSettings()
+    assert settings == AuditSettings(required=True)  # a typo'd audit.required fails closed, never open
     text = "\n".join(warnings)
     assert "did you mean audit.required" in text
-    assert "audit.required: 'yes' is not true/false; treated as false" in text
+    assert "audit.required: 'yes' is not true/false; treated as true (fail closed" in text
     assert "audit.fsync" in text and "audit.max_bytes" in text
     assert parse_audit_settings(None) == (AuditSettings(), [])
     assert parse_audit_settings(["x"])[1]
