@@ -90,7 +90,7 @@ def test_a_failing_or_hanging_middleware_is_skipped_within_the_time_limit(hermes
         def register(ctx):
             ctx.register_middleware("tool_execution", mw)
     """)
-    write_config(hermes_home, "plugins:\n  enabled: [tools, broken, slow]\n  hook_timeout: 1\n")
+    write_config(hermes_home, "plugins:\n  enabled: [tools, broken, slow]\n  hook_timeout: 0.3\n")
     manager = load(hermes_home)
     started = time.monotonic()
     assert manager.dispatch_tool("echo", {"x": "a"}) == "echo:a"  # both skipped, the tool still runs
@@ -106,7 +106,7 @@ def test_the_middleware_time_limit_does_not_count_the_downstream_call(hermes_hom
     write_plugin(hermes_home, "tools", """
         import time
         def slow(args):
-            time.sleep(1.5)
+            time.sleep(0.8)
             return "done"
         def register(ctx):
             ctx.register_tool("slow_tool", {"name": "slow_tool"}, slow)
@@ -117,7 +117,7 @@ def test_the_middleware_time_limit_does_not_count_the_downstream_call(hermes_hom
         def register(ctx):
             ctx.register_middleware("tool_execution", mw)
     """)
-    write_config(hermes_home, "plugins:\n  enabled: [tools, wrap]\n  hook_timeout: 1\n")
+    write_config(hermes_home, "plugins:\n  enabled: [tools, wrap]\n  hook_timeout: 0.3\n")
     assert load(hermes_home).dispatch_tool("slow_tool", {}) == "wrapped:done"
 
 
@@ -300,3 +300,33 @@ def test_trust_check_says_did_you_mean_for_an_old_manifest_name_key(hermes_home,
     assert "old manifest-name key of 'browser/browser_use' (did you mean 'browser/browser_use'?)" in text
     assert get_config_source(hermes_home).current().trust_for("browser/browser_use").allow_model_override is False
     assert by_key(load(hermes_home))["browser/browser_use"]["status"] == "not enabled"
+
+
+def test_request_middleware_rewrites_tool_args_before_the_guards_and_model_requests(hermes_home):
+    write_plugin(hermes_home, "tools", TOOL)
+    write_plugin(hermes_home, "rewrite", """
+        SEEN = []
+        def tool_req(tool_name, args, original_args, **kw):
+            return {"args": {**args, "x": args["x"].upper()}}
+        def guard(tool_name, args, **kw):
+            SEEN.append(args["x"])
+        def broken(args, **kw):
+            raise RuntimeError("bug")
+        def llm_req(request, **kw):
+            return {"request": {**request, "messages": [{"role": "system", "content": "REWRITTEN"}]
+                                + request["messages"][1:]}}
+        def register(ctx):
+            ctx.register_middleware("tool_request", broken)
+            ctx.register_middleware("tool_request", tool_req)
+            ctx.register_hook("pre_tool_call", guard)
+            ctx.register_middleware("llm_request", llm_req)
+            ctx.register_command("seen", lambda raw: ",".join(SEEN))
+    """)
+    write_config(hermes_home, "plugins:\n  enabled: [tools, rewrite]\n")
+    manager = load(hermes_home)
+    assert manager.dispatch_tool("echo", {"x": "abc"}) == "echo:ABC"
+    assert manager.run_command("seen") == "ABC"  # the guard saw the rewritten arguments
+    llm = ScriptedLlm(reply("ok"))
+    with Session(manager, llm=llm) as session:
+        session.run_turn("hello")
+    assert llm.requests[0]["messages"][0] == {"role": "system", "content": "REWRITTEN"}

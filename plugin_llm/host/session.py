@@ -38,8 +38,9 @@ each turn (``sync_turn``, ``queue_prefetch``), on ``/reset`` (``on_session_switc
 with ``reset=True``) and at close (``on_session_end``, ``shutdown``). A Hermes ``ContextEngine`` gets ``on_session_start`` and
 ``update_model(model, context_length=<budget>)`` once, ``should_compress`` /
 ``compress`` before each request, ``update_from_response`` after it and
-``on_session_end`` at close. ``llm_execution`` middleware wraps each model
-request; ``api_request_error`` fires when one fails.
+``on_session_end`` at close. ``llm_request`` middleware may rewrite each model
+request and ``llm_execution`` middleware wraps it; ``api_request_error`` fires
+when one fails.
 
 Injected messages (``ctx.inject_message`` -> :meth:`Session.inject`): while a
 turn runs they go to the interrupt queue, which is checked between model
@@ -497,6 +498,17 @@ class Session:
             context={"session_id": self.session_id, "platform": self.platform, "purpose": effect.purpose},
             accept_payload=_llm_request_payload, accept_result=accept_result)
 
+    def _llm_request(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> tuple[list, list]:
+        """The request as the ``llm_request`` middleware rewrote it (messages and tools)."""
+        provider, model = self.route
+        request = {"messages": _copy_messages(messages), "tools": list(tools or []), "provider": provider,
+                   "model": model}
+        out = self.manager.apply_request_middleware(
+            "llm_request", request, payload_key="request",
+            context={"session_id": self.session_id, "platform": self.platform},
+            accept_payload=_llm_request_payload)
+        return out["messages"], list(out.get("tools") or [])
+
     def _memory_tool(self, effect: "_ToolDispatch") -> str:
         provider, key = self._hmemory  # type: ignore[misc]
         return self.manager.dispatch_provider_tool(effect.name, effect.args, provider.handle_tool_call, key,
@@ -695,6 +707,8 @@ class Session:
                 session_id=self.session_id, platform=self.platform, model=model, provider=provider,
                 api_call_count=requests, message_count=len(messages), tool_count=len(tools),
                 approx_input_tokens=_approx_tokens(messages)))
+            if self.manager.has_middleware("llm_request"):
+                messages, tools = yield _Blocking(self._llm_request, (messages, tools))
             try:
                 result = yield _ModelRequest(messages, tools or None, "host.turn")
             except Exception as exc:

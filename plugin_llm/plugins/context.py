@@ -229,11 +229,10 @@ class PluginContext:
         self._manager._hooks.register(name, self._key, callback)
 
     def register_middleware(self, kind: str, callback: Callable[..., Any]) -> None:
-        """Wrap the host's model requests (``llm_execution``) or tool calls (``tool_execution``):
-        ``callback(request|args=..., next_call=..., **context)`` (see :mod:`.middleware`).
-        Unknown kinds (and Hermes's ``llm_request``/``tool_request``, which this host does not
-        run) are kept with a warning."""
-        from .middleware import RUN_KINDS, VALID_MIDDLEWARE, MiddlewareEntry
+        """Rewrite (``llm_request``, ``tool_request``) or wrap (``llm_execution``, ``tool_execution``)
+        the host's model requests and tool calls (see :mod:`.middleware`). Unknown kinds are kept
+        with a warning and never run."""
+        from .middleware import VALID_MIDDLEWARE, MiddlewareEntry
 
         if not isinstance(kind, str) or not kind.strip():
             raise TypeError(f"plugin {self._key}: register_middleware: kind must be a non-empty string")
@@ -245,9 +244,6 @@ class PluginContext:
         if kind not in VALID_MIDDLEWARE:
             self._refuse(f"middleware kind {kind!r} is unknown (valid: {', '.join(sorted(VALID_MIDDLEWARE))}); "
                          "kept, never run")
-        elif kind not in RUN_KINDS:
-            self._refuse(f"middleware kind {kind!r} is accepted but never run by this host "
-                         f"(it runs {', '.join(sorted(RUN_KINDS))})")
         self._manager._add_middleware(MiddlewareEntry.create(kind, self._key, callback))
 
     # --- commands ---------------------------------------------------------------------

@@ -41,7 +41,7 @@ from .discovery import SOURCE_ENTRY_POINT, PluginCandidate, candidate_location, 
 from .manifest import KIND_EXCLUSIVE, KIND_MODEL_PROVIDER, KIND_PLATFORM, KIND_STANDALONE
 from .engines import ContextEngine, MemoryProvider
 from .hooks import HookEntry, HookRunner, call_limited
-from .middleware import RUN_KINDS, MiddlewareEntry, run_chain
+from .middleware import REQUEST_KINDS, RUN_KINDS, MiddlewareEntry, apply_requests, run_chain
 from .isolation import (
     MAX_TEXT,
     SIGINT_WATCH,
@@ -575,6 +575,24 @@ class PluginManager:
                          timeout=self._hook_timeout(), accept_payload=accept_payload,
                          accept_result=accept_result, on_error=self._on_middleware_error)
 
+    def apply_request_middleware(self, kind: str, payload: Any, *, payload_key: str, context: dict[str, Any],
+                                 accept_payload: Callable[[Any], Any]) -> Any:
+        """``payload`` as the ``kind`` request middleware (``llm_request``/``tool_request``) rewrote it."""
+        entries = list(self._middleware.get(kind, ()))
+        if not entries or kind not in REQUEST_KINDS:
+            return payload
+        return apply_requests(kind, entries, payload, payload_key=payload_key, context=context,
+                              timeout=self._hook_timeout(), accept_payload=accept_payload,
+                              on_error=self._on_middleware_error)
+
+    def _tool_request(self, tool_name: str, args: Any, hook_kw: dict[str, Any]) -> Any:
+        if not self._middleware.get("tool_request"):
+            return args
+        context = {k: v for k, v in hook_kw.items() if k in ("session_id", "tool_call_id")}
+        return self.apply_request_middleware("tool_request", plain(args), payload_key="args",
+                                             context={**context, "tool_name": tool_name},
+                                             accept_payload=_tool_args_payload)
+
     def _on_middleware_error(self, entry: MiddlewareEntry, what: str) -> None:
         self._audit("hook_error", hook=f"middleware:{entry.kind}", plugin=entry.plugin_key,
                     plugin_id=entry.plugin_key, message=what[:500])
@@ -626,6 +644,7 @@ class PluginManager:
         args = plain(args) if args is not None else {}
         if type(args) is not dict:
             return _tool_error(f"Tool '{shown(tool_name)}': arguments must be a JSON object")
+        args = self._tool_request(tool_name, args, kw)
         block = self.get_pre_tool_call_block_message(tool_name, args, **kw)
         if block is not None:
             return _tool_error(f"Tool '{tool_name}' was blocked by plugin policy: {block}")
@@ -1110,6 +1129,7 @@ class PluginManager:
             return error  # type: ignore[return-value]
         tool_name = entry.name
         hook_kw = self._hook_kwargs(kw, parent_agent)
+        args = self._tool_request(tool_name, args, hook_kw)
         block = self.get_pre_tool_call_block_message(tool_name, args, **hook_kw)
         if block is not None:
             _log.info("tool %s blocked: %s", tool_name, block)
@@ -1143,6 +1163,8 @@ class PluginManager:
             return error  # type: ignore[return-value]
         tool_name = entry.name
         hook_kw = self._hook_kwargs(kw, parent_agent)
+        if self._middleware.get("tool_request"):
+            args = await asyncio.to_thread(self._tool_request, tool_name, args, hook_kw)
         if self._hooks.has_hook("pre_tool_call"):
             block = await asyncio.to_thread(self.get_pre_tool_call_block_message, tool_name, args, **hook_kw)
             if block is not None:

@@ -1,6 +1,13 @@
 """Execution middleware (``ctx.register_middleware``): plugins wrapping the host's model and tool calls.
 
-Two kinds are run by the host session (Hermes's ``hermes_cli.middleware``):
+Request middleware (``llm_request``, ``tool_request``) rewrites what is about to
+run: ``callback(request=|args=, original_request=|original_args=, **context)``
+may return ``{"request": {...}}`` / ``{"args": {...}}`` to replace it for the
+callbacks after it and the call (anything else leaves it as it is). Each runs
+isolated under ``plugins.hook_timeout`` like a hook; ``tool_request`` runs
+before the ``pre_tool_call`` guards, so they see the rewritten arguments.
+
+Execution middleware wraps the call itself (Hermes's ``hermes_cli.middleware``):
 
 * ``llm_execution`` — ``callback(request=, original_request=, next_call=, **context)``
   around each model request of a turn; ``request`` is ``{"messages", "tools",
@@ -48,6 +55,7 @@ __all__ = [
     "MiddlewareEntry",
     "MiddlewareError",
     "run_chain",
+    "apply_requests",
 ]
 
 _log = logging.getLogger("plugin_llm.plugins")
@@ -56,9 +64,10 @@ LLM_EXECUTION = "llm_execution"
 TOOL_EXECUTION = "tool_execution"
 LLM_REQUEST = "llm_request"
 TOOL_REQUEST = "tool_request"
-#: Hermes's middleware kinds; the host runs the two execution kinds (the request kinds are accepted, never run)
+#: Hermes's middleware kinds (all four are run by this host)
 VALID_MIDDLEWARE = frozenset({LLM_EXECUTION, TOOL_EXECUTION, LLM_REQUEST, TOOL_REQUEST})
 RUN_KINDS = frozenset({LLM_EXECUTION, TOOL_EXECUTION})
+REQUEST_KINDS = frozenset({LLM_REQUEST, TOOL_REQUEST})
 OBSERVER_SCHEMA_VERSION = "hermes.observer.v1"
 MIDDLEWARE_SCHEMA_VERSION = "hermes.middleware.v1"
 
@@ -233,3 +242,40 @@ def run_chain(
             return frame.next_result if frame.next_ok else call_at(index + 1, current)
 
     return call_at(0, payload)
+
+
+def apply_requests(
+    kind: str,
+    entries: list[MiddlewareEntry],
+    payload: Any,
+    *,
+    payload_key: str,
+    context: dict[str, Any],
+    timeout: float,
+    accept_payload: Callable[[Any], Any],
+    on_error: Callable[[MiddlewareEntry, str], None] | None = None,
+) -> Any:
+    """Request middleware: each callback may replace the payload (``{payload_key: new}``)."""
+    from .hooks import call_limited
+
+    original = payload
+    for entry in entries:
+        kwargs = entry._hook.select_kwargs({
+            **context,
+            "telemetry_schema_version": OBSERVER_SCHEMA_VERSION,
+            "middleware_schema_version": MIDDLEWARE_SCHEMA_VERSION,
+            payload_key: payload,
+            f"original_{payload_key}": original,
+        })
+        outcome = call_limited(kind, entry.plugin_key, lambda: entry.callback(**kwargs), timeout)
+        if outcome.error is not None:
+            _report(entry, f"failed ({outcome.error_text}); skipped", on_error)
+            continue
+        value = outcome.value  # plain data, read under the time limit
+        if type(value) is not dict or payload_key not in value:
+            continue
+        try:
+            payload = accept_payload(value[payload_key])
+        except ValueError as exc:
+            _report(entry, f"returned an unusable {payload_key} ({exc}); ignored", on_error)
+    return payload
