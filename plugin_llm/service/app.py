@@ -143,11 +143,21 @@ def _bad_request(exc: req.BadRequest) -> Response:
 
 
 def _usage_dict(usage: Any) -> dict[str, Any]:
-    return dataclasses.asdict(usage)
+    return {"input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens, "total_tokens": usage.total_tokens,
+            "cache_read_tokens": usage.cache_read_tokens, "cache_write_tokens": usage.cache_write_tokens,
+            "cost_usd": usage.cost_usd}
 
 
 def _result_dict(result: Any) -> dict[str, Any]:
-    return dataclasses.asdict(result)
+    """A result dataclass as JSON fields (by hand: ``dataclasses.asdict`` deep-copies every value)."""
+    data = {"text": result.text, "provider": result.provider, "model": result.model, "agent_id": result.agent_id,
+            "usage": _usage_dict(result.usage), "audit": result.audit,
+            "tool_calls": [{"id": c.id, "name": c.name, "arguments": c.arguments, "raw_arguments": c.raw_arguments}
+                           for c in result.tool_calls]}
+    if hasattr(result, "parsed"):
+        data["parsed"] = result.parsed
+        data["content_type"] = result.content_type
+    return data
 
 
 def _openai_completion(result: Any, created: int) -> dict[str, Any]:
