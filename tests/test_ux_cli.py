@@ -256,3 +256,18 @@ def test_did_you_mean_names_each_candidate_once(boom_home: Path):
     out = cli(boom_home, "plugins", "info", "bom")
     assert out.returncode == 2
     assert "did you mean 'boom'?" in out.stderr and "'boom' or 'boom'" not in out.stderr
+
+
+def test_provider_errors_do_not_stutter(hermes_home: Path):
+    from tests.servers import FakeServer, Reply
+
+    with FakeServer(default=Reply(status=502, body="Bad gateway")) as server:
+        (hermes_home / "config.yaml").write_text(
+            f"model:\n  provider: custom\n  model: gpt-4o\n  base_url: {server.base_url}\nllm:\n  max_retries: 0\n",
+            encoding="utf-8")
+        for fast in ("1", "0"):  # the fast path and the litellm fallback
+            out = cli(hermes_home, "try", "--as", "tester", "hello", env={"PLUGIN_LLM_FAST_PATH": fast})
+            assert out.returncode == 1, out.stderr
+            assert out.stderr.count("plugin-llm: error:") == 1, out.stderr
+            words = out.stderr.replace(":", " ").split()
+            assert not any(a == b and a.endswith("Error") for a, b in zip(words, words[1:])), out.stderr

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import email.utils
+import re
 import time
 from typing import Any
 
@@ -44,6 +45,10 @@ def _retry_after(exc: BaseException) -> float | None:
         return max(0.0, parsed.timestamp() - time.time()) if parsed else None
 
 
+#: an exception name repeated as its own message's prefix (litellm wraps ``Name: <message>`` in ``Name``)
+_STUTTER = re.compile(r"\b([A-Za-z_]\w*(?:Error|Exception)): (?:\1: )+")
+
+
 def _clean_message(exc: BaseException, key: Key | None) -> str:
     """The provider's error text for a message: redacted (the key just sent included), *then* cut."""
     from auth.redaction import redact_clipped
@@ -51,6 +56,7 @@ def _clean_message(exc: BaseException, key: Key | None) -> str:
     text = str(getattr(exc, "message", None) or exc) or type(exc).__name__
     for noise in ("litellm.", "OpenAIException - ", "Error_str: "):
         text = text.replace(noise, "")
+    text = _STUTTER.sub(r"\1: ", text)  # "BadGatewayError: BadGatewayError: x" -> "BadGatewayError: x"
     return redact_clipped(" ".join(text.split()), MESSAGE_LIMIT, key.secret() if key is not None else None)
 
 
