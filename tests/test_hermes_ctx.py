@@ -330,3 +330,11 @@ def test_request_middleware_rewrites_tool_args_before_the_guards_and_model_reque
     with Session(manager, llm=llm) as session:
         session.run_turn("hello")
     assert llm.requests[0]["messages"][0] == {"role": "system", "content": "REWRITTEN"}
+
+
+def test_a_hermes_only_registration_fails_with_one_line_naming_the_subsystem(hermes_home):
+    write_plugin(hermes_home, "search", "def register(ctx):\n    ctx.register_web_search_provider(object())\n")
+    write_config(hermes_home, "plugins:\n  enabled: [search]\n")
+    error = by_key(load(hermes_home))["search"]["error"].splitlines()[0]
+    assert error == ("register() raised: HermesSubsystemMissing: ctx.register_web_search_provider() registers "
+                     "with Hermes's web search, which plugin-llm does not provide")

@@ -44,7 +44,24 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from .manager import PluginManager
 
-__all__ = ["PluginContext"]
+__all__ = ["PluginContext", "HermesSubsystemMissing", "HERMES_ONLY_REGISTRATIONS"]
+
+#: ``ctx`` methods of current Hermes for subsystems this host does not have
+HERMES_ONLY_REGISTRATIONS = {
+    "register_video_gen_provider": "video generation",
+    "register_web_search_provider": "web search",
+    "register_browser_provider": "browser automation",
+    "register_secret_source": "secret sources",
+    "register_tts_provider": "text to speech",
+    "register_transcription_provider": "speech transcription",
+    "register_dashboard_auth_provider": "dashboard auth",
+    "register_slack_action_handler": "Slack messaging gateway",
+    "register_auxiliary_task": "auxiliary LLM tasks (call models with ctx.llm instead)",
+}
+
+
+class HermesSubsystemMissing(AttributeError):
+    """A plugin registered with a Hermes subsystem this host does not provide."""
 
 _log = logging.getLogger("plugin_llm.plugins")
 
@@ -80,6 +97,15 @@ class PluginContext:
 
     def __repr__(self) -> str:
         return f"PluginContext(plugin={self._key!r})"
+
+    def __getattr__(self, name: str) -> Any:
+        """A Hermes registration this host has no subsystem for: one clear error naming it."""
+        subsystem = HERMES_ONLY_REGISTRATIONS.get(name)
+        if subsystem is not None:
+            raise HermesSubsystemMissing(
+                f"ctx.{name}() registers with Hermes's {subsystem}, which plugin-llm does not provide"
+            )
+        raise AttributeError(f"'PluginContext' object has no attribute {name!r}")
 
     # --- identity ---------------------------------------------------------------------
 
