@@ -106,29 +106,47 @@ def test_every_bad_token_gets_the_same_401_and_an_audit_event_without_the_token(
     assert audit_lines(hermes_home) == []  # nothing reached the pipeline
 
 
-@pytest.mark.parametrize("body, status, param, fragment", [
-    (b"{not json", 400, None, "not valid JSON"),
-    (b"[1, 2]", 400, None, "must be a JSON object, got a JSON array"),
-    (b"", 400, None, "has no body"),
-    (b'{"messages": [], "x": NaN}', 400, None, "NaN"),
-    (b'{"mesages": []}', 400, "mesages", "did you mean 'messages'"),
-    (b'{"purpose": "x"}', 400, "messages", "messages is required"),
-    (b'{"messages": "hi"}', 400, "messages", "messages must be a list"),
-    (b'{"messages": [{"role": "robot", "content": "x"}]}', 400, "messages", "messages[0]['role']"),
-    (b'{"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}', 400, "temperature", "a number"),
-    (b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 1.5}', 400, "max_tokens", "whole number"),
-    (b'{"messages": [{"role": "user", "content": "x"}], "top_p": 7}', 400, "top_p", "top_p must be"),
-    (b'[' * 100 + b']' * 100, 400, None, "nested deeper"),
-    (b"\xff\xfe", 400, None, "not UTF-8"),
+@pytest.mark.parametrize("body, kind, param, fragment", [
+    (b"{not json", "ValueError", None, "not valid JSON"),
+    (b"[1, 2]", "ValueError", None, "must be a JSON object, got a JSON array"),
+    (b"", "ValueError", None, "has no body"),
+    (b'{"messages": [], "x": NaN}', "ValueError", None, "NaN"),
+    (b'[' * 100 + b']' * 100, "ValueError", None, "nested deeper"),
+    (b"\xff\xfe", "ValueError", None, "not UTF-8"),
+    (b'{"mesages": []}', "TypeError", "mesages", "did you mean 'messages'"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "temprature": 1}', "TypeError", "temprature",
+     "did you mean 'temperature'"),
+    (b'{"purpose": "x"}', "ValueError", "messages", "messages is required"),
+    (b'{"messages": "hi"}', "ValueError", "messages", "messages must be a non-empty list"),
+    (b'{"messages": [{"role": "robot", "content": "x"}]}', "ValueError", "messages", "messages[0]['role']"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}', "ValueError", "temperature",
+     "temperature must be a number"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 1.5}', "ValueError", "max_tokens",
+     "whole number"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "top_p": 7}', "ValueError", "top_p", "top_p must be"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "timeout": "soon"}', "ValueError", "timeout",
+     "timeout must be a positive number"),
 ])
-def test_bad_requests_get_400_naming_the_field(service, body, status, param, fragment):
+def test_bad_requests_get_400_naming_the_field(service, body, kind, param, fragment):
     token = service.token("p")
     response = httpx.post(service.url + COMPLETE, headers={**service.auth(token), "Content-Type": "application/json"},
                           content=body)
-    assert response.status_code == status, response.text
+    assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["param"] == param and fragment in error["message"]
-    assert error["type"] == "ValueError" and error["code"] == "invalid_request"
+    assert error["type"] == kind and error["code"] == "invalid_request"
+
+
+def test_structured_bad_requests(service):
+    token = service.token("p")
+    cases = [({"instructions": "x", "input": ["y"], "n": 1}, "TypeError", "n", "complete()/acomplete() only"),
+             ({"instructions": "x", "input": ["y"], "json_mode": "yes"}, "ValueError", "json_mode", "true or false"),
+             ({"instructions": "x"}, "ValueError", "input", "input is required"),
+             ({"instructions": "x", "input": [{"type": "image", "data": "%%%"}]}, "ValueError", "input", "base64"),
+             ({"instructions": "x", "input": "y"}, "ValueError", "input", "input must be a list")]
+    for payload, kind, param, fragment in cases:
+        error = httpx.post(service.url + STRUCTURED, headers=service.auth(token), json=payload).json()["error"]
+        assert (error["type"], error["param"]) == (kind, param) and fragment in error["message"], error
 
 
 def test_an_oversized_body_is_413_before_it_is_read_whole(hermes_home):

@@ -232,7 +232,7 @@ def create_app(home: Path | str | None = None, *, llm_factory: Callable[[str], A
         if isinstance(plugin, Response):
             return plugin
         endpoint = "complete" if api == "complete" else "complete_structured"
-        fields = req.COMPLETE_FIELDS if api == "complete" else req.STRUCTURED_FIELDS
+        fields = req.ALL_FIELDS
         try:
             body = req.parse_body(await _read_body(state, request))
             llm = state.llm(plugin)
@@ -265,11 +265,11 @@ def create_app(home: Path | str | None = None, *, llm_factory: Callable[[str], A
             messages, kwargs, stream = req.chat_kwargs(body)
             result = await state.llm(plugin).acomplete(messages, **kwargs)
         except req.BadRequest as exc:
-            _outcome(state, plugin, "chat", started, exc, None, req.CHAT_FIELDS)
+            _outcome(state, plugin, "chat", started, exc, None, req.ALL_FIELDS)
             return _bad_request(exc)
         except Exception as exc:  # noqa: BLE001
-            return _outcome(state, plugin, "chat", started, exc, None, req.CHAT_FIELDS)
-        _outcome(state, plugin, "chat", started, None, result.usage, req.CHAT_FIELDS)
+            return _outcome(state, plugin, "chat", started, exc, None, req.ALL_FIELDS)
+        _outcome(state, plugin, "chat", started, None, result.usage, req.ALL_FIELDS)
         completion = _openai_completion(result, int(time.time()))
         if stream:
             return StreamingResponse(_sse_chunks(completion), media_type="text/event-stream",

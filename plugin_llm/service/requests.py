@@ -1,9 +1,12 @@
 """Request bodies of the service: size cap, strict JSON, known fields, top-level types (issue 14).
 
-Only the outer layer is checked here (a JSON object, every field known, each
-of the right JSON type); the values themselves - messages, input blocks,
-schemas, sampling parameters - are checked by the pipeline exactly as for
-``ctx.llm``, which names the path of a bad value. Endpoint and key fields
+Only the outer layer is checked here: a JSON object, every field known (an
+unknown one gets the ``TypeError`` ``ctx.llm`` raises for that keyword, with
+its did-you-mean), the required ones present, and the few fields the pipeline
+does not check itself (``json_mode``; the OpenAI-only ``stream``, ...). The
+values - messages, input blocks, schemas, sampling parameters, identifiers -
+are checked by the pipeline exactly as for ``ctx.llm``, with the same
+messages, which name the path of a bad value. Endpoint and key fields
 (``api_key``, ``base_url``, ...) are passed on, so the pipeline refuses them
 as the audited trust denial they are in-process.
 """
@@ -14,10 +17,9 @@ import base64
 import binascii
 import difflib
 import json
-import math
 from typing import Any
 
-from plugin_llm.call_options import COMPLETE_ONLY, FORBIDDEN, SAMPLING
+from plugin_llm.call_options import COMPLETE_ONLY, FORBIDDEN, SAMPLING, check_options
 from plugin_llm.safe_json import loads_bounded
 
 __all__ = [
@@ -30,6 +32,7 @@ __all__ = [
     "COMPLETE_FIELDS",
     "STRUCTURED_FIELDS",
     "CHAT_FIELDS",
+    "ALL_FIELDS",
 ]
 
 #: the largest request body accepted (413 beyond): images travel base64-encoded
@@ -37,24 +40,25 @@ MAX_BODY_BYTES = 4 * 1024 * 1024
 _MAX_DEPTH = 64
 
 _STR = "a string"
-_NUM = "a number"
 _INT = "a whole number"
 _BOOL = "true or false"
-_LIST = "a list"
 _OBJ = "an object"
 
-_COMMON = {"provider": _STR, "model": _STR, "temperature": _NUM, "max_tokens": _INT, "timeout": _NUM,
-           "agent_id": _STR, "profile": _STR, "purpose": _STR}
-_COMPLETE_TYPES = {"messages": _LIST, **_COMMON}
-_STRUCTURED_TYPES = {"instructions": _STR, "input": _LIST, "json_schema": _OBJ, "json_mode": _BOOL,
-                     "schema_name": _STR, "system_prompt": _STR, **_COMMON}
-#: OpenAI's chat completion fields the gateway takes, plus its own extensions (purpose, agent_id, ...)
-_CHAT_TYPES = {"messages": _LIST, "model": _STR, "stream": _BOOL, "stream_options": _OBJ, "max_completion_tokens": _INT,
-               **{k: v for k, v in _COMMON.items() if k != "model"}}
+#: the parameters PluginLlm names (their values are checked by the pipeline, with its messages)
+_COMMON = ("provider", "model", "temperature", "max_tokens", "timeout", "agent_id", "profile", "purpose")
+_NAMED = {"complete": ("messages", *_COMMON),
+          "structured": ("instructions", "input", "json_schema", "json_mode", "schema_name", "system_prompt", *_COMMON)}
+#: checked here: JSON has real booleans, and the pipeline reads json_mode as truthy
+_STRUCTURED_TYPES = {"json_mode": _BOOL}
+#: OpenAI's chat completion fields the gateway takes besides PluginLlm's, checked here
+_CHAT_TYPES = {"model": _STR, "stream": _BOOL, "stream_options": _OBJ, "max_completion_tokens": _INT}
 
-COMPLETE_FIELDS = frozenset(_COMPLETE_TYPES) | frozenset(SAMPLING) | frozenset(COMPLETE_ONLY) | FORBIDDEN
-STRUCTURED_FIELDS = frozenset(_STRUCTURED_TYPES) | frozenset(SAMPLING) | FORBIDDEN
-CHAT_FIELDS = frozenset(_CHAT_TYPES) | frozenset(SAMPLING) | frozenset(COMPLETE_ONLY) | FORBIDDEN
+COMPLETE_FIELDS = frozenset(_NAMED["complete"]) | frozenset(SAMPLING) | frozenset(COMPLETE_ONLY) | FORBIDDEN
+STRUCTURED_FIELDS = frozenset(_NAMED["structured"]) | frozenset(SAMPLING) | FORBIDDEN
+CHAT_FIELDS = frozenset(_NAMED["complete"]) | frozenset(_CHAT_TYPES) | frozenset(SAMPLING) | frozenset(COMPLETE_ONLY) \
+    | FORBIDDEN
+#: every name a field of any endpoint may have (to name the field of a pipeline's ValueError/TypeError)
+ALL_FIELDS = COMPLETE_FIELDS | STRUCTURED_FIELDS | CHAT_FIELDS
 _REQUIRED = {"complete": ("messages",), "structured": ("instructions", "input"), "chat": ("messages",)}
 
 
@@ -106,41 +110,45 @@ def _json_type(value: Any) -> str:
     return "object"
 
 
-def _check_fields(body: dict[str, Any], api: str, allowed: frozenset[str], types: dict[str, str]) -> None:
-    for name in body:
-        if name not in allowed:
-            close = difflib.get_close_matches(name[:64], sorted(allowed - FORBIDDEN), n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            shown = name[:64] + ("..." if len(name) > 64 else "")
-            raise BadRequest(f"unknown field {shown!r}{hint}; this endpoint takes "
-                             f"{', '.join(sorted(allowed - FORBIDDEN))}", param=shown)
-    for name in _REQUIRED[api]:
-        if body.get(name) is None:
-            raise BadRequest(f"{name} is required", param=name)
+def _check_types(body: dict[str, Any], types: dict[str, str]) -> None:
     for name, want in types.items():
         value = body.get(name)
         if value is None:
             continue
         ok = {
             _STR: isinstance(value, str),
-            _NUM: isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value),
             _INT: isinstance(value, int) and not isinstance(value, bool),
             _BOOL: isinstance(value, bool),
-            _LIST: isinstance(value, list),
             _OBJ: isinstance(value, dict),
         }[want]
         if not ok:
             raise BadRequest(f"{name} must be {want}, got a JSON {_json_type(value)}", param=name)
 
 
-def _kwargs(body: dict[str, Any], positional: tuple[str, ...]) -> dict[str, Any]:
-    return {k: v for k, v in body.items() if k not in positional}
+def _check_required(body: dict[str, Any], api: str) -> None:
+    for name in _REQUIRED[api]:
+        if name not in body:
+            raise BadRequest(f"{name} is required", param=name)
 
 
-def complete_kwargs(body: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
-    """``(messages, kwargs)`` for ``PluginLlm.acomplete``."""
-    _check_fields(body, "complete", COMPLETE_FIELDS, _COMPLETE_TYPES)
-    return body["messages"], _kwargs(body, ("messages",))
+def _check_native_fields(body: dict[str, Any], api: str, allowed: frozenset[str]) -> None:
+    """An unknown field is refused with the TypeError ``ctx.llm`` raises for that keyword (did-you-mean included)."""
+    unknown = {name: body[name] for name in body if name not in allowed}
+    if unknown:
+        name = next(iter(unknown))
+        named = [n for n in _NAMED[api] if n not in ("temperature", "max_tokens", "timeout")]
+        close = difflib.get_close_matches(name[:64], named, n=1)
+        if close:  # a misspelt named parameter that check_options would not suggest
+            raise TypeError(f"unexpected keyword argument {name[:64]!r} (did you mean {close[0]!r}?)")
+        check_options(api, unknown)  # raises TypeError (unknown name, or one taken by complete() only)
+        raise TypeError(f"unexpected keyword argument {next(iter(unknown))[:64]!r}")  # pragma: no cover
+
+
+def complete_kwargs(body: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """``(messages, kwargs)`` for ``PluginLlm.acomplete`` (values checked by the pipeline)."""
+    _check_native_fields(body, "complete", COMPLETE_FIELDS)
+    _check_required(body, "complete")
+    return body["messages"], {k: v for k, v in body.items() if k != "messages"}
 
 
 def _decoded_input(blocks: list[Any]) -> list[Any]:
@@ -158,10 +166,13 @@ def _decoded_input(blocks: list[Any]) -> list[Any]:
 
 
 def structured_kwargs(body: dict[str, Any]) -> dict[str, Any]:
-    """Keyword arguments for ``PluginLlm.acomplete_structured``."""
-    _check_fields(body, "structured", STRUCTURED_FIELDS, _STRUCTURED_TYPES)
+    """Keyword arguments for ``PluginLlm.acomplete_structured`` (values checked by the pipeline)."""
+    _check_native_fields(body, "structured", STRUCTURED_FIELDS)
+    _check_required(body, "structured")
+    _check_types(body, _STRUCTURED_TYPES)
     kwargs = dict(body)
-    kwargs["input"] = _decoded_input(body["input"])
+    if isinstance(body["input"], list):
+        kwargs["input"] = _decoded_input(body["input"])
     if kwargs.get("json_mode") is None:
         kwargs.pop("json_mode", None)
     return kwargs
@@ -174,8 +185,16 @@ def chat_kwargs(body: dict[str, Any]) -> tuple[list[Any], dict[str, Any], bool]:
     is a model override, which the trust gate decides. ``max_completion_tokens``
     is OpenAI's newer name of ``max_tokens``.
     """
-    _check_fields(body, "chat", CHAT_FIELDS, _CHAT_TYPES)
-    kwargs = _kwargs(body, ("messages", "stream", "stream_options", "max_completion_tokens"))
+    for name in body:
+        if name not in CHAT_FIELDS:
+            close = difflib.get_close_matches(name[:64], sorted(CHAT_FIELDS - FORBIDDEN), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            shown = name[:64] + ("..." if len(name) > 64 else "")
+            raise BadRequest(f"unknown field {shown!r}{hint}; the gateway's chat completions take "
+                             f"{', '.join(sorted(CHAT_FIELDS - FORBIDDEN))}", param=shown)
+    _check_required(body, "chat")
+    _check_types(body, _CHAT_TYPES)
+    kwargs = {k: v for k, v in body.items() if k not in ("messages", "stream", "stream_options", "max_completion_tokens")}
     model = kwargs.get("model")
     if model is not None and model.strip().lower() in ("", "default"):
         kwargs.pop("model")
