@@ -220,7 +220,7 @@ def create_app(home: Path | str | None = None, *, llm_factory: Callable[[str], A
 
     ``llm_factory(plugin) -> PluginLlm`` is a seam for tests; the default builds
     ``PluginLlm(plugin_id=plugin, home=home)``. ``warm`` loads litellm at start-up
-    (in a thread) so the first call does not pay for the import.
+    (in a daemon thread, from start-up) so the first call pays little or nothing for the import.
     """
     from plugin_llm.config import hermes_home
 
@@ -277,7 +277,10 @@ def create_app(home: Path | str | None = None, *, llm_factory: Callable[[str], A
         return _json(200, completion)
 
     async def healthz(request: Request) -> Response:
-        return _json(200, {"status": "ok", "pid": os.getpid()})
+        from plugin_llm.transport._loading import loaded_litellm
+
+        # ready: litellm is loaded, so a call pays no import (until then calls wait for it)
+        return _json(200, {"status": "ok", "ready": loaded_litellm() is not None, "pid": os.getpid()})
 
     async def metrics(request: Request) -> Response:
         data, content_type = state.metrics.render()
@@ -297,10 +300,12 @@ def create_app(home: Path | str | None = None, *, llm_factory: Callable[[str], A
 
     @asynccontextmanager
     async def lifespan(app: Starlette):
-        if warm:
-            from plugin_llm.transport import LitellmTransport
+        if warm:  # litellm's import (seconds) on a daemon thread: the service answers at once, the
+            import threading  # first call waits for the import; a stop before then does not
 
-            await LitellmTransport().aready()
+            from plugin_llm.transport._loading import load_litellm
+
+            threading.Thread(target=_quietly, args=(load_litellm,), name="plugin-llm-warm", daemon=True).start()
         try:
             yield
         finally:
@@ -321,6 +326,13 @@ def create_app(home: Path | str | None = None, *, llm_factory: Callable[[str], A
     return app
 
 
+def _quietly(function: Callable[[], Any]) -> None:
+    try:
+        function()
+    except Exception:  # noqa: BLE001 - the first call reports the failure with its own error
+        pass
+
+
 def _shutdown(state: ServiceState) -> None:
     """Flush queued limit settlements, close the token file and the audit logs."""
     try:
@@ -336,5 +348,6 @@ def _shutdown(state: ServiceState) -> None:
 
 
 def app_from_env() -> Starlette:
-    """Factory for uvicorn workers (``plugin_llm.service.app:app_from_env``): home from ``$HERMES_HOME``."""
-    return create_app()
+    """Factory for uvicorn workers (``plugin_llm.service.app:app_from_env``): home from ``$HERMES_HOME``;
+    ``PLUGIN_LLM_SERVICE_WARM=0`` skips loading litellm at start-up (for tools and tests that make no call)."""
+    return create_app(warm=os.environ.get("PLUGIN_LLM_SERVICE_WARM", "1").strip() != "0")

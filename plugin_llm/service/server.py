@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import sys
 import tempfile
@@ -94,6 +95,11 @@ def serve(options: ServeOptions, out: TextIO = sys.stdout) -> int:
         ssl_keyfile=options.ssl_keyfile,
         lifespan="on",
     )
+    stopped_by: list[int] = []
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        # uvicorn re-raises the signal that stopped it once it has drained; this handler takes it, so a
+        # drained service exits 0 instead of dying of the signal (the supervisor of --workers has its own)
+        signal.signal(signum, lambda number, frame: stopped_by.append(number))
     url = _url(options, sock)
     print(f"plugin-llm serve: listening on {url} ({options.workers} worker{'s' if options.workers != 1 else ''}, "
           f"home {options.home}); SIGTERM drains calls in flight (up to {max_timeout + _DRAIN_MARGIN:g}s)",
@@ -112,5 +118,6 @@ def serve(options: ServeOptions, out: TextIO = sys.stdout) -> int:
         sock.close()
         if metrics_dir is not None:
             shutil.rmtree(metrics_dir, ignore_errors=True)
-    print("plugin-llm serve: stopped", file=out, flush=True)
+    why = f" by {signal.Signals(stopped_by[0]).name}" if stopped_by else ""
+    print(f"plugin-llm serve: stopped{why}", file=out, flush=True)
     return 0
