@@ -113,3 +113,26 @@ def test_cli_mistakes_are_one_line_errors(hermes_home, capsys):
     err = capsys.readouterr().err
     assert "30d" in err and "no token tok_0123456789ab" in err and "Traceback" not in err
     assert main(["tokens", "list"]) == 0 and "No tokens" in capsys.readouterr().out
+
+
+def test_a_replaced_token_file_is_reopened(hermes_home, tmp_path):
+    """Replicas on other machines get the file by copy: a running service reads the new copy."""
+    import sqlite3
+
+    mono = [0.0]
+    server = TokenStore(hermes_home, monotonic=lambda: mono[0])
+    info, token = server.create("p")
+    assert server.verify(token)[1] == "ok"
+    elsewhere = TokenStore(tmp_path / "primary")  # the operator's machine: revoked there, then copied here
+    elsewhere._execute("SELECT 1", create=True)
+    copy = tmp_path / "copy.db"
+    source = sqlite3.connect(tokens_path(hermes_home))
+    target = sqlite3.connect(copy)
+    source.backup(target)
+    source.close()
+    target.execute("UPDATE tokens SET revoked = 1 WHERE id = ?", (info.id,))
+    target.commit()
+    target.close()
+    copy.replace(tokens_path(hermes_home))
+    mono[0] += CACHE_SECONDS
+    assert server.verify(token)[1] == "revoked"

@@ -8,11 +8,11 @@ log), the plugin key, the SHA-256 of the token, created/expires/revoked
 times. The token itself is printed once, by ``plugin-llm tokens create``, and
 stored nowhere.
 
-Several workers and ``serve`` processes on one machine share the file (WAL
-mode); each caches a verified token for at most :data:`CACHE_SECONDS`, so a
-revocation is refused everywhere within one second. Across machines, share
-the file (a network filesystem SQLite supports) or create a token on each
-machine: tokens are not replicated.
+Several workers and ``serve`` processes on one machine share the file; each caches a verified token for at most :data:`CACHE_SECONDS`, so a
+revocation is refused everywhere within one second. Tokens are not replicated
+across machines: copy the file to each replica after a change (it holds only
+digests; ``sqlite3 tokens.db ".backup copy.db"``, then ``mv`` it into place on
+the replica) - a replaced file is noticed and reopened at the next lookup.
 
 Verification looks the token's digest up (the token is never compared as
 text) and compares the stored digest with ``hmac.compare_digest``; unknown,
@@ -122,6 +122,7 @@ class TokenStore:
         self._lock = threading.Lock()
         self._conn: sqlite3.Connection | None = None
         self._pid = 0
+        self._opened: tuple[int, int] | None = None
         self._clock = clock
         self._monotonic = monotonic
         self._cache: dict[str, tuple[float, TokenInfo]] = {}
@@ -132,21 +133,33 @@ class TokenStore:
     # -- file
     def _connection(self, create: bool) -> sqlite3.Connection | None:
         if self._conn is not None and self._pid == os.getpid():
-            return self._conn
+            if self._file_id() == self._opened:
+                return self._conn
+            self._conn.close()  # the file was replaced (a copy distributed to this replica): open the new one
+            self._conn = None
         if not create and not self.path.exists():
             return None
         try:
             self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600))  # owner-only before SQLite writes a byte
             conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=5.0)
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=NORMAL")
+            # a rollback journal, not WAL: the file stands alone (no -wal beside it that a copy would leave
+            # behind), so a replica can be given a new copy by mv; reads are rare (one per token per
+            # CACHE_SECONDS) and writes rarer still
+            conn.execute("PRAGMA journal_mode=DELETE")
             conn.executescript(_SCHEMA)
         except (sqlite3.Error, OSError) as exc:
             raise TokenError(f"the token file {self.path} cannot be used ({type(exc).__name__}: "
                              f"{str(exc)[:200]}); check its permissions, or move it away to start afresh") from None
-        self._conn, self._pid = conn, os.getpid()
+        self._conn, self._pid, self._opened = conn, os.getpid(), self._file_id()
         return conn
+
+    def _file_id(self) -> tuple[int, int] | None:
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        return st.st_dev, st.st_ino
 
     def _execute(self, sql: str, params: tuple = (), *, create: bool = False) -> list[tuple]:
         with self._lock:
