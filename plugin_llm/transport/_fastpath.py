@@ -356,11 +356,13 @@ def _plain_reply(content: bytes, model: str, prefix: str | None) -> dict | None:
 
     Plain: one or more choices, the first a dict with a ``message`` of role and
     string content only (no tool calls, no reasoning fields, no leading
-    ``<think>``-style tag, which litellm would split off), a known finish
-    reason, usage of small integers. The result is what litellm's
+    ``<think>``-style tag, which litellm would split off), a string finish
+    reason, usage of small non-negative integers. The result is what litellm's
     ``convert_to_model_response_object`` makes of such a reply: the finish
     reason mapped by litellm's ``map_finish_reason`` (none -> ``stop``), the
-    model named as ``litellm.completion`` names it.
+    model named ``<prefix>/<reported>`` when ``prefix`` is given (as
+    ``litellm.completion`` names it for providers behind the openai SDK).
+    tests/test_transport_parity.py compares both readers on many shapes.
     """
     from litellm.litellm_core_utils.core_helpers import map_finish_reason
 
