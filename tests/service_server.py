@@ -57,6 +57,9 @@ class ServiceServer:
             if time.monotonic() > deadline or not self._thread.is_alive():
                 raise RuntimeError("the service did not start")
             time.sleep(0.01)
+        from plugin_llm.transport._loading import load_litellm
+
+        load_litellm()  # the service warms up in the background; tests want it ready (httpx's 5 s timeout)
         return self
 
     def stop(self) -> None:

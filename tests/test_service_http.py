@@ -303,3 +303,47 @@ def test_no_token_or_key_in_responses_logs_or_audit(hermes_home, custom_route, c
     log = (hermes_home / "logs" / "agent.log").read_text()
     for text in bodies + [log, caplog.text]:
         assert secret not in text and token not in text and token[4:] not in text
+
+
+from tests.redis_server import own_redis_server  # noqa: E402,F401
+
+
+def test_with_limits_in_redis_tokens_are_shared_across_machines_and_a_down_store_fails_closed(
+        tmp_path, own_redis_server, monkeypatch):
+    """Two replicas with separate homes (two machines) and one Redis: a token created on one works on the
+    other, a revocation on one is refused by the other within a second, and no Redis means 503, not a call."""
+    import time
+
+    from plugin_llm.cli.main import main
+
+    homes = [tmp_path / "machine-a", tmp_path / "machine-b"]
+    for home in homes:
+        home.mkdir()
+        write_config(home, f"limits:\n  store: redis\n  redis_url: {own_redis_server.url}\n  store_timeout: 0.5\n")
+    monkeypatch.setenv("HERMES_HOME", str(homes[0]))
+    with ServiceServer(homes[1]) as replica:
+        import io
+        from contextlib import redirect_stdout
+
+        out = io.StringIO()
+        with redirect_stdout(out):
+            assert main(["tokens", "create", "roaming", "--json"]) == 0  # on machine A
+        created = json.loads(out.getvalue())
+        token = created["token"]
+        assert not (homes[0] / "service" / "tokens.db").exists()  # in Redis, not in a file
+        call = lambda: httpx.post(replica.url + COMPLETE, headers=replica.auth(token),  # noqa: E731
+                                  json={"messages": USER})
+        assert call().status_code == 200
+        with redirect_stdout(io.StringIO()):
+            assert main(["tokens", "revoke", created["id"]]) == 0
+        time.sleep(1.0)
+        assert call().status_code == 401
+        own_redis_server.kill()
+        other = "plg_" + secrets.token_urlsafe(32)
+        down = httpx.post(replica.url + COMPLETE, headers=replica.auth(other), json={"messages": USER})
+    assert down.status_code == 503 and down.json()["error"]["code"] == "token_store_unavailable"
+    assert [line["plugin_id"] for line in audit_lines(homes[1])] == ["roaming"]
+    reasons = [e["reason"] for e in events(homes[1], EVENT_AUTH_DENIED)]
+    assert reasons == ["revoked", "store_error"]
+    for home in homes:
+        assert token not in (home / "logs" / "agent.log").read_text()

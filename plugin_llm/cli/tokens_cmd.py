@@ -2,7 +2,7 @@
 
 ``create PLUGIN`` prints a new token once (``plg_...``); the home keeps only
 its SHA-256 with the plugin key, creation time, expiry and an id
-(``<home>/service/tokens.db``, mode 0600). Whoever holds the token calls the
+(``<home>/service/tokens.db``, mode 0600; in Redis with ``limits.store: redis``). Whoever holds the token calls the
 gateway as that plugin: its trust policy, its limits, its audit lines.
 ``list`` shows ids, plugins, times and status (never a token); ``revoke ID``
 refuses the token within a second on every worker and replica sharing the file.
@@ -43,12 +43,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _store(args: argparse.Namespace):
-    from plugin_llm.service.tokens import TokenStore
+    from plugin_llm.service.tokens import TokenError, token_store_for
 
     home = home_from(args)
     if home.exists() and not home.is_dir():
         raise CliError(f"--home {home} is not a directory")
-    return home, TokenStore(home)
+    try:
+        return home, token_store_for(home)  # the file, or Redis with limits.store: redis
+    except TokenError as exc:
+        raise CliError(str(exc)) from None
 
 
 def _when(value: Any) -> str:

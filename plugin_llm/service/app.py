@@ -37,7 +37,7 @@ from starlette.routing import Route
 from plugin_llm.service import requests as req
 from plugin_llm.service.errors import UNAUTHORIZED_MESSAGE, ApiError, error_for
 from plugin_llm.service.metrics import ServiceMetrics
-from plugin_llm.service.tokens import TokenStore
+from plugin_llm.service.tokens import TokenError, token_store_for
 
 __all__ = ["create_app", "ServiceState", "EVENT_AUTH_DENIED"]
 
@@ -67,7 +67,7 @@ class ServiceState:
 
         self.home = Path(home)
         self.config = get_config_source(self.home)
-        self.tokens = TokenStore(self.home)
+        self.tokens = token_store_for(self.home, self.config.current())  # limits.store: redis -> tokens there too
         self.metrics = ServiceMetrics()
         self.max_body = max_body
         self._llms: dict[str, Any] = {}
@@ -108,13 +108,22 @@ def _bearer(request: Request) -> str | None:
 def _authenticate(state: ServiceState, request: Request) -> str | Response:
     """The plugin key of the request's token, or the 401 answer (audited)."""
     token = _bearer(request)
+    problem: str | None = None
     if token is None:
         info, reason = None, "missing"
     else:
-        info, reason = state.tokens.verify(token)
+        try:
+            info, reason = state.tokens.verify(token)
+        except TokenError as exc:  # the store cannot answer: fail closed, and say it is the store
+            info, reason, problem = None, "store_error", str(exc)
         token = None
     if reason == "ok":
         return info.plugin
+    if problem is not None:
+        state.metrics.refused(reason)
+        state.audit_refusal(request, reason, None)
+        return _json(503, ApiError(503, "PluginLlmConfigError", f"tokens cannot be checked now: {problem}",
+                                   "token_store_unavailable").body(), {"Retry-After": "1"})
     state.metrics.refused(reason)
     state.audit_refusal(request, reason, info)
     return _json(401, ApiError(401, "PluginLlmAuthError", UNAUTHORIZED_MESSAGE, "invalid_token").body(),

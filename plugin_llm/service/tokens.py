@@ -14,6 +14,11 @@ across machines: copy the file to each replica after a change (it holds only
 digests; ``sqlite3 tokens.db ".backup copy.db"``, then ``mv`` it into place on
 the replica) - a replaced file is noticed and reopened at the next lookup.
 
+With ``limits.store: redis`` the tokens live in that Redis instead
+(:class:`RedisTokenStore`, :func:`token_store_for` picks), shared by every
+replica on every machine; a Redis that does not answer refuses every token
+(the service answers 503), never lets a call through.
+
 Verification looks the token's digest up (the token is never compared as
 text) and compares the stored digest with ``hmac.compare_digest``; unknown,
 expired and revoked tokens all give the same ``None`` to the caller, which
@@ -33,12 +38,15 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 __all__ = [
     "TOKEN_PREFIX",
     "CACHE_SECONDS",
     "TokenInfo",
     "TokenStore",
+    "RedisTokenStore",
+    "token_store_for",
     "TokenError",
     "tokens_path",
     "parse_duration",
@@ -114,18 +122,90 @@ def parse_duration(text: str) -> float:
     return float(int(match.group(1)) * _UNIT_SECONDS[match.group(2)])
 
 
-class TokenStore:
+class _VerifyingStore:
+    """What every token store shares: token creation, verification with a short cache of good answers."""
+
+    path: Any = None
+
+    def __init__(self, *, clock=time.time, monotonic=time.monotonic) -> None:
+        self._clock = clock
+        self._monotonic = monotonic
+        self._cache: dict[str, tuple[float, TokenInfo]] = {}
+
+    def _row(self, wanted: str) -> tuple | None:  # (id, plugin, created, expires, revoked, sha256)
+        raise NotImplementedError
+
+    @staticmethod
+    def _new(plugin: str, now: float, expires_in: float | None) -> tuple[TokenInfo, str]:
+        if not isinstance(plugin, str) or not plugin.strip() or len(plugin.strip()) > _MAX_PLUGIN \
+                or any(ch.isspace() or not ch.isprintable() for ch in plugin.strip()):
+            raise TokenError("the plugin key must be a non-empty name without spaces or control characters, "
+                             "such as my-plugin or image_gen/openai (see plugin-llm plugins list)")
+        token = TOKEN_PREFIX + base64.urlsafe_b64encode(secrets.token_bytes(TOKEN_BYTES)).rstrip(b"=").decode()
+        info = TokenInfo(id="tok_" + secrets.token_hex(6), plugin=plugin.strip(), created=now,
+                         expires=now + expires_in if expires_in is not None else None, revoked=None)
+        return info, token
+
+    @staticmethod
+    def _checked_id(token_id: Any) -> str:
+        if not isinstance(token_id, str) or not _ID_SHAPE.fullmatch(token_id.strip()):
+            raise TokenError(f"a token id looks like tok_0123456789ab (see plugin-llm tokens list), "
+                             f"got {str(token_id)[:40]!r}")
+        return token_id.strip()
+
+    # -- the service
+    def lookup(self, token: str) -> TokenInfo | None:
+        """The row of a token, whatever its status, or None when it is not one of ours.
+
+        Used by :meth:`verify`; the caller must not tell the client which case refused it.
+        """
+        if not isinstance(token, str) or len(token) > _MAX_TOKEN_CHARS or not _TOKEN_SHAPE.fullmatch(token):
+            return None
+        wanted = digest(token)
+        row = self._row(wanted)
+        if row is None or not hmac.compare_digest(str(row[5]), wanted):
+            return None
+        return TokenInfo(*row[:5])
+
+    def verify(self, token: str) -> tuple[TokenInfo | None, str]:
+        """``(info, "ok")`` for an active token, else ``(info or None, "unknown" | "expired" | "revoked")``.
+
+        The reason is for the audit log only. An active token is cached for
+        :data:`CACHE_SECONDS` (keyed by its digest), then read again.
+        """
+        if not isinstance(token, str) or len(token) > _MAX_TOKEN_CHARS:
+            return None, "unknown"
+        key = digest(token)
+        cached = self._cache.get(key)
+        now_mono = self._monotonic()
+        if cached is not None and now_mono - cached[0] < CACHE_SECONDS:
+            info = cached[1]
+            if info.expires is None or info.expires > self._clock():
+                return info, "ok"
+        info = self.lookup(token)
+        if info is None:
+            self._cache.pop(key, None)
+            return None, "unknown"
+        status = info.status(self._clock())
+        if status != "active":
+            self._cache.pop(key, None)
+            return info, status
+        if len(self._cache) > 10_000:  # bounded: a host with that many live tokens re-reads more often
+            self._cache.clear()
+        self._cache[key] = (now_mono, info)
+        return info, "ok"
+
+
+class TokenStore(_VerifyingStore):
     """The token file of one home; one connection per process, shared by its threads."""
 
     def __init__(self, home: Path | str, *, clock=time.time, monotonic=time.monotonic) -> None:
+        super().__init__(clock=clock, monotonic=monotonic)
         self.path = tokens_path(home)
         self._lock = threading.Lock()
         self._conn: sqlite3.Connection | None = None
         self._pid = 0
         self._opened: tuple[int, int] | None = None
-        self._clock = clock
-        self._monotonic = monotonic
-        self._cache: dict[str, tuple[float, TokenInfo]] = {}
 
     def __repr__(self) -> str:
         return f"TokenStore({str(self.path)!r})"
@@ -181,14 +261,7 @@ class TokenStore:
     # -- operator commands
     def create(self, plugin: str, *, expires_in: float | None = None) -> tuple[TokenInfo, str]:
         """A new token for ``plugin``: its row and the token (shown once, stored nowhere)."""
-        if not isinstance(plugin, str) or not plugin.strip() or len(plugin.strip()) > _MAX_PLUGIN \
-                or any(ch.isspace() or not ch.isprintable() for ch in plugin.strip()):
-            raise TokenError("the plugin key must be a non-empty name without spaces or control characters, "
-                             "such as my-plugin or image_gen/openai (see plugin-llm plugins list)")
-        token = TOKEN_PREFIX + base64.urlsafe_b64encode(secrets.token_bytes(TOKEN_BYTES)).rstrip(b"=").decode()
-        now = self._clock()
-        info = TokenInfo(id="tok_" + secrets.token_hex(6), plugin=plugin.strip(), created=now,
-                         expires=now + expires_in if expires_in is not None else None, revoked=None)
+        info, token = self._new(plugin, self._clock(), expires_in)
         self._execute("INSERT INTO tokens (id, plugin, sha256, created, expires, revoked) VALUES (?, ?, ?, ?, ?, NULL)",
                       (info.id, info.plugin, digest(token), info.created, info.expires), create=True)
         return info, token
@@ -199,10 +272,7 @@ class TokenStore:
 
     def revoke(self, token_id: str) -> TokenInfo:
         """Revoke by id (idempotent: an already revoked token keeps its first revocation time)."""
-        if not isinstance(token_id, str) or not _ID_SHAPE.fullmatch(token_id.strip()):
-            raise TokenError(f"a token id looks like tok_0123456789ab (see plugin-llm tokens list), "
-                             f"got {str(token_id)[:40]!r}")
-        token_id = token_id.strip()
+        token_id = self._checked_id(token_id)
         self._execute("UPDATE tokens SET revoked = ? WHERE id = ? AND revoked IS NULL", (self._clock(), token_id))
         rows = self._execute("SELECT id, plugin, created, expires, revoked FROM tokens WHERE id = ?", (token_id,))
         if not rows:
@@ -211,45 +281,120 @@ class TokenStore:
             self._cache.clear()
         return TokenInfo(*rows[0])
 
-    # -- the service
-    def lookup(self, token: str) -> TokenInfo | None:
-        """The row of a token, whatever its status, or None when it is not one of ours.
-
-        Used by :meth:`verify`; the caller must not tell the client which case refused it.
-        """
-        if not isinstance(token, str) or len(token) > _MAX_TOKEN_CHARS or not _TOKEN_SHAPE.fullmatch(token):
-            return None
-        wanted = digest(token)
+    def _row(self, wanted: str) -> tuple | None:
         rows = self._execute("SELECT id, plugin, created, expires, revoked, sha256 FROM tokens WHERE sha256 = ?",
                              (wanted,))
-        if not rows or not hmac.compare_digest(rows[0][5], wanted):
+        return rows[0] if rows else None
+
+
+class RedisTokenStore(_VerifyingStore):
+    """Tokens in the Redis of ``limits.store: redis``, shared by every replica on every machine.
+
+    Keys: ``<prefix>:tokens:<sha256>`` (a hash: id, plugin, created, expires,
+    revoked, sha256) and ``<prefix>:tokens:ids`` (id -> sha256). Every
+    operation is bounded by ``timeout``; a Redis that fails raises
+    :class:`TokenError` (the service answers 503, never lets a call through).
+    """
+
+    def __init__(self, url: str, *, prefix: str = "plugin_llm", timeout: float = 2.0, clock=time.time,
+                 monotonic=time.monotonic) -> None:
+        super().__init__(clock=clock, monotonic=monotonic)
+        import redis
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+
+        from plugin_llm.limits.settings import redact_url
+
+        self._errors = (redis.RedisError, OSError)
+        self.path = f"redis {redact_url(url)}"
+        self._prefix = f"{prefix}:tokens"
+        try:
+            self._client = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout,
+                                                retry=Retry(NoBackoff(), 0), health_check_interval=0)
+        except (ValueError, redis.RedisError) as exc:
+            raise TokenError(f"limits.redis_url ({self.path}) is not usable for tokens: {type(exc).__name__}") from None
+
+    def __repr__(self) -> str:
+        return f"RedisTokenStore({self.path!r})"
+
+    def _call(self, work):
+        try:
+            return work(self._client)
+        except self._errors as exc:
+            raise TokenError(f"the token store ({self.path}) failed: {type(exc).__name__}; check that Redis is "
+                             "up and limits.redis_url in config.yaml") from None
+
+    @staticmethod
+    def _info(fields: dict) -> tuple | None:
+        if not fields:
             return None
-        return TokenInfo(*rows[0][:5])
+        get = lambda name: fields.get(name.encode())  # noqa: E731
+        number = lambda name: float(get(name)) if get(name) not in (None, b"") else None  # noqa: E731
+        return (get("id").decode(), get("plugin").decode(), number("created"), number("expires"), number("revoked"),
+                get("sha256").decode())
 
-    def verify(self, token: str) -> tuple[TokenInfo | None, str]:
-        """``(info, "ok")`` for an active token, else ``(info or None, "unknown" | "expired" | "revoked")``.
+    def create(self, plugin: str, *, expires_in: float | None = None) -> tuple[TokenInfo, str]:
+        info, token = self._new(plugin, self._clock(), expires_in)
+        wanted = digest(token)
+        mapping = {"id": info.id, "plugin": info.plugin, "created": repr(info.created), "sha256": wanted,
+                   "expires": repr(info.expires) if info.expires is not None else "", "revoked": ""}
 
-        The reason is for the audit log only. An active token is cached for
-        :data:`CACHE_SECONDS` (keyed by its digest), then read again.
-        """
-        if not isinstance(token, str) or len(token) > _MAX_TOKEN_CHARS:
-            return None, "unknown"
-        key = digest(token)
-        cached = self._cache.get(key)
-        now_mono = self._monotonic()
-        if cached is not None and now_mono - cached[0] < CACHE_SECONDS:
-            info = cached[1]
-            if info.expires is None or info.expires > self._clock():
-                return info, "ok"
-        info = self.lookup(token)
-        if info is None:
-            self._cache.pop(key, None)
-            return None, "unknown"
-        status = info.status(self._clock())
-        if status != "active":
-            self._cache.pop(key, None)
-            return info, status
-        if len(self._cache) > 10_000:  # bounded: a host with that many live tokens re-reads more often
-            self._cache.clear()
-        self._cache[key] = (now_mono, info)
-        return info, "ok"
+        def work(client):
+            pipe = client.pipeline(transaction=True)
+            pipe.hset(f"{self._prefix}:{wanted}", mapping=mapping)
+            pipe.hset(f"{self._prefix}:ids", info.id, wanted)
+            pipe.execute()
+
+        self._call(work)
+        return info, token
+
+    def list(self) -> list[TokenInfo]:
+        def work(client):
+            ids = client.hgetall(f"{self._prefix}:ids")
+            pipe = client.pipeline(transaction=False)
+            for wanted in ids.values():
+                pipe.hgetall(f"{self._prefix}:{wanted.decode()}")
+            return pipe.execute()
+
+        rows = [self._info(fields) for fields in self._call(work)]
+        return sorted((TokenInfo(*row[:5]) for row in rows if row), key=lambda t: (t.created, t.id))
+
+    def revoke(self, token_id: str) -> TokenInfo:
+        token_id = self._checked_id(token_id)
+
+        def work(client):
+            wanted = client.hget(f"{self._prefix}:ids", token_id)
+            if wanted is None:
+                return None
+            key = f"{self._prefix}:{wanted.decode()}"
+            if not client.hget(key, "revoked"):
+                client.hset(key, "revoked", repr(self._clock()))
+            return client.hgetall(key)
+
+        row = self._info(self._call(work) or {})
+        if row is None:
+            raise TokenError(f"no token {token_id} in the token store ({self.path}) (see plugin-llm tokens list)")
+        self._cache.clear()
+        return TokenInfo(*row[:5])
+
+    def _row(self, wanted: str) -> tuple | None:
+        return self._info(self._call(lambda client: client.hgetall(f"{self._prefix}:{wanted}")))
+
+    def close(self) -> None:
+        self._cache.clear()
+        try:
+            self._client.close()
+        except Exception:  # noqa: BLE001 - closing must not fail
+            pass
+
+
+def token_store_for(home: Path | str, config: Any = None) -> "TokenStore | RedisTokenStore":
+    """The token store the home's config selects: Redis with ``limits.store: redis``, else the file."""
+    if config is None:
+        from plugin_llm.config import get_config_source
+
+        config = get_config_source(Path(home)).current()
+    settings = config.limits
+    if settings.store == "redis":
+        return RedisTokenStore(settings.redis_url, prefix=settings.redis_key_prefix, timeout=settings.store_timeout)
+    return TokenStore(home)
