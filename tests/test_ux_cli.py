@@ -271,3 +271,11 @@ def test_provider_errors_do_not_stutter(hermes_home: Path):
             assert out.stderr.count("plugin-llm: error:") == 1, out.stderr
             words = out.stderr.replace(":", " ").split()
             assert not any(a == b and a.endswith("Error") for a, b in zip(words, words[1:])), out.stderr
+
+
+def test_plugins_list_and_info_report_a_load_failure_once(hermes_home: Path):
+    add_plugin(hermes_home, "broken", "raise RuntimeError('at import')\n")
+    enable(hermes_home, "broken")
+    for args in (["plugins", "list"], ["plugins", "info", "broken"]):
+        out = cli(hermes_home, *args)
+        assert (out.stdout + out.stderr).count("RuntimeError: at import") == 1, (args, out.stdout, out.stderr)

@@ -137,7 +137,14 @@ def run(args: argparse.Namespace) -> int:
     # read-only: loading the plugins to list them appends no load events to the audit log
     manager = PluginManager(home or _default_home(), audit_events=False)
     config_error = _config_error(manager.home)
-    plugins = manager.list_plugins()
+    plugins_log = logging.getLogger(_PLUGINS_LOGGER)
+    propagate = plugins_log.propagate
+    if not getattr(args, "debug", False):  # the listing reports each load failure itself: once, not also as a log line
+        plugins_log.propagate = False
+    try:
+        plugins = manager.list_plugins()
+    finally:
+        plugins_log.propagate = propagate
     if action in (None, "list"):
         code = _list(manager.home, plugins, args.json, config_error)
         if action is None and not args.json:
