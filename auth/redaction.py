@@ -126,9 +126,12 @@ class _Registry:
     """
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        # re-entrant: building the pattern can run a finalizer (a collected HTTP client closing)
+        # whose log line is redacted on this same thread, and so calls current() again
+        self._lock = threading.RLock()
         self._known: set[str] = set()
         self._variants: dict[str, str] = {}
+        self._version = 0  # bumped by add(): a snapshot built across an add is not kept
         self.snapshot: _Snapshot | None = _Snapshot()
 
     def add(self, secret: str) -> None:
@@ -142,6 +145,7 @@ class _Registry:
             for variant in _variants(secret):
                 if len(variant) >= MIN_SECRET_LENGTH:
                     self._variants.setdefault(variant, replacement)
+            self._version += 1
             self.snapshot = None
 
     def current(self) -> _Snapshot:
@@ -150,12 +154,17 @@ class _Registry:
             return snap
         with self._lock:
             snap = self.snapshot
-            if snap is None:
+            while snap is None:
+                version = self._version
                 pairs = tuple(sorted(self._variants.items(), key=lambda kv: -len(kv[0])))
                 regex = None
                 if len(pairs) > _REGEX_THRESHOLD:
                     regex = re.compile(_trie_pattern([v for v, _ in pairs]))
-                snap = self.snapshot = _Snapshot(pairs, regex, dict(pairs))
+                built = _Snapshot(pairs, regex, dict(pairs))
+                if self._version == version:  # no add() meanwhile (a re-entrant one on this thread)
+                    snap = self.snapshot = built
+                else:
+                    snap = self.snapshot
         return snap
 
     def __contains__(self, secret: str) -> bool:
