@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -149,42 +150,14 @@ def test_error_type_is_not_repeated():
 
 def _pty_run(home: Path, args: list[str], keys: list[bytes], env: dict[str, str] | None = None) -> tuple[int, str]:
     """Run the CLI on a pseudo-terminal, typing ``keys`` one chunk after each prompt."""
-    import pty
-    import select
-    import time
-
-    full = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "FORCE_COLOR")}
-    full.update(HERMES_HOME=str(home), HOME=str(home.parent / "user-home"), PYTHONPATH=str(ROOT),
-                TERM="xterm", INPUTRC="/dev/null")
-    full.update(env or {})
-    pid, fd = pty.fork()
-    if pid == 0:  # pragma: no cover - the child
-        os.execve(sys.executable, [sys.executable, "-m", "plugin_llm.cli.main", *args], full)
-    out = b""
-    pending = list(keys)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([fd], [], [], 0.2)
-        if ready:
-            try:
-                chunk = os.read(fd, 4096)
-            except OSError:
-                break
-            if not chunk:
-                break
-            out += chunk
-        if pending and out.rstrip().endswith(b"you>"):
-            out += b"\n<<sent>>\n"
-            os.write(fd, pending.pop(0))
-    _, status = os.waitpid(pid, 0)
-    os.close(fd)
-    return os.waitstatus_to_exitcode(status), out.decode("utf-8", "replace")
+    return pty_dialog(home, args, [(b"you>", key) for key in keys], env=env)
 
 
-def pty_dialog(home: Path, args: list[str], steps: list[tuple[bytes, bytes]],
+def pty_dialog(home: Path, args: list[str], steps: list[tuple[Any, bytes]],
                env: dict[str, str] | None = None) -> tuple[int, str]:
     """Run the CLI on a pseudo-terminal: for each (expected, reply), wait until the output since
-    the last reply contains ``expected``, then type ``reply``. The whole transcript is returned."""
+    the last reply contains ``expected`` (or until ``expected()`` is true), then type ``reply``.
+    The whole transcript is returned."""
     import pty
     import select
     import time
@@ -210,10 +183,13 @@ def pty_dialog(home: Path, args: list[str], steps: list[tuple[bytes, bytes]],
             if not chunk:
                 break
             out += chunk
-        if pending and pending[0][0] in out[since:]:
+        if pending and (pending[0][0]() if callable(pending[0][0]) else pending[0][0] in out[since:]):
             since = len(out)
             os.write(fd, pending.pop(0)[1])
-    _, status = os.waitpid(pid, 0)
+    done, status = os.waitpid(pid, os.WNOHANG)
+    if not done:  # still running after the deadline: stop it (the test fails on its exit status)
+        os.kill(pid, 9)
+        _, status = os.waitpid(pid, 0)
     os.close(fd)
     return os.waitstatus_to_exitcode(status), out.decode("utf-8", "replace")
 
@@ -279,3 +255,19 @@ def test_plugins_list_and_info_report_a_load_failure_once(hermes_home: Path):
     for args in (["plugins", "list"], ["plugins", "info", "broken"]):
         out = cli(hermes_home, *args)
         assert (out.stdout + out.stderr).count("RuntimeError: at import") == 1, (args, out.stdout, out.stderr)
+
+
+def test_chat_ctrl_c_cancels_a_turn_in_progress(hermes_home: Path):
+    from tests.servers import FakeServer, Reply
+
+    with FakeServer([Reply(content="too late", delay=30)], default=Reply(content="second answer")) as server:
+        (hermes_home / "config.yaml").write_text(
+            f"model:\n  provider: custom\n  model: gpt-4o\n  base_url: {server.base_url}\n", encoding="utf-8")
+        code, out = pty_dialog(hermes_home, ["chat"], [
+            (b"you>", b"first question\r"),
+            (lambda: len(server.requests) == 1, b"\x03"),  # Ctrl-C while the model has not answered
+            (b"(cancelled", b"again\r"),           # the session goes on
+            (b"second answer", b"/exit\r"),
+        ])
+    assert code == 0, out
+    assert "too late" not in out and "second answer" in out and "Traceback" not in out
