@@ -76,3 +76,20 @@ def test_trust_show_and_check_report_limits(hermes_home, capsys):
     main(["trust", "check"])
     out = capsys.readouterr().out
     assert 'limits.prices."custom/m"' in out  # a budget on an unpriced model refuses every call
+
+
+def test_audit_stats_shows_spend_against_budget(hermes_home, capsys):
+    from tests.servers import FakeServer
+
+    with FakeServer() as server:
+        write_config(hermes_home, f"model:\n  provider: custom\n  model: m\n  base_url: {server.base_url}\n"
+                                  "limits:\n  prices:\n    custom/m: {input_per_mtok: 1.0, output_per_mtok: 2.0}\n"
+                                  "plugins:\n  entries:\n    capped:\n      limits:\n        budget_usd: {day: 1.0}\n")
+        PluginLlm("capped").complete(USER)
+    limits.close_stores()
+    assert main(["audit", "stats"]) == 0
+    out = capsys.readouterr().out
+    assert "spend against budget" in out and "capped  day" in out and "spent $0.000013" in out
+    assert main(["audit", "stats", "--json"]) == 0
+    budgets = json.loads(capsys.readouterr().out)["budgets"]
+    assert budgets["capped"]["day"]["spent_usd"] == pytest.approx(13e-6) and budgets["capped"]["day"]["budget_usd"] == 1.0

@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any, Iterable, TextIO
 
+from plugin_llm.cli._common import printable
 from plugin_llm.cli.main import CliError
 
 __all__ = ["register", "run"]
@@ -359,23 +360,63 @@ def _stats(args: argparse.Namespace, log_path: Path) -> int:
 
     bad = _BadLines()
     rows = stats(iter_records(log_path, on_bad_line=bad, **_filters(args)))
+    budgets = _budgets(args, [r.key for r in rows if r.dimension == "plugin"])
     if args.json:
         doc = {
             "by_plugin": [r.as_dict() for r in rows if r.dimension == "plugin"],
             "by_model": [r.as_dict() for r in rows if r.dimension == "model"],
             "percentiles": "nearest-rank, over calls that were not denied",
+            "budgets": budgets,
         }
         print(json.dumps(doc, ensure_ascii=False, indent=2))
     elif not rows:
         print("no call records match")
     else:
         _print_stats(rows, sys.stdout)
+        _print_budgets(budgets, sys.stdout)
     ignored = sum(r.ignored_values for r in rows if r.dimension == "plugin")
     if ignored:
         print(f"note: {ignored} token/cost/latency value(s) no real call can have (negative, not a number or "
               "absurdly large) were left out of the sums", file=sys.stderr)
     bad.report()
     return 0
+
+
+def _budgets(args: argparse.Namespace, plugins: list[str]) -> dict[str, Any]:
+    """Spend against budget in the current windows, per plugin with a budget, from the home's limits
+    store (a log copy read with --log has no home to ask: nothing)."""
+    if args.log:
+        return {}
+    try:
+        from plugin_llm.config import ConfigSource
+        from plugin_llm.limits import views
+
+        config = ConfigSource(_home_of(args)).current()
+        wanted = [p for p in plugins if config.limits.for_plugin(p).has_budget]
+        if not wanted:
+            return {}
+        out: dict[str, Any] = {}
+        for row in views.show(config.limits, config.home, wanted):
+            out[row.plugin_id] = {"error": row.error} if row.error else views.budget_summary(row)
+        return out
+    except Exception as exc:  # noqa: BLE001 - the log's own stats never fail for the budget view
+        print(f"note: spend against budget unavailable ({printable(type(exc).__name__)}: {printable(exc, 300)})",
+              file=sys.stderr)
+        return {}
+
+
+def _print_budgets(budgets: dict[str, Any], out: Any) -> None:
+    if not budgets:
+        return
+    print("\nspend against budget (current windows, from the limits store):", file=out)
+    for plugin, windows in sorted(budgets.items()):
+        if "error" in windows:
+            print(f"  {printable(plugin)}: unknown ({printable(windows['error'])})", file=out)
+            continue
+        for window, w in windows.items():
+            share = f"{w['used_fraction']:.0%}" if w.get("used_fraction") is not None else "-"
+            print(f"  {printable(plugin)}  {window:<5}  spent ${w['spent_usd']:.6f}  in flight ${w['in_flight_usd']:.6f}  "
+                  f"of ${w['budget_usd']:.2f} ({share}), resets {w['resets_at']}", file=out)
 
 
 def _home_of(args: argparse.Namespace) -> Path:
