@@ -14,26 +14,25 @@ import pytest
 from tests.test_ux_cli import ROOT, cli
 
 
-@pytest.mark.parametrize("kind", ["command", "tool"])
-def test_scaffolded_plugin_passes_its_own_test_and_runs(hermes_home: Path, tmp_path: Path, kind: str):
+def test_scaffolded_plugins_pass_their_own_tests_and_run(hermes_home: Path, tmp_path: Path):
     work = tmp_path / "work"
     work.mkdir()
-    made = cli(hermes_home, "plugins", "new", "summ", "--kind", kind, "--dir", str(work))
-    assert made.returncode == 0, made.stderr
-    plugin = work / "summ"
-    assert {"plugin.yaml", "__init__.py", "README.md"} <= {p.name for p in plugin.iterdir()}
-    assert "ctx.llm.complete" in (plugin / "__init__.py").read_text()
+    for name, kind in (("summ", "command"), ("counter", "tool"), ("hinter", "hook")):
+        made = cli(hermes_home, "plugins", "new", name, "--kind", kind, "--dir", str(work))
+        assert made.returncode == 0, made.stderr
+        assert {"plugin.yaml", "__init__.py", "README.md", "tests"} <= {p.name for p in (work / name).iterdir()}
+        assert "ctx.llm.complete" in (work / name / "__init__.py").read_text()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HOME": str(tmp_path / "user-home")}
-    env.pop("HERMES_HOME", None)  # the generated test makes its own home
-    tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(plugin / "tests")],
+    env.pop("HERMES_HOME", None)  # the generated tests make their own homes
+    tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                            *(str(work / n / "tests") for n in ("summ", "counter", "hinter"))],
                            cwd=str(work), env=env, capture_output=True, text=True, timeout=180)
     assert tests.returncode == 0, tests.stdout[-3000:] + tests.stderr[-2000:]
-    assert ("3 passed" if kind == "tool" else "2 passed") in tests.stdout
+    assert "8 passed" in tests.stdout  # 2 per plugin + the tool's and the hook's own
     # and it works as installed for development
-    assert cli(hermes_home, "plugins", "install", "--link", str(plugin), "--enable").returncode == 0
+    assert cli(hermes_home, "plugins", "install", "--link", str(work / "summ"), "--enable").returncode == 0
     run = cli(hermes_home, "run", "summ", "First sentence here. Second one.")
-    assert run.returncode == 0, run.stderr
-    assert run.stdout.strip()
+    assert run.returncode == 0 and run.stdout.strip(), run.stderr
     assert cli(hermes_home, "plugins", "new", "summ", "--dir", str(work)).returncode == 2  # never overwrites
 
 
