@@ -46,9 +46,14 @@ class Serve:
                 time.sleep(0.1)
         return seen
 
+    def terminate(self) -> None:
+        self.signalled = True
+        self.proc.send_signal(signal.SIGTERM)
+
     def stop(self) -> tuple[int, str, str]:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
+        """SIGTERM (once) and wait; exit code, stdout, stderr."""
+        if self.proc.poll() is None and not getattr(self, "signalled", False):
+            self.terminate()
         out, err = self.proc.communicate(timeout=60)
         return self.proc.returncode, self.first_line + out, err
 
@@ -69,14 +74,14 @@ def test_sigterm_drains_the_call_in_flight_then_exits_0(hermes_home):
             while not upstream.requests and time.monotonic() < deadline:
                 time.sleep(0.02)
             assert upstream.requests, "the call never reached the provider"
-            serve.proc.send_signal(signal.SIGTERM)  # while the provider is still answering
+            serve.terminate()  # while the provider is still answering
             caller.join(timeout=60)
             code, out, err = serve.stop()
         finally:
             if serve.proc.poll() is None:
                 serve.proc.kill()
     assert answers and answers[0].status_code == 200 and answers[0].json()["text"] == "slow answer"
-    assert code == 0 and "stopped by SIGTERM" in out and "1 worker" in out
+    assert code == 0 and "stopped by SIGTERM" in out and "1 worker" in out, (code, out, err[-3000:])
     assert "warning" not in err.lower() and token not in out + err  # 127.0.0.1: no clear-text warning
     [line] = audit_lines(hermes_home)
     assert line["status"] == "ok" and line["plugin_id"] == "drained"
@@ -107,7 +112,8 @@ def test_two_workers_share_tokens_revocation_and_metrics(hermes_home):
     finally:
         if serve.proc.poll() is None:
             serve.proc.kill()
-    assert code == 0 and "2 workers" in out and "stopped" in out and token not in out + err
+    assert code == 0 and "2 workers" in out and "stopped" in out, (code, out, err[-3000:])
+    assert token not in out + err
     log = (hermes_home / "logs" / "agent.log").read_text()
     denied = [json.loads(line) for line in log.splitlines() if '"service.auth_denied"' in line]
     assert len(denied) == 20 and {d["reason"] for d in denied} == {"revoked"} and token not in log

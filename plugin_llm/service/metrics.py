@@ -37,21 +37,34 @@ class ServiceMetrics:
                                  "status", ("plugin", "status"), buckets=_BUCKETS, **kw)
         self.tokens = Counter("plugin_llm_service_tokens", "Tokens used by plugin and direction (input, output)",
                               ("plugin", "direction"), **kw)
+        self._children: dict[tuple[str, str, str], tuple] = {}
         self.cost = Counter("plugin_llm_service_cost_usd", "Cost in USD by plugin (priced calls only)", ("plugin",),
                             **kw)
 
+    def _series(self, plugin: str, endpoint: str, status: str) -> tuple:
+        """The labelled children of one (plugin, endpoint, status), looked up once (labels() is not free)."""
+        key = (plugin, endpoint, status)
+        series = self._children.get(key)
+        if series is None:
+            series = self._children[key] = (
+                self.calls.labels(plugin, endpoint, status), self.latency.labels(plugin, status),
+                self.denials.labels(plugin, status) if status in ("denied", "quota") else None,
+                self.tokens.labels(plugin, "input"), self.tokens.labels(plugin, "output"), self.cost.labels(plugin))
+        return series
+
     def observe(self, plugin: str, endpoint: str, status: str, seconds: float, usage: Any = None) -> None:
-        self.calls.labels(plugin, endpoint, status).inc()
-        self.latency.labels(plugin, status).observe(seconds)
-        if status in ("denied", "quota"):
-            self.denials.labels(plugin, status).inc()
+        calls, latency, denials, tokens_in, tokens_out, cost = self._series(plugin, endpoint, status)
+        calls.inc()
+        latency.observe(seconds)
+        if denials is not None:
+            denials.inc()
         if usage is not None:
             if usage.input_tokens:
-                self.tokens.labels(plugin, "input").inc(usage.input_tokens)
+                tokens_in.inc(usage.input_tokens)
             if usage.output_tokens:
-                self.tokens.labels(plugin, "output").inc(usage.output_tokens)
+                tokens_out.inc(usage.output_tokens)
             if usage.cost_usd:
-                self.cost.labels(plugin).inc(usage.cost_usd)
+                cost.inc(usage.cost_usd)
 
     def refused(self, reason: str) -> None:
         self.denials.labels("", reason).inc()
