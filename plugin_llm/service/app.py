@@ -21,6 +21,7 @@ it has one - never the token.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import logging
@@ -105,15 +106,23 @@ def _bearer(request: Request) -> str | None:
     return value.strip() or None
 
 
-def _authenticate(state: ServiceState, request: Request) -> str | Response:
-    """The plugin key of the request's token, or the 401 answer (audited)."""
+async def _authenticate(state: ServiceState, request: Request) -> str | Response:
+    """The plugin key of the request's token, or the 401 answer (audited).
+
+    A token verified less than a second ago is answered from memory; otherwise the
+    store (a file, or Redis) is asked on a worker thread, so a slow or stalled store
+    never blocks the event loop and the calls of other plugins.
+    """
     token = _bearer(request)
     problem: str | None = None
     if token is None:
         info, reason = None, "missing"
     else:
+        cached = state.tokens.cached(token)
+        if cached is not None:
+            return cached.plugin
         try:
-            info, reason = state.tokens.verify(token)
+            info, reason = await asyncio.to_thread(state.tokens.verify, token)
         except TokenError as exc:  # the store cannot answer: fail closed, and say it is the store
             info, reason, problem = None, "store_error", str(exc)
         token = None
@@ -237,7 +246,7 @@ def create_app(home: Path | str | None = None, *, llm_factory: Callable[[str], A
 
     async def native(request: Request, api: str) -> Response:
         started = time.perf_counter()
-        plugin = _authenticate(state, request)
+        plugin = await _authenticate(state, request)
         if isinstance(plugin, Response):
             return plugin
         endpoint = "complete" if api == "complete" else "complete_structured"
@@ -266,7 +275,7 @@ def create_app(home: Path | str | None = None, *, llm_factory: Callable[[str], A
 
     async def chat_completions(request: Request) -> Response:
         started = time.perf_counter()
-        plugin = _authenticate(state, request)
+        plugin = await _authenticate(state, request)
         if isinstance(plugin, Response):
             return plugin
         try:

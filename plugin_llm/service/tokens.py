@@ -167,6 +167,16 @@ class _VerifyingStore:
             return None
         return TokenInfo(*row[:5])
 
+    def cached(self, token: str) -> TokenInfo | None:
+        """The active token's row when a fresh verified answer is cached (no I/O), else None."""
+        if not isinstance(token, str) or len(token) > _MAX_TOKEN_CHARS:
+            return None
+        cached = self._cache.get(digest(token))
+        if cached is None or self._monotonic() - cached[0] >= CACHE_SECONDS:
+            return None
+        info = cached[1]
+        return info if info.expires is None or info.expires > self._clock() else None
+
     def verify(self, token: str) -> tuple[TokenInfo | None, str]:
         """``(info, "ok")`` for an active token, else ``(info or None, "unknown" | "expired" | "revoked")``.
 
