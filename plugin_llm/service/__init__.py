@@ -2,7 +2,7 @@
 
 A Starlette app (:func:`create_app`) that lets a plugin in another process,
 language or machine call the gateway with a per-plugin token
-(:class:`TokenStore`), through the same pipeline as ``ctx.llm``. Modules:
+(:class:`TokenStore`, or :class:`RedisTokenStore` with ``limits.store: redis``), through the same pipeline as ``ctx.llm``. Modules:
 ``tokens`` (the token file), ``requests`` (body checks), ``errors`` (errors as
 HTTP), ``metrics`` (Prometheus), ``app`` (routes), ``server`` (uvicorn, signals,
 workers). Importing this package loads neither Starlette nor litellm.
@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from plugin_llm.service.tokens import TokenError, TokenInfo, TokenStore
+from plugin_llm.service.tokens import RedisTokenStore, TokenError, TokenInfo, TokenStore, token_store_for
 
-__all__ = ["create_app", "TokenStore", "TokenInfo", "TokenError"]
+__all__ = ["create_app", "TokenStore", "RedisTokenStore", "token_store_for", "TokenInfo", "TokenError"]
 
 
 def __getattr__(name: str) -> Any:
