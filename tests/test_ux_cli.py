@@ -194,12 +194,14 @@ def pty_dialog(home: Path, args: list[str], steps: list[tuple[Any, bytes]],
 
 def test_chat_line_editing_history_ctrl_c_and_ctrl_d(hermes_home: Path):
     enable(hermes_home)
-    keys = [
-        b"helo\x1b[Dl\r",           # left arrow then a correction: the model gets "hello", not escape codes
-        b"something to discard\x03",  # Ctrl-C: the line is cancelled, the session goes on
-        b"\x04",                     # Ctrl-D on an empty line: leave
+    # each reply is typed at a fresh prompt: the text that precedes it, then "you> " (a readline
+    # redisplay of the line being edited does not match)
+    steps = [
+        (b"to leave.\r\nyou> ", b"helo\x1b[Dl\r"),       # left arrow then a correction: the model gets "hello"
+        (b"word)\r\nyou> ", b"something to discard\x03"),  # Ctrl-C: the line is cancelled, the session goes on
+        (b"leaves)\r\nyou> ", b"\x04"),                    # Ctrl-D on an empty line: leave
     ]
-    code, out = _pty_run(hermes_home, ["chat"], keys)
+    code, out = pty_dialog(hermes_home, ["chat"], steps)
     assert code == 0, out
     assert "\x1b[D" not in out.split("assistant>")[1] if "assistant>" in out else False, out
     assert "(cancelled" in out
@@ -264,8 +266,8 @@ def test_chat_ctrl_c_cancels_a_turn_in_progress(hermes_home: Path):
         code, out = pty_dialog(hermes_home, ["chat"], [
             (b"you>", b"first question\r"),
             (lambda: len(server.requests) == 1, b"\x03"),  # Ctrl-C while the model has not answered
-            (b"(cancelled", b"again\r"),           # the session goes on
-            (b"second answer", b"/exit\r"),
+            (b"leaves)\r\nyou> ", b"again\r"),           # the session goes on
+            (b"second answer\r\nyou> ", b"/exit\r"),
         ])
     assert code == 0, out
     assert "too late" not in out and "second answer" in out and "Traceback" not in out
