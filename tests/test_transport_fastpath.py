@@ -210,3 +210,24 @@ def test_an_http_proxy_from_the_environment_is_used(hermes_home, monkeypatch, mo
         [request] = proxy.requests
     assert result.text == "ok"
     assert request.path == "http://127.0.0.1:9/v1/chat/completions"  # the absolute form a proxy is sent
+
+
+@pytest.mark.parametrize("transport_path", ["fast", "fallback"], indirect=True)
+def test_an_interrupted_call_leaves_the_pool_usable(hermes_home, transport_path):
+    """Ctrl-C (KeyboardInterrupt) while a sync call waits for the provider: the next call still gets through."""
+    import signal
+    import threading
+
+    with FakeServer(default=Reply(content="next answer")) as fake:
+        write_config(hermes_home, f"model:\n  provider: custom\n  model: gpt-4o\n  base_url: {fake.base_url}\n"
+                                  "llm:\n  max_retries: 0\n")
+        llm = PluginLlm("p")
+        llm.complete(USER)  # warm: the pool holds a connection
+        fake.push(Reply(content="too late", delay=30))
+        main = threading.main_thread().ident
+        timer = threading.Timer(0.5, signal.pthread_kill, (main, signal.SIGINT))  # a real Ctrl-C: EINTR
+        timer.start()
+        with pytest.raises(KeyboardInterrupt):
+            llm.complete(USER, timeout=20)
+        timer.join()
+        assert llm.complete(USER, timeout=5).text == "next answer"

@@ -18,6 +18,7 @@ import asyncio
 import base64
 import json
 import os
+import secrets
 from pathlib import Path
 
 import pytest
@@ -242,13 +243,14 @@ def test_error_body_that_is_not_json(hermes_home, fake):
     """Same error, status and flags; the fast path keeps the body's text where the openai SDK has none."""
     configure(hermes_home, fake.base_url)
     call = calls("sync", "complete", USER)
-    fast = run_call(hermes_home, fake, "fast", "sync", call, [Reply(status=502, body="Bad gateway")], TAKEN[0])
-    fallback = run_call(hermes_home, fake, "fallback", "sync", call, [Reply(status=502, body="Bad gateway")], TAKEN[0])
+    text = f"upstream-{secrets.token_hex(6)}"  # no word another test may have registered as a secret
+    fast = run_call(hermes_home, fake, "fast", "sync", call, [Reply(status=502, body=text)], TAKEN[0])
+    fallback = run_call(hermes_home, fake, "fallback", "sync", call, [Reply(status=502, body=text)], TAKEN[0])
     assert fast["sent"] == fallback["sent"]
     messages = fast["outcome"].pop("message"), fallback["outcome"].pop("message")
     assert fast["outcome"] == fallback["outcome"] == {"error": "PluginLlmProviderError", "status": 502,
                                                       "retryable": True, "retry_after": None}
-    assert messages[0].endswith("Bad gateway") and messages[1].endswith("Error code: 502")
+    assert messages[0].endswith(text) and messages[1].endswith("Error code: 502")
 
 
 def test_retry_after_429_then_success(hermes_home, fake):
