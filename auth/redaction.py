@@ -52,6 +52,9 @@ MIN_SECRET_LENGTH = 8
 MIN_GIVEN_SECRET_LENGTH = 4
 #: The shortest trailing piece of a known secret :func:`redact_clipped` hides.
 MIN_FRAGMENT_LENGTH = 4
+#: the same for text that arrived already cut (a provider truncating an echoed header): a shorter tail
+#: is more likely a word a key happens to start with ("Bad gateway" vs a key "gateway-...") than a key
+UNCUT_FRAGMENT_LENGTH = 8
 
 _REDACTED = "[REDACTED]"
 
@@ -424,6 +427,8 @@ def redact_clipped(text: Any, limit: int, *secrets: str | None, fragment: int = 
     text = redact(_hide_given(text if isinstance(text, str) else str(text), secrets))
     if len(text) > limit:
         text = text[:limit]
+    else:  # not cut here: only a longer fragment counts, so prose ending in a word a key starts with stays
+        fragment = max(fragment, UNCUT_FRAGMENT_LENGTH)
     return _hide_trailing_fragment(text, secrets, fragment)
 
 

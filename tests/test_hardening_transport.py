@@ -500,3 +500,14 @@ def test_an_attempt_that_waited_past_its_deadline_is_not_started():
     job = _deadline.Job(lambda **kw: started.append(kw), {}, _keys.Key(NoKey(), None), time.monotonic() - 1)
     job.run()
     assert started == [] and isinstance(job.failure, TimeoutError) and job.response is None
+
+
+def test_prose_ending_in_a_word_a_registered_key_starts_with_is_not_redacted(transport_path):
+    register_secret("gateway-key-from-env-0001")
+    assert redact_clipped("custom refused the call (HTTP 502): Bad gateway", 500) == \
+        "custom refused the call (HTTP 502): Bad gateway"
+    # cut here, a key straddling the limit is still hidden down to MIN_FRAGMENT_LENGTH characters
+    clipped = redact_clipped("x" * 496 + "gateway-key-from-env-0001", 500)
+    assert clipped.startswith("x" * 496) and "gate" not in clipped and len(clipped) <= 500 + len("[REDACTED]")
+    # arrived cut (a provider truncated an echoed key): a tail of 8+ characters is hidden
+    assert redact_clipped("echo: gateway-ke", 500) == "echo: [REDACTED]"
