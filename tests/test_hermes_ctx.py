@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import textwrap
 import time
 from pathlib import Path
 
@@ -13,29 +12,12 @@ from plugin_llm.cli import plugins_cmd
 from plugin_llm.cli.main import main
 from plugin_llm.config import get_config_source
 from plugin_llm.host import Session
-from plugin_llm.plugins import PluginManager
 
 from tests.conftest import write_config
+from tests.test_hermes_plugins import by_key, load, write_plugin  # noqa: F401 (shared helpers)
 from tests.test_host_support import ScriptedLlm, reply
 
 
-def write_plugin(home: Path, rel: str, code: str, manifest: str | None = None) -> Path:
-    d = home / "plugins" / rel
-    d.mkdir(parents=True, exist_ok=True)
-    (d / "plugin.yaml").write_text(manifest if manifest is not None else f"name: {rel.rsplit('/', 1)[-1]}\n",
-                                   encoding="utf-8")
-    (d / "__init__.py").write_text(textwrap.dedent(code), encoding="utf-8")
-    return d
-
-
-def load(home: Path) -> PluginManager:
-    manager = PluginManager(home)
-    manager.discover_plugins()
-    return manager
-
-
-def by_key(manager: PluginManager) -> dict[str, dict]:
-    return {p["key"]: p for p in manager.list_plugins()}
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:
