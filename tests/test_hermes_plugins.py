@@ -503,3 +503,20 @@ def test_save_env_value_refuses_variables_that_steer_the_host(hermes_home):
         import os
 
         os.environ.pop("MY_PLUGIN_REGION", None)
+
+
+def test_a_context_engine_plugin_is_loaded_by_context_engine_alone(hermes_home):
+    """Like memory.provider for memory/: a plugin under context_engine/ is exclusive and loads when
+    context.engine names it, without plugins.enabled (Hermes discovers engines by that setting)."""
+    code = ("from agent.context_engine import ContextEngine\n\n"
+            "class Keep(ContextEngine):\n    name = 'keeper'\n\n"
+            "    def compress(self, messages, **kwargs):\n        return messages[-2:]\n\n"
+            "def register(ctx):\n    ctx.register_context_engine(Keep())\n")
+    write_plugin(hermes_home, "context_engine/keeper", code)
+    write_config(hermes_home, "context:\n  engine: keeper\n")
+    manager = load(hermes_home)
+    assert by_key(manager)["context_engine/keeper"]["status"] == "enabled"
+    assert manager.context_engine is not None and manager.context_engine.name == "keeper"
+    write_config(hermes_home, "context:\n  engine: compressor\n")
+    unselected = by_key(load(hermes_home))["context_engine/keeper"]
+    assert unselected["status"] == "not enabled"

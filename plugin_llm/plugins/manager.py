@@ -395,7 +395,8 @@ class PluginManager:
                     record.status = STATUS_NOT_ENABLED
                     if kind == KIND_EXCLUSIVE:
                         category = key.rpartition("/")[0] or "memory"
-                        record.note = (f"exclusive plugin: select it with {category}.provider: "
+                        setting = "context.engine" if category == "context_engine" else f"{category}.provider"
+                        record.note = (f"exclusive plugin: select it with {setting}: "
                                        f"{key.rpartition('/')[2]} in config.yaml")
             self._records = dict(sorted(self._records.items(), key=lambda item: listed[id(item[1].candidate)]))
             self._discovered = True

@@ -210,8 +210,10 @@ def _kind(data: Mapping[str, Any], key: str, category: str | None, where: str) -
                     "treated as 'standalone'"
                 )
             kind = KIND_STANDALONE
-    if category == "memory" and kind != KIND_EXCLUSIVE:
-        kind = KIND_EXCLUSIVE  # Hermes: a user plugin under memory/ is exclusive whatever it says
+    if category in ("memory", "context_engine") and kind != KIND_EXCLUSIVE:
+        # Hermes: memory/ and context_engine/ plugins have their own selection (memory.provider,
+        # context.engine): exclusive whatever they say
+        kind = KIND_EXCLUSIVE
     return kind, declared, tuple(notes)
 
 

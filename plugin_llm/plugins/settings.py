@@ -160,6 +160,10 @@ def _selected(raw: Mapping[str, Any]) -> dict[str, str]:
             value = block.get("provider")
             if isinstance(value, str) and value.strip():
                 out[section] = value.strip()
+    context = raw.get("context")
+    engine = context.get("engine") if isinstance(context, Mapping) else None
+    if isinstance(engine, str) and engine.strip():  # Hermes selects a context engine by context.engine
+        out["context_engine"] = engine.strip()
     return out
 
 
