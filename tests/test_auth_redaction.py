@@ -296,7 +296,8 @@ def test_structlog_processor_redacts_unregistered_shapes():
 
 
 def test_httpx_request_and_error_text_is_redacted():
-    httpx = pytest.importorskip("httpx")
+    import httpx  # a test dependency (the test extra)
+
     secret = canary()
     register_secret(secret)
     request = httpx.Request(

@@ -18,6 +18,7 @@ import pytest
 from plugin_llm.host import Session
 from plugin_llm.plugins import PluginManager
 
+from tests.bounded import run_bounded
 from tests.conftest import write_config
 from tests.test_host_support import ScriptedLlm, reply, tool_request
 
@@ -362,10 +363,11 @@ def test_a_hanging_memory_prefetch_is_bounded_by_the_hook_timeout(hermes_home):
             ctx.register_memory_provider(Stuck())
     """)
     write_config(hermes_home, "memory:\n  provider: stuck\nplugins:\n  hook_timeout: 1\n")
-    started = time.monotonic()
-    with Session(load(hermes_home), llm=ScriptedLlm(reply("fine"))) as session:
-        assert session.run_turn("hi").text == "fine"
-    assert time.monotonic() - started < 10
+    def turn() -> str:
+        with Session(load(hermes_home), llm=ScriptedLlm(reply("fine"))) as session:
+            return session.run_turn("hi").text
+
+    assert run_bounded(turn, 30) == "fine"  # the stuck provider is cut off by its 1 s limit
 
 
 def test_doctor_says_did_you_mean_for_an_old_manifest_name_key(hermes_home, capsys):

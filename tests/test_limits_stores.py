@@ -24,6 +24,7 @@ from plugin_llm import limits
 from plugin_llm.limits import NANO, Denial, PluginLimits, PluginLlmLimitError, Reservation, StoreError, parse_limit_settings
 from plugin_llm.limits.local import LocalStore
 from plugin_llm.limits.redis_store import RedisStore
+from tests.bounded import run_bounded
 from tests.redis_server import own_redis_server, redis_server  # noqa: F401  (fixtures)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -295,17 +296,16 @@ plugins: {{entries: {{{PLUGIN}: {{limits: {{requests_per_minute: 100}}}}}}}}
     assert ticket.metered
     ticket.settle(cost_usd=0.0, input_tokens=1, output_tokens=1)
     own_redis_server.kill() if fault == "kill" else own_redis_server.pause()
-    started = time.monotonic()
+    admit = lambda: limits.admit(settings, tmp_path, PLUGIN, deadline=time.monotonic() + 0.4, **call)  # noqa: E731
     if policy == "deny":
         with pytest.raises(PluginLlmLimitError) as caught:
-            limits.admit(settings, tmp_path, PLUGIN, deadline=time.monotonic() + 0.4, **call)
+            run_bounded(admit, 20)  # bounded by the 0.4 s deadline, not by a TCP timeout
         assert caught.value.limit == "store" and caught.value.config_key == "limits.on_store_error"
         assert "Redis limits store (redis://127.0.0.1:" in str(caught.value) and "fail closed" in str(caught.value)
     else:
-        ticket = limits.admit(settings, tmp_path, PLUGIN, deadline=time.monotonic() + 0.4, **call)
+        ticket = run_bounded(admit, 20)
         assert not ticket.metered and "Redis" in ticket.audit_fields()["limits.store_error"]
         ticket.settle(cost_usd=0.1)  # unmetered: nothing to settle, nothing raised
-    assert time.monotonic() - started < 5.0  # bounded by the 0.4 s deadline, not by a TCP timeout
 
 
 def test_local_store_locked_by_another_process_follows_on_store_error_within_the_deadline(tmp_path, fresh_stores):
@@ -315,11 +315,9 @@ def test_local_store_locked_by_another_process_follows_on_store_error_within_the
     other = sqlite3.connect(tmp_path / "limits.sqlite3", isolation_level=None)
     other.execute("BEGIN IMMEDIATE")  # another process holds the write lock and never lets go
     try:
-        started = time.monotonic()
         with pytest.raises(PluginLlmLimitError) as caught:
-            limits.admit(settings, tmp_path, PLUGIN, deadline=time.monotonic() + 0.3, **call)
+            run_bounded(lambda: limits.admit(settings, tmp_path, PLUGIN, deadline=time.monotonic() + 0.3, **call), 20)
         assert caught.value.limit == "store" and "locked" in str(caught.value)
-        assert time.monotonic() - started < 5.0
     finally:
         other.execute("ROLLBACK")
         other.close()
