@@ -1,0 +1,593 @@
+"""How an out-of-process plugin's child is started and confined (issue 16, item 2).
+
+:func:`child_spec` builds everything ``subprocess.Popen`` needs to start one
+plugin's child; the host (the worker's owner) does the starting::
+
+    spec = child_spec(plugin_key=key, plugin_dir=d, requires_env=names, hermes_home=home,
+                      limits=limits, python_args=["-m", "plugin_llm.plugins.worker"])
+    proc = subprocess.Popen(spec.argv, env=spec.env, cwd=spec.cwd, preexec_fn=spec.preexec_fn, ...)
+    ...
+    spec.cleanup()  # after the child is gone
+
+What the child gets:
+
+* an **environment built from an allowlist** (:data:`PASSED_ENV`: ``PATH``,
+  locale, ``TZ``, the interpreter's own ``PYTHON*`` settings, CA bundle paths,
+  proxies without credentials) plus the plugin's own ``requires_env`` values,
+  taken from the host's environment or else from ``<home>/.env``. Never
+  ``HERMES_HOME``, never a provider key variable or a ``key_env`` named in
+  ``auth.json`` (even when ``requires_env`` names one: it is withheld and listed
+  in :attr:`ChildSpec.withheld_env`), never the gateway's own ``PLUGIN_LLM_TOKEN``;
+* its own **scratch directory** (mode 0700) as ``HOME``, ``TMPDIR`` and cwd;
+* **resource limits** applied between fork and exec (:class:`SandboxLimits`),
+  a new session (the operator's Ctrl-C goes to the host, not the child) and,
+  on Linux, ``PR_SET_PDEATHSIG`` so the child dies with the host;
+* on Linux with a working ``bwrap``, **bubblewrap**: the filesystem read-only,
+  the real home, ``$HERMES_HOME``, ``/tmp`` and ``/run/user/<uid>`` replaced
+  by empty tmpfs (then the plugin's directory, the Python installation and
+  the ``plugin_llm`` package bound back read-only, the scratch directory
+  read-write), a private ``/proc`` in a new PID namespace (the host's
+  processes and their ``environ`` are invisible), a minimal ``/dev``, all
+  capabilities dropped, ``--die-with-parent``. The network is the host's
+  (plugins may call APIs) unless ``share_network=False``.
+
+Without a usable ``bwrap`` the confinement is ``"process"`` and
+:attr:`ChildSpec.reason` says why: the child still cannot read the host's
+memory or environment, but it can read any file the same OS user can.
+
+``PR_SET_PDEATHSIG`` fires when the *thread* that called ``Popen`` exits:
+start children from a thread that lives as long as they should.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib.util
+import logging
+import os
+import re
+import resource
+import shutil
+import site
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+__all__ = [
+    "SandboxLimits",
+    "DEFAULT_LIMITS",
+    "LIMIT_RANGES",
+    "parse_limits",
+    "ChildSpec",
+    "child_spec",
+    "BubblewrapStatus",
+    "bubblewrap_status",
+    "PASSED_ENV",
+    "CONFINEMENT_BUBBLEWRAP",
+    "CONFINEMENT_PROCESS",
+]
+
+_log = logging.getLogger("plugin_llm.plugins")
+
+CONFINEMENT_BUBBLEWRAP = "bubblewrap"
+CONFINEMENT_PROCESS = "process"
+
+
+# ------------------------------------------------------------------ limits
+@dataclass(frozen=True)
+class SandboxLimits:
+    """Resource limits applied inside the child (``setrlimit`` between fork and exec)."""
+
+    memory_mb: int  # RLIMIT_AS: address space, in MiB
+    cpu_seconds: int  # RLIMIT_CPU: CPU time over the child's whole life; the host restarts it when it hits it
+    open_files: int  # RLIMIT_NOFILE
+
+
+#: Why these numbers:
+#: * 1024 MiB of address space: a Python child that imported plugin_llm and a
+#:   plugin peaks near 400 MiB of *virtual* memory with four threads (each
+#:   thread reserves an 8 MiB stack; the child's glibc is told MALLOC_ARENA_MAX=2
+#:   so per-thread malloc arenas do not reserve 64 MiB each) while its resident
+#:   size is ~25 MiB: 1 GiB leaves a wide margin for a plugin's own libraries
+#:   and data, and still stops a runaway allocation long before the machine suffers.
+#: * 600 CPU seconds: hook and tool calls take milliseconds of CPU, so ten
+#:   minutes is thousands of calls; a busy loop that escaped the per-call
+#:   time limits is stopped within ten minutes, and the host restarts the child.
+#: * 512 open files: sockets and files a plugin keeps open; the usual soft
+#:   default is 1024, a leak is caught at half of it.
+DEFAULT_LIMITS = SandboxLimits(memory_mb=1024, cpu_seconds=600, open_files=512)
+
+#: Accepted range of each limit (inclusive). Below the minimum a Python child cannot start.
+LIMIT_RANGES: Mapping[str, tuple[int, int]] = {
+    "memory_mb": (128, 1 << 22),  # 128 MiB .. 4 TiB
+    "cpu_seconds": (1, 1 << 31),
+    "open_files": (16, 1 << 20),
+}
+
+_LIMIT_MEANING = {
+    "memory_mb": "address space of the child in MiB",
+    "cpu_seconds": "CPU seconds over the child's life",
+    "open_files": "open file descriptors",
+}
+
+
+def parse_limits(raw: object, where: str) -> SandboxLimits:
+    """Limits from a config mapping ``{memory_mb, cpu_seconds, open_files}`` (any subset; None = all defaults).
+
+    Raises ValueError naming ``where``, the key and the fix for anything else.
+    """
+    if raw is None:
+        return DEFAULT_LIMITS
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"{where}: expected a mapping of {', '.join(LIMIT_RANGES)}, got {_type_name(raw)}; "
+                         f"fix: write it as e.g. {where.rsplit('.', 1)[-1]}: {{memory_mb: {DEFAULT_LIMITS.memory_mb}}}")
+    values = {name: getattr(DEFAULT_LIMITS, name) for name in LIMIT_RANGES}
+    for key, value in raw.items():
+        if not isinstance(key, str):
+            raise ValueError(f"{where}: keys must be limit names ({', '.join(LIMIT_RANGES)}), got a {_type_name(key)}")
+        if key not in LIMIT_RANGES:
+            close = difflib.get_close_matches(key, list(LIMIT_RANGES), n=1, cutoff=0.6)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ValueError(f"{where}.{_shown(key)}: unknown limit{hint}; the limits are {', '.join(LIMIT_RANGES)}")
+        low, high = LIMIT_RANGES[key]
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{where}.{key}: expected a whole number ({_LIMIT_MEANING[key]}, {low}..{high}), "
+                             f"got {_type_name(value)}; fix: e.g. {key}: {getattr(DEFAULT_LIMITS, key)}")
+        if not low <= value <= high:
+            raise ValueError(f"{where}.{key}: {value if abs(value) < 10**12 else 'a huge number'} is out of range "
+                             f"({_LIMIT_MEANING[key]}: {low}..{high}); fix: e.g. {key}: {getattr(DEFAULT_LIMITS, key)}")
+        values[key] = value
+    return SandboxLimits(**values)
+
+
+def _type_name(value: object) -> str:
+    return type(value).__name__[:60]
+
+
+def _shown(key: str) -> str:
+    return key if len(key) <= 60 and key.isprintable() else repr(key[:60]) + "..."
+
+
+# ------------------------------------------------------------------ bubblewrap detection
+@dataclass(frozen=True)
+class BubblewrapStatus:
+    """Whether bubblewrap confines isolated plugins here; ``reason`` says why (not)."""
+
+    usable: bool
+    path: str | None
+    reason: str
+
+
+_STATUS_CACHE: dict[tuple[str | None, int], BubblewrapStatus] = {}
+_STATUS_LOCK = threading.Lock()
+_TRIAL_TIMEOUT = 10.0
+
+_INSTALL_HINT = "install bubblewrap (e.g. apt-get install bubblewrap, dnf install bubblewrap)"
+
+
+def bubblewrap_status() -> BubblewrapStatus:
+    """``bwrap`` found on PATH and a trial run with the options :func:`child_spec` uses works (cached per binary)."""
+    if not sys.platform.startswith("linux"):
+        return BubblewrapStatus(False, None, f"bubblewrap is Linux-only (this is {sys.platform})")
+    path = shutil.which("bwrap")
+    if path is None:
+        return BubblewrapStatus(False, None, f"bwrap is not on PATH; {_INSTALL_HINT} to hide the home "
+                                              "directory and the host's /proc from isolated plugins")
+    key = (os.path.realpath(path), os.geteuid())
+    with _STATUS_LOCK:
+        cached = _STATUS_CACHE.get(key)
+        if cached is None:
+            cached = _STATUS_CACHE[key] = _trial(path)
+    return cached
+
+
+def _trial(path: str) -> BubblewrapStatus:
+    target = shutil.which("true") or sys.executable
+    argv = [path, *_BASE_OPTIONS, "--tmpfs", "/tmp", "--", target]
+    if target == sys.executable:
+        argv += ["-c", ""]
+    try:
+        done = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              timeout=_TRIAL_TIMEOUT, env={"PATH": os.environ.get("PATH", os.defpath)})
+    except subprocess.TimeoutExpired:
+        return BubblewrapStatus(False, path, f"{path}: a trial run did not finish in {_TRIAL_TIMEOUT:g} s")
+    except OSError as exc:
+        return BubblewrapStatus(False, path, f"{path} cannot be run: {exc.strerror or type(exc).__name__}")
+    if done.returncode == 0:
+        return BubblewrapStatus(True, path, f"{path} works here (new PID namespace, private /proc, home hidden)")
+    message = done.stderr.decode("utf-8", "replace").strip().splitlines()
+    first = message[0][:300] if message else f"exit status {done.returncode}"
+    return BubblewrapStatus(False, path, f"{path} is installed but a trial run failed: {first}{_why(first)}")
+
+
+def _why(message: str) -> str:
+    text = message.lower()
+    if "namespace" in text or "operation not permitted" in text or "permission denied" in text:
+        return ("; unprivileged user namespaces look disabled here (check sysctl kernel.unprivileged_userns_clone, "
+                "user.max_user_namespaces and, on Ubuntu 24.04+, kernel.apparmor_restrict_unprivileged_userns), "
+                "or a container runtime forbids them")
+    return ""
+
+
+# Options every confined child gets (the trial run uses them too, so "usable" means these work).
+_BASE_OPTIONS = (
+    "--ro-bind", "/", "/",
+    "--dev", "/dev",
+    "--unshare-pid",
+    "--proc", "/proc",
+    "--unshare-ipc",
+    "--die-with-parent",
+    "--new-session",
+    "--cap-drop", "ALL",  # as root, bwrap would otherwise keep capabilities (CAP_SYS_ADMIN could unmount the tmpfs)
+)
+
+
+# ------------------------------------------------------------------ the child
+@dataclass
+class ChildSpec:
+    """What ``subprocess.Popen`` needs to start one plugin's child, and its scratch directory."""
+
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str
+    preexec_fn: Callable[[], None] | None  # rlimits, new session, PR_SET_PDEATHSIG (Linux), umask 077
+    confinement: str  # CONFINEMENT_BUBBLEWRAP or CONFINEMENT_PROCESS
+    scratch: Path  # the child's own HOME, TMPDIR and cwd (0700)
+    reason: str = ""  # why bubblewrap is (not) in effect
+    withheld_env: tuple[str, ...] = ()  # requires_env names refused: credential variables of the host
+    limits: SandboxLimits = DEFAULT_LIMITS
+    _cleaned: bool = field(default=False, repr=False)
+
+    def cleanup(self) -> None:
+        """Remove the scratch directory (idempotent; call once the child has exited)."""
+        if self._cleaned:
+            return
+        self._cleaned = True
+        _remove_tree(self.scratch)
+
+
+#: Host environment variables a child inherits when set (``LC_*`` too). Nothing here carries a secret.
+PASSED_ENV = (
+    "PATH", "LANG", "LANGUAGE", "TZ",
+    # the interpreter's own settings (PYTHONPATH also gets the plugin_llm package when the host needs it)
+    "PYTHONPATH", "PYTHONHOME", "PYTHONPLATLIBDIR", "PYTHONNOUSERSITE", "PYTHONSAFEPATH", "PYTHONUTF8",
+    "PYTHONIOENCODING", "PYTHONDONTWRITEBYTECODE", "PYTHONHASHSEED", "PYTHONWARNINGS", "PYTHONDEVMODE",
+    "PYTHONFAULTHANDLER", "PYTHONUNBUFFERED", "PYTHONOPTIMIZE", "PYTHONINTMAXSTRDIGITS",
+    # TLS trust for plugins that call APIs (file paths)
+    "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE",
+)
+#: Proxy settings are passed only without credentials in them (``user:pass@`` is withheld).
+_PROXY_ENV = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "all_proxy", "no_proxy")
+#: Never passed, whatever ``requires_env`` says: the host's own identity and credentials.
+_NEVER_ENV = frozenset({"HERMES_HOME", "PLUGIN_LLM_TOKEN"})
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def child_spec(
+    *,
+    plugin_key: str,
+    plugin_dir: Path,
+    requires_env: Sequence[str],
+    hermes_home: Path,
+    limits: SandboxLimits,
+    python_args: Sequence[str],
+    use_bubblewrap: bool = True,
+    share_network: bool = True,
+) -> ChildSpec:
+    """The argv, environment, cwd and pre-exec step of one plugin's child (see the module docstring).
+
+    Creates the scratch directory; the caller owns it and calls :meth:`ChildSpec.cleanup`.
+    ``use_bubblewrap=False`` (an operator setting) forces ``"process"`` confinement;
+    ``share_network=False`` gives a bubblewrap child no network at all.
+    """
+    hermes_home = Path(hermes_home)
+    plugin_dir = Path(plugin_dir)
+    withheld_names = _credential_names(hermes_home)
+    scratch = Path(tempfile.mkdtemp(prefix=f"plugin-llm-{_slug(plugin_key)}-"))
+    try:
+        os.chmod(scratch, 0o700)
+        env, withheld = _child_env(requires_env, hermes_home, withheld_names, scratch)
+        python = [sys.executable, *python_args]
+        if not use_bubblewrap:
+            confinement, reason, argv = CONFINEMENT_PROCESS, "bubblewrap is turned off by the configuration", python
+        else:
+            status = bubblewrap_status()
+            if status.usable and status.path:
+                confinement, reason = CONFINEMENT_BUBBLEWRAP, status.reason
+                argv = [status.path, *_bwrap_options(plugin_dir, hermes_home, scratch, env, share_network), "--", *python]
+            else:
+                confinement, reason, argv = CONFINEMENT_PROCESS, status.reason, python
+    except BaseException:
+        _remove_tree(scratch)
+        raise
+    if withheld:
+        _log.warning("plugin %s: requires_env %s withheld from its isolated process: the host's credential "
+                     "variables are never passed to a plugin", plugin_key[:200], ", ".join(withheld))
+    return ChildSpec(argv=argv, env=env, cwd=str(scratch), preexec_fn=_preexec(limits), confinement=confinement,
+                     scratch=scratch, reason=reason, withheld_env=withheld, limits=limits)
+
+
+def _slug(key: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", key)[:40].strip("-.") or "plugin"
+
+
+# ------------------------------------------------------------------ environment
+def _credential_names(home: Path) -> frozenset[str]:
+    """Variables holding the host's keys: every provider's usual key variables and auth.json's ``key_env`` names."""
+    from auth.providers import ENV_VARS
+
+    names = set(_NEVER_ENV)
+    for variables in ENV_VARS.values():
+        names.update(variables)
+    try:
+        from auth.authfile import AUTH_FILE_NAME, load_auth
+
+        spec, _ = load_auth(home / AUTH_FILE_NAME)
+        entries = list(spec.providers.values())
+        for table in spec.profiles.values():
+            entries.extend(table.values())
+        names.update(e.env_var for e in entries if e.env_var)
+    except Exception:  # an unusable auth.json holds no key_env the host would use; the provider names still apply
+        pass
+    return frozenset(names)
+
+
+def _child_env(requires_env: Sequence[str], home: Path, credential_names: frozenset[str],
+               scratch: Path) -> tuple[dict[str, str], tuple[str, ...]]:
+    host = os.environ
+    env: dict[str, str] = {}
+    for name in PASSED_ENV:
+        if host.get(name):
+            env[name] = host[name]
+    for name, value in host.items():
+        if name.startswith("LC_") and _ENV_NAME.match(name):
+            env[name] = value
+    for name in _PROXY_ENV:
+        value = host.get(name)
+        if value and "@" not in value:
+            env[name] = value
+    env.setdefault("PATH", os.defpath)
+    pythonpath = _pythonpath(env.get("PYTHONPATH"))
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath
+    user_site = _user_site()
+    if user_site is not None:  # the host imports from the user's site-packages: so must the child
+        env["PYTHONUSERBASE"] = site.getuserbase()
+    # Fewer malloc arenas: per-thread arenas reserve 64 MiB of address space each, which RLIMIT_AS would count.
+    env["MALLOC_ARENA_MAX"] = host.get("MALLOC_ARENA_MAX") or "2"
+
+    withheld: list[str] = []
+    wanted = [n for n in dict.fromkeys(requires_env) if isinstance(n, str) and _ENV_NAME.match(n)]
+    dotenv: dict[str, str] | None = None
+    for name in wanted:
+        if name in credential_names:
+            withheld.append(name)
+            env.pop(name, None)
+            continue
+        value = host.get(name)
+        if not value:  # as the host loads <home>/.env: the process environment wins, the file fills in
+            if dotenv is None:
+                dotenv = _home_env(home)
+            value = dotenv.get(name)
+        if value:
+            env[name] = value
+    env["HOME"] = env["TMPDIR"] = str(scratch)
+    return env, tuple(withheld)
+
+
+def _home_env(home: Path) -> dict[str, str]:
+    from plugin_llm.home_env import read_env_file
+
+    values = read_env_file(home)
+    if values:
+        from auth import register_secret  # as load_home_env does: .env values are often keys
+
+        for value in values.values():
+            register_secret(value)
+    return values
+
+
+def _site_dirs() -> set[str]:
+    dirs = set()
+    try:
+        dirs.update(os.path.realpath(p) for p in site.getsitepackages())
+    except AttributeError:  # pragma: no cover - old virtualenv's site module
+        pass
+    return dirs
+
+
+def _user_site() -> str | None:
+    """The user's site-packages when the host imports from it (it follows HOME, which the child does not share)."""
+    user_site = site.USER_SITE if site.ENABLE_USER_SITE else None
+    if user_site and os.path.isdir(user_site) and user_site in sys.path:
+        return user_site
+    return None
+
+
+def _package_roots() -> list[str]:
+    """The directories the gateway's packages are imported from (plugin_llm, and auth/audit beside it)."""
+    roots = []
+    for name in ("plugin_llm", "auth", "audit"):
+        try:
+            found = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            continue
+        if found is not None and found.origin:
+            roots.append(os.path.dirname(os.path.dirname(os.path.realpath(found.origin))))
+    return list(dict.fromkeys(roots))
+
+
+def _pythonpath(host_value: str | None) -> str:
+    """The host's PYTHONPATH, plus the package roots the host imports through ``sys.path`` (a source checkout).
+
+    A venv and an editable install need nothing here: the interpreter is the
+    host's (``sys.executable``), which finds its own site-packages and their
+    ``.pth`` import hooks.
+    """
+    entries = [p for p in (host_value or "").split(os.pathsep) if p]
+    on_path = {os.path.realpath(p or os.getcwd()) for p in sys.path}
+    site_dirs = _site_dirs()
+    for root in _package_roots():
+        if root in on_path and root not in site_dirs and root not in entries:
+            entries.append(root)
+    return os.pathsep.join(entries)
+
+
+# ------------------------------------------------------------------ bubblewrap options
+def _real(path: str | os.PathLike[str]) -> str:
+    return os.path.realpath(os.fspath(path))
+
+
+def _hidden_paths(hermes_home: Path) -> list[str]:
+    """What a bubblewrap child must not see: the homes, the host's temporary files, the user's runtime dir."""
+    candidates = [str(hermes_home), os.environ.get("HOME") or "", tempfile.gettempdir(), "/tmp", "/var/tmp",
+                  f"/run/user/{os.getuid()}"]
+    try:
+        import pwd
+
+        candidates.append(pwd.getpwuid(os.getuid()).pw_dir)
+    except (ImportError, KeyError):  # pragma: no cover - no passwd entry
+        pass
+    out = []
+    for path in candidates:
+        if path and os.path.isdir(path):
+            real = _real(path)
+            if real != "/":
+                out.append(real)
+    return list(dict.fromkeys(out))
+
+
+def _needed_paths(plugin_dir: Path, env: Mapping[str, str]) -> list[str]:
+    """What a bubblewrap child must read: the interpreter, the gateway's packages, the plugin, its import path."""
+    paths = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
+             os.path.dirname(_real(sys.executable)), *_package_roots(), str(plugin_dir)]
+    paths += [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    user_site = _user_site()
+    if user_site:
+        paths.append(user_site)
+    out = []
+    for path in paths:
+        if path and os.path.exists(path):
+            out.append(_real(path))
+    return list(dict.fromkeys(out))
+
+
+def _under(path: str, parent: str) -> bool:
+    return path == parent or path.startswith(parent.rstrip("/") + "/")
+
+
+def _bwrap_options(plugin_dir: Path, hermes_home: Path, scratch: Path, env: Mapping[str, str],
+                   share_network: bool) -> list[str]:
+    """Mount options, applied in order: read-only root, then (shallowest first) hide and bind back.
+
+    A hidden directory becomes an empty tmpfs; a needed path inside one is
+    bound back read-only (a needed path elsewhere is visible already, and
+    one that contains a hidden directory is never bound over it). The scratch
+    directory is bound read-write last.
+    """
+    hidden = _hidden_paths(hermes_home)
+    needed = _needed_paths(plugin_dir, env)
+    ops: list[tuple[int, int, str]] = [(p.count("/"), 0, p) for p in hidden]
+    bound: list[str] = []
+    for path in sorted(needed, key=len):
+        inside = any(_under(path, h) and path != h for h in hidden)
+        covers = any(_under(h, path) for h in hidden)
+        if inside and not covers and not any(_under(path, b) for b in bound):
+            bound.append(path)
+            ops.append((path.count("/"), 1, path))
+    options = list(_BASE_OPTIONS)
+    if not share_network:
+        options.append("--unshare-net")
+    for _depth, kind, path in sorted(ops):
+        if kind == 0:
+            options += ["--tmpfs", path]
+        else:
+            options += ["--ro-bind", path, path]
+    real_scratch = _real(scratch)
+    options += ["--bind", real_scratch, real_scratch, "--chdir", real_scratch]
+    return options
+
+
+# ------------------------------------------------------------------ in the child, before exec
+def _clamped(limit: int, wanted: int) -> tuple[int, int]:
+    """(soft, hard) for ``limit``: ``wanted``, but never above the host's hard limit (which cannot be raised)."""
+    _soft, hard = resource.getrlimit(limit)
+    if hard != resource.RLIM_INFINITY:
+        wanted = min(wanted, hard)
+    return wanted, wanted
+
+
+def _preexec(limits: SandboxLimits) -> Callable[[], None]:
+    """The step run in the child between fork and exec: computed here, so the child only makes system calls."""
+    settings = [
+        (resource.RLIMIT_AS, _clamped(resource.RLIMIT_AS, limits.memory_mb * 1024 * 1024)),
+        (resource.RLIMIT_NOFILE, _clamped(resource.RLIMIT_NOFILE, limits.open_files)),
+        (resource.RLIMIT_CORE, (0, 0)),  # no core files of a plugin's memory in its scratch directory
+    ]
+    cpu_soft, cpu_hard = _clamped(resource.RLIMIT_CPU, limits.cpu_seconds)
+    if cpu_hard == limits.cpu_seconds:  # SIGXCPU at the limit, SIGKILL a little later if it is ignored
+        cpu_hard = cpu_soft + 5
+        _soft, host_hard = resource.getrlimit(resource.RLIMIT_CPU)
+        if host_hard != resource.RLIM_INFINITY:
+            cpu_hard = min(cpu_hard, host_hard)
+    settings.append((resource.RLIMIT_CPU, (cpu_soft, cpu_hard)))
+    prctl = _prctl()
+    parent = os.getpid()
+
+    def preexec() -> None:
+        os.setsid()
+        os.umask(0o077)
+        if prctl is not None:
+            prctl(_PR_SET_PDEATHSIG, 9, 0, 0, 0)  # SIGKILL when the host (its thread that forked) goes away
+            if os.getppid() != parent:  # the host died before prctl: nobody would kill us
+                os._exit(1)
+        for which, values in settings:
+            resource.setrlimit(which, values)
+
+    return preexec
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _prctl() -> Callable[..., int] | None:
+    """libc's ``prctl``, looked up in the host (ctypes must not load libraries after fork)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl  # type: ignore[no-any-return]
+    except (OSError, AttributeError):  # pragma: no cover - a libc without prctl
+        return None
+
+
+# ------------------------------------------------------------------ cleanup
+def _remove_tree(path: Path) -> None:
+    """``rm -rf path``, also when the child left directories without write or search permission."""
+
+    def retry(function: Callable[..., object], target: str, _exc: object) -> None:
+        try:
+            parent = os.path.dirname(target)
+            os.chmod(parent, stat.S_IRWXU)
+            if os.path.isdir(target) and not os.path.islink(target):
+                os.chmod(target, stat.S_IRWXU)
+            function(target)
+        except OSError:
+            pass
+
+    if not os.path.lexists(path):
+        return
+    if sys.version_info >= (3, 12):
+        shutil.rmtree(path, onexc=retry)
+    else:
+        shutil.rmtree(path, onerror=retry)
+    if os.path.lexists(path):  # a second pass after permissions were repaired
+        shutil.rmtree(path, ignore_errors=True)
