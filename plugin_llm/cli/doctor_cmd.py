@@ -4,7 +4,8 @@ Checks, in order: the home and its permissions, ``auth.json`` (mode 0600),
 ``config.yaml`` (parses; settings understood), the ``plugins:`` section (the
 findings of ``trust check``), the active route and its credentials (masked),
 the audit log (writable without writing a record, and ``verify``), the
-plugins (load errors, missing environment variables), and litellm (installed,
+plugins (load errors, missing environment variables), bubblewrap (whether
+out-of-process plugins are confined by it, and why not), and litellm (installed,
 its version). Exit code 1 when any check FAILs, else 0.
 
 Read-only: nothing is written to the home. The enabled plugins are loaded
@@ -106,6 +107,7 @@ def run_checks(home: Path) -> list[Check]:
         ("route", lambda: _route_and_credentials(view, home)),
         ("audit log", lambda: _audit(home, view)),
         ("plugins", lambda: _plugins(plugins(), view)),
+        ("bubblewrap", lambda: _bubblewrap(plugins)),
         ("litellm", _litellm),
     ]
     for name, step in steps:
@@ -413,6 +415,26 @@ def _plugins(plugins: list[dict[str, Any]], view: Any) -> list[Check]:
             for warning in p.get("warnings") or ():
                 out.append(Check(WARN, "plugin " + p["key"], warning))
     return out
+
+
+# ------------------------------------------------------------------ bubblewrap
+def _bubblewrap(plugins: Callable[[], list[dict[str, Any]]]) -> list[Check]:
+    """Whether out-of-process plugins run inside bubblewrap here, and why not (a WARN only when one is isolated)."""
+    from plugin_llm.plugins.sandbox import bubblewrap_status
+
+    status = bubblewrap_status()
+    if status.usable:
+        return [Check(OK, "bubblewrap", f"in effect for out-of-process plugins: {status.reason}")]
+    try:
+        isolated = [p["key"] for p in plugins() if p.get("isolation") == "process" and p.get("status") == "enabled"]
+    except Exception:  # the plugins check reports it
+        isolated = []
+    message = f"not in effect: {status.reason}; out-of-process plugins get process confinement only " \
+              "(they can read files this OS user can)"
+    if isolated:
+        return [Check(WARN, "bubblewrap", f"{message}; isolated plugins: {', '.join(isolated[:10])}",
+                      "install bubblewrap (apt-get install bubblewrap) so isolated plugins cannot read the home")]
+    return [Check(OK, "bubblewrap", message)]
 
 
 # ------------------------------------------------------------------ litellm

@@ -234,7 +234,7 @@ class ChildSpec:
     """What ``subprocess.Popen`` needs to start one plugin's child, and its scratch directory."""
 
     argv: list[str]
-    env: dict[str, str]
+    env: dict[str, str] = field(repr=False)  # holds the plugin's requires_env values: never in a repr
     cwd: str
     preexec_fn: Callable[[], None] | None  # rlimits, new session, PR_SET_PDEATHSIG (Linux), umask 077
     confinement: str  # CONFINEMENT_BUBBLEWRAP or CONFINEMENT_PROCESS
