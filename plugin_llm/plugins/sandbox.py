@@ -46,7 +46,6 @@ import importlib.util
 import logging
 import os
 import re
-import resource
 import shutil
 import site
 import stat
@@ -58,6 +57,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
+
+try:
+    import resource
+except ImportError:  # pragma: no cover - Windows: no rlimits (and no preexec_fn in subprocess)
+    resource = None  # type: ignore[assignment]
 
 __all__ = [
     "SandboxLimits",
@@ -487,9 +491,10 @@ def _bwrap_options(plugin_dir: Path, hermes_home: Path, scratch: Path, env: Mapp
     """Mount options, applied in order: read-only root, then (shallowest first) hide and bind back.
 
     A hidden directory becomes an empty tmpfs; a needed path inside one is
-    bound back read-only (a needed path elsewhere is visible already, and
-    one that contains a hidden directory is never bound over it). The scratch
-    directory is bound read-write last.
+    bound back read-only (a needed path elsewhere is visible already). Shallow
+    paths come first, so a hidden directory inside a needed one (a home inside
+    a source checkout) is hidden again after the bind. The scratch directory
+    is bound read-write last.
     """
     hidden = _hidden_paths(hermes_home)
     needed = _needed_paths(plugin_dir, env)
@@ -497,8 +502,7 @@ def _bwrap_options(plugin_dir: Path, hermes_home: Path, scratch: Path, env: Mapp
     bound: list[str] = []
     for path in sorted(needed, key=len):
         inside = any(_under(path, h) and path != h for h in hidden)
-        covers = any(_under(h, path) for h in hidden)
-        if inside and not covers and not any(_under(path, b) for b in bound):
+        if inside and not any(_under(path, b) for b in bound):
             bound.append(path)
             ops.append((path.count("/"), 1, path))
     options = list(_BASE_OPTIONS)
@@ -523,8 +527,10 @@ def _clamped(limit: int, wanted: int) -> tuple[int, int]:
     return wanted, wanted
 
 
-def _preexec(limits: SandboxLimits) -> Callable[[], None]:
+def _preexec(limits: SandboxLimits) -> Callable[[], None] | None:
     """The step run in the child between fork and exec: computed here, so the child only makes system calls."""
+    if resource is None:  # pragma: no cover - Windows
+        return None
     settings = [
         (resource.RLIMIT_AS, _clamped(resource.RLIMIT_AS, limits.memory_mb * 1024 * 1024)),
         (resource.RLIMIT_NOFILE, _clamped(resource.RLIMIT_NOFILE, limits.open_files)),
