@@ -12,6 +12,7 @@ provides_tools: [hello_world]
 provides_hooks: [post_tool_call]
 kind: standalone               # Hermes's kinds, see below
 capabilities: [llm.model_override]   # what the plugin asks the operator to grant
+isolation: process             # ask to run out of process (never less isolation than the operator set)
 ```
 
 ``kind`` has Hermes's meanings: ``standalone`` (the default), ``backend`` (a
@@ -61,7 +62,7 @@ _log = logging.getLogger("plugin_llm.plugins")
 MANIFEST_FILENAMES = ("plugin.yaml", "plugin.yml")
 KNOWN_FIELDS = frozenset(
     {"name", "version", "description", "author", "requires_env", "provides_tools", "provides_hooks", "kind",
-     "capabilities"}
+     "capabilities", "isolation"}
 )
 KIND_STANDALONE = "standalone"
 KIND_BACKEND = "backend"
@@ -113,6 +114,8 @@ class PluginManifest:
     declared_kind: str = ""
     #: ``capabilities:`` the plugin requests (granted per plugin in ``plugins.entries.<key>``).
     capabilities: tuple[str, ...] = ()
+    #: ``isolation: process`` when the manifest asks to run out of process ("" otherwise).
+    isolation: str = ""
     #: Things worth telling the operator about this manifest (an unknown kind, ...).
     notes: tuple[str, ...] = field(default=(), compare=False)
     #: Unknown manifest fields, kept for display and forward compatibility.
@@ -240,6 +243,21 @@ def _capabilities(data: Mapping[str, Any], where: str) -> tuple[str, ...]:
     return tuple(out)
 
 
+def _isolation(data: Mapping[str, Any], where: str) -> tuple[str, tuple[str, ...]]:
+    """``process`` when the manifest asks for it; ``in_process`` asks for nothing; anything else is
+    noted and read as ``process`` (a manifest can only ask for more isolation)."""
+    raw = data.get("isolation")
+    if raw is None:
+        return "", ()
+    text = raw.strip().lower().replace("-", "_") if isinstance(raw, str) else None
+    if text == "process":
+        return "process", ()
+    if text == "in_process":
+        return "", ()
+    return "process", (f"{where}: unknown isolation {short_repr(raw)} (valid: process, in_process); "
+                       "treated as 'process'",)
+
+
 def parse_manifest(text: str, *, default_name: str, category: str | None = None, where: str = "plugin.yaml") -> PluginManifest:
     """Parse manifest text (pure). ``default_name`` is the directory name.
 
@@ -270,6 +288,7 @@ def parse_manifest(text: str, *, default_name: str, category: str | None = None,
         _log.debug("%s: unknown manifest fields ignored: %s", where, ", ".join(sorted(map(str, unknown))))
     key = f"{category}/{validate_plugin_name(default_name, where)}" if category else name
     kind, declared_kind, notes = _kind(data, key, category, where)
+    isolation, isolation_notes = _isolation(data, where)
     return PluginManifest(
         name=name,
         key=key,
@@ -282,7 +301,8 @@ def parse_manifest(text: str, *, default_name: str, category: str | None = None,
         kind=kind,
         declared_kind=declared_kind,
         capabilities=_capabilities(data, where),
-        notes=notes,
+        isolation=isolation,
+        notes=notes + isolation_notes,
         extra=unknown,
     )
 

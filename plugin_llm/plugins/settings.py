@@ -25,7 +25,12 @@ plugins:
       allow_tool_override: true            # register_tool(..., override=True) may replace a tool
       granted_capabilities: [llm.model_override]
       capabilities_sha256: 3f1c...         # what was consented to (see plugins.consent)
+      isolation: process                   # run it in its own process (default: in_process)
+      isolation_limits: {memory_mb: 512}   # that process's limits (default: plugins.isolation_limits)
 ```
+
+``plugins.isolation_limits`` (``memory_mb``, ``cpu_seconds``, ``open_files``) are the host's
+default limits of isolated plugins' processes (see :mod:`.sandbox`).
 
 ``<category>.provider`` (any top-level section with a ``provider`` string)
 selects the one active ``exclusive`` plugin of that category.
@@ -50,12 +55,20 @@ __all__ = [
     "settings_from_raw",
     "default_home",
     "SettingsSource",
+    "ISOLATION_PROCESS",
+    "ISOLATION_IN_PROCESS",
+    "ISOLATION_VALUES",
 ]
 
 _log = logging.getLogger("plugin_llm.plugins")
 
 #: Seconds a single hook callback may run before it is abandoned.
 DEFAULT_HOOK_TIMEOUT = 30.0
+
+ISOLATION_PROCESS = "process"
+ISOLATION_IN_PROCESS = "in_process"
+#: ``plugins.entries.<key>.isolation`` values ("in-process" is accepted for ``in_process``)
+ISOLATION_VALUES = (ISOLATION_IN_PROCESS, ISOLATION_PROCESS)
 
 #: Built-in names meaning "no plugin engine / provider".
 BUILTIN_CONTEXT_ENGINES = frozenset({"", "compressor", "builtin", "built-in", "default"})
@@ -69,6 +82,10 @@ class PluginEntry:
     allow_tool_override: bool = False
     granted_capabilities: frozenset[str] = frozenset()
     capabilities_sha256: str = ""
+    #: ``process``: the plugin runs in its own process (see :mod:`.remote`); else ``in_process``
+    isolation: str = ISOLATION_IN_PROCESS
+    #: its process's resource limits (a ``sandbox.SandboxLimits``); None: the host default
+    isolation_limits: Any = None
 
 
 @dataclass(frozen=True)
@@ -84,6 +101,8 @@ class PluginSettings:
     #: ``<category>.provider`` for every top-level section that has one (memory, image_gen, ...)
     selected: Mapping[str, str] = field(default_factory=dict)
     entries: Mapping[str, PluginEntry] = field(default_factory=dict)
+    #: ``plugins.isolation_limits``: default limits of isolated plugins' processes (None: the sandbox's)
+    isolation_limits: Any = None
     #: Human-readable problems found while interpreting the config (already logged).
     problems: tuple[str, ...] = field(default=(), compare=False)
 
@@ -92,6 +111,17 @@ class PluginSettings:
 
     def entry(self, key: str) -> PluginEntry:
         return self.entries.get(key) or PluginEntry()
+
+    def limits_for(self, key: str) -> Any:
+        """The resource limits of plugin ``key``'s process: its own, else the host default, else the sandbox's."""
+        own = self.entry(key).isolation_limits
+        if own is not None:
+            return own
+        if self.isolation_limits is not None:
+            return self.isolation_limits
+        from .sandbox import DEFAULT_LIMITS
+
+        return DEFAULT_LIMITS
 
     def is_selected(self, key: str, name: str) -> bool:
         """An exclusive plugin ``<category>/<dir>`` named by ``<category>.provider`` (its directory
@@ -187,8 +217,40 @@ def _entries(plugins: Mapping[str, Any], problems: list[str]) -> dict[str, Plugi
             problems.append(f"plugins.entries.{key}.granted_capabilities must be a list of capability names; "
                             "nothing granted")
         digest = entry.get("capabilities_sha256")
-        out[key] = PluginEntry(allow, names, digest.strip() if isinstance(digest, str) else "")
+        isolation = _isolation(entry.get("isolation"), f"plugins.entries.{key}.isolation", problems)
+        limits = _limits(entry.get("isolation_limits"), f"plugins.entries.{key}.isolation_limits", problems)
+        out[key] = PluginEntry(allow, names, digest.strip() if isinstance(digest, str) else "", isolation, limits)
     return out
+
+
+def _isolation(value: Any, where: str, problems: list[str]) -> str:
+    """``process`` or ``in_process``; anything else runs the plugin out of process (the safer reading)."""
+    if value is None:
+        return ISOLATION_IN_PROCESS
+    text = value.strip().lower().replace("-", "_") if isinstance(value, str) else None
+    if text in ISOLATION_VALUES:
+        return text
+    import difflib
+
+    close = difflib.get_close_matches(text or "", ISOLATION_VALUES, n=1, cutoff=0.5) if text else []
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    shown = repr(value[:40]) if isinstance(value, str) else type(value).__name__
+    problems.append(f"{where}: unknown value {shown}{hint}; expected process or in_process; "
+                    "the plugin runs out of process until it is fixed (the safer choice)")
+    return ISOLATION_PROCESS
+
+
+def _limits(value: Any, where: str, problems: list[str]) -> Any:
+    """Parsed ``isolation_limits`` (None when absent or unusable: the next default applies)."""
+    if value is None:
+        return None
+    from .sandbox import parse_limits
+
+    try:
+        return parse_limits(value, where)
+    except ValueError as exc:
+        problems.append(f"{exc}; the default limits apply until it is fixed")
+        return None
 
 
 def settings_from_raw(raw: Mapping[str, Any] | None) -> PluginSettings:
@@ -210,6 +272,7 @@ def settings_from_raw(raw: Mapping[str, Any] | None) -> PluginSettings:
         image_gen_provider=_text(raw, "image_gen", "provider", problems),
         selected=_selected(raw),
         entries=_entries(plugins, problems),
+        isolation_limits=_limits(plugins.get("isolation_limits"), "plugins.isolation_limits", problems),
         problems=tuple(problems),
     )
 
