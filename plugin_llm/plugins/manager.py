@@ -113,6 +113,8 @@ class _PluginRecord:
     note: str | None = None
     #: the plugin's own frames of its load failure (``file:line in func: source``), see .tracebacks
     frames: list[str] = field(default_factory=list)
+    #: the plugin's process when it runs out of process (``isolation: process``, see .remote)
+    remote: Any = None
 
     @property
     def key(self) -> str:
@@ -418,6 +420,8 @@ class PluginManager:
         from plugin_llm.compat.hermes import finder
 
         for record in self._records.values():
+            if record.remote is not None:
+                record.remote.stop()
             finder.unregister_plugin(record.key, record.candidate.path)
             if record.module_name:
                 _purge_modules(record.module_name)
@@ -427,6 +431,66 @@ class PluginManager:
             self._middleware = {}
         self._hooks.clear()
 
+    def isolation_of(self, record: _PluginRecord) -> str:
+        """``process`` when the operator (``plugins.entries.<key>.isolation``) or the manifest
+        (``isolation: process``) asks for it; the manifest can only ask for more isolation."""
+        from .settings import ISOLATION_IN_PROCESS, ISOLATION_PROCESS
+
+        manifest = record.candidate.manifest
+        if self._settings.current().entry(record.key).isolation == ISOLATION_PROCESS:
+            return ISOLATION_PROCESS
+        if manifest is not None and manifest.isolation == ISOLATION_PROCESS:
+            return ISOLATION_PROCESS
+        return ISOLATION_IN_PROCESS
+
+    def _load_remote(self, record: _PluginRecord) -> None:
+        """Load an ``isolation: process`` plugin in its own process (see :mod:`.remote`)."""
+        from .remote import RemoteLoadError, RemotePlugin
+        from .settings import ISOLATION_PROCESS
+
+        candidate = record.candidate
+        assert candidate.manifest is not None
+        record.status = _STATUS_LOADING
+        started = time.perf_counter()
+        if candidate.path is None:
+            record.load_ms = 0.0
+            self._mark_failed(record, f"{ISOLATION_PROCESS} isolation needs a directory plugin; the entry point "
+                                      f"{candidate.entry_point.value} runs in process only (remove "
+                                      f"plugins.entries.{record.key}.isolation)")
+            return
+        record.module_name = self._module_name(record.key, candidate.path)
+        remote = record.remote = RemotePlugin(self, record, self._settings.current().limits_for(record.key))
+        ctx = PluginContext(self, candidate.manifest, candidate.path, record.generation)
+        try:
+            remote.load(ctx, self._hook_timeout())
+        except RemoteLoadError as exc:
+            record.status = STATUS_FAILED
+            self._discard(record)
+            hint = "; raise plugins.hook_timeout in config.yaml if it needs longer" if exc.timed_out else ""
+            self._mark_failed(record, exc.message + hint)
+            return
+        except KeyboardInterrupt:
+            record.status, record.error = STATUS_FAILED, "loading was interrupted (Ctrl-C)"
+            self._discard(record)
+            raise
+        finally:
+            record.load_ms = (time.perf_counter() - started) * 1000
+        record.status = STATUS_ENABLED
+
+    def _remote_failed(self, key: str, message: str | None) -> None:
+        """An isolated plugin whose process kept failing: its registrations go, it is listed as failed."""
+        record = self._records.get(key)
+        if record is None:
+            return
+        record.status, record.error = STATUS_FAILED, bounded(exact_str(message or "its process failed"), _MAX_LOAD_ERROR)
+        self._unregister(key)
+
+    def shutdown(self) -> None:
+        """Stop the processes of the plugins running out of process (the registrations stay listed)."""
+        for record in list(self._records.values()):
+            if record.remote is not None:
+                record.remote.stop()
+
     def _load(self, record: _PluginRecord) -> None:
         """Import the plugin and call ``register(ctx)``, isolated and under ``plugins.hook_timeout``.
 
@@ -435,6 +499,10 @@ class PluginManager:
         """
         candidate = record.candidate
         assert candidate.manifest is not None
+        from .settings import ISOLATION_PROCESS
+
+        if self.isolation_of(record) == ISOLATION_PROCESS:
+            return self._load_remote(record)
         record.status = _STATUS_LOADING
         started = time.perf_counter()
         timeout = self._hook_timeout()
@@ -486,6 +554,8 @@ class PluginManager:
         from plugin_llm.compat.hermes import finder
 
         self._unregister(record.key)
+        if record.remote is not None:
+            record.remote.stop()
         finder.unregister_plugin(record.key, record.candidate.path)
         if record.module_name:
             _purge_modules(record.module_name)
@@ -797,7 +867,21 @@ class PluginManager:
             "warnings": list(record.warnings),
             "enable_hint": hint,
             "load_ms": round(record.load_ms, 3) if record.load_ms is not None else None,
+            **self._isolation_fields(record),
         }
+
+    def _isolation_fields(self, record: _PluginRecord) -> dict[str, Any]:
+        """``isolation`` (process | in_process) and, out of process, ``confinement`` (bubblewrap | process),
+        ``pid``, ``restarts`` and the last fault of its process."""
+        isolation = self.isolation_of(record) if record.candidate.manifest is not None else "in_process"
+        fields: dict[str, Any] = {"isolation": isolation, "confinement": None}
+        remote = record.remote
+        if remote is not None:
+            info = remote.describe()
+            fields.update(confinement=info["confinement"], confinement_reason=info["confinement_reason"],
+                          pid=info["pid"], restarts=info["restarts"], process_state=info["state"],
+                          last_fault=info["last_fault"])
+        return fields
 
     # --- registries -------------------------------------------------------------------
 

@@ -1,0 +1,881 @@
+"""The host side of an out-of-process plugin (``plugins.entries.<key>.isolation: process``).
+
+:class:`RemotePlugin` starts the plugin's child (``python -m plugin_llm.plugins.worker``,
+confined by :mod:`.sandbox`), loads the plugin in it and keeps it running:
+
+* **Registration.** The child's ``ctx.register_*`` calls arrive while ``load`` runs; each
+  is applied through the host's real ``PluginContext`` of the plugin with *proxies* in
+  place of the plugin's callables, so the registries, validation, refusals and
+  dispatch are exactly those of an in-process plugin. A proxy carries the remote
+  callable's signature (keyword filtering, ``params``/``args`` aliases work as in
+  process) and runs it with an ``invoke`` call.
+* **Time limits.** A hook, middleware callback, ``check_fn`` and the load itself wait at
+  most ``plugins.hook_timeout`` (as in process; for middleware, time spent downstream in
+  ``next_call`` is not counted); tool handlers and commands, which have no time limit in
+  process, have none here either. A call that times out (or is interrupted) **kills the
+  child**, which is then restarted; a timed-out ``pre_tool_call`` blocks, as in process.
+* **Faults.** A child that exits or crashes, sends anything that is not a protocol
+  message (garbage, an oversized message, an answer nobody asked for, an unknown
+  request), or floods its output (more than :data:`FLOOD_BYTES` of stderr within
+  :data:`FLOOD_WINDOW` seconds; its stdout *is* stderr, see :mod:`.worker`) is
+  killed, logged and audited (``plugin_process_fault``), and restarted after a
+  backoff, at most :data:`MAX_RESTARTS` times in a row; then the plugin is marked
+  failed and its registrations are removed. Calls made meanwhile fail like a
+  failing plugin call (a hook error, a tool error result, a blocking guard).
+* **Identity.** ``ctx.llm`` in the child is a call to the host, answered by the
+  host's ``PluginLlm`` bound to the plugin's key when the child was started. Fields
+  naming an identity (``plugin_id``, ``audit``, ...) are refused and audited under the
+  bound key (``plugin_channel_refused``); endpoint and key arguments are refused and
+  audited by ``PluginLlm`` itself, as in process.
+
+Children are started from one long-lived thread (the sandbox's ``PR_SET_PDEATHSIG`` is
+tied to the thread that forks) and stopped at host exit (:func:`stop_all`, atexit).
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import inspect
+import logging
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+import weakref
+from pathlib import Path
+from typing import Any, Callable
+
+from .isolation import bounded, exact_str
+from .protocol import (
+    CallTimeout,
+    Channel,
+    ChannelClosed,
+    Peer,
+    ProtocolError,
+    RemoteError,
+    decode_value,
+    encode_value,
+)
+
+__all__ = [
+    "ISOLATION_PROCESS",
+    "ISOLATION_IN_PROCESS",
+    "RemotePlugin",
+    "RemoteLoadError",
+    "RemotePluginUnavailable",
+    "MAX_RESTARTS",
+    "stop_all",
+    "live_children",
+]
+
+_log = logging.getLogger("plugin_llm.plugins")
+_output_log = logging.getLogger("plugin_llm.plugins.output")
+
+ISOLATION_PROCESS = "process"
+ISOLATION_IN_PROCESS = "in_process"
+
+#: Restarts in a row before the plugin is marked failed (a child that ran RESET_AFTER seconds resets the count).
+MAX_RESTARTS = 3
+#: Seconds to wait before restart n (1-based): a crash loop backs off.
+BACKOFF = (0.05, 0.25, 1.0)
+RESET_AFTER = 60.0
+#: stderr bytes within FLOOD_WINDOW seconds that count as a flood (the child is stopped).
+FLOOD_BYTES = 4 * 1024 * 1024
+FLOOD_WINDOW = 10.0
+#: Lines of the child's output kept for error messages, and characters of each.
+_TAIL_LINES = 12
+_TAIL_CHARS = 300
+#: Fields that would name an identity in a ctx.llm request: the host binds it, the child cannot.
+_IDENTITY_FIELDS = frozenset({"plugin_id", "plugin", "plugin_key", "identity", "home", "config_source", "transport",
+                              "audit_log", "audit", "clock", "call_id", "hermes_home"})
+_LLM_ENVELOPE = frozenset({"api", "mode", "kw"})
+
+_LIVE: "weakref.WeakSet[RemotePlugin]" = weakref.WeakSet()
+_LIVE_LOCK = threading.Lock()
+
+
+class RemoteLoadError(Exception):
+    """Loading an isolated plugin failed; ``message`` is what ``plugins list`` shows."""
+
+    def __init__(self, message: str, *, timed_out: bool = False) -> None:
+        super().__init__(message)
+        self.message = message
+        self.timed_out = timed_out
+
+
+class RemotePluginUnavailable(RuntimeError):
+    """The plugin's process is restarting (backoff) or the plugin was marked failed."""
+
+
+class _RemoteException(Exception):
+    """Base of the host-side stand-ins for exceptions raised in a child (same class name)."""
+
+    remote_type = "Exception"
+
+
+class _RemoteBaseException(BaseException):
+    """Stand-in for a child's BaseException that is not an Exception (SystemExit, its own KeyboardInterrupt)."""
+
+    remote_type = "BaseException"
+
+
+_STAND_INS: dict[tuple[str, bool], type] = {}
+
+
+def _stand_in(info: dict[str, Any]) -> BaseException:
+    """An exception whose ``type_name`` and message are the child's (``error_text`` reads the same)."""
+    name = info.get("type") if type(info.get("type")) is str else "Exception"
+    name = name if name.isidentifier() and len(name) <= 100 else "Exception"
+    message = info.get("message") if type(info.get("message")) is str else ""
+    is_exception = info.get("base") != "base"
+    cls = _STAND_INS.get((name, is_exception))
+    if cls is None:
+        base = _RemoteException if is_exception else _RemoteBaseException
+        cls = _STAND_INS[(name, is_exception)] = type(name, (base,), {"remote_type": name, "__module__": "plugin"})
+    return cls(bounded(message, 4000))
+
+
+# --- spawning from one long-lived thread -----------------------------------------------------
+
+
+class _Spawner:
+    """Runs ``Popen`` on one daemon thread that lives as long as the host (PR_SET_PDEATHSIG)."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def run(self, fn: Callable[[], Any]) -> Any:
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._loop, name="plugin-spawner", daemon=True)
+                self._thread.start()
+        box: dict[str, Any] = {}
+        done = threading.Event()
+        self._jobs.put((fn, box, done))
+        done.wait()
+        if "error" in box:
+            raise box["error"]
+        return box["value"]
+
+    def _loop(self) -> None:
+        while True:
+            fn, box, done = self._jobs.get()
+            try:
+                box["value"] = fn()
+            except BaseException as exc:
+                box["error"] = exc
+            done.set()
+
+
+_SPAWNER = _Spawner()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=lambda: setattr(_SPAWNER, "_thread", None))
+
+
+# --- one child process ---------------------------------------------------------------------
+
+
+class _Child:
+    """A running worker process: its Popen, protocol peer, output drain and fault state."""
+
+    def __init__(self, owner: "RemotePlugin", proc: subprocess.Popen, spec: Any) -> None:
+        self.owner = owner
+        self.proc = proc
+        self.spec = spec
+        self.started = time.monotonic()
+        self.tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
+        self.dead = False
+        self.reason = ""
+        write_fd = os.dup(proc.stdin.fileno())  # type: ignore[union-attr]
+        proc.stdin.close()  # type: ignore[union-attr]
+        self.peer = Peer(Channel(proc.stdout, write_fd), self._answer, owner._describe_host_error,  # type: ignore[arg-type]
+                         on_fault=self._on_channel_fault, name=f"plugin-host-{owner.key[:40]}")
+        self._reader = threading.Thread(target=self.peer.serve, name=f"plugin-reader-{owner.key[:40]}", daemon=True)
+        self._drain = threading.Thread(target=self._drain_stderr, name=f"plugin-stderr-{owner.key[:40]}", daemon=True)
+        self._reader.start()
+        self._drain.start()
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def _answer(self, method: str, params: Any) -> Any:
+        return self.owner._answer(self, method, params)
+
+    def _on_channel_fault(self, exc: BaseException) -> None:
+        if self.dead:
+            return
+        if isinstance(exc, ChannelClosed):
+            code = self._exit_code(2.0)
+            how = f"exit status {code}" if code is not None and code >= 0 else (
+                f"killed by signal {-code}" if code is not None else "it closed its channel")
+            self.owner._fault(self, "exited", f"its process exited unexpectedly ({how}){self.tail_text()}")
+        elif isinstance(exc, ProtocolError):
+            self.owner._fault(self, "protocol", f"its process sent an invalid message ({exc}); it was stopped")
+        else:
+            self.owner._fault(self, "protocol", f"reading its process failed ({type(exc).__name__}); it was stopped")
+
+    def _exit_code(self, wait: float) -> int | None:
+        try:
+            return self.proc.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def _drain_stderr(self) -> None:
+        stream = self.proc.stderr
+        assert stream is not None
+        window_start, window_bytes, partial = time.monotonic(), 0, b""
+        key = self.owner.key
+        try:
+            while True:
+                chunk = stream.read1(65536) if hasattr(stream, "read1") else stream.read(65536)
+                if not chunk:
+                    break
+                now = time.monotonic()
+                if now - window_start > FLOOD_WINDOW:
+                    window_start, window_bytes = now, 0
+                window_bytes += len(chunk)
+                if window_bytes > FLOOD_BYTES and not self.dead:
+                    self.owner._fault(self, "flood", f"its process flooded its output (over {FLOOD_BYTES // (1024 * 1024)} MiB "
+                                                      f"within {FLOOD_WINDOW:g} s); it was stopped")
+                    continue  # keep draining until the pipe closes: the child never blocks on a full pipe
+                lines = (partial + chunk).split(b"\n")
+                partial = lines.pop()[-_TAIL_CHARS * 4:]
+                for raw in lines[-_TAIL_LINES:]:
+                    text = raw.decode("utf-8", "replace")[:_TAIL_CHARS]
+                    self.tail.append(text)
+                    if _output_log.isEnabledFor(logging.INFO):
+                        _output_log.info("[%s] %s", key, text)
+        except (OSError, ValueError):
+            pass
+
+    def join_output(self, wait: float) -> None:
+        self._drain.join(wait)
+
+    def tail_text(self) -> str:
+        lines = [line for line in list(self.tail) if line.strip()]
+        if not lines:
+            return ""
+        return "; its last output: " + " | ".join(lines[-3:])
+
+    def kill(self) -> None:
+        """Stop the process group now and reap it (no zombie)."""
+        self.dead = True
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError, OSError):
+            try:
+                self.proc.kill()
+            except OSError:
+                pass
+        self.peer.fail(ChannelClosed(self.reason or "the host stopped the plugin's process"))
+        self._reap()
+
+    def close(self, grace: float = 1.0) -> None:
+        """Ask the child to exit (close its input), then kill it if it does not."""
+        self.dead = True
+        self.peer.channel.close()
+        if self._exit_code(grace) is None:
+            self.kill()
+        else:
+            self.peer.fail(ChannelClosed("stopped"))
+            self._reap()
+
+    def _reap(self) -> None:
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL of our own child
+            _log.warning("plugin %s: process %d did not exit after SIGKILL", self.owner.key, self.proc.pid)
+        for stream in (self.proc.stdout, self.proc.stderr):
+            try:
+                if stream is not None:
+                    stream.close()
+            except OSError:
+                pass
+        try:
+            self.spec.cleanup()
+        except Exception:  # pragma: no cover
+            _log.debug("scratch cleanup failed", exc_info=True)
+
+
+class _Budget:
+    """Time left for one call under a limit, not counting time spent in host callbacks (next_call)."""
+
+    def __init__(self, limit: float) -> None:
+        self.limit = limit
+        self.started = time.monotonic()
+        self.paused = 0.0
+        self.pausing = 0
+        self.pause_since = 0.0
+        self._lock = threading.Lock()
+
+    def remaining(self) -> float:
+        with self._lock:
+            if self.pausing:
+                return 3600.0  # waiting for our own downstream call: re-read when it returns
+            return self.limit - (time.monotonic() - self.started - self.paused)
+
+    def pause(self) -> None:
+        with self._lock:
+            if not self.pausing:
+                self.pause_since = time.monotonic()
+            self.pausing += 1
+
+    def resume(self) -> None:
+        with self._lock:
+            self.pausing -= 1
+            if not self.pausing:
+                self.paused += time.monotonic() - self.pause_since
+
+
+class _Slot:
+    """One registered callable of the plugin: what it is and the current child's handle for it."""
+
+    __slots__ = ("kind", "name", "what", "limited", "handle")
+
+    def __init__(self, kind: str, name: str, what: str, limited: bool, handle: int) -> None:
+        self.kind, self.name, self.what, self.limited, self.handle = kind, name, what, limited, handle
+
+
+def _proxy_signature(sig: Any) -> inspect.Signature:
+    if sig is None:
+        return inspect.Signature([inspect.Parameter("args", inspect.Parameter.VAR_POSITIONAL),
+                                  inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD)])
+    if type(sig) is not list or len(sig) > 100:
+        raise ValueError("malformed signature")
+    params = []
+    for item in sig:
+        if type(item) is not list or len(item) != 3 or type(item[0]) is not str or type(item[1]) is not int:
+            raise ValueError("malformed signature")
+        kind = inspect._ParameterKind(item[1])
+        default = None if item[2] is True else inspect.Parameter.empty
+        params.append(inspect.Parameter(item[0], kind, default=default))
+    return inspect.Signature(params, __validate_parameters__=False)
+
+
+class RemotePlugin:
+    """One isolated plugin: its child process, its proxies, restarts and faults (see the module docstring)."""
+
+    def __init__(self, manager: Any, record: Any, limits: Any) -> None:
+        self._manager = manager
+        self._record = record
+        candidate = record.candidate
+        self.key: str = record.key
+        self.plugin_dir: Path = Path(candidate.path)
+        self.manifest = candidate.manifest
+        self.limits = limits
+        self._ctx: Any = None
+        self._child: _Child | None = None
+        self._slots: list[_Slot] = []
+        self._answers: list[tuple[str, str, Any]] = []  # (kind, name, answer) of each register call, in order
+        self._replay: list[tuple[str, str, Any]] | None = None  # during a restart: what the first load registered
+        self._loading: _Child | None = None
+        self._restart_slot = 0
+        self._host_fns: dict[int, tuple[Callable[..., Any], _Budget | None]] = {}
+        self._host_fn_ids = 0
+        self._lock = threading.RLock()
+        self.restarts = 0
+        self.total_restarts = 0
+        self._next_start = 0.0
+        self.failed: str | None = None
+        self.stopped = False
+        self.confinement: str | None = None
+        self.confinement_reason = ""
+        self.last_fault: str | None = None
+        with _LIVE_LOCK:
+            _LIVE.add(self)
+
+    def __repr__(self) -> str:
+        pid = self._child.pid if self._child is not None else None
+        return f"RemotePlugin(key={self.key!r}, pid={pid}, restarts={self.total_restarts})"
+
+    # --- description ------------------------------------------------------------------
+
+    @property
+    def pid(self) -> int | None:
+        child = self._child
+        return child.pid if child is not None and not child.dead else None
+
+    def describe(self) -> dict[str, Any]:
+        state = "failed" if self.failed else "stopped" if self.stopped else (
+            "running" if self.pid is not None else "restarting")
+        return {"state": state, "pid": self.pid, "confinement": self.confinement,
+                "confinement_reason": self.confinement_reason, "restarts": self.total_restarts,
+                "last_fault": self.last_fault,
+                "limits": dict(vars(self.limits)) if hasattr(self.limits, "__dict__") else None}
+
+    # --- starting and loading ---------------------------------------------------------
+
+    def _spawn(self) -> _Child:
+        from . import sandbox
+
+        def start() -> _Child:
+            spec = sandbox.child_spec(plugin_key=self.key, plugin_dir=self.plugin_dir,
+                                      requires_env=list(self.manifest.required_env_names),
+                                      hermes_home=self._manager.home, limits=self.limits,
+                                      python_args=["-m", "plugin_llm.plugins.worker"])
+            try:
+                proc = subprocess.Popen(spec.argv, env=spec.env, cwd=spec.cwd, preexec_fn=spec.preexec_fn,
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                        close_fds=True)
+            except BaseException:
+                spec.cleanup()
+                raise
+            return _Child(self, proc, spec)
+
+        child = _SPAWNER.run(start)
+        self.confinement, self.confinement_reason = child.spec.confinement, child.spec.reason
+        return child
+
+    def _load_params(self) -> dict[str, Any]:
+        m = self.manifest
+        record = self._record
+        roots = [str(self._manager.home / "plugins")]
+        if self._manager.project_dir is not None:
+            roots.append(str(self._manager.project_dir / ".hermes" / "plugins"))
+        return {
+            "key": self.key, "path": str(self.plugin_dir), "module": record.module_name, "roots": roots,
+            "manifest": {"name": m.name, "version": m.version, "description": m.description, "author": m.author,
+                         "requires_env": [[r.name, r.description] for r in m.requires_env],
+                         "provides_tools": list(m.provides_tools), "provides_hooks": list(m.provides_hooks),
+                         "kind": m.kind, "declared_kind": m.declared_kind, "capabilities": list(m.capabilities)},
+        }
+
+    def load(self, ctx: Any, timeout: float) -> None:
+        """Start the child and load the plugin in it; registrations go through ``ctx``.
+        Raises :class:`RemoteLoadError` (the plugin then fails to load, as in process)."""
+        self._ctx = ctx
+        with self._lock:
+            self._start(timeout, first=True)
+
+    def _start(self, timeout: float, *, first: bool) -> None:
+        saved = self._answers
+        if not first:
+            self._replay, self._answers = saved, []
+            self._restart_slot = 0
+        try:
+            self._start_child(timeout, first)
+        except BaseException:
+            self._answers = saved
+            raise
+        finally:
+            self._replay = None
+
+    def _start_child(self, timeout: float, first: bool) -> None:
+        started = time.monotonic()
+        try:
+            child = self._spawn()
+        except Exception as exc:
+            raise RemoteLoadError(f"its process could not be started: {type(exc).__name__}: "
+                                  f"{bounded(str(exc), 300)}") from None
+        self._loading = child
+        try:
+            left = timeout - (time.monotonic() - started)
+            reply = child.peer.call("load", self._load_params(), timeout=max(left, 0.001))
+        except CallTimeout:
+            child.reason = "loading timed out"
+            child.kill()
+            raise RemoteLoadError(f"loading it (import + register()) did not finish within {timeout:g}s "
+                                  "(plugins.hook_timeout); its process was stopped", timed_out=True) from None
+        except ChannelClosed:
+            code = child._exit_code(2.0)
+            child.join_output(1.0)
+            reason = child.reason
+            child.reason = child.reason or "exited while loading"
+            child.kill()
+            if not reason or reason.startswith("its process exited unexpectedly"):
+                how = f" (exit status {code})" if code is not None and code >= 0 else (
+                    f" (killed by signal {-code})" if code is not None else "")
+                reason = f"its process exited while loading{how}{child.tail_text()}"
+            raise RemoteLoadError(reason) from None
+        except BaseException:
+            child.reason = "loading was interrupted"
+            child.kill()
+            raise
+        finally:
+            self._loading = None
+        if type(reply) is not dict or reply.get("phase") != "done":
+            child.reason = "loading failed"
+            child.kill()
+            raise RemoteLoadError(self._load_failure(reply))
+        if not first and len(self._answers) != len(self._replay or []):
+            child.reason = "registered something different"
+            child.kill()
+            raise RemoteLoadError("after a restart it registered something different from its first start")
+        self._child = child
+
+    def _load_failure(self, reply: Any) -> str:
+        if type(reply) is not dict:
+            return "its process answered the load with something malformed"
+        where = self.plugin_dir / "__init__.py"
+        if reply.get("missing_register"):
+            return f"no register(ctx) function in {where}"
+        if reply.get("not_callable"):
+            return f"register is not callable ({bounded(str(reply['not_callable']), 100)})"
+        info = reply.get("error") if type(reply.get("error")) is dict else {}
+        text = self._error_text(info)
+        phase = "register() raised" if reply.get("phase") == "register" else "import failed"
+        return f"{phase}: {text}"
+
+    @staticmethod
+    def _error_text(info: dict[str, Any]) -> str:
+        from .isolation import error_text
+
+        return error_text(_stand_in(info))
+
+    # --- what the child asks -----------------------------------------------------------
+
+    def _answer(self, child: _Child, method: str, params: Any) -> Any:
+        if type(params) is not dict:
+            raise ValueError("params must be an object")
+        if method == "register":
+            return self._on_register(child, params)
+        if method == "callback":
+            return self._on_callback(params)
+        if method == "llm":
+            return self._on_llm(params)
+        if method == "ctx":
+            return self._on_ctx(params)
+        # An unknown request: the child does not speak our protocol (or was taken over): stop it.
+        self._fault(child, "protocol", f"its process sent an unknown request ({bounded(exact_str(method), 60)!r}); it was stopped")
+        raise ValueError("unknown method")
+
+    def _on_register(self, child: _Child, params: dict[str, Any]) -> Any:
+        if child is not self._loading:
+            raise RuntimeError(f"plugin {self.key}: registering after register(ctx) returned is not supported "
+                               "out of process")
+        kind = params.get("kind") if type(params.get("kind")) is str else ""
+        name = decode_value(params.get("name"))
+        fields = params.get("f") if type(params.get("f")) is dict else {}
+        label = name if type(name) is str else type(name).__name__
+        if self._replay is not None:  # a restart: the registrations exist; map the new handles onto them
+            return self._replay_register(kind, label, fields)
+        answer = self._register(kind, name, fields)
+        self._answers.append((kind, label, answer))
+        return answer
+
+    def _replay_register(self, kind: str, label: str, fields: dict[str, Any]) -> Any:
+        index = len(self._answers)
+        replay = self._replay or []
+        if index >= len(replay) or replay[index][:2] != (kind, label):
+            raise RuntimeError(f"plugin {self.key}: after a restart it registered {kind} {label!r}, "
+                               "which its first start did not (in this order)")
+        for spec in _callables(fields):
+            slot = self._slots[self._restart_slot]
+            slot.handle = spec["h"]
+            self._restart_slot += 1
+        self._answers.append(replay[index])
+        return replay[index][2]
+
+    def _proxy(self, spec: Any, kind: str, name: str, what: str, limited: bool) -> Callable[..., Any]:
+        if type(spec) is not dict or type(spec.get("h")) is not int:
+            raise TypeError(f"plugin {self.key}: {what}: a callable was expected")
+        index = len(self._slots)
+        slot = _Slot(kind, name, what, limited, spec["h"])
+        self._slots.append(slot)
+
+        def proxy(*args: Any, **kwargs: Any) -> Any:
+            return self.invoke(index, args, kwargs)
+
+        proxy.__signature__ = _proxy_signature(spec.get("sig"))  # type: ignore[attr-defined]
+        proxy.__name__ = proxy.__qualname__ = f"{what} (out of process)"
+        return proxy
+
+    def _register(self, kind: str, name: Any, f: dict[str, Any]) -> Any:
+        ctx = self._ctx
+        shown = name if type(name) is str else "?"
+        if kind == "tool":
+            handler = self._proxy(f.get("handler"), kind, shown, f"tool {shown}", limited=False)
+            check = f.get("check_fn")
+            check_fn = self._proxy(check, kind, shown, f"tool {shown} check_fn", limited=True) if check is not None else None
+            schema = decode_value(f.get("schema"))
+            entry = ctx.register_tool(name, f.get("toolset"), schema, handler, check_fn=check_fn,
+                                      requires_env=f.get("requires_env"), is_async=False,
+                                      description=f.get("description", ""), emoji=f.get("emoji", ""),
+                                      override=f.get("override", False))
+            return True if entry is not None else None
+        if kind == "hook":
+            ctx.register_hook(name, self._proxy(f.get("callback"), kind, shown, f"hook {shown}", limited=True))
+            return None
+        if kind == "middleware":
+            ctx.register_middleware(name, self._proxy(f.get("callback"), kind, shown, f"middleware {shown}",
+                                                      limited=True))
+            return None
+        if kind == "command":
+            handler = self._proxy(f.get("handler"), kind, shown, f"command /{shown}", limited=False)
+            entry = ctx.register_command(name, handler, f.get("description", ""), f.get("args_hint", ""))
+            return True if entry is not None else None
+        if kind == "skill":
+            path = f.get("path")
+            if isinstance(path, str):
+                real, root = os.path.realpath(path), os.path.realpath(self.plugin_dir)
+                if not (real == root or real.startswith(root + os.sep)):
+                    raise PermissionError(
+                        f"plugin {self.key}: register_skill({shown!r}): a plugin running out of process may only "
+                        f"register skills inside its own directory ({self.plugin_dir}), got {bounded(path, 300)}")
+            entry = ctx.register_skill(name, path, f.get("description", ""))
+            return True if entry is not None else None
+        if kind == "unsupported":
+            ctx._refuse(f"{bounded(str(name), 100)} is not available to a plugin running out of process "
+                        f"(plugins.entries.{self.key}.isolation: process): ignored; run the plugin in process "
+                        "to use it")
+            return False
+        raise ValueError(f"unknown registration kind {bounded(kind, 40)!r}")
+
+    def _on_callback(self, params: dict[str, Any]) -> Any:
+        handle = params.get("h")
+        with self._lock:
+            found = self._host_fns.get(handle) if type(handle) is int else None
+        if found is None:
+            raise RuntimeError("this host callable is no longer valid (its call has returned)")
+        fn, budget = found
+        args = decode_value(params.get("a") or [])
+        kwargs = decode_value(params.get("k") or {})
+        if type(args) is not list or type(kwargs) is not dict:
+            raise ValueError("malformed callback arguments")
+        if budget is not None:
+            budget.pause()
+        try:
+            return encode_value(fn(*args, **kwargs))
+        finally:
+            if budget is not None:
+                budget.resume()
+
+    def _on_ctx(self, params: dict[str, Any]) -> Any:
+        op = params.get("op")
+        ctx = self._ctx
+        if op == "profile_name":
+            return ctx.profile_name
+        if op == "has_capability":
+            return ctx.has_capability(params.get("name"))
+        if op == "inject_message":
+            return ctx.inject_message(params.get("content"), params.get("role", "user"))
+        if op == "dispatch_tool":
+            kw = decode_value(params.get("kw") or {})
+            if type(kw) is not dict:
+                raise ValueError("dispatch_tool keywords must be an object")
+            return ctx.dispatch_tool(decode_value(params.get("tool_name")), decode_value(params.get("args")), **kw)
+        raise ValueError(f"unknown ctx operation {bounded(str(op), 40)!r}")
+
+    def _on_llm(self, params: dict[str, Any]) -> Any:
+        from plugin_llm.errors import PluginLlmTrustError
+
+        kw = decode_value(params.get("kw") or {})
+        if type(kw) is not dict:
+            raise ValueError("ctx.llm arguments must be an object")
+        claimed = sorted((set(params) - _LLM_ENVELOPE) | (set(kw) & _IDENTITY_FIELDS))
+        if claimed:
+            shown = [bounded(exact_str(str(c)), 40) for c in claimed[:10]]
+            claimed_id = kw.get("plugin_id") if type(kw.get("plugin_id")) is str else params.get("plugin_id")
+            self._manager._audit("plugin_channel_refused", plugin_id=self.key, decision="denied", status="denied",
+                                 fields=shown, **({"claimed_plugin_id": bounded(claimed_id, 100)}
+                                                  if type(claimed_id) is str else {}))
+            _log.warning("plugin %s: ctx.llm request with %s refused (its identity is bound by the host)",
+                         self.key, ", ".join(shown))
+            raise PluginLlmTrustError(
+                f"plugin '{self.key}' sent {', '.join(shown)} with a ctx.llm call: an isolated plugin's identity "
+                "is bound by the host when it starts the plugin; nothing the plugin sends can change it",
+                plugin_id=self.key, config_key="")
+        api, mode = params.get("api"), params.get("mode")
+        llm = self._ctx.llm  # PluginLlm(plugin_id=<this key>), created by the host's PluginContext
+        if api == "complete":
+            messages = kw.pop("messages", None)
+            if mode == "async":
+                import asyncio
+
+                result = asyncio.run(llm.acomplete(messages, **kw))
+            else:
+                result = llm.complete(messages, **kw)
+        elif api == "structured":
+            if mode == "async":
+                import asyncio
+
+                result = asyncio.run(llm.acomplete_structured(**kw))
+            else:
+                result = llm.complete_structured(**kw)
+        else:
+            raise ValueError(f"unknown ctx.llm api {bounded(str(api), 40)!r}")
+        return _encode_result(result)
+
+    def _describe_host_error(self, exc: BaseException) -> dict[str, Any]:
+        """A host error as the child sees it: class name, redacted message, a few attributes."""
+        from auth.redaction import redact
+
+        from .isolation import safe_str, type_name
+
+        info: dict[str, Any] = {"type": type_name(exc), "message": redact(safe_str(exc, 4000) or "")}
+        attrs = {}
+        for attr in ("status", "provider", "retryable", "plugin_id", "config_key"):
+            value = getattr(exc, attr, None)
+            if type(value) in (str, int, bool):
+                attrs[attr] = redact(value) if type(value) is str else value
+        if attrs:
+            info["attrs"] = attrs
+        if type(getattr(exc, "text", None)) is str:
+            info["text"] = redact(exc.text)  # type: ignore[attr-defined]
+            info["errors"] = [redact(str(e)) for e in getattr(exc, "errors", [])[:100]]
+        return info
+
+    # --- invoking what the plugin registered ----------------------------------------------
+
+    def invoke(self, index: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Run the plugin's callable ``index`` in its process: its (decoded) result, or what it raised."""
+        from .hooks import HookTimeoutError
+
+        slot = self._slots[index]
+        child = self._ready_child()
+        # A little under the hook runner's own limit: this call times out first, with its own message.
+        limit = self._manager._hook_timeout()
+        budget = _Budget(limit - min(0.05, limit / 10)) if slot.limited else None
+        ids: list[int] = []
+
+        def host_fn(fn: Callable[..., Any]) -> int:
+            with self._lock:
+                self._host_fn_ids += 1
+                self._host_fns[self._host_fn_ids] = (fn, budget)
+                ids.append(self._host_fn_ids)
+                return self._host_fn_ids
+
+        try:
+            params = {"h": slot.handle, "a": encode_value(list(args), host_fn), "k": encode_value(kwargs, host_fn)}
+            reply = child.peer.call("invoke", params, remaining=budget.remaining if budget is not None else None)
+        except CallTimeout:
+            self._fault(child, "timeout", f"{slot.what} did not return within {limit:g}s (plugins.hook_timeout); "
+                                          "its process was stopped")
+            raise HookTimeoutError(f"did not return within {limit:g}s (plugins.hook_timeout); "
+                                   "its process was stopped and is restarted") from None
+        except RemoteError as exc:
+            raise _stand_in(exc.info) from None
+        except ChannelClosed:
+            raise RemotePluginUnavailable(f"plugin {self.key}: {child.reason or 'its process stopped'}") from None
+        except BaseException:  # the host's time limit (SIGALRM) or Ctrl-C while waiting: the call is abandoned
+            self._fault(child, "interrupted", f"{slot.what} was interrupted while running; its process was stopped")
+            raise
+        finally:
+            if ids:
+                with self._lock:
+                    for i in ids:
+                        self._host_fns.pop(i, None)
+        return decode_value(reply)
+
+    def _ready_child(self) -> _Child:
+        child = self._child
+        if child is not None and not child.dead:
+            return child
+        with self._lock:
+            child = self._child
+            if child is not None and not child.dead:
+                return child
+            if self.failed:
+                raise RemotePluginUnavailable(f"plugin {self.key} failed: {self.failed}")
+            if self.stopped:
+                raise RemotePluginUnavailable(f"plugin {self.key} was stopped")
+            wait = self._next_start - time.monotonic()
+            if wait > 0:
+                raise RemotePluginUnavailable(f"plugin {self.key}: its process is restarting "
+                                              f"(next attempt in {wait:.2f}s after: {self.last_fault})")
+            try:
+                self._start(self._manager._hook_timeout(), first=False)
+            except RemoteLoadError as exc:
+                self._after_fault("restart", f"restarting it failed: {exc.message}")
+                raise RemotePluginUnavailable(f"plugin {self.key}: {exc.message}") from None
+            _log.warning("plugin %s: its process was restarted (restart %d of %d)", self.key, self.restarts, MAX_RESTARTS)
+            return self._child  # type: ignore[return-value]
+
+    # --- faults -------------------------------------------------------------------------
+
+    def _fault(self, child: _Child, kind: str, message: str) -> None:
+        """Stop ``child`` (once), log and audit why, and schedule a restart (or fail the plugin)."""
+        with self._lock:
+            if child.dead or child.reason:
+                return
+            child.reason = message
+        child.kill()
+        if child is not self._child:  # still loading: the load reports it
+            self.last_fault = message
+            return
+        if time.monotonic() - child.started > RESET_AFTER:
+            self.restarts = 0
+        self._after_fault(kind, message)
+
+    def _after_fault(self, kind: str, message: str) -> None:
+        with self._lock:
+            self.last_fault = message
+            self._child = None
+            self.restarts += 1
+            action = "restart"
+            if self.restarts > MAX_RESTARTS:
+                action = "failed"
+                self.failed = f"{message} (stopped after {MAX_RESTARTS} restarts)"
+            else:
+                self.total_restarts += 1
+                self._next_start = time.monotonic() + BACKOFF[min(self.restarts, len(BACKOFF)) - 1]
+        _log.warning("plugin %s: %s (%s)", self.key, message,
+                     "it is restarted" if action == "restart" else "the plugin is marked failed")
+        self._manager._audit("plugin_process_fault", plugin_id=self.key, fault=kind, message=bounded(message, 500),
+                             action=action, restarts=self.restarts - (1 if action == "restart" else 0),
+                             confinement=self.confinement)
+        if action == "failed":
+            self._manager._remote_failed(self.key, self.failed)
+
+    # --- stopping -----------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Stop the child (close its channel, then kill it); the plugin stays registered but unusable."""
+        with self._lock:
+            self.stopped = True
+            child, self._child = self._child, None
+        if child is not None and not child.dead:
+            child.close()
+        with _LIVE_LOCK:
+            _LIVE.discard(self)
+
+
+def _callables(fields: dict[str, Any]) -> list[dict[str, Any]]:
+    """The callable specs of one registration, in the order the host made proxies of them."""
+    out = []
+    for key in ("handler", "check_fn", "callback"):
+        spec = fields.get(key)
+        if type(spec) is dict and type(spec.get("h")) is int:
+            out.append(spec)
+    return out
+
+
+def _encode_result(result: Any) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    from plugin_llm.types import PluginLlmStructuredResult
+
+    out = {"kind": "complete", "text": result.text, "provider": result.provider, "model": result.model,
+           "agent_id": result.agent_id, "usage": asdict(result.usage), "audit": encode_value(dict(result.audit)),
+           "tool_calls": [encode_value(asdict(c)) for c in result.tool_calls]}
+    if isinstance(result, PluginLlmStructuredResult):
+        out.update(kind="structured", parsed=encode_value(result.parsed), content_type=result.content_type)
+    return out
+
+
+def live_children() -> list[int]:
+    """PIDs of the isolated plugins' processes running now (doctor, tests)."""
+    with _LIVE_LOCK:
+        plugins = list(_LIVE)
+    return [pid for pid in (p.pid for p in plugins) if pid is not None]
+
+
+def stop_all() -> None:
+    """Stop every isolated plugin's process (host exit)."""
+    with _LIVE_LOCK:
+        plugins = list(_LIVE)
+    for plugin in plugins:
+        try:
+            plugin.stop()
+        except Exception:  # pragma: no cover - shutting down
+            pass
+
+
+atexit.register(stop_all)

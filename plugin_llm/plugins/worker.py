@@ -1,0 +1,475 @@
+"""The child process of an out-of-process plugin: ``python -m plugin_llm.plugins.worker``.
+
+Started by :mod:`.remote` (through :mod:`.sandbox`: scrubbed environment, scratch
+HOME, resource limits, bubblewrap when usable). It speaks :mod:`.protocol` on the
+stdin/stdout it was given, which it moves to private descriptors first: fd 0
+becomes ``/dev/null`` and fd 1 a copy of stderr, so the plugin's ``print()`` (and
+anything a subprocess it starts writes) can never corrupt the protocol.
+
+The host's first call is ``load``: the worker imports the plugin (Hermes layout,
+with the Hermes SDK import hook installed, under ``hermes_plugins.<key>`` as in
+process) and calls ``register(ctx)`` with a :class:`RemoteContext`. Every
+``ctx.register_*`` call is sent to the host, which registers proxies in its own
+registries (and validates exactly as in process: its answer, or its error, is
+what ``register_*`` returns or raises here). Callables stay here, named by handle
+numbers; the host runs them with ``invoke``. ``ctx.llm``, ``ctx.dispatch_tool``,
+``ctx.inject_message``, ``ctx.profile_name`` and ``ctx.has_capability`` are
+calls to the host, which answers them under the identity *it* bound when it
+started this process.
+
+Only light modules are imported (no litellm, no HTTP client): start + register
+takes a few tens of milliseconds plus the plugin's own imports.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import sys
+import threading
+from pathlib import Path
+from typing import Any, Callable
+
+from .protocol import PROTOCOL_VERSION, Channel, ChannelClosed, Peer, RemoteError, decode_value, encode_value
+
+__all__ = ["RemoteContext", "main"]
+
+#: Characters of an error message sent to the host.
+_MAX_ERROR = 2000
+
+
+def _type_name(obj: Any) -> str:
+    try:
+        name = type.__dict__["__name__"].__get__(type(obj))
+        return str.__str__(name)[:100] if isinstance(name, str) else "object"
+    except Exception:  # pragma: no cover
+        return "object"
+
+
+def _text(obj: Any, limit: int = _MAX_ERROR) -> str:
+    try:
+        text = str(obj)
+        return str.__str__(text)[:limit] if isinstance(text, str) else ""
+    except BaseException:
+        return "(its message could not be read)"
+
+
+def describe_error(exc: BaseException) -> dict[str, Any]:
+    """What the host learns of an exception raised here: its class name, message and kind."""
+    info: dict[str, Any] = {"type": _type_name(exc), "message": _text(exc),
+                            "base": "exception" if isinstance(exc, Exception) else "base"}
+    for attr in ("status", "provider", "retryable", "plugin_id", "config_key"):
+        value = getattr(exc, attr, None) if isinstance(exc, Exception) else None
+        if value is None or type(value) in (str, int, bool):
+            if value is not None:
+                info.setdefault("attrs", {})[attr] = value
+    return info
+
+
+def _signature(fn: Any) -> list[list[Any]] | None:
+    """``[[name, kind, has_default], ...]`` of ``fn``'s parameters; None when it accepts ``**kwargs``
+    (or has no readable signature): the host then offers it every keyword, as in process."""
+    try:
+        parameters = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    out = []
+    for p in parameters:
+        if p.kind is p.VAR_KEYWORD:
+            return None
+        out.append([p.name, int(p.kind), p.default is not p.empty])
+    return out
+
+
+# --- errors coming back from the host ---------------------------------------------------
+
+_EXCEPTIONS: dict[str, type] = {}
+
+
+def _host_exception(info: dict[str, Any]) -> BaseException:
+    """The host's error as the exception class the plugin would see in process (by name)."""
+    name = info.get("type") if type(info.get("type")) is str else "RuntimeError"
+    message = info.get("message") if type(info.get("message")) is str else ""
+    attrs = info.get("attrs") if type(info.get("attrs")) is dict else {}
+    from plugin_llm import errors
+
+    cls = getattr(errors, name, None)
+    if isinstance(cls, type) and issubclass(cls, errors.PluginLlmError):
+        try:
+            if cls is errors.PluginLlmTrustError:
+                return cls(message, plugin_id=str(attrs.get("plugin_id", "")), config_key=str(attrs.get("config_key", "")))
+            if cls is errors.PluginLlmProviderError:
+                status = attrs.get("status")
+                return cls(message, status=status if type(status) is int else None,
+                           provider=str(attrs.get("provider", "")), retryable=attrs.get("retryable") is True)
+            if cls is errors.PluginLlmSchemaError:
+                return cls(message, text=str(info.get("text") or ""), errors=[str(e) for e in info.get("errors") or []])
+            return cls(message)
+        except Exception:  # pragma: no cover - a changed constructor: keep the message
+            return errors.PluginLlmError(message)
+    import builtins
+
+    builtin = getattr(builtins, name, None)
+    if isinstance(builtin, type) and issubclass(builtin, Exception) and builtin.__module__ == "builtins":
+        try:
+            return builtin(message)
+        except Exception:
+            pass
+    cls = _EXCEPTIONS.get(name)
+    if cls is None and name.isidentifier():
+        cls = _EXCEPTIONS[name] = type(name, (RuntimeError,), {})
+    return (cls or RuntimeError)(message)
+
+
+class _HostCallable:
+    """A callable of the host (``next_call`` of a middleware): calling it is a ``callback`` request."""
+
+    def __init__(self, worker: "_Worker", handle: int) -> None:
+        self._worker = worker
+        self._handle = handle
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._worker.host("callback", {"h": self._handle, "a": self._worker.encode(list(args)),
+                                              "k": self._worker.encode(kwargs)})
+
+
+# --- ctx.llm ----------------------------------------------------------------------------
+
+
+class RemoteLlm:
+    """``ctx.llm`` of an isolated plugin: every method is a call to the host's ``PluginLlm``, which
+    is bound to the plugin's key by the host (nothing sent from here can change it)."""
+
+    def __init__(self, worker: "_Worker", plugin_id: str) -> None:
+        self._worker = worker
+        self._plugin_id = plugin_id
+
+    @property
+    def plugin_id(self) -> str:
+        return self._plugin_id
+
+    def __repr__(self) -> str:
+        return f"PluginLlm(plugin_id={self._plugin_id!r}, out of process)"
+
+    def _call(self, api: str, mode: str, kwargs: dict[str, Any]) -> Any:
+        reply = self._worker.host("llm", {"api": api, "mode": mode, "kw": self._worker.encode(kwargs)})
+        return _result(reply)
+
+    def complete(self, messages: Any, **kwargs: Any) -> Any:
+        return self._call("complete", "sync", {"messages": messages, **kwargs})
+
+    def complete_structured(self, **kwargs: Any) -> Any:
+        return self._call("structured", "sync", kwargs)
+
+    async def acomplete(self, messages: Any, **kwargs: Any) -> Any:
+        import asyncio
+
+        return await asyncio.to_thread(self._call, "complete", "async", {"messages": messages, **kwargs})
+
+    async def acomplete_structured(self, **kwargs: Any) -> Any:
+        import asyncio
+
+        return await asyncio.to_thread(self._call, "structured", "async", kwargs)
+
+
+def _result(reply: Any) -> Any:
+    from plugin_llm.types import (PluginLlmCompleteResult, PluginLlmStructuredResult, PluginLlmToolCall,
+                                  PluginLlmUsage)
+
+    if type(reply) is not dict:
+        raise RuntimeError("the host sent a malformed ctx.llm result")
+    usage = PluginLlmUsage(**{k: v for k, v in (reply.get("usage") or {}).items()
+                              if k in PluginLlmUsage.__dataclass_fields__})
+    calls = tuple(PluginLlmToolCall(**c) for c in reply.get("tool_calls") or ())
+    common = dict(text=reply.get("text", ""), provider=reply.get("provider", ""), model=reply.get("model", ""),
+                  agent_id=reply.get("agent_id"), usage=usage, audit=dict(reply.get("audit") or {}), tool_calls=calls)
+    if reply.get("kind") == "structured":
+        return PluginLlmStructuredResult(**common, parsed=reply.get("parsed"), content_type=reply.get("content_type", "text"))
+    return PluginLlmCompleteResult(**common)
+
+
+# --- ctx --------------------------------------------------------------------------------
+
+_TOOL_PARAMS = ("toolset", "schema", "handler", "check_fn", "requires_env", "is_async", "description", "emoji",
+                "override")
+
+
+class _Registered:
+    """What a successful ``register_*`` returns here (the host keeps the real entry)."""
+
+    def __init__(self, kind: str, name: str, plugin_key: str) -> None:
+        self.kind, self.name, self.plugin_key = kind, name, plugin_key
+
+    def __repr__(self) -> str:
+        return f"<{self.kind} {self.name!r} of plugin {self.plugin_key} (out of process)>"
+
+    def __bool__(self) -> bool:
+        return True
+
+
+class RemoteContext:
+    """``ctx`` of an isolated plugin: the in-process ``PluginContext``'s methods, as calls to the host."""
+
+    def __init__(self, worker: "_Worker", manifest: Any, plugin_dir: Path) -> None:
+        self._worker = worker
+        self._manifest = manifest
+        self._key = manifest.key
+        self._plugin_dir = plugin_dir
+        self._llm: RemoteLlm | None = None
+
+    def __repr__(self) -> str:
+        return f"PluginContext(plugin={self._key!r}, out of process)"
+
+    def __getattr__(self, name: str) -> Any:
+        from .context import HERMES_ONLY_REGISTRATIONS, HermesSubsystemMissing
+
+        subsystem = HERMES_ONLY_REGISTRATIONS.get(name)
+        if subsystem is not None:
+            raise HermesSubsystemMissing(
+                f"ctx.{name}() registers with Hermes's {subsystem}, which plugin-llm does not provide")
+        raise AttributeError(f"'PluginContext' object has no attribute {name!r}")
+
+    @property
+    def manifest(self) -> Any:
+        return self._manifest
+
+    @property
+    def llm(self) -> RemoteLlm:
+        if self._llm is None:
+            self._llm = RemoteLlm(self._worker, self._key)
+        return self._llm
+
+    @property
+    def profile_name(self) -> str:
+        return self._worker.host("ctx", {"op": "profile_name"})
+
+    def has_capability(self, name: str) -> bool:
+        return bool(self._worker.host("ctx", {"op": "has_capability", "name": name if isinstance(name, str) else None}))
+
+    def _register(self, kind: str, name: Any, fields: dict[str, Any]) -> Any:
+        accepted = self._worker.host("register", {"kind": kind, "name": self._worker.encode(name),
+                                                  "f": self._worker.encode(fields)})
+        if accepted is True:
+            return _Registered(kind, str(name), self._key)
+        return None if accepted is None else bool(accepted)
+
+    def _fn(self, fn: Any, what: str) -> dict[str, Any]:
+        if not callable(fn):
+            raise TypeError(f"plugin {self._key}: {what} must be callable, got {_type_name(fn)}")
+        return {"h": self._worker.handle(fn), "sig": _signature(fn), "async": inspect.iscoroutinefunction(fn)}
+
+    def register_tool(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        from collections.abc import Mapping
+
+        params = _TOOL_PARAMS[1:] if args and isinstance(args[0], Mapping) else _TOOL_PARAMS
+        if len(args) > len(params):
+            raise TypeError(f"register_tool() takes at most {len(params) + 1} positional arguments")
+        values: dict[str, Any] = dict(zip(params, args))
+        for key, value in kwargs.items():
+            if key not in _TOOL_PARAMS:
+                raise TypeError(f"register_tool() got an unexpected keyword argument {key!r}")
+            if key in values:
+                raise TypeError(f"register_tool() got multiple values for argument {key!r}")
+            values[key] = value
+        who = f"plugin {self._key}: register_tool({name!r})"
+        values["handler"] = self._fn(values.get("handler"), f"{who}: handler")
+        if values.get("check_fn") is not None:
+            values["check_fn"] = self._fn(values["check_fn"], f"{who}: check_fn")
+        if values["handler"]["async"]:
+            values["is_async"] = True
+        return self._register("tool", name, values)
+
+    def register_hook(self, name: str, callback: Callable[..., Any]) -> None:
+        self._register("hook", name, {"callback": self._fn(callback, f"hook {name!r}: callback")})
+
+    def register_middleware(self, kind: str, callback: Callable[..., Any]) -> None:
+        self._register("middleware", kind, {"callback": self._fn(callback, f"register_middleware({kind!r}): callback")})
+
+    def register_command(self, name: str, handler: Callable[[str], Any], description: str = "",
+                         args_hint: str = "") -> Any:
+        fn = self._fn(handler, f"register_command({name!r}): handler")
+        return self._register("command", name, {"handler": fn, "description": description, "args_hint": args_hint})
+
+    def register_skill(self, name: str, path: Any, description: str = "") -> Any:
+        if isinstance(path, (str, os.PathLike)):
+            path = Path(path).expanduser()
+            path = str(path if path.is_absolute() else self._plugin_dir / path)
+        return self._register("skill", name, {"path": path, "description": description})
+
+    def _unsupported(self, what: str) -> bool:
+        self._worker.host("register", {"kind": "unsupported", "name": what, "f": {}})
+        return False
+
+    def register_cli_command(self, name: str, *args: Any, **kwargs: Any) -> None:
+        self._unsupported(f"register_cli_command({str(name)[:60]!r})")
+
+    def register_context_engine(self, engine: Any) -> bool:
+        return self._unsupported("register_context_engine")
+
+    def register_memory_provider(self, provider: Any) -> bool:
+        return self._unsupported("register_memory_provider")
+
+    def register_image_gen_provider(self, provider: Any) -> bool:
+        return self._unsupported("register_image_gen_provider")
+
+    def register_platform(self, name: str, *args: Any, **kwargs: Any) -> None:
+        self._unsupported(f"register_platform({str(name)[:60]!r})")
+
+    def inject_message(self, content: str, role: str = "user") -> bool:
+        if not isinstance(content, str):
+            raise TypeError(f"plugin {self._key}: inject_message content must be a string")
+        if not isinstance(role, str) or not role.strip():
+            raise TypeError(f"plugin {self._key}: inject_message role must be a non-empty string")
+        return bool(self._worker.host("ctx", {"op": "inject_message", "content": content, "role": role}))
+
+    def dispatch_tool(self, tool_name: str, args: dict, **kw: Any) -> str:
+        return self._worker.host("ctx", {"op": "dispatch_tool", "tool_name": self._worker.encode(tool_name),
+                                         "args": self._worker.encode(args), "kw": self._worker.encode(kw)})
+
+
+# --- the worker -------------------------------------------------------------------------
+
+
+class _Worker:
+    def __init__(self) -> None:
+        self.peer: Peer | None = None
+        self._handles: dict[int, Callable[..., Any]] = {}
+        self._lock = threading.Lock()
+        self._loaded = False
+
+    # handles and values
+    def handle(self, fn: Callable[..., Any]) -> int:
+        with self._lock:
+            number = len(self._handles) + 1
+            self._handles[number] = fn
+        return number
+
+    def encode(self, value: Any) -> Any:
+        return encode_value(value)
+
+    def host(self, method: str, params: Any) -> Any:
+        assert self.peer is not None
+        try:
+            return self.peer.call(method, params)
+        except RemoteError as exc:
+            raise _host_exception(exc.info) from None
+        except ChannelClosed:
+            os._exit(0)  # the host is gone: nothing is left to do
+
+    # the host's calls
+    def answer(self, method: str, params: Any) -> Any:
+        if type(params) is not dict:
+            raise ValueError("params must be an object")
+        if method == "invoke":
+            return self._invoke(params)
+        if method == "load":
+            return self._load(params)
+        if method == "ping":
+            return {"pid": os.getpid()}
+        raise ValueError(f"unknown method {method[:60]!r}")
+
+    def _invoke(self, params: dict[str, Any]) -> Any:
+        fn = self._handles.get(params.get("h"))  # type: ignore[arg-type]
+        if fn is None:
+            raise ValueError("unknown handle")
+        make = lambda n: _HostCallable(self, n)  # noqa: E731
+        args = decode_value(params.get("a") or [], make)
+        kwargs = decode_value(params.get("k") or {}, make)
+        value = fn(*args, **kwargs)
+        if value is not None and inspect.isawaitable(value):
+            import asyncio
+
+            async def _await() -> Any:
+                return await value
+
+            value = asyncio.run(_await())
+        return encode_value(value)
+
+    def _load(self, params: dict[str, Any]) -> Any:
+        if self._loaded:
+            raise RuntimeError("the plugin is already loaded in this process")
+        self._loaded = True
+        from importlib.util import module_from_spec, spec_from_file_location
+
+        from plugin_llm.compat.hermes import _home, finder
+
+        from .manifest import EnvRequirement, PluginManifest
+
+        key, path, module_name = str(params["key"]), Path(str(params["path"])), str(params["module"])
+        fields = params.get("manifest") if type(params.get("manifest")) is dict else {}
+        manifest = PluginManifest(
+            name=str(fields.get("name") or path.name), key=key, version=str(fields.get("version") or ""),
+            description=str(fields.get("description") or ""), author=str(fields.get("author") or ""),
+            requires_env=tuple(EnvRequirement(str(n), str(d)) for n, d in fields.get("requires_env") or ()),
+            provides_tools=tuple(map(str, fields.get("provides_tools") or ())),
+            provides_hooks=tuple(map(str, fields.get("provides_hooks") or ())),
+            kind=str(fields.get("kind") or "standalone"), declared_kind=str(fields.get("declared_kind") or ""),
+            capabilities=tuple(map(str, fields.get("capabilities") or ())),
+        )
+        home = Path(os.environ.get("HOME") or path) / ".hermes"
+        _home.set_active_home(home)
+        roots = [Path(r) for r in params.get("roots") or [] if isinstance(r, str)]
+        finder.set_plugin_roots(roots, [key])
+        finder.install()
+        namespace, _, _ = module_name.rpartition(".")
+        if namespace and namespace not in sys.modules:
+            import types
+
+            ns = types.ModuleType(namespace, "Namespace of directory plugins loaded by plugin_llm.")
+            ns.__path__ = []
+            sys.modules[namespace] = ns
+        init = path / "__init__.py"
+        if not init.is_file():
+            raise FileNotFoundError(f"{path}: no __init__.py (a directory plugin is a Python package with register(ctx))")
+        spec = spec_from_file_location(module_name, init, submodule_search_locations=[str(path)])
+        if spec is None or spec.loader is None:  # pragma: no cover
+            raise ImportError(f"cannot import {init}")
+        module = module_from_spec(spec)
+        sys.modules[module_name] = module
+        finder.register_plugin(key, path, module_name, home)
+        phase = "import"
+        try:
+            spec.loader.exec_module(module)
+            register = getattr(module, "register", None)
+            if register is None:
+                return {"phase": "import", "missing_register": True}
+            if not callable(register):
+                return {"phase": "import", "not_callable": _type_name(register)}
+            phase = "register"
+            result = register(RemoteContext(self, manifest, path))
+            if result is not None and inspect.isawaitable(result):
+                import asyncio
+
+                async def _await() -> Any:
+                    return await result
+
+                asyncio.run(_await())
+        except BaseException as exc:
+            return {"phase": phase, "error": describe_error(exc)}
+        return {"phase": "done", "pid": os.getpid(), "protocol": PROTOCOL_VERSION}
+
+
+def _protocol_fds() -> tuple[int, int]:
+    """Move the protocol off fds 0 and 1: the plugin's prints (fd 1) go to stderr, reads of fd 0 see EOF."""
+    read_fd, write_fd = os.dup(0), os.dup(1)  # dup()ed descriptors are not inherited by subprocesses
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    os.dup2(2, 1)
+    return read_fd, write_fd
+
+
+def main() -> int:
+    read_fd, write_fd = _protocol_fds()
+    sys.stdin = open(os.devnull, "r", encoding="utf-8")
+    sys.stdout = sys.stderr  # print() lands on stderr, which the host drains (bounded)
+    worker = _Worker()
+    channel = Channel(os.fdopen(read_fd, "rb", buffering=1 << 16), write_fd)
+    worker.peer = Peer(channel, worker.answer, describe_error, name="plugin-worker")
+    worker.peer.serve()  # until the host closes the channel (or sends garbage)
+    sys.stderr.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()
