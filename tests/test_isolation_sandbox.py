@@ -62,7 +62,7 @@ PROBE = textwrap.dedent(r"""
     out = {"env": dict(os.environ), "cwd": os.getcwd(), "pid": os.getpid(),
            "limits": {n: list(resource.getrlimit(getattr(resource, n)))
                       for n in ("RLIMIT_AS", "RLIMIT_CPU", "RLIMIT_NOFILE", "RLIMIT_CORE")},
-           "caps": [l.split()[1] for l in read("/proc/self/status").splitlines() if l.startswith("CapEff")][0]}
+           "status": dict(l.split(":\t", 1) for l in read("/proc/self/status").splitlines() if ":\t" in l)}
     for name, path in args.get("read", {}).items():
         out["read:" + name] = attempt(lambda: read(path))
     for name, path in args.get("write", {}).items():
@@ -117,9 +117,10 @@ def secrets(hermes_home: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
 
 def spawn(plugin_dir: Path, hermes_home: Path, confinement: str = "bubblewrap", *,
           limits: SandboxLimits = DEFAULT_LIMITS, requires_env=("PROBE_PLUGIN_TOKEN",), **kwargs):
+    # harden_host=False: the pytest process stays dumpable (test_process_confinement_hardens_the_host checks it)
     spec = child_spec(plugin_key="probe", plugin_dir=plugin_dir, requires_env=list(requires_env),
                       hermes_home=hermes_home, limits=limits, python_args=["-c", PROBE, "{}"],
-                      **{"use_bubblewrap": confinement == "bubblewrap", **kwargs})
+                      **{"use_bubblewrap": confinement == "bubblewrap", "harden_host": False, **kwargs})
     if confinement == "bubblewrap":
         assert spec.confinement == "bubblewrap", f"bubblewrap is not usable here: {spec.reason} (.ci/run installs it)"
     else:
@@ -160,6 +161,9 @@ def test_environment_is_an_allowlist_with_the_plugins_own_variables(plugin_dir, 
     assert env["PROBE_PLUGIN_TOKEN"] == PLUGIN_TOKEN  # from <home>/.env, as the host loads it
     assert env["PATH"] == os.environ["PATH"]
     assert env["HOME"] == env["TMPDIR"] == out["cwd"] == str(spec.scratch)
+    # no capabilities (also when the host runs as root) and no way to gain any through a setuid binary
+    assert out["status"]["CapEff"] == out["status"]["CapPrm"] == out["status"]["CapAmb"] == "0000000000000000"
+    assert out["status"]["NoNewPrivs"] == "1"
     allowed = set(sandbox.PASSED_ENV) | {"HOME", "TMPDIR", "PWD", "MALLOC_ARENA_MAX", "PYTHONUSERBASE",
                                          "PROBE_PLUGIN_TOKEN", "LC_CTYPE"}
     assert set(env) - allowed <= {k for k in env if k.startswith("LC_") or k.lower().endswith("_proxy")}
@@ -278,6 +282,47 @@ def test_a_child_dies_with_its_host(hermes_home, plugin_dir, tmp_path):
         sandbox._remove_tree(Path(scratch))
 
 
+@pytest.mark.parametrize("harden", [True, False])
+def test_process_confinement_hardens_the_host(hermes_home, plugin_dir, harden):
+    """Without bubblewrap the child shares /proc and the OS user: the host is made non-dumpable, so the
+    environment it started with (a provider key) cannot be read from /proc/<host pid>/environ."""
+    host = textwrap.dedent(f"""
+        import json, os, subprocess, sys
+        if os.geteuid() == 0 and os.environ.get("SANDBOX_TEST_NO_CAPS") != "1":
+            # as root, a host without capabilities stands in for an ordinary user's host (the child has none
+            # either, so only the dumpable flag decides): empty the bounding set, exec again
+            import ctypes
+            libc = ctypes.CDLL(None)
+            for cap in range(int(open("/proc/sys/kernel/cap_last_cap").read()) + 1):
+                libc.prctl(24, ctypes.c_ulong(cap), ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0))
+            os.environ["SANDBOX_TEST_NO_CAPS"] = "1"
+            os.execv(sys.executable, sys.orig_argv)
+        from pathlib import Path
+        from plugin_llm.plugins.sandbox import DEFAULT_LIMITS, child_spec
+        spec = child_spec(plugin_key="probe", plugin_dir=Path({str(plugin_dir)!r}), requires_env=[],
+                          hermes_home=Path({str(hermes_home)!r}), limits=DEFAULT_LIMITS,
+                          python_args=["-c", sys.argv[1], json.dumps({{"read": {{"host": f"/proc/{{os.getpid()}}/environ",
+                                                                               "host_mem": f"/proc/{{os.getpid()}}/mem"}}}})],
+                          use_bubblewrap=False, harden_host=sys.argv[2] == "1")
+        try:
+            done = subprocess.run(spec.argv, env=spec.env, cwd=spec.cwd, preexec_fn=spec.preexec_fn,
+                                  capture_output=True, text=True, timeout=60)
+        finally:
+            spec.cleanup()
+        sys.stdout.write(done.stdout)
+        sys.stderr.write(done.stderr)
+    """)
+    env = {**os.environ, "OPENAI_API_KEY": HOST_KEY}  # in the host's real environment block, as at a real start
+    done = run_bounded(lambda: subprocess.run([sys.executable, "-c", host, PROBE, "1" if harden else "0"], cwd=ROOT,
+                                              env=env, capture_output=True, text=True, timeout=60), 90)
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    if harden:
+        assert out["read:host"][0] == "PermissionError" and out["read:host_mem"][0] == "PermissionError"
+    else:  # what it protects against: a same-user child reads the key straight out of the host's environ
+        assert out["read:host"][0] == "ok" and HOST_KEY in out["read:host"][1]
+
+
 def _alive(pid: int) -> bool:
     """Running (not exited, not a zombie waiting for a reaper)."""
     try:
@@ -303,7 +348,6 @@ def test_bubblewrap_hides_the_homes_the_host_and_its_temp_files(plugin_dir, herm
     assert out["write:plugin_dir"][0] == "OSError" and "Read-only" in out["write:plugin_dir"][1]
     assert not (plugin_dir / "written").exists()
     assert out["import:plugin_llm"] == ["ok", "plugin_llm"]
-    assert out["caps"] == "0000000000000000"  # no capabilities, even when the host runs as root
     assert out["pid"] < 10 and out["pid"] != os.getpid()  # its own PID namespace and /proc
     assert spec.argv[0] == bubblewrap_status().path and "--die-with-parent" in spec.argv
 
@@ -334,7 +378,8 @@ def test_no_bwrap_on_path_falls_back_to_process_confinement(plugin_dir, hermes_h
     assert not status.usable and status.path is None
     assert "bwrap is not on PATH" in status.reason and "apt-get install bubblewrap" in status.reason
     spec = child_spec(plugin_key="probe", plugin_dir=plugin_dir, requires_env=["PROBE_PLUGIN_TOKEN"],
-                      hermes_home=hermes_home, limits=DEFAULT_LIMITS, python_args=["-c", PROBE, "{}"])
+                      hermes_home=hermes_home, limits=DEFAULT_LIMITS, python_args=["-c", PROBE, "{}"],
+                      harden_host=False)
     try:
         assert spec.confinement == "process" and spec.reason == status.reason
         out = probe(spec)

@@ -21,7 +21,8 @@ What the child gets:
 * its own **scratch directory** (mode 0700) as ``HOME``, ``TMPDIR`` and cwd;
 * **resource limits** applied between fork and exec (:class:`SandboxLimits`),
   a new session (the operator's Ctrl-C goes to the host, not the child) and,
-  on Linux, ``PR_SET_PDEATHSIG`` so the child dies with the host;
+  on Linux, ``PR_SET_PDEATHSIG`` so the child dies with the host, no
+  capabilities (also under a root host) and ``PR_SET_NO_NEW_PRIVS``;
 * on Linux with a working ``bwrap``, **bubblewrap**: the filesystem read-only,
   the real home, ``$HERMES_HOME``, ``/tmp`` and ``/run/user/<uid>`` replaced
   by empty tmpfs (then the plugin's directory, the Python installation and
@@ -32,8 +33,9 @@ What the child gets:
   (plugins may call APIs) unless ``share_network=False``.
 
 Without a usable ``bwrap`` the confinement is ``"process"`` and
-:attr:`ChildSpec.reason` says why: the child still cannot read the host's
-memory or environment, but it can read any file the same OS user can.
+:attr:`ChildSpec.reason` says why: the host is made non-dumpable
+(:func:`harden_host_process`), so the child can read neither the host's memory
+nor its ``/proc/<pid>/environ``, but it can read any file the same OS user can.
 
 ``PR_SET_PDEATHSIG`` fires when the *thread* that called ``Popen`` exits:
 start children from a thread that lives as long as they should.
@@ -72,6 +74,7 @@ __all__ = [
     "child_spec",
     "BubblewrapStatus",
     "bubblewrap_status",
+    "harden_host_process",
     "PASSED_ENV",
     "CONFINEMENT_BUBBLEWRAP",
     "CONFINEMENT_PROCESS",
@@ -283,12 +286,16 @@ def child_spec(
     python_args: Sequence[str],
     use_bubblewrap: bool = True,
     share_network: bool = True,
+    harden_host: bool = True,
 ) -> ChildSpec:
     """The argv, environment, cwd and pre-exec step of one plugin's child (see the module docstring).
 
     Creates the scratch directory; the caller owns it and calls :meth:`ChildSpec.cleanup`.
     ``use_bubblewrap=False`` (an operator setting) forces ``"process"`` confinement;
-    ``share_network=False`` gives a bubblewrap child no network at all.
+    ``share_network=False`` gives a bubblewrap child no network at all. With
+    ``"process"`` confinement the host is made non-dumpable first
+    (:func:`harden_host_process`; ``harden_host=False`` skips it), because the
+    child shares the host's ``/proc`` and OS user.
     """
     hermes_home = Path(hermes_home)
     plugin_dir = Path(plugin_dir)
@@ -313,8 +320,11 @@ def child_spec(
     if withheld:
         _log.warning("plugin %s: requires_env %s withheld from its isolated process: the host's credential "
                      "variables are never passed to a plugin", plugin_key[:200], ", ".join(withheld))
-    return ChildSpec(argv=argv, env=env, cwd=str(scratch), preexec_fn=_preexec(limits), confinement=confinement,
-                     scratch=scratch, reason=reason, withheld_env=withheld, limits=limits)
+    process_only = confinement == CONFINEMENT_PROCESS
+    if process_only and harden_host:
+        harden_host_process()
+    return ChildSpec(argv=argv, env=env, cwd=str(scratch), preexec_fn=_preexec(limits, drop_privileges=process_only),
+                     confinement=confinement, scratch=scratch, reason=reason, withheld_env=withheld, limits=limits)
 
 
 def _slug(key: str) -> str:
@@ -527,8 +537,16 @@ def _clamped(limit: int, wanted: int) -> tuple[int, int]:
     return wanted, wanted
 
 
-def _preexec(limits: SandboxLimits) -> Callable[[], None] | None:
-    """The step run in the child between fork and exec: computed here, so the child only makes system calls."""
+def _preexec(limits: SandboxLimits, *, drop_privileges: bool) -> Callable[[], None] | None:
+    """The step run in the child between fork and exec: computed here, so the child only makes system calls.
+
+    ``drop_privileges`` (process confinement; bubblewrap does the same itself):
+    ``PR_SET_NO_NEW_PRIVS`` (no setuid binary gives the plugin more rights) and,
+    when the host runs as root, an empty capability bounding set and no ambient
+    capabilities, so the exec'd child has no capabilities at all (no
+    ``CAP_SYS_PTRACE`` to read the host's ``/proc/<pid>/environ`` or memory, no
+    ``CAP_DAC_OVERRIDE`` to read other users' files).
+    """
     if resource is None:  # pragma: no cover - Windows
         return None
     settings = [
@@ -545,6 +563,7 @@ def _preexec(limits: SandboxLimits) -> Callable[[], None] | None:
     settings.append((resource.RLIMIT_CPU, (cpu_soft, cpu_hard)))
     prctl = _prctl()
     parent = os.getpid()
+    drop_caps = _bounding_capabilities() if drop_privileges and os.geteuid() == 0 else ()
 
     def preexec() -> None:
         os.setsid()
@@ -553,6 +572,16 @@ def _preexec(limits: SandboxLimits) -> Callable[[], None] | None:
             prctl(_PR_SET_PDEATHSIG, 9, 0, 0, 0)  # SIGKILL when the host (its thread that forked) goes away
             if os.getppid() != parent:  # the host died before prctl: nobody would kill us
                 os._exit(1)
+            if drop_privileges:
+                for cap in drop_caps:
+                    if prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:  # never run a plugin as root with capabilities
+                        os.write(2, b"plugin-llm sandbox: cannot drop the child's capabilities (the host has no "
+                                    b"CAP_SETPCAP); not starting the plugin\n")
+                        os._exit(126)
+                prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+                if prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+                    os.write(2, b"plugin-llm sandbox: PR_SET_NO_NEW_PRIVS failed; not starting the plugin\n")
+                    os._exit(126)
         for which, values in settings:
             resource.setrlimit(which, values)
 
@@ -560,19 +589,56 @@ def _preexec(limits: SandboxLimits) -> Callable[[], None] | None:
 
 
 _PR_SET_PDEATHSIG = 1
+_PR_SET_DUMPABLE = 4
+_PR_CAPBSET_DROP = 24
+_PR_SET_NO_NEW_PRIVS = 38
+_PR_CAP_AMBIENT = 47
+_PR_CAP_AMBIENT_CLEAR_ALL = 4
+_PRCTL: list[Callable[..., int] | None] = []
 
 
 def _prctl() -> Callable[..., int] | None:
-    """libc's ``prctl``, looked up in the host (ctypes must not load libraries after fork)."""
+    """libc's ``prctl``, looked up in the host once (ctypes must not load libraries after fork)."""
     if not sys.platform.startswith("linux"):
         return None
-    try:
-        import ctypes
+    if not _PRCTL:
+        try:
+            import ctypes
 
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl  # type: ignore[no-any-return]
-    except (OSError, AttributeError):  # pragma: no cover - a libc without prctl
-        return None
+            function = ctypes.CDLL(None, use_errno=True).prctl
+            function.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+            function.restype = ctypes.c_int
+            _PRCTL.append(function)
+        except (OSError, AttributeError):  # pragma: no cover - a libc without prctl
+            _PRCTL.append(None)
+    return _PRCTL[0]
+
+
+def _bounding_capabilities() -> tuple[int, ...]:
+    """The capabilities in this process's bounding set (what a root child would get back at exec)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("CapBnd:"):
+                mask = int(line.split()[1], 16)
+                return tuple(cap for cap in range(mask.bit_length()) if mask >> cap & 1)
+    except (OSError, ValueError):  # pragma: no cover - no /proc: drop every capability Linux 6 knows
+        pass
+    return tuple(range(41))
+
+
+def harden_host_process() -> bool:
+    """Make the host non-dumpable (Linux ``PR_SET_DUMPABLE 0``), as ssh-agent and gpg-agent do; True when in effect.
+
+    A process of the same OS user (a plugin's child under process confinement)
+    can then read neither ``/proc/<host pid>/environ`` (the environment the host
+    started with: provider keys) nor ``/proc/<host pid>/mem``, nor ptrace the
+    host. The cost: no core dumps of the host, and debuggers or ``py-spy``
+    attach to it only as root. Idempotent; does nothing elsewhere than Linux.
+    """
+    prctl = _prctl()
+    if prctl is None:
+        return False
+    return prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0) == 0
 
 
 # ------------------------------------------------------------------ cleanup
