@@ -223,6 +223,31 @@ def test_a_home_inside_a_directory_that_is_bound_back_stays_hidden(tmp_path, mon
     assert out["read:auth"][0] == "FileNotFoundError"
 
 
+def test_a_linked_plugin_is_readable_at_its_path_in_the_hidden_home(hermes_home, tmp_path):
+    """``plugins install --link DIR`` leaves a symlink in <home>/plugins/: the worker imports it by that path."""
+    target = tmp_path / "dev-checkout" / "probe"
+    target.mkdir(parents=True)
+    (target / "__init__.py").write_text("MARKER = 'linked'\n", encoding="utf-8")
+    (hermes_home / "plugins").mkdir()
+    link = hermes_home / "plugins" / "probe"
+    link.symlink_to(target, target_is_directory=True)
+    (hermes_home / "config.yaml").write_text("plugins: {enabled: [probe]}\n", encoding="utf-8")
+    out, _ = run_probe(link, hermes_home, "bubblewrap",
+                       read={"via_link": str(link / "__init__.py"), "config": str(hermes_home / "config.yaml")})
+    assert out["read:via_link"] == ["ok", "MARKER = 'linked'\n"]
+    assert out["read:config"][0] == "FileNotFoundError"
+
+
+def test_relative_pythonpath_entries_are_made_absolute(plugin_dir, hermes_home, tmp_path, monkeypatch):
+    (tmp_path / "rel-lib").mkdir()
+    (tmp_path / "rel-lib" / "sandbox_relative_module.py").write_text("VALUE = 1\n", encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", "rel-lib")
+    out, _ = run_probe(plugin_dir, hermes_home, "bubblewrap", imports=["sandbox_relative_module"])
+    assert out["env"]["PYTHONPATH"].split(os.pathsep)[0] == str(tmp_path / "rel-lib")
+    assert out["import:sandbox_relative_module"][0] == "ok"
+
+
 def test_scratch_is_private_and_cleanup_removes_it(plugin_dir, hermes_home):
     spec = spawn(plugin_dir, hermes_home, "bubblewrap")
     assert stat.S_IMODE(spec.scratch.stat().st_mode) == 0o700

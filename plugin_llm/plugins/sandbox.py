@@ -97,12 +97,13 @@ class SandboxLimits:
 
 
 #: Why these numbers:
-#: * 1024 MiB of address space: a Python child that imported plugin_llm and a
-#:   plugin peaks near 400 MiB of *virtual* memory with four threads (each
-#:   thread reserves an 8 MiB stack; the child's glibc is told MALLOC_ARENA_MAX=2
-#:   so per-thread malloc arenas do not reserve 64 MiB each) while its resident
-#:   size is ~25 MiB: 1 GiB leaves a wide margin for a plugin's own libraries
-#:   and data, and still stops a runaway allocation long before the machine suffers.
+#: * 1024 MiB of address space: RLIMIT_AS counts *virtual* memory. A Python
+#:   3.11 child that imported the plugin manager and runs four threads uses
+#:   ~23 MiB resident but ~165 MiB of address space (each thread reserves an
+#:   8 MiB stack; with glibc's default of one 64 MiB malloc arena per thread it
+#:   would be ~390 MiB, hence MALLOC_ARENA_MAX=2 in the child's environment).
+#:   1 GiB leaves a wide margin for a plugin's own libraries, threads and data,
+#:   and still stops a runaway allocation long before the machine suffers.
 #: * 600 CPU seconds: hook and tool calls take milliseconds of CPU, so ten
 #:   minutes is thousands of calls; a busy loop that escaped the per-call
 #:   time limits is stopped within ten minutes, and the host restarts the child.
@@ -215,6 +216,10 @@ def _trial(path: str) -> BubblewrapStatus:
 
 def _why(message: str) -> str:
     text = message.lower()
+    if "proc" in text and ("not permitted" in text or "permission denied" in text):
+        return ("; mounting a private /proc is refused, as inside a Docker or Podman container whose /proc "
+                "is partly masked (run the container with --security-opt systempaths=unconfined, or without "
+                "bubblewrap)")
     if "namespace" in text or "operation not permitted" in text or "permission denied" in text:
         return ("; unprivileged user namespaces look disabled here (check sysctl kernel.unprivileged_userns_clone, "
                 "user.max_user_namespaces and, on Ubuntu 24.04+, kernel.apparmor_restrict_unprivileged_userns), "
@@ -243,7 +248,8 @@ class ChildSpec:
     argv: list[str]
     env: dict[str, str] = field(repr=False)  # holds the plugin's requires_env values: never in a repr
     cwd: str
-    preexec_fn: Callable[[], None] | None  # rlimits, new session, PR_SET_PDEATHSIG (Linux), umask 077
+    preexec_fn: Callable[[], None] | None  # rlimits, new session, umask 077, PR_SET_PDEATHSIG (Linux);
+    # under process confinement also no capabilities and PR_SET_NO_NEW_PRIVS (bubblewrap does both itself)
     confinement: str  # CONFINEMENT_BUBBLEWRAP or CONFINEMENT_PROCESS
     scratch: Path  # the child's own HOME, TMPDIR and cwd (0700)
     reason: str = ""  # why bubblewrap is (not) in effect
@@ -300,7 +306,7 @@ def child_spec(
     hermes_home = Path(hermes_home)
     plugin_dir = Path(plugin_dir)
     withheld_names = _credential_names(hermes_home)
-    scratch = Path(tempfile.mkdtemp(prefix=f"plugin-llm-{_slug(plugin_key)}-"))
+    scratch = Path(_real(tempfile.mkdtemp(prefix=f"plugin-llm-{_slug(plugin_key)}-")))
     try:
         os.chmod(scratch, 0o700)
         env, withheld = _child_env(requires_env, hermes_home, withheld_names, scratch)
@@ -444,7 +450,7 @@ def _pythonpath(host_value: str | None) -> str:
     host's (``sys.executable``), which finds its own site-packages and their
     ``.pth`` import hooks.
     """
-    entries = [p for p in (host_value or "").split(os.pathsep) if p]
+    entries = [os.path.abspath(p) for p in (host_value or "").split(os.pathsep) if p]  # the child's cwd differs
     on_path = {os.path.realpath(p or os.getcwd()) for p in sys.path}
     site_dirs = _site_dirs()
     for root in _package_roots():
@@ -507,24 +513,27 @@ def _bwrap_options(plugin_dir: Path, hermes_home: Path, scratch: Path, env: Mapp
     is bound read-write last.
     """
     hidden = _hidden_paths(hermes_home)
-    needed = _needed_paths(plugin_dir, env)
-    ops: list[tuple[int, int, str]] = [(p.count("/"), 0, p) for p in hidden]
+
+    def inside_hidden(path: str) -> bool:
+        return any(_under(path, h) and path != h for h in hidden)
+
+    ops: list[tuple[int, int, str, str]] = [(p.count("/"), 0, p, p) for p in hidden]
     bound: list[str] = []
-    for path in sorted(needed, key=len):
-        inside = any(_under(path, h) and path != h for h in hidden)
-        if inside and not any(_under(path, b) for b in bound):
+    for path in sorted(_needed_paths(plugin_dir, env), key=len):
+        if inside_hidden(path) and not any(_under(path, b) for b in bound):
             bound.append(path)
-            ops.append((path.count("/"), 1, path))
+            ops.append((path.count("/"), 1, path, path))
+    # A plugin installed with --link is a symlink in <home>/plugins/: its target is bound above; the link
+    # itself vanished with the hidden home, so the target is bound at the link's path too (what the worker imports).
+    logical, real = os.path.abspath(plugin_dir), _real(plugin_dir)
+    if logical != real and os.path.isdir(real) and inside_hidden(logical):
+        ops.append((logical.count("/"), 1, real, logical))
     options = list(_BASE_OPTIONS)
     if not share_network:
         options.append("--unshare-net")
-    for _depth, kind, path in sorted(ops):
-        if kind == 0:
-            options += ["--tmpfs", path]
-        else:
-            options += ["--ro-bind", path, path]
-    real_scratch = _real(scratch)
-    options += ["--bind", real_scratch, real_scratch, "--chdir", real_scratch]
+    for _depth, kind, source, dest in sorted(ops):
+        options += ["--tmpfs", dest] if kind == 0 else ["--ro-bind", source, dest]
+    options += ["--bind", str(scratch), str(scratch), "--chdir", str(scratch)]
     return options
 
 
