@@ -490,3 +490,18 @@ def test_doctor_says_whether_bubblewrap_is_in_effect_and_why_not(capsys, tmp_pat
     assert line["status"] == "OK"  # no plugin is isolated: information, not a warning
     assert line["message"].startswith("not in effect: bwrap is not on PATH")
     assert "process confinement only" in line["message"]
+
+
+def test_doctor_warns_when_an_isolated_plugin_runs_without_bubblewrap(capsys, hermes_home, tmp_path, monkeypatch):
+    from tests.conftest import write_config
+    from tests.plugin_fixtures import write_plugin
+
+    write_plugin(hermes_home / "plugins", "guarded", "def register(ctx):\n    ctx.register_command('g', lambda raw: 'ok')\n")
+    write_config(hermes_home, "plugins:\n  enabled: [guarded]\n  entries:\n    guarded: {isolation: process}\n")
+    empty = tmp_path / "empty-bin"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))
+    line = _doctor_line(capsys)
+    assert line["status"] == "WARN" and line["message"].startswith("not in effect: bwrap is not on PATH")
+    assert line["message"].endswith("isolated plugins: guarded")
+    assert "apt-get install bubblewrap" in line["fix"]
