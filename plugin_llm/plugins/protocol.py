@@ -326,9 +326,14 @@ class Peer:
             if self.fault is not None:
                 return
             self.fault = exc
-            waiting = list(self._pending.values())
-            self._pending.clear()
-        for pending in waiting:
-            pending.lock.release()
-        if self._on_fault is not None:
-            self._on_fault(exc)
+        # The owner learns of it first (it stops and reaps the process, records why), then the
+        # waiting calls wake up: a caller that sees ChannelClosed finds the fault handled.
+        try:
+            if self._on_fault is not None:
+                self._on_fault(exc)
+        finally:
+            with self._lock:
+                waiting = list(self._pending.values())
+                self._pending.clear()
+            for pending in waiting:
+                pending.lock.release()

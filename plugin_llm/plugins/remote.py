@@ -192,6 +192,7 @@ class _Child:
         self.tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
         self.dead = False
         self.reason = ""
+        self.settled = threading.Event()  # set once whoever stopped it has recorded why
         write_fd = os.dup(proc.stdin.fileno())  # type: ignore[union-attr]
         proc.stdin.close()  # type: ignore[union-attr]
         self.peer = Peer(Channel(proc.stdout, write_fd), self._answer, owner._describe_host_error,  # type: ignore[arg-type]
@@ -209,7 +210,8 @@ class _Child:
         return self.owner._answer(self, method, params)
 
     def _on_channel_fault(self, exc: BaseException) -> None:
-        if self.dead:
+        if self.dead:  # stopped by the host: wake the waiting calls once the fault is recorded
+            self.settled.wait(10)
             return
         if isinstance(exc, ChannelClosed):
             code = self._exit_code(2.0)
@@ -265,7 +267,13 @@ class _Child:
         return "; its last output: " + " | ".join(lines[-3:])
 
     def kill(self) -> None:
-        """Stop the process group now and reap it (no zombie)."""
+        """Stop the process group now, reap it (no zombie), then wake the calls waiting on it."""
+        self.terminate()
+        self.settled.set()
+        self.peer.fail(ChannelClosed(self.reason or "the host stopped the plugin's process"))
+
+    def terminate(self) -> None:
+        """SIGKILL the process group and reap it; the channel stays as it is."""
         self.dead = True
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
@@ -274,12 +282,12 @@ class _Child:
                 self.proc.kill()
             except OSError:
                 pass
-        self.peer.fail(ChannelClosed(self.reason or "the host stopped the plugin's process"))
         self._reap()
 
     def close(self, grace: float = 1.0) -> None:
         """Ask the child to exit (close its input), then kill it if it does not."""
         self.dead = True
+        self.settled.set()
         self.peer.channel.close()
         if self._exit_code(grace) is None:
             self.kill()
@@ -379,7 +387,8 @@ class RemotePlugin:
         self._restart_slot = 0
         self._host_fns: dict[int, tuple[Callable[..., Any], _Budget | None]] = {}
         self._host_fn_ids = 0
-        self._lock = threading.RLock()
+        self._lock = threading.RLock()  # held while (re)starting the child
+        self._state = threading.Lock()  # faults and host callables: never held while waiting for the child
         self.restarts = 0
         self.total_restarts = 0
         self._next_start = 0.0
@@ -630,7 +639,7 @@ class RemotePlugin:
 
     def _on_callback(self, params: dict[str, Any]) -> Any:
         handle = params.get("h")
-        with self._lock:
+        with self._state:
             found = self._host_fns.get(handle) if type(handle) is int else None
         if found is None:
             raise RuntimeError("this host callable is no longer valid (its call has returned)")
@@ -736,7 +745,7 @@ class RemotePlugin:
         ids: list[int] = []
 
         def host_fn(fn: Callable[..., Any]) -> int:
-            with self._lock:
+            with self._state:
                 self._host_fn_ids += 1
                 self._host_fns[self._host_fn_ids] = (fn, budget)
                 ids.append(self._host_fn_ids)
@@ -759,7 +768,7 @@ class RemotePlugin:
             raise
         finally:
             if ids:
-                with self._lock:
+                with self._state:
                     for i in ids:
                         self._host_fns.pop(i, None)
         return decode_value(reply)
@@ -792,20 +801,24 @@ class RemotePlugin:
 
     def _fault(self, child: _Child, kind: str, message: str) -> None:
         """Stop ``child`` (once), log and audit why, and schedule a restart (or fail the plugin)."""
-        with self._lock:
+        with self._state:
             if child.dead or child.reason:
                 return
             child.reason = message
-        child.kill()
-        if child is not self._child:  # still loading: the load reports it
-            self.last_fault = message
-            return
-        if time.monotonic() - child.started > RESET_AFTER:
-            self.restarts = 0
-        self._after_fault(kind, message)
+        child.terminate()
+        try:
+            if child is not self._child:  # still loading: the load reports it
+                self.last_fault = message
+                return
+            if time.monotonic() - child.started > RESET_AFTER:
+                self.restarts = 0
+            self._after_fault(kind, message)
+        finally:  # the calls waiting on it wake up once the fault is recorded
+            child.settled.set()
+            child.peer.fail(ChannelClosed(message))
 
     def _after_fault(self, kind: str, message: str) -> None:
-        with self._lock:
+        with self._state:
             self.last_fault = message
             self._child = None
             self.restarts += 1
