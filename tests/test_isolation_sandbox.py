@@ -204,8 +204,14 @@ def test_host_pythonpath_is_kept_and_readable(plugin_dir, hermes_home, tmp_path,
     lib.mkdir()
     (lib / "sandbox_extra_module.py").write_text("VALUE = 1\n", encoding="utf-8")
     monkeypatch.setenv("PYTHONPATH", str(lib))
-    out, _ = run_probe(plugin_dir, hermes_home, confinement, imports=["sandbox_extra_module", "plugin_llm"])
+    shared = tmp_path / "shared-libs"  # an interpreter's own shared libraries outside the system paths
+    shared.mkdir()
+    (shared / "libexample.so").write_text("not really a library", encoding="utf-8")
+    monkeypatch.setenv("LD_LIBRARY_PATH", str(shared))
+    out, _ = run_probe(plugin_dir, hermes_home, confinement, imports=["sandbox_extra_module", "plugin_llm"],
+                       read={"shared_lib": str(shared / "libexample.so")})
     assert out["env"]["PYTHONPATH"].split(os.pathsep)[0] == str(lib)
+    assert out["env"]["LD_LIBRARY_PATH"] == str(shared) and out["read:shared_lib"][0] == "ok"
     assert out["import:sandbox_extra_module"] == ["ok", "sandbox_extra_module"]
     assert out["import:plugin_llm"] == ["ok", "plugin_llm"]
 

@@ -272,6 +272,7 @@ PASSED_ENV = (
     "PYTHONPATH", "PYTHONHOME", "PYTHONPLATLIBDIR", "PYTHONNOUSERSITE", "PYTHONSAFEPATH", "PYTHONUTF8",
     "PYTHONIOENCODING", "PYTHONDONTWRITEBYTECODE", "PYTHONHASHSEED", "PYTHONWARNINGS", "PYTHONDEVMODE",
     "PYTHONFAULTHANDLER", "PYTHONUNBUFFERED", "PYTHONOPTIMIZE", "PYTHONINTMAXSTRDIGITS",
+    "LD_LIBRARY_PATH",  # an interpreter built with shared libraries outside the system paths needs it to start
     # TLS trust for plugins that call APIs (file paths)
     "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE",
 )
@@ -487,7 +488,8 @@ def _needed_paths(plugin_dir: Path, env: Mapping[str, str]) -> list[str]:
     """What a bubblewrap child must read: the interpreter, the gateway's packages, the plugin, its import path."""
     paths = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
              os.path.dirname(_real(sys.executable)), *_package_roots(), str(plugin_dir)]
-    paths += [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    for variable in ("PYTHONPATH", "LD_LIBRARY_PATH"):
+        paths += [p for p in env.get(variable, "").split(os.pathsep) if os.path.isabs(p)]
     user_site = _user_site()
     if user_site:
         paths.append(user_site)
