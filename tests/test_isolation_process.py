@@ -353,3 +353,32 @@ def test_stale_isolated_processes_are_stopped_by_a_forced_rediscovery(hermes_hom
     manager.discover_plugins(force=True)
     second = manager.get_plugin("hello-world")["pid"]
     assert second != first and not _alive(first) and live_children() == [second]
+
+
+# --- visibility -------------------------------------------------------------------------
+
+
+def test_plugins_list_info_and_doctor_show_isolation_and_confinement(hermes_home, capsys):
+    from plugin_llm.cli.main import main
+    from plugin_llm.plugins.sandbox import bubblewrap_status
+
+    write_plugin(hermes_home / "plugins", "hello-world", HELLO_WORLD_INIT, HELLO_WORLD_MANIFEST)
+    write_plugin(hermes_home / "plugins", "plain", "def register(ctx):\n    pass\n")
+    _config(hermes_home, ["hello-world", "plain"], ["hello-world"])
+    confinement = "bubblewrap" if bubblewrap_status().usable else "process"
+    assert main(["plugins", "list", "--json"]) == 0
+    listed = {p["key"]: p for p in json.loads(capsys.readouterr().out)}
+    assert (listed["hello-world"]["isolation"], listed["hello-world"]["confinement"]) == ("process", confinement)
+    assert (listed["plain"]["isolation"], listed["plain"]["confinement"]) == ("in_process", None)
+    assert main(["plugins", "list"]) == 0
+    out = capsys.readouterr().out
+    assert "    isolation: out of process, confined by bubblewrap" in out if confinement == "bubblewrap" else \
+        "    isolation: out of process, without bubblewrap" in out
+    assert main(["plugins", "info", "plain"]) == 0
+    assert re.search(r"^isolation\s+in process \(shares the host's memory", capsys.readouterr().out, re.M)
+    main(["doctor"])
+    out = capsys.readouterr().out
+    assert "plugins: 2 found: 2 enabled; 1 of them out of process" in out
+    assert "OK    plugin hello-world: runs out of process, " + (
+        "confined by bubblewrap" if confinement == "bubblewrap" else "without bubblewrap") in out
+    assert live_children() == []  # the CLI stopped what it started to list

@@ -393,7 +393,11 @@ def _list_plugins(home: Path) -> list[dict[str, Any]]:
 
     # doctor is read-only: a plugin failing to load here is reported as a FAIL line,
     # not appended to the audit log as the host does.
-    return PluginManager(home, audit_events=False).list_plugins()
+    manager = PluginManager(home, audit_events=False)
+    try:
+        return manager.list_plugins()
+    finally:
+        manager.shutdown()  # out-of-process plugins were started to be checked: stop them now
 
 
 def _plugins(plugins: list[dict[str, Any]], view: Any) -> list[Check]:
@@ -402,12 +406,19 @@ def _plugins(plugins: list[dict[str, Any]], view: Any) -> list[Check]:
         counts[p["status"]] = counts.get(p["status"], 0) + 1
     summary = ", ".join(f"{n} {status}" for status, n in counts.items()) or "none"
     note = " (config.yaml does not parse: none enabled)" if view.error is not None else ""
+    isolated = sum(1 for p in plugins if p["status"] == "enabled" and p.get("isolation") == "process")
+    if isolated:
+        note += f"; {isolated} of them out of process"
     out = [Check(OK, "plugins", f"{len(plugins)} found: {summary}{note}")]
     for p in plugins:
         if p["status"] == "failed":
             out.append(Check(FAIL, "plugin " + p["key"], f"failed to load: {p['error']}",
                              f"fix it (plugin-llm plugins info {p['key']}) or add it to plugins.disabled"))
         elif p["status"] == "enabled":
+            if p.get("isolation") == "process":
+                how = "confined by bubblewrap" if p.get("confinement") == "bubblewrap" else \
+                    "without bubblewrap (it can read files this OS user can)"
+                out.append(Check(OK, "plugin " + p["key"], f"runs out of process, {how}"))
             if p["missing_env"]:
                 out.append(Check(WARN, "plugin " + p["key"], f"missing environment variable{'s' if len(p['missing_env']) > 1 else ''} "
                                  f"{', '.join(p['missing_env'])} (it loads, but may not work)",

@@ -145,6 +145,7 @@ def run(args: argparse.Namespace) -> int:
         plugins = manager.list_plugins()
     finally:
         plugins_log.propagate = propagate
+        manager.shutdown()  # out-of-process plugins were started to be listed: stop them now
     if action in (None, "list"):
         code = _list(manager.home, plugins, args.json, config_error)
         if action is None and not args.json:
@@ -249,12 +250,33 @@ def _notes(p: dict[str, Any]) -> list[str]:
         notes.append(f"enable: {p['enable_hint']}")
     if p.get("note"):
         notes.append(f"note: {p['note']}")
+    if p.get("isolation") == "process":
+        notes.append(f"isolation: {_isolation_text(p)}")
     pending = [c for c in p.get("capabilities") or () if c not in (p.get("granted_capabilities") or ())]
     if pending:
         notes.append(f"capabilities not granted: {', '.join(pending)} (plugin-llm plugins consent {p['key']})")
     for warning in p.get("warnings") or ():
         notes.append(f"warning: {warning}")
     return notes
+
+
+def _isolation_text(p: dict[str, Any]) -> str:
+    """How a plugin runs: in process, or out of process with its confinement (bubblewrap | process)."""
+    if p.get("isolation") != "process":
+        return (f"in process (shares the host's memory; plugins.entries.{p['key']}.isolation: process "
+                "runs it in its own process)")
+    confinement = p.get("confinement")
+    if confinement == "bubblewrap":
+        text = "out of process, confined by bubblewrap (home and the host's /proc hidden)"
+    elif confinement == "process":
+        text = ("out of process, without bubblewrap (it can read files this OS user can: "
+                f"{p.get('confinement_reason') or 'bubblewrap is not usable'})")
+    else:
+        text = "out of process (not started)"
+    restarts = p.get("restarts") or 0
+    if restarts:
+        text += f"; restarted {restarts} time{'s' if restarts != 1 else ''}, last: {p.get('last_fault')}"
+    return text
 
 
 def _trust_block(key: str) -> str:
@@ -300,6 +322,7 @@ def _print_info(home: Path, p: dict[str, Any]) -> None:
         ("kind", p["kind"] + (f" (declared: {p['declared_kind']})" if p.get("declared_kind")
                               and p["declared_kind"] != p["kind"] else "")),
         ("note", p.get("note")),
+        ("isolation", _isolation_text(p)),
         ("capabilities", ", ".join(p.get("capabilities") or ())),
         ("granted", ", ".join(p.get("granted_capabilities") or ()) if p.get("capabilities") else None),
         ("middleware", ", ".join(p.get("middleware") or ())),
