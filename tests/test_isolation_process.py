@@ -382,3 +382,131 @@ def test_plugins_list_info_and_doctor_show_isolation_and_confinement(hermes_home
     assert "OK    plugin hello-world: runs out of process, " + (
         "confined by bubblewrap" if confinement == "bubblewrap" else "without bubblewrap") in out
     assert live_children() == []  # the CLI stopped what it started to list
+
+
+# --- the rest of ctx over the channel ---------------------------------------------------
+
+RICH = '''
+import asyncio
+
+
+def register(ctx):
+    def wrap(tool_name, args, next_call, **_):
+        result = next_call({**args, "name": args["name"].upper()} if "name" in args else args)
+        return result + " [wrapped by rich]"
+
+    def rewrite(args, **_):
+        return {"args": {**args, "name": args["name"] + "!"}} if "name" in args else None
+
+    ctx.register_middleware("tool_execution", wrap)
+    ctx.register_middleware("tool_request", rewrite)
+
+    def relay(args):
+        return ctx.dispatch_tool("hello_world", {"name": args["who"]})
+
+    def ask(args):
+        async def both():
+            plain = await ctx.llm.acomplete([{"role": "user", "content": "name: Ada"}], purpose="rich.async")
+            shaped = await ctx.llm.acomplete_structured(
+                instructions="extract", input=[{"type": "text", "text": "name: Ada"}],
+                json_schema={"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]},
+                purpose="rich.structured")
+            return [type(plain).__name__, type(shaped).__name__, shaped.parsed, shaped.audit["plugin_id"]]
+        return asyncio.run(both())
+
+    def notify(args):
+        return str(ctx.inject_message("from rich")) + " " + ctx.profile_name + " " + str(ctx.has_capability("x"))
+
+    for fn in (relay, ask, notify):
+        ctx.register_tool(fn.__name__, {"name": fn.__name__}, fn)
+    ctx.register_command("shout", lambda raw: raw.upper(), description="shout it")
+    ctx.register_skill("guide", "guide.md", description="how to")
+'''
+
+
+def test_middleware_dispatch_llm_and_commands_work_across_the_channel(tmp_path, managers, monkeypatch):
+    results = {}
+    for mode in ("in_process", "process"):
+        home = tmp_path / mode
+        home.mkdir()
+        monkeypatch.setenv("HERMES_HOME", str(home))
+        write_plugin(home / "plugins", "rich", RICH, files={"guide.md": "# Guide\nUse it well.\n"})
+        write_plugin(home / "plugins", "hello-world", HELLO_WORLD_INIT, HELLO_WORLD_MANIFEST)
+        _config(home, ["rich", "hello-world"], ["rich"] if mode == "process" else [])
+        manager = _manager(home, managers)
+        assert manager.get_plugin("rich")["status"] == "enabled", manager.get_plugin("rich")["error"]
+        results[mode] = {
+            "middleware": manager.dispatch_tool("hello_world", {"name": "ada"}),
+            "relay": manager.dispatch_tool("relay", {"who": "bo"}),
+            "ask": run_bounded(lambda: manager.dispatch_tool("ask", {}), 60),
+            "notify": manager.dispatch_tool("notify", {}),
+            "command": manager.run_command("shout", "hey"),
+            "skill": manager.find_skill("rich:guide").read(),
+            "audit": [(r["plugin_id"], r["mode"], r["api"], r["status"]) for r in audit_lines(home)],
+        }
+    assert results["process"] == results["in_process"]
+    assert results["process"]["middleware"] == "Hello, ADA!! 👋  (from the hello-world plugin) [wrapped by rich]"
+    assert json.loads(results["process"]["ask"].removesuffix(" [wrapped by rich]"))[2:] == [{"name": "Ada"}, "rich"]
+    assert results["process"]["audit"] == [("rich", "async", "complete", "ok"), ("rich", "async", "structured", "ok")]
+
+
+def test_an_isolated_plugin_may_only_register_skills_inside_its_directory(hermes_home, managers):
+    auth = hermes_home / "auth.json"
+    auth.write_text("{}", encoding="utf-8")
+    write_plugin(hermes_home / "plugins", "sly", f"def register(ctx):\n    ctx.register_skill('keys', {str(auth)!r})\n")
+    _config(hermes_home, ["sly"], ["sly"])
+    plugin = _manager(hermes_home, managers).get_plugin("sly")
+    assert plugin["status"] == "failed"
+    assert "register() raised: PermissionError" in plugin["error"] and "inside its own directory" in plugin["error"]
+
+
+def test_a_register_that_hangs_times_out_and_its_process_is_stopped(hermes_home, managers):
+    write_plugin(hermes_home / "plugins", "slow", "import time\n\ndef register(ctx):\n    time.sleep(60)\n")
+    _config(hermes_home, ["slow"], ["slow"], hook_timeout=1)
+    manager = run_bounded(lambda: _manager(hermes_home, managers), 30)
+    plugin = manager.get_plugin("slow")
+    assert plugin["status"] == "failed" and "did not finish within 1s (plugins.hook_timeout)" in plugin["error"]
+    assert live_children() == []
+
+
+def test_an_oversized_message_is_a_protocol_fault(hermes_home, managers):
+    from plugin_llm.plugins.protocol import MAX_MESSAGE
+
+    code = f'''
+import os, time
+
+
+def register(ctx):
+    def big(args):
+        os.write(ctx._worker.peer.channel._write_fd, b"[" * ({MAX_MESSAGE} + 10))
+        time.sleep(30)
+
+    ctx.register_tool("big", {{"name": "big"}}, big)
+'''
+    write_plugin(hermes_home / "plugins", "big", code)
+    _config(hermes_home, ["big"], ["big"])
+    manager = _manager(hermes_home, managers)
+    result = json.loads(run_bounded(lambda: manager.dispatch_tool("big", {}), 60))
+    assert "over the 16,777,216-byte limit" in result["error"]
+    assert [e["fault"] for e in _events(hermes_home, "plugin_process_fault")] == ["protocol"]
+
+
+def test_the_host_exiting_without_shutdown_leaves_no_plugin_process(hermes_home, tmp_path):
+    import subprocess
+    import sys
+
+    write_plugin(hermes_home / "plugins", "hello-world", HELLO_WORLD_INIT, HELLO_WORLD_MANIFEST)
+    _config(hermes_home, ["hello-world"], ["hello-world"])
+    script = ("from plugin_llm.plugins import PluginManager; m = PluginManager(); m.discover_plugins(); "
+              "print(m.get_plugin('hello-world')['pid'], flush=True); print(m.dispatch_tool('hello_world', {'name': 'x'}))")
+    for ending in ("", "; import os; os._exit(0)"):  # a normal exit (atexit), and one that skips atexit
+        done = subprocess.run([sys.executable, "-c", script + ending], capture_output=True, text=True, timeout=60,
+                              env={**os.environ})
+        assert done.returncode == 0, done.stderr
+        pid = int(done.stdout.split()[0])
+
+        def gone() -> None:
+            while _alive(pid):
+                time.sleep(0.02)
+
+        run_bounded(gone, 20)
