@@ -510,3 +510,30 @@ def test_the_host_exiting_without_shutdown_leaves_no_plugin_process(hermes_home,
                 time.sleep(0.02)
 
         run_bounded(gone, 20)
+
+
+def test_bundled_hermes_plugins_run_unchanged_out_of_process(hermes_home, managers):
+    bundled = Path(__file__).parent / "plugin_fixtures" / "hermes_bundled"
+    for name in ("disk-cleanup", "spotify"):
+        shutil.copytree(bundled / name, hermes_home / "plugins" / name)
+    write_plugin(hermes_home / "plugins", "probe", textwrap_probe())
+    _config(hermes_home, ["disk-cleanup", "spotify", "probe"], ["disk-cleanup", "spotify", "probe"])
+    manager = _manager(hermes_home, managers)
+    plugins = {p["key"]: p for p in manager.list_plugins()}
+    assert {k: p["status"] for k, p in plugins.items()} == dict.fromkeys(plugins, "enabled"), \
+        {k: p["error"] for k, p in plugins.items()}
+    assert "post_tool_call" in plugins["disk-cleanup"]["hooks"] and "disk-cleanup" in manager.commands
+    assert "spotify_search" in manager.tools  # plugins.spotify.tools: the plugin found itself in its process
+    assert json.loads(manager.dispatch_tool("spotify_search", {"query": "x"}))["error"]
+    home, error = manager.run_command("probe").split("|")
+    assert error == '{"error": "x"}' and home.endswith(".hermes") and str(hermes_home) not in home
+
+
+def textwrap_probe() -> str:
+    return (
+        "from agent.memory_provider import MemoryProvider\n"
+        "from tools.registry import tool_error\n"
+        "from hermes_constants import get_hermes_home\n\n"
+        "def register(ctx):\n"
+        "    ctx.register_command('probe', lambda raw: f'{get_hermes_home()}|{tool_error(\"x\")}')\n"
+    )
