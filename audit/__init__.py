@@ -9,7 +9,7 @@ lines to ``$HERMES_HOME/logs/agent.log`` and, with a signing key
 :mod:`audit.records`.
 
 Names are imported lazily, so ``import audit`` is cheap and readers (the
-``plugin-llm audit`` CLI) never load the writer's structlog chain.
+``plugin-llm audit`` CLI) never load the writer.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ import re
 from itertools import accumulate
 from typing import Any, NamedTuple
 
-from audit.records import HASH, PREV_HASH, SEQ, canonical_json
+from audit.records import HASH, PREV_HASH, SEQ, canonical_json, canonical_record
 
 __all__ = [
     "GENESIS_HASH",
@@ -64,9 +64,10 @@ def render_line(record: dict[str, Any]) -> tuple[bytes, str]:
     """``(line, hash)`` for a record that already holds ``seq`` and ``prev_hash``.
 
     ``record`` must not contain ``hash``; the line ends with ``\\n`` and, thanks
-    to JSON escaping, contains no other newline byte.
+    to JSON escaping, contains no other newline byte. Rendered with
+    :func:`~audit.records.canonical_record` (the bytes of ``canonical_json``).
     """
-    body = canonical_json(record)
+    body = canonical_record(record)
     digest = hashlib.sha256(body).hexdigest()
     return body[:-1] + _HASH_KEY + digest.encode("ascii") + b'"}\n', digest
 

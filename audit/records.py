@@ -45,7 +45,7 @@ __all__ = [
     "EVENT_LLM_CALL", "EVENT_LLM_CALL_BEGIN", "EVENT_CHAIN_RESUMED", "EVENT_PLUGIN_LOAD_FAILED", "EVENT_HOOK_ERROR",
     "EVENT_CONFIG_RELOADED", "EVENT_AUDIT_SETTINGS_CHANGED",
     # helpers
-    "canonical_json", "sha256_text", "sha256_json", "new_call_id", "call_record",
+    "canonical_json", "canonical_record", "record_layout", "sha256_text", "sha256_json", "new_call_id", "call_record",
     "is_call_record", "config_reload_fields", "changed_entries",
 ]
 
@@ -117,7 +117,7 @@ CALL_FIELDS: tuple[str, ...] = (
 APIS = ("complete", "structured")
 MODES = ("sync", "async")
 DECISIONS = ("allowed", "denied")
-STATUSES = ("ok", "denied", "timeout", "provider_error", "schema_error", "quota", "error")
+STATUSES = ("ok", "denied", "timeout", "provider_error", "schema_error", "quota", "error", "abandoned")
 VALIDATIONS = ("passed", "failed", "none")
 
 # -- event names ------------------------------------------------------------------
@@ -136,8 +136,79 @@ _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_asci
 
 
 def canonical_json(record: Mapping[str, Any]) -> bytes:
-    """The bytes the chain hashes: sorted keys, no whitespace, UTF-8, no ASCII escaping."""
+    """The bytes the chain hashes: sorted keys, no whitespace, UTF-8, no ASCII escaping.
+
+    The reference encoding: ``verify`` checks lines against it. The writer renders
+    its records with :func:`canonical_record`, which produces the same bytes faster.
+    """
     return _CANONICAL.encode(record).encode("utf-8")
+
+
+# -- the writer's renderer: canonical_json's bytes for a record, without the generic encoder ----------
+_encode_str = json.encoder.encode_basestring  # the C function the canonical encoder uses (ensure_ascii=False)
+_int_text = int.__repr__  # what the encoder writes for an int (a bool is tested first)
+_float_text = float.__repr__  # ... and for a finite float
+_MAX_LAYOUTS = 256  # distinct key sets remembered (a host writes a handful: call records, a few events)
+_MAX_LAYOUT_CHARS = 8192
+_layouts: dict[tuple[Any, ...], tuple[tuple[str, str], ...]] = {}
+
+
+def record_layout(record: Mapping[str, Any]) -> tuple[tuple[str, str], ...] | None:
+    """``(key, '"key":')`` for each key of ``record`` in canonical (sorted) order; None unless all are ``str``.
+
+    Computed once per set of keys (in insertion order) and remembered.
+    """
+    order = tuple(record)
+    layout = _layouts.get(order)
+    if layout is not None:
+        return layout
+    for key in order:
+        if type(key) is not str:
+            return None
+    layout = tuple((key, _encode_str(key) + ":") for key in sorted(order))
+    if sum(len(prefix) for _, prefix in layout) <= _MAX_LAYOUT_CHARS:  # field names, not data: others not kept
+        if len(_layouts) >= _MAX_LAYOUTS:
+            _layouts.clear()  # a writer fed ever-new key sets (hostile events) keeps memory bounded
+        _layouts[order] = layout
+    return layout
+
+
+def canonical_record(record: Mapping[str, Any]) -> bytes:
+    """Exactly ``canonical_json(record)``, rendered directly: the audit writer's hot path.
+
+    A record is a flat mapping of a few dozen fields, most of them short strings,
+    numbers and nulls. Its key order (sorted, each key JSON-encoded) is computed
+    once per set of keys and reused; each top-level value is encoded with the
+    same primitives the canonical encoder uses (``encode_basestring``,
+    ``int.__repr__``, ``float.__repr__``), and anything else (lists, dicts,
+    subclasses, non-finite floats) by the canonical encoder itself, which is
+    consistent because JSON encoding composes. Raises what ``canonical_json``
+    raises (``UnicodeEncodeError`` for a lone surrogate, ``TypeError``,
+    ``ValueError``); a record with a key that is not a ``str`` is handed to it.
+    """
+    layout = record_layout(record)
+    if layout is None:
+        return canonical_json(record)
+    parts = []
+    append = parts.append
+    for key, prefix in layout:
+        value = record[key]
+        cls = type(value)
+        if cls is str:
+            append(prefix + _encode_str(value))
+        elif value is None:
+            append(prefix + "null")
+        elif cls is int:
+            append(prefix + _int_text(value))
+        elif value is True:
+            append(prefix + "true")
+        elif value is False:
+            append(prefix + "false")
+        elif cls is float and value - value == 0.0:  # finite (inf - inf and nan - nan are nan)
+            append(prefix + _float_text(value))
+        else:
+            append(prefix + _CANONICAL.encode(value))
+    return ("{" + ",".join(parts) + "}").encode("utf-8")
 
 
 def sha256_text(text: str) -> str:

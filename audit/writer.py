@@ -47,14 +47,12 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-import structlog
-
 from audit.chain import GENESIS_HASH, MAX_LINE_BYTES, LineFields, fast_fields, loads_line, parse_fields
 from audit.checkpoints import MAX_BLOCK, checkpoints_path
 from audit.checkpoints import render as render_checkpoint
 from audit.errors import AuditWriteError
 from audit.logfiles import backup_path, iter_lines_reverse, list_log_files, lock_path
-from audit.processors import build_chain, format_ts
+from audit.processors import RecordRenderer, format_ts
 from audit.records import (
     AUDIT_WRITE_ERROR,
     EVENT,
@@ -72,28 +70,10 @@ from audit.settings import AuditSettings
 __all__ = ["AuditLog", "AuditWriteError", "get_audit_log", "close_all"]
 
 _FILE_MODE = 0o640
+_STR_ONLY = frozenset({str})
 _MIN_FREE_BYTES = 64 * 1024
 
 WriteFn = Callable[[int, bytes], int]
-
-
-class _Appender:
-    """The structlog "logger" at the end of the chain: hands lines to the locked file."""
-
-    def __init__(self, log: AuditLog) -> None:
-        self._log = weakref.proxy(log)
-
-    def write(self, line: bytes, record: dict[str, Any]) -> dict[str, Any]:
-        self._log._append_locked(line)
-        return record
-
-
-class _ChainLogger(structlog.BoundLoggerBase):
-    """Bound logger whose only method runs the processor chain on a whole record."""
-
-    def write(self, event_dict: dict[str, Any], /) -> dict[str, Any]:
-        args, kwargs = self._process_event("write", None, event_dict)
-        return self._logger.write(*args, **kwargs)
 
 
 class _Failure:
@@ -160,6 +140,7 @@ class AuditLog:
         signer: Any = "auto",
     ) -> None:
         self.path = Path(path).expanduser()
+        self._path_str = os.fspath(self.path)  # stat'ed before every write: no Path.__fspath__ each time
         self._lock_path = lock_path(self.path)
         self._settings = settings
         self._redact = redact
@@ -186,7 +167,7 @@ class AuditLog:
         self._dirty = False  # records written since then
         self._timer: threading.Timer | None = None
         self._cp_failed = False
-        self._logger = self._make_logger()
+        self._renderer = self._make_renderer()
         _INSTANCES.add(self)
 
     # -- public API -------------------------------------------------------------
@@ -209,7 +190,7 @@ class AuditLog:
         fields (it was lost and is counted).
         """
         event_dict = dict(record)
-        if not all(type(k) is str for k in event_dict):
+        if set(map(type, event_dict)) - _STR_ONLY:
             event_dict = {str(k): v for k, v in event_dict.items()}
         event_dict.setdefault(KIND, KIND_CALL)
         event_dict.setdefault(EVENT, EVENT_LLM_CALL)
@@ -279,7 +260,7 @@ class AuditLog:
         with self._tlock:
             key_changed = (settings.signing_key, settings.key_cmd) != (self._settings.signing_key, self._settings.key_cmd)
             self._settings = settings
-            self._logger = self._make_logger()
+            self._renderer = self._make_renderer()
             if key_changed and self._signer_auto:
                 self._signer_loaded = False
 
@@ -287,7 +268,7 @@ class AuditLog:
         """Replace the redactor (e.g. when credentials are reloaded)."""
         with self._tlock:
             self._redact = redact
-            self._logger = self._make_logger()
+            self._renderer = self._make_renderer()
 
     def close(self) -> None:
         """Checkpoint what this instance wrote since its last checkpoint (clean shutdown),
@@ -309,9 +290,15 @@ class AuditLog:
 
     # -- the pipeline -----------------------------------------------------------
 
-    def _make_logger(self) -> _ChainLogger:
-        processors = build_chain(clock=self._clock, redact=self._redact, log_content=self._settings.log_content)
-        return _ChainLogger(_Appender(self), processors=processors, context={})
+    def _make_renderer(self) -> RecordRenderer:
+        return RecordRenderer(clock=self._clock, redact=self._redact, log_content=self._settings.log_content)
+
+    def _render_and_append(self, event_dict: dict[str, Any]) -> dict[str, Any]:
+        """Locks held, ``seq``/``prev_hash`` set: render the line, append it, advance the head."""
+        line, record = self._renderer.render(event_dict)
+        self._append_locked(line)
+        self._seq, self._hash = record[SEQ], record[HASH]
+        return record
 
     def _emit(self, event_dict: dict[str, Any], *, raise_required: bool) -> dict[str, Any]:
         with self._tlock:
@@ -323,8 +310,7 @@ class AuditLog:
                         event_dict[AUDIT_WRITE_ERROR] = self._failure.as_field()
                     event_dict[SEQ] = self._seq + 1
                     event_dict[PREV_HASH] = self._hash
-                    record = self._logger.write(event_dict)
-                    self._seq, self._hash = record[SEQ], record[HASH]
+                    record = self._render_and_append(event_dict)
                     if self._signer is not None:
                         self._after_record()
                     elif self._signer_auto and self._seq % self._settings.checkpoint_every == 0:
@@ -360,7 +346,7 @@ class AuditLog:
     def _sync_tail(self) -> None:
         """Under the lock: make (seq, hash) match the end of the file on disk."""
         try:
-            st: os.stat_result | None = os.stat(self.path)
+            st: os.stat_result | None = os.stat(self._path_str)
         except FileNotFoundError:
             st = None
         if self._fd is None or st is None or (st.st_dev, st.st_ino) != self._ident:
@@ -403,8 +389,7 @@ class AuditLog:
                     SEQ: self._seq + 1,
                     PREV_HASH: self._hash,
                 }
-                record = self._logger.write(event_dict)
-                self._seq, self._hash = record[SEQ], record[HASH]
+                self._render_and_append(event_dict)
             finally:
                 self._no_rotate = False
 

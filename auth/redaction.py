@@ -34,6 +34,7 @@ __all__ = [
     "redact",
     "redact_secrets",
     "redact_clipped",
+    "redact_field",
     "key_shaped",
     "redact_obj",
     "register_secret",
@@ -483,6 +484,45 @@ def redact(text: Any) -> str:
                     text, low = new, None
                 break
     return text
+
+
+#: :func:`redact_field` remembers clean values up to this long (field values, not message text) ...
+FIELD_CACHE_MAX_CHARS = 256
+#: ... and this many of them (then starts over)
+FIELD_CACHE_SIZE = 4096
+# (snapshot the entries were checked against, values found to hide nothing)
+_clean_fields: tuple[_Snapshot | None, set[str]] = (None, set())
+
+
+def redact_field(text: Any) -> str:
+    """:func:`redact` for short values that recur: an audit record's plugin id, provider, model, reason.
+
+    Same result as ``redact(text)``. A ``str`` of at most
+    :data:`FIELD_CACHE_MAX_CHARS` characters in which nothing was hidden is
+    remembered until the set of registered secrets changes, so the next record
+    holding the same value skips the scans (one set lookup). Only such clean
+    values are kept: nothing remembered holds a registered secret or a key shape.
+    """
+    global _clean_fields
+    if type(text) is not str or len(text) > FIELD_CACHE_MAX_CHARS:
+        return redact(text)
+    if len(text) < MIN_SECRET_LENGTH:
+        return text  # what redact() does too
+    snap = _registry.snapshot
+    checked_against, clean = _clean_fields
+    if checked_against is not snap or snap is None:
+        if snap is None:  # a secret was just registered: the next redact() builds its snapshot
+            return redact(text)
+        clean = set()
+        _clean_fields = (snap, clean)
+    elif text in clean:
+        return text
+    result = redact(text)
+    if result is text and _registry.snapshot is snap:  # checked against the secrets still in force
+        if len(clean) >= FIELD_CACHE_SIZE:
+            clean.clear()
+        clean.add(text)
+    return result
 
 
 def redact_obj(obj: Any) -> Any:

@@ -18,11 +18,15 @@ __all__ = ["host_audit_log", "write_event", "watch_config"]
 
 
 def host_audit_log(home: Path, settings: Any = None):
-    """The process-wide :class:`audit.AuditLog` of ``home`` with the secret redactor attached."""
-    from audit import get_audit_log
-    from auth import redact
+    """The process-wide :class:`audit.AuditLog` of ``home`` with the secret redactor attached.
 
-    return get_audit_log(Path(home) / "logs" / "agent.log", settings, redact=redact)
+    The redactor is :func:`auth.redaction.redact_field`: ``redact`` that remembers the short
+    values it found clean (a record's plugin id, provider, model, reasons recur call after call).
+    """
+    from audit import get_audit_log
+    from auth.redaction import redact_field
+
+    return get_audit_log(Path(home) / "logs" / "agent.log", settings, redact=redact_field)
 
 
 def write_event(home: Path, event: str, **fields: Any) -> None:
