@@ -89,7 +89,7 @@ def test_broken_home_fails_with_the_right_lines(hermes_home, capsys):
     code = main(["doctor"])
     captured = capsys.readouterr()
     out = captured.out
-    assert code == 1
+    assert code == 2  # config.yaml does not parse: a configuration error (EXIT_CODES)
     assert f"FAIL  config: does not parse: {hermes_home / 'config.yaml'}:3:1:" in out
     assert f"FAIL  auth.json: {auth} has mode 0644" in out and f"fix: chmod 600 {auth}" in out
     assert f"FAIL  audit log: {hermes_home / 'logs'} is not a directory" in out

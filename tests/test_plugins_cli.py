@@ -88,9 +88,10 @@ def test_info_unknown_plugin_is_a_clear_error(populated, capsys):
 def test_invalid_config_is_reported(hermes_home, capsys):
     write_plugin(hermes_home / "plugins", "alpha")
     (hermes_home / "config.yaml").write_text("plugins: [unclosed\n")
-    assert main(["plugins", "list"]) == 0
-    out = capsys.readouterr().out
-    assert "config.yaml is unusable" in out and "not enabled" in out
+    assert main(["plugins", "list"]) == 2  # listed, and a configuration error
+    captured = capsys.readouterr()
+    assert "no plugin is enabled until it is fixed" in captured.out and "not enabled" in captured.out
+    assert "config.yaml does not parse (" in captured.err
 
 
 def test_list_never_imports_litellm(populated):

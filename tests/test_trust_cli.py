@@ -273,7 +273,7 @@ def test_check_unparsable_config_names_file_line_and_column(home, capsys):
               llm: [unclosed
     """)
     code, out, err = run(capsys, "trust", "check")
-    assert code == 1
+    assert code == 2  # a configuration error (EXIT_CODES), not a finding
     assert f"does not parse: {path}:5:1:" in out
     assert "every plugin override is refused" in out
 
@@ -377,14 +377,14 @@ def test_show_on_broken_yaml_is_fail_closed_and_non_zero(home, capsys):
                bad: indentation
     """)
     code, out, err = run(capsys, "trust", "show")
-    assert code == 1
-    assert f"config.yaml does not parse: {path}:6:" in err
+    assert code == 2
+    assert f"config.yaml does not parse ({path}:6:" in err and err.count("does not parse") == 1
     assert "every plugin override is refused until it is fixed (fail closed)" in out
     assert "tldr  (installed)\n  fail closed: no overrides" in out
     assert "may override" not in out
     code, out, _ = run(capsys, "trust", "show", "--json")
     doc = json.loads(out)
-    assert code == 1 and doc["fail_closed"] is True and f"{path}:6:" in doc["error"]
+    assert code == 2 and doc["fail_closed"] is True and f"{path}:6:" in doc["error"]
     assert all(not any(p["policy"][k] for k in p["policy"] if k.startswith("allow_")) for p in doc["plugins"])
     assert {s["source"] for p in doc["plugins"] for s in p["settings"]} == {"fail closed (config.yaml does not parse)"}
 
@@ -541,8 +541,8 @@ def test_explain_matches_the_gateway_decision(home, capsys):
 def test_explain_on_broken_config_is_denied_and_says_why(home, capsys):
     path = config(home, "plugins: [\n")
     code, out, err = run(capsys, "trust", "explain", "tldr", "--model", "x")
-    assert code == 1
-    assert f"config.yaml does not parse: {path}:2:1:" in err
+    assert code == 2
+    assert f"config.yaml does not parse ({path}:2:1:" in err
     assert "fail closed" in out and "to allow it" not in out
 
 
@@ -669,7 +669,7 @@ def test_grant_refuses_an_unparsable_config(home, capsys):
     path = config(home, "plugins:\n  entries: [\n")
     before = path.read_text()
     code, _, err = run(capsys, "trust", "grant", "tldr", "model")
-    assert code == 1 and "does not parse" in err and f"{path}:3:1" in err
+    assert code == 2 and "does not parse" in err and f"{path}:3:1" in err
     assert path.read_text() == before and not (home / "config.yaml.bak").exists()
 
 

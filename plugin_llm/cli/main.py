@@ -45,6 +45,17 @@ EXIT_CODES: dict[int, str] = {
 
 _DEBUG = [False]
 
+#: Commands that read config.yaml (``plugins``: every action but ``new``). When it does not
+#: parse, each says so once, in the words every denial uses (``HostConfig.closed_reason``:
+#: "config.yaml does not parse (<file>:<line>:<col>: ...): the trust gate is closed until it is
+#: fixed"), and exits 2 (EXIT_CODES: a configuration error). These still report what they can
+#: (where the problem is, what is refused meanwhile) first:
+_REPORT_ON_BROKEN_CONFIG = frozenset({"trust", "doctor", "plugins"})
+#: ... and these are refused before they start: a fresh process has no last good config, so
+#: they would run on the defaults (the local model, no plugin, the local stores) instead of
+#: the operator's route, plugins, limits and token store.
+_REFUSE_ON_BROKEN_CONFIG = frozenset({"run", "try", "chat", "limits", "tokens", "serve"})
+
 
 def debug_enabled() -> bool:
     """Whether this ``plugin-llm`` run was given ``--debug`` (show plugin frames, debug logs)."""
@@ -201,10 +212,15 @@ def _main(argv: list[str]) -> int:
     selected = _selected_command(argv)
     known = _available()
     if selected is not None and selected not in known:
+        closed = _closed_reason(None)  # first: finding plugin commands loads the config
         plugin_cli = _plugin_cli_command(selected)
         if plugin_cli is not None:
             _set_debug("--debug" in argv[: argv.index(selected)])
             return plugin_cli(argv)
+        if closed is not None:  # it may be a plugin's command: say why none is there
+            _error(f"unknown command {_printable(selected)!r}: {closed}; until then no plugin is enabled, "
+                   "so no plugin command is available")
+            return 2
     parser = _build_parser(selected if selected in known else None)
     if _wants_help(argv, selected):
         _help_epilog_plugins(parser)
@@ -213,20 +229,85 @@ def _main(argv: list[str]) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 0 if selected is None else 2
+    closed = _config_closed(args)
+    if closed is not None and args.command in _REFUSE_ON_BROKEN_CONFIG:
+        _error(closed)
+        return 2
+    code, said = _run(args)
+    if closed is None:
+        return code
+    if not said:  # once: unless the command's own error already said it
+        _error(closed)
+    return 2 if code in (0, 1) else code
+
+
+def _run(args: argparse.Namespace) -> tuple[int, bool]:
+    """The command's exit code, and whether its error (if any) said config.yaml does not parse."""
     from plugin_llm.errors import PluginLlmError
 
     try:
-        return int(args.func(args) or 0)
+        return int(args.func(args) or 0), False
     except CliError as exc:
         if args.debug:
             raise
-        print(f"plugin-llm: {colour('error', '31')}: {_safe(exc)}", file=sys.stderr)
-        return exc.exit_code
+        text = _safe(exc)
+        _error(text)
+        return exc.exit_code, _CLOSED_WORDS in text
     except PluginLlmError as exc:
         if args.debug:
             raise
-        print(f"plugin-llm: {colour('error', '31')}: {error_line(exc)}", file=sys.stderr)
-        return 1
+        text = error_line(exc)
+        _error(text)
+        return 1, _CLOSED_WORDS in text
+
+
+_CLOSED_WORDS = "config.yaml does not parse"
+
+
+def _error(text: str) -> None:
+    print(f"plugin-llm: {colour('error', '31')}: {text}", file=sys.stderr)
+
+
+def _printable(text: str) -> str:
+    from plugin_llm.terminal_text import escape_unsafe
+
+    return escape_unsafe(text, 100)
+
+
+def _config_closed(args: argparse.Namespace) -> str | None:
+    """``HostConfig.closed_reason`` of the home a config-reading command uses (None otherwise)."""
+    command = getattr(args, "command", None)
+    if command not in _REPORT_ON_BROKEN_CONFIG and command not in _REFUSE_ON_BROKEN_CONFIG:
+        return None
+    if command == "plugins" and getattr(args, "plugins_action", None) == "new":
+        return None  # scaffolding a plugin reads no config
+    return _closed_reason(getattr(args, "home", None))
+
+
+def _below_error(record: logging.LogRecord) -> bool:
+    return record.levelno < logging.ERROR
+
+
+def _closed_reason(home: object) -> str | None:
+    from pathlib import Path
+
+    from plugin_llm.config import get_config_source, hermes_home
+
+    try:
+        path = Path(home).expanduser() if home else hermes_home()  # type: ignore[arg-type]
+        if not path.is_dir():
+            return None  # the command says what is wrong with the home itself
+        # The first load logs an unusable file (ERROR) in other words; the CLI says it itself, once,
+        # in these. Its warnings (unknown keys, did-you-mean) still show.
+        logger = logging.getLogger("plugin_llm.config")
+        logger.addFilter(_below_error)
+        try:
+            config = get_config_source(path).current()
+        finally:
+            logger.removeFilter(_below_error)
+    except Exception:  # a home the command cannot use: it reports that itself
+        return None
+    return config.closed_reason
 
 
 def error_line(exc: BaseException) -> str:

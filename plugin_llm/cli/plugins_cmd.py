@@ -146,6 +146,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         plugins_log.propagate = propagate
         manager.shutdown()  # out-of-process plugins were started to be listed: stop them now
+    plugins = [_cli_view(p, config_error) for p in plugins]
     if action in (None, "list"):
         code = _list(manager.home, plugins, args.json, config_error)
         if action is None and not args.json:
@@ -204,12 +205,44 @@ def _config_error(home: Path) -> str | None:
         return str(exc)
 
 
+def _cli_view(p: dict[str, Any], config_error: str | None) -> dict[str, Any]:
+    """A ``list_plugins()`` entry as ``plugins list/info`` report it (text and ``--json`` alike).
+
+    ``enabled`` is what the operator configured — in ``plugins.enabled`` (or, for an
+    exclusive plugin, named by ``<category>.provider``) and not in ``plugins.disabled`` —
+    as ``install --json`` reports it, whether or not the plugin loaded; ``loaded`` says
+    whether its code is loaded and active, and ``not_loaded_reason`` why not (None when
+    loaded). The Python API's ``enabled`` (SPEC: true only when loaded) is ``loaded`` here.
+    """
+    view = {k: v for k, v in p.items() if k != "enabled_in_config"}
+    loaded = bool(p.get("enabled"))
+    view["enabled"] = bool(p.get("enabled_in_config"))
+    view["loaded"] = loaded
+    view["not_loaded_reason"] = None if loaded else _not_loaded_reason(p, config_error)
+    return view
+
+
+def _not_loaded_reason(p: dict[str, Any], config_error: str | None) -> str:
+    status = p["status"]
+    if status == "failed":
+        return f"it failed to load: {p['error'] or 'unknown error'}"
+    if status == "disabled":
+        return "it is in plugins.disabled (which always wins)"
+    if config_error:
+        return "config.yaml does not parse: no plugin is enabled until it is fixed"
+    if p.get("note"):
+        return p["note"]
+    if status == "not enabled":
+        return f"it is not in plugins.enabled (enable it with: plugin-llm plugins enable {p['key']})"
+    return status
+
+
 def _list(home: Path, plugins: list[dict[str, Any]], as_json: bool, config_error: str | None) -> int:
     if as_json:
         print(dumps_json(plugins))
         return 0
-    if config_error:
-        print(f"warning: config.yaml is unusable, no plugin is enabled: {config_error}")
+    if config_error:  # the error itself (where, why) is the CLI's one error line on stderr: see cli.main
+        print("config.yaml does not parse: no plugin is enabled until it is fixed")
     if not plugins:
         print(f"No plugins found in {home / 'plugins'}.")
         print("A plugin is a directory <name>/ with plugin.yaml and __init__.py defining register(ctx).")
@@ -317,7 +350,11 @@ def _print_info(home: Path, p: dict[str, Any]) -> None:
     if origin and install.get("ref"):
         origin += f" (pinned to {install['ref']})"
     fields = [
-        ("key", p["key"]), ("name", p["name"]), ("status", p["status"]), ("version", p["version"]),
+        ("key", p["key"]), ("name", p["name"]), ("status", p["status"]),
+        ("enabled", "yes (config.yaml enables it)" if p["enabled"] else "no"),
+        ("loaded", "yes" if p["loaded"] else "no: it failed to load (see error)" if p["status"] == "failed"
+         else f"no: {p['not_loaded_reason']}"),
+        ("version", p["version"]),
         ("description", p["description"]), ("author", p["author"]),
         ("kind", p["kind"] + (f" (declared: {p['declared_kind']})" if p.get("declared_kind")
                               and p["declared_kind"] != p["kind"] else "")),

@@ -27,6 +27,8 @@ from plugin_llm.cli.main import CliError
 __all__ = ["register", "run", "normalize_flag"]
 
 _ACTIONS = ("show", "check", "explain", "grant", "revoke")
+#: the exit code of a config.yaml that does not parse (cli.main.EXIT_CODES: a configuration error)
+_CONFIG_ERROR = 2
 
 
 # ------------------------------------------------------------------ parser
@@ -241,8 +243,7 @@ def _show(tr: Any, view: Any, installed: Mapping[str, str], plugin: str | None, 
             "findings": [f.as_dict() for f in general],
         })
     else:
-        if view.error is not None:
-            print(f"plugin-llm: error: config.yaml does not parse: {view.error}", file=sys.stderr)
+        if view.error is not None:  # the one error line (on stderr) is the CLI's: see cli.main
             print(f"config: {view.path}: does not parse; every plugin override is refused until it is fixed (fail closed)")
         elif not view.exists:
             print(f"config: {view.path} (missing: no plugin has any override)")
@@ -258,7 +259,7 @@ def _show(tr: Any, view: Any, installed: Mapping[str, str], plugin: str | None, 
             print("plugins section:")
             for f in general:
                 _print_lines(_render_finding(f, view, indent="  "))
-    return 1 if view.error is not None else 0
+    return _CONFIG_ERROR if view.error is not None else 0
 
 
 # ------------------------------------------------------------------ check
@@ -274,7 +275,7 @@ def _check(tr: Any, view: Any, installed: Mapping[str, str], as_json: bool) -> i
             "warnings": warnings,
             "findings": [f.as_dict() for f in findings],
         })
-        return 1 if errors else 0
+        return _check_code(view, errors)
     for f in findings:
         _print_lines(_render_finding(f, view))
     if not view.exists:
@@ -284,9 +285,14 @@ def _check(tr: Any, view: Any, installed: Mapping[str, str], as_json: bool) -> i
     else:
         entries = len(_configured_ids(tr, view))
         print(f"plugins section OK: {_plural(entries, 'entry', 'entries')}, {_plural(len(installed), 'plugin')} installed ({view.path})")
-    if errors:
+    if errors and view.error is None:  # a config that does not parse is the CLI's one error line
         print(f"plugin-llm: trust check failed: {_plural(errors, 'error')} in {view.path}", file=sys.stderr)
-    return 1 if errors else 0
+    return _check_code(view, errors)
+
+
+def _check_code(view: Any, errors: int) -> int:
+    """2 when config.yaml does not parse (a configuration error), 1 for findings, else 0."""
+    return _CONFIG_ERROR if view.error is not None else (1 if errors else 0)
 
 
 def _plural(n: int, word: str, plural: str | None = None) -> str:
@@ -317,11 +323,9 @@ def _explain(tr: Any, view: Any, installed: Mapping[str, str], args: argparse.Na
     result = tr.explain(view, plugin_id, overrides, installed)
     if not result.installed:
         _warn(f"no installed plugin has the key {plugin_id!r}; this is the policy it would get once installed")
-    if view.error is not None:
-        print(f"plugin-llm: error: config.yaml does not parse: {view.error}", file=sys.stderr)
     if as_json:
         _dump(result.as_dict())
-        return 0 if result.decision.allowed else 1
+        return _explain_code(view, result.decision.allowed)
     d = result.decision
     if view.error is not None and not d.allowed:  # the flag may be set: say what really refuses it
         asked = ", ".join(f"{name} {value!r}" for name, value in overrides.requested().items())
@@ -350,7 +354,12 @@ def _explain(tr: Any, view: Any, installed: Mapping[str, str], args: argparse.Na
             )
         elif result.route_error:
             print(f"route: {result.route_error}" if view.error else f"route: cannot be resolved: {result.route_error}")
-    return 0 if d.allowed else 1
+    return _explain_code(view, d.allowed)
+
+
+def _explain_code(view: Any, allowed: bool) -> int:
+    """0 allowed, 1 denied; 2 whenever config.yaml does not parse (the answer is not the operator's policy)."""
+    return _CONFIG_ERROR if view.error is not None else (0 if allowed else 1)
 
 
 # ------------------------------------------------------------------ grant / revoke
@@ -369,7 +378,7 @@ def _edit(tr: Any, view: Any, installed: Mapping[str, str], args: argparse.Names
     if values and name not in LIST_KEYS:
         raise CliError(f"{name} has no allowlist: run `plugin-llm trust {'grant' if grant else 'revoke'} {args.plugin} {name}` without values")
     if view.error is not None:
-        raise CliError(f"config.yaml does not parse, nothing was written: {view.error}", exit_code=1)
+        raise CliError(f"{view.config.closed_reason}; nothing was written")
     plugin_id = _resolve(tr, view, installed, args.plugin)
     notes: list[str] = []
     if plugin_id not in installed:

@@ -831,6 +831,13 @@ class PluginManager:
         missing = [name for name in required if not os.environ.get(name)]
         status = record.status
         hint = f"plugin-llm plugins enable {record.key}" if status in (STATUS_NOT_ENABLED, STATUS_DISABLED) else None
+        settings = self._settings.current()
+        kind = manifest.kind if manifest else KIND_STANDALONE
+        # what the operator configured (loaded or not): plugins.enabled, or <category>.provider for an
+        # exclusive plugin, and not plugins.disabled (the CLI reports this as `enabled`)
+        wanted = not settings.is_disabled(record.key, candidate.name) and (
+            settings.is_enabled(record.key, candidate.name)
+            or (kind == KIND_EXCLUSIVE and settings.is_selected(record.key, candidate.name)))
         return {
             "name": manifest.name if manifest else candidate.name,
             "key": record.key,
@@ -847,6 +854,7 @@ class PluginManager:
             "module": record.module_name,
             "entry_point": candidate.entry_point.value if candidate.entry_point is not None else None,
             "enabled": status == STATUS_ENABLED,
+            "enabled_in_config": wanted,
             "status": status,
             "tools": owned["tools"],
             "hooks": hooks,
