@@ -537,3 +537,37 @@ def textwrap_probe() -> str:
         "def register(ctx):\n"
         "    ctx.register_command('probe', lambda raw: f'{get_hermes_home()}|{tool_error(\"x\")}')\n"
     )
+
+
+def test_isolation_limits_apply_to_the_process_and_an_edit_applies_at_the_next_start(hermes_home, managers):
+    code = '''
+import os, resource
+
+
+def register(ctx):
+    ctx.register_tool("nofile", {"name": "nofile"}, lambda args: str(resource.getrlimit(resource.RLIMIT_NOFILE)[0]))
+    ctx.register_tool("crash", {"name": "crash"}, lambda args: os._exit(1))
+'''
+    write_plugin(hermes_home / "plugins", "limited", code)
+    _config(hermes_home, ["limited"], [], isolation_limits={"open_files": 64})
+    manager = _manager(hermes_home, managers)
+    assert manager.get_plugin("limited")["isolation"] == "in_process"
+    manager.shutdown()
+    raw = yaml.safe_load((hermes_home / "config.yaml").read_text())
+    raw["plugins"]["entries"] = {"limited": {"isolation": "process"}}
+    write_config(hermes_home, yaml.safe_dump(raw))
+    manager = _manager(hermes_home, managers)
+    assert manager.dispatch_tool("nofile", {}) == "64"
+    assert manager.get_plugin("limited")["isolation_limits"]["open_files"] == 64
+    raw["plugins"]["entries"]["limited"]["isolation_limits"] = {"open_files": 128}
+    write_config(hermes_home, yaml.safe_dump(raw))
+    manager.dispatch_tool("crash", {})
+
+    def until_restarted() -> str:
+        while True:
+            text = manager.dispatch_tool("nofile", {})
+            if text.isdigit():
+                return text
+            time.sleep(0.05)
+
+    assert run_bounded(until_restarted, 30) == "128"

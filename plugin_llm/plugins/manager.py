@@ -888,7 +888,7 @@ class PluginManager:
             info = remote.describe()
             fields.update(confinement=info["confinement"], confinement_reason=info["confinement_reason"],
                           pid=info["pid"], restarts=info["restarts"], process_state=info["state"],
-                          last_fault=info["last_fault"])
+                          last_fault=info["last_fault"], isolation_limits=info["limits"])
         return fields
 
     # --- registries -------------------------------------------------------------------

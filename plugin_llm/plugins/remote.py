@@ -424,6 +424,11 @@ class RemotePlugin:
     def _spawn(self) -> _Child:
         from . import sandbox
 
+        try:  # limits as config.yaml says now: an edit applies at the next (re)start
+            self.limits = self._manager._settings.current().limits_for(self.key)
+        except Exception:  # pragma: no cover - settings never raise; keep the last limits
+            pass
+
         def start() -> _Child:
             spec = sandbox.child_spec(plugin_key=self.key, plugin_dir=self.plugin_dir,
                                       requires_env=list(self.manifest.required_env_names),
