@@ -571,3 +571,37 @@ def register(ctx):
             time.sleep(0.05)
 
     assert run_bounded(until_restarted, 30) == "128"
+
+
+def test_an_isolated_plugins_cli_command_parses_and_prints_as_in_process(tmp_path, monkeypatch, capsys):
+    from plugin_llm.cli.main import main
+    from plugin_llm.plugins import get_plugin_manager
+
+    code = '''
+def register(ctx):
+    def setup(parser):
+        parser.add_argument("--name", default="World")
+        parser.set_defaults(func=lambda args: print(f"hi {args.name}") or 3)
+
+    ctx.register_cli_command("greet", "say hi", setup)
+'''
+    seen = {}
+    for mode in ("in_process", "process"):
+        home = tmp_path / mode
+        home.mkdir()
+        monkeypatch.setenv("HERMES_HOME", str(home))
+        write_plugin(home / "plugins", "greeter", code)
+        _config(home, ["greeter"], ["greeter"] if mode == "process" else [])
+        try:
+            runs = [main(["greet", "--name", "Ada"]), capsys.readouterr()]
+            with pytest.raises(SystemExit) as helped:
+                main(["greet", "--help"])
+            help_text = capsys.readouterr().out
+            with pytest.raises(SystemExit) as refused:
+                main(["greet", "--nmae", "x"])
+            usage = capsys.readouterr().err
+        finally:
+            get_plugin_manager(home).shutdown()
+        seen[mode] = (runs[0], runs[1].out, helped.value.code, "--name NAME" in help_text, refused.value.code,
+                      "unrecognized arguments: --nmae" in usage)
+    assert seen["process"] == seen["in_process"] == (3, "hi Ada\n", 0, True, 2, True)

@@ -48,6 +48,9 @@ def find_cli_command(name: str) -> Callable[[list[str]], int] | None:
         argv = list(argv)
         rest = argv[argv.index(name) + 1:] if name in argv else []
         debug = "--debug" in argv[: argv.index(name)] if name in argv else False
+        raw = getattr(entry.setup_fn, "plugin_llm_raw_argv", None)
+        if raw is not None:  # an out-of-process plugin parses its arguments in its own process (.remote)
+            return raw(rest, debug)
         parser = argparse.ArgumentParser(prog=f"plugin-llm {name}", description=entry.help or None)
         try:
             entry.setup_fn(parser)

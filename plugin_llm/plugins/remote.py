@@ -635,12 +635,50 @@ class RemotePlugin:
                         f"register skills inside its own directory ({self.plugin_dir}), got {bounded(path, 300)}")
             entry = ctx.register_skill(name, path, f.get("description", ""))
             return True if entry is not None else None
+        if kind == "cli_command":
+            return self._register_cli_command(name, shown, f)
         if kind == "unsupported":
             ctx._refuse(f"{bounded(str(name), 100)} is not available to a plugin running out of process "
                         f"(plugins.entries.{self.key}.isolation: process): ignored; run the plugin in process "
                         "to use it")
             return False
         raise ValueError(f"unknown registration kind {bounded(kind, 40)!r}")
+
+    def _register_cli_command(self, name: Any, shown: str, f: dict[str, Any]) -> Any:
+        """``plugin-llm <name>``: the host hands the raw arguments to the plugin's process, which parses
+        them with the plugin's own ``setup_fn`` (a parser cannot cross the channel) and runs it."""
+        runner = self._proxy(f.get("runner"), "cli_command", shown, f"CLI command {shown}", limited=False)
+        key = self.key
+
+        def run_raw(argv: list[str], debug: bool = False) -> int:
+            from auth.redaction import redact
+
+            from .isolation import error_text
+
+            try:
+                reply = runner(list(argv))
+            except Exception as exc:
+                if debug:
+                    raise
+                print(f"plugin-llm {shown}: error: {redact(error_text(exc))} (plugin {key})", file=sys.stderr)
+                return 1
+            reply = reply if type(reply) is dict else {}
+            for stream, text in ((sys.stdout, reply.get("out")), (sys.stderr, reply.get("err"))):
+                if type(text) is str and text:
+                    stream.write(text)
+                    stream.flush()
+            code = reply.get("code")
+            code = code if type(code) is int else 1
+            if reply.get("exit") is True:  # argparse exited (--help, a usage error): as it does in process
+                raise SystemExit(code)
+            return code
+
+        def setup(parser: Any) -> None:  # the plugin's setup_fn runs in its process (see run_raw)
+            return None
+
+        setup.plugin_llm_raw_argv = run_raw  # type: ignore[attr-defined]
+        entry = self._ctx.register_cli_command(name, f.get("help", ""), setup, None, f.get("description", ""))
+        return True if entry is not None else None
 
     def _on_callback(self, params: dict[str, Any]) -> Any:
         handle = params.get("h")
@@ -792,8 +830,9 @@ class RemotePlugin:
                 raise RemotePluginUnavailable(f"plugin {self.key} was stopped")
             wait = self._next_start - time.monotonic()
             if wait > 0:
-                raise RemotePluginUnavailable(f"plugin {self.key}: its process is restarting "
-                                              f"(next attempt in {wait:.2f}s after: {self.last_fault})")
+                # a stable message: hook errors are reported once per distinct text
+                raise RemotePluginUnavailable(f"plugin {self.key}: its process is restarting after a fault "
+                                              f"({self.last_fault})")
             try:
                 self._start(self._manager._hook_timeout(), first=False)
             except RemoteLoadError as exc:
@@ -858,7 +897,7 @@ class RemotePlugin:
 def _callables(fields: dict[str, Any]) -> list[dict[str, Any]]:
     """The callable specs of one registration, in the order the host made proxies of them."""
     out = []
-    for key in ("handler", "check_fn", "callback"):
+    for key in ("handler", "check_fn", "callback", "runner"):
         spec = fields.get(key)
         if type(spec) is dict and type(spec.get("h")) is int:
             out.append(spec)

@@ -207,6 +207,49 @@ class _Registered:
         return True
 
 
+class _CliRunner:
+    """Runs an isolated plugin's CLI command in its process: build the parser with ``setup_fn``,
+    parse, call the handler; returns the exit code and what was printed."""
+
+    _MAX_OUTPUT = 1 << 20
+
+    def __init__(self, name: str, help: str, setup_fn: Callable[[Any], Any], handler_fn: Any) -> None:
+        self.name, self.help, self.setup_fn, self.handler_fn = name, help, setup_fn, handler_fn
+
+    def __call__(self, argv: list) -> dict[str, Any]:
+        import argparse
+        import contextlib
+        import io
+
+        out, err = io.StringIO(), io.StringIO()
+        code: Any = 0
+        exited = False
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                parser = argparse.ArgumentParser(prog=f"plugin-llm {self.name}", description=self.help or None)
+                self.setup_fn(parser)
+                args = parser.parse_args([str(a) for a in argv])
+                handler = self.handler_fn or getattr(args, "func", None)
+                if handler is None:
+                    print(f"plugin-llm {self.name}: error: the plugin registered no handler (pass handler_fn "
+                          "or call parser.set_defaults(func=...) in setup_fn)", file=err)
+                    code = 2
+                else:
+                    result = handler(args)
+                    if result is not None and inspect.isawaitable(result):
+                        import asyncio
+
+                        async def _await() -> Any:
+                            return await result
+
+                        result = asyncio.run(_await())
+                    code = result if isinstance(result, int) and not isinstance(result, bool) else 0
+            except SystemExit as exc:  # argparse's --help and usage errors (the host exits the same way)
+                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+                exited = True
+        return {"code": code, "exit": exited, "out": out.getvalue()[: self._MAX_OUTPUT], "err": err.getvalue()[: self._MAX_OUTPUT]}
+
+
 class RemoteContext:
     """``ctx`` of an isolated plugin: the in-process ``PluginContext``'s methods, as calls to the host."""
 
@@ -300,8 +343,18 @@ class RemoteContext:
         self._worker.host("register", {"kind": "unsupported", "name": what, "f": {}})
         return False
 
-    def register_cli_command(self, name: str, *args: Any, **kwargs: Any) -> None:
-        self._unsupported(f"register_cli_command({str(name)[:60]!r})")
+    def register_cli_command(self, name: str, help: str, setup_fn: Callable[[Any], Any],
+                             handler_fn: Callable[[Any], Any] | None = None, description: str = "") -> Any:
+        """``plugin-llm <name> ...``: the arguments are parsed here, by ``setup_fn``'s parser; what the
+        command prints is sent back and printed by the host."""
+        who = f"plugin {self._key}: register_cli_command({name!r})"
+        if not callable(setup_fn):
+            raise TypeError(f"{who}: setup_fn must be callable")
+        if handler_fn is not None and not callable(handler_fn):
+            raise TypeError(f"{who}: handler_fn must be callable or None")
+        runner = _CliRunner(str(name), help if isinstance(help, str) else "", setup_fn, handler_fn)
+        return self._register("cli_command", name, {"help": help, "description": description,
+                                                    "runner": self._fn(runner, f"{who}: runner")})
 
     def register_context_engine(self, engine: Any) -> bool:
         return self._unsupported("register_context_engine")
