@@ -605,3 +605,79 @@ def register(ctx):
         seen[mode] = (runs[0], runs[1].out, helped.value.code, "--name NAME" in help_text, refused.value.code,
                       "unrecognized arguments: --nmae" in usage)
     assert seen["process"] == seen["in_process"] == (3, "hi Ada\n", 0, True, 2, True)
+
+
+def test_providers_run_out_of_process_behind_a_stand_in_of_their_base_class(tmp_path, managers, monkeypatch):
+    code = '''
+from agent.memory_provider import MemoryProvider as HermesMemory
+from plugin_llm.plugins import ContextEngine
+
+
+class Recent(ContextEngine):
+    name = "recent"
+
+    def compress(self, messages, *, budget_tokens):
+        return messages[-budget_tokens:]
+
+
+class Notes(HermesMemory):
+    def __init__(self):
+        self.notes = []
+
+    @property
+    def name(self):
+        return "notes"
+
+    def is_available(self):
+        return True
+
+    def initialize(self, session_id, **kwargs):
+        self.notes.append("init " + session_id)
+
+    def prefetch(self, query, *, session_id=""):
+        return " / ".join(self.notes) + " ? " + query
+
+    def sync_turn(self, user_content, assistant_content, *, session_id=""):
+        self.notes.append(user_content)
+
+    def get_tool_schemas(self):
+        return [{"name": "notes_count", "parameters": {"type": "object"}}]
+
+
+class Pictures:
+    name = "pictures"
+
+    def generate(self, prompt, **options):
+        return {"success": True, "image": "file:///" + prompt, "options": sorted(options)}
+
+
+def register(ctx):
+    ctx.register_context_engine(Recent())
+    ctx.register_memory_provider(Notes())
+    ctx.register_image_gen_provider(Pictures())
+'''
+    seen = {}
+    for mode in ("in_process", "process"):
+        home = tmp_path / mode
+        home.mkdir()
+        monkeypatch.setenv("HERMES_HOME", str(home))
+        write_plugin(home / "plugins", "providers", code)
+        _config(home, ["providers"], ["providers"] if mode == "process" else [])
+        raw = yaml.safe_load((home / "config.yaml").read_text())
+        raw.update(memory={"provider": "notes"}, image_gen={"provider": "pictures"}, context={"engine": "recent"})
+        write_config(home, yaml.safe_dump(raw))
+        manager = _manager(home, managers)
+        plugin = manager.get_plugin("providers")
+        assert plugin["status"] == "enabled", plugin["error"]
+        memory, engine, images = manager.memory_provider, manager.context_engine, manager.image_gen_provider
+        memory.initialize("s1", platform="cli")
+        memory.sync_turn("I like tea", "noted", session_id="s1")
+        seen[mode] = (
+            plugin["memory_providers"], plugin["context_engines"], plugin["image_gen_providers"],
+            memory.name, memory.prefetch("drinks?", session_id="s1"), memory.get_tool_schemas(),
+            engine.compress([{"role": "user", "content": str(i)} for i in range(5)], budget_tokens=2),
+            images.generate("cat.png", size="small"),
+            manager.call_plugin("memory prefetch", "providers", memory.prefetch, "again", session_id="s1"),
+        )
+    assert seen["process"] == seen["in_process"]
+    assert seen["process"][4] == "init s1 / I like tea ? drinks?"

@@ -637,12 +637,45 @@ class RemotePlugin:
             return True if entry is not None else None
         if kind == "cli_command":
             return self._register_cli_command(name, shown, f)
+        if kind == "provider":
+            return self._register_provider(shown, f)
         if kind == "unsupported":
             ctx._refuse(f"{bounded(str(name), 100)} is not available to a plugin running out of process "
                         f"(plugins.entries.{self.key}.isolation: process): ignored; run the plugin in process "
                         "to use it")
             return False
         raise ValueError(f"unknown registration kind {bounded(kind, 40)!r}")
+
+    def _register_provider(self, kind: str, f: dict[str, Any]) -> Any:
+        """A memory provider, context engine or image generator: a stand-in of the same base class
+        whose public methods run the plugin's in its process (each under ``plugins.hook_timeout``)."""
+        bases: dict[tuple[str, str], Callable[[], type]] = {
+            ("memory_provider", "host"): lambda: __import__("plugin_llm.plugins.engines", fromlist=["x"]).MemoryProvider,
+            ("context_engine", "host"): lambda: __import__("plugin_llm.plugins.engines", fromlist=["x"]).ContextEngine,
+            ("memory_provider", "hermes"): lambda: __import__(
+                "plugin_llm.compat.hermes.agent.memory_provider", fromlist=["x"]).MemoryProvider,
+            ("context_engine", "hermes"): lambda: __import__(
+                "plugin_llm.compat.hermes.agent.context_engine", fromlist=["x"]).ContextEngine,
+            ("image_gen_provider", ""): lambda: object,
+        }
+        make_base = bases.get((kind, f.get("base") or ""))
+        methods = f.get("methods") if type(f.get("methods")) is dict else {}
+        attrs = f.get("attrs") if type(f.get("attrs")) is dict else {}
+        if make_base is None or len(methods) > 200 or len(attrs) > 200:
+            raise ValueError(f"plugin {self.key}: malformed {bounded(kind, 40)} registration")
+        namespace: dict[str, Any] = {k: v for k, v in attrs.items()
+                                     if type(k) is str and k.isidentifier() and not k.startswith("_")
+                                     and (v is None or type(v) in (str, int, float, bool))}
+        for mname, spec in methods.items():
+            if type(mname) is not str or not mname.isidentifier() or mname.startswith("_"):
+                raise ValueError(f"plugin {self.key}: malformed {kind} method name")
+            proxy = self._proxy(spec, kind, mname, f"{kind.replace('_', ' ')} {mname}", limited=True)
+            namespace[mname] = _method(proxy)
+        class_name = f.get("class") if type(f.get("class")) is str and f["class"].isidentifier() else "Provider"
+        namespace["__module__"] = f"plugin (out of process: {self.key})"
+        stand_in = type(class_name[:100], (make_base(),), namespace)()
+        register = getattr(self._ctx, f"register_{kind}")
+        return bool(register(stand_in))
 
     def _register_cli_command(self, name: Any, shown: str, f: dict[str, Any]) -> Any:
         """``plugin-llm <name>``: the host hands the raw arguments to the plugin's process, which parses
@@ -901,7 +934,23 @@ def _callables(fields: dict[str, Any]) -> list[dict[str, Any]]:
         spec = fields.get(key)
         if type(spec) is dict and type(spec.get("h")) is int:
             out.append(spec)
+    methods = fields.get("methods")
+    if type(methods) is dict:
+        out.extend(spec for spec in methods.values() if type(spec) is dict and type(spec.get("h")) is int)
     return out
+
+
+def _method(proxy: Callable[..., Any]) -> Callable[..., Any]:
+    """``proxy`` as a method of a stand-in class (``self`` dropped; the signature is the remote one)."""
+
+    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return proxy(*args, **kwargs)
+
+    signature = inspect.signature(proxy)
+    params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_ONLY), *signature.parameters.values()]
+    method.__signature__ = inspect.Signature(params, __validate_parameters__=False)  # type: ignore[attr-defined]
+    method.__name__ = method.__qualname__ = proxy.__name__
+    return method
 
 
 def _encode_result(result: Any) -> dict[str, Any]:

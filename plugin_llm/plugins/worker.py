@@ -356,14 +356,40 @@ class RemoteContext:
         return self._register("cli_command", name, {"help": help, "description": description,
                                                     "runner": self._fn(runner, f"{who}: runner")})
 
+    def _provider(self, kind: str, obj: Any) -> bool:
+        """A provider object: its public methods become handles, its public plain attributes are copied;
+        the host builds a stand-in of the same base class whose methods call these."""
+        if isinstance(obj, type):
+            raise TypeError(f"plugin {self._key}: register_{kind} needs an instance, not the class")
+        from .engines import ContextEngine, MemoryProvider
+
+        base = {"memory_provider": "host" if isinstance(obj, MemoryProvider) else "hermes",
+                "context_engine": "host" if isinstance(obj, ContextEngine) else "hermes"}.get(kind, "")
+        methods: dict[str, Any] = {}
+        attrs: dict[str, Any] = {}
+        for name in dir(type(obj)):
+            if name.startswith("_"):
+                continue
+            declared = getattr(type(obj), name, None)
+            value = getattr(obj, name, None)
+            if callable(value) and not isinstance(declared, property):
+                methods[name] = self._fn(value, f"{kind}.{name}")
+            elif value is None or type(value) in (str, int, float, bool):
+                attrs[name] = value
+        for name, value in vars(obj).items() if hasattr(obj, "__dict__") else ():
+            if not name.startswith("_") and (value is None or type(value) in (str, int, float, bool)):
+                attrs[name] = value
+        return bool(self._register("provider", kind, {"base": base, "methods": methods, "attrs": attrs,
+                                                      "class": _type_name(obj)}))
+
     def register_context_engine(self, engine: Any) -> bool:
-        return self._unsupported("register_context_engine")
+        return self._provider("context_engine", engine)
 
     def register_memory_provider(self, provider: Any) -> bool:
-        return self._unsupported("register_memory_provider")
+        return self._provider("memory_provider", provider)
 
     def register_image_gen_provider(self, provider: Any) -> bool:
-        return self._unsupported("register_image_gen_provider")
+        return self._provider("image_gen_provider", provider)
 
     def register_platform(self, name: str, *args: Any, **kwargs: Any) -> None:
         self._unsupported(f"register_platform({str(name)[:60]!r})")
