@@ -35,6 +35,7 @@ __all__ = [
     "redact_secrets",
     "redact_clipped",
     "redact_field",
+    "secret_prefix_start",
     "key_shaped",
     "redact_obj",
     "register_secret",
@@ -431,6 +432,30 @@ def redact_clipped(text: Any, limit: int, *secrets: str | None, fragment: int = 
     else:  # not cut here: only a longer fragment counts, so prose ending in a word a key starts with stays
         fragment = max(fragment, UNCUT_FRAGMENT_LENGTH)
     return _hide_trailing_fragment(text, secrets, fragment)
+
+
+def secret_prefix_start(text: str, *secrets: str | None) -> int:
+    """Where the longest tail of ``text`` that is the *start* of a secret begins (``len(text)`` if none).
+
+    For text that arrives in pieces (a streamed reply): the tail from there on
+    may become a whole secret with the next piece, so it is held back until
+    then. Candidates are every registered secret and each of ``secrets`` (from
+    :data:`MIN_GIVEN_SECRET_LENGTH` characters), in their URL and JSON forms too.
+    """
+    candidates = [v for v, _ in (_registry.snapshot or _registry.current()).pairs]
+    for secret in secrets:
+        if isinstance(secret, str) and len(secret) >= MIN_GIVEN_SECRET_LENGTH:
+            candidates.extend(_variants(secret))
+    end = cut = len(text)
+    for secret in candidates:
+        head = secret[:1]
+        i = text.find(head, max(0, end - len(secret) + 1)) if head else -1
+        while i != -1 and i < cut:
+            if secret.startswith(text[i:]):
+                cut = i  # the earliest start is the longest tail
+                break
+            i = text.find(head, i + 1)
+    return cut
 
 
 def _hide_trailing_fragment(text: str, secrets: tuple[str | None, ...], fragment: int) -> str:

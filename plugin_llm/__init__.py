@@ -31,12 +31,15 @@ from plugin_llm.types import (
 
 if TYPE_CHECKING:
     from plugin_llm.llm import HostLlm, PluginLlm
+    from plugin_llm.streaming import PluginLlmAsyncStream, PluginLlmStream
 
 __version__ = "0.1.0"
 
 __all__ = [
     "PluginLlm",
     "HostLlm",
+    "PluginLlmStream",
+    "PluginLlmAsyncStream",
     "PluginLlmTextInput",
     "PluginLlmImageInput",
     "PluginLlmUsage",
@@ -53,7 +56,8 @@ __all__ = [
     "__version__",
 ]
 
-_LAZY = {"PluginLlm": "plugin_llm.llm", "HostLlm": "plugin_llm.llm"}
+_LAZY = {"PluginLlm": "plugin_llm.llm", "HostLlm": "plugin_llm.llm", "PluginLlmStream": "plugin_llm.streaming",
+         "PluginLlmAsyncStream": "plugin_llm.streaming"}
 
 
 def __getattr__(name: str) -> Any:

@@ -40,6 +40,15 @@ from plugin_llm.routing import Route, resolve_route
 from plugin_llm.transport import TransportRequest, TransportResponse
 from plugin_llm.trust import Decision, Overrides, enforce
 from plugin_llm.structured import _snippet
+from plugin_llm.streaming import (
+    Emit,
+    PluginLlmAsyncStream,
+    PluginLlmStream,
+    StreamOpen,
+    StreamProgress,
+    StreamRead,
+    _Driver,
+)
 from plugin_llm.types import (
     PluginLlmCompleteResult,
     PluginLlmStructuredResult,
@@ -566,6 +575,70 @@ class PluginLlm:
         )
         return await self._run_async(flow)
 
+    def stream(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        provider: str | None = None,
+        model: str | None = None,
+        temperature: float | None = None,
+        max_tokens: int | None = None,
+        timeout: float | None = None,
+        agent_id: str | None = None,
+        profile: str | None = None,
+        purpose: str | None = None,
+        **options: Any,
+    ) -> PluginLlmStream:
+        """Chat completion streamed as text deltas: ``for delta in llm.stream(messages): ...``.
+
+        The parameters are :meth:`complete`'s (``tools=`` excepted: a tool call
+        is only usable whole - use ``complete`` for it). The trust gate, the
+        limits and the provider's first answer are checked before this returns,
+        so a denial raises here. ``timeout`` is the deadline of the whole
+        stream. Once it has ended, ``.result`` is the ``PluginLlmCompleteResult``
+        (full text, usage, cost, audit ids); closing it early (``close()``, a
+        ``with`` block, ``break`` then dropping it) records it as abandoned.
+        """
+        progress = StreamProgress()
+        flow = self._stream_flow("sync", messages, provider, model, temperature, max_tokens, timeout, agent_id,
+                                 profile, purpose, options, progress)
+        transport = self._transport_impl()
+        if hasattr(transport, "ready"):
+            transport.ready()
+        driver = _Driver(flow, lambda step: self._stream_step_sync(transport, step), progress)
+        first = driver.next_sync()
+        return PluginLlmStream(driver, first)
+
+    def astream(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        provider: str | None = None,
+        model: str | None = None,
+        temperature: float | None = None,
+        max_tokens: int | None = None,
+        timeout: float | None = None,
+        agent_id: str | None = None,
+        profile: str | None = None,
+        purpose: str | None = None,
+        **options: Any,
+    ) -> PluginLlmAsyncStream:
+        """Async twin of :meth:`stream`: ``async for delta in llm.astream(messages)``, ``async with``,
+        or ``stream = await llm.astream(messages)`` (which opens it: denials raise there)."""
+        progress = StreamProgress()
+        flow = self._stream_flow("async", messages, provider, model, temperature, max_tokens, timeout, agent_id,
+                                 profile, purpose, options, progress)
+        transport = self._transport_impl()
+
+        async def prepare() -> None:
+            if hasattr(transport, "aready"):
+                await transport.aready()
+
+        async def perform(step: Any) -> Any:
+            return await self._stream_step_async(transport, step)
+
+        return PluginLlmAsyncStream(_Driver(flow, perform, progress, prepare))
+
     # ------------------------------------------------------------- shells
     def _transport_impl(self):
         if self._transport is None:
@@ -628,6 +701,29 @@ class PluginLlm:
         except StopIteration as done:
             return done.value
 
+    @staticmethod
+    def _stream_step_sync(transport: Any, step: Any) -> Any:
+        """One step of a stream's flow, sync (the stream shell's counterpart of ``_run_sync``)."""
+        kind = type(step)
+        if kind is StreamRead:
+            return step.stream.read()
+        if kind is _LimitStep:
+            return limits.admit(step.settings, step.home, step.plugin_id, **step.call)
+        if kind is StreamOpen:
+            return _opener(transport, "open_stream")(step.request)
+        raise TypeError(f"a stream's flow yielded a {kind.__name__}")  # pragma: no cover - a bug in the flow
+
+    @staticmethod
+    async def _stream_step_async(transport: Any, step: Any) -> Any:
+        kind = type(step)
+        if kind is StreamRead:
+            return await step.stream.read()
+        if kind is _LimitStep:
+            return await limits.aadmit(step.settings, step.home, step.plugin_id, **step.call)
+        if kind is StreamOpen:
+            return await _opener(transport, "aopen_stream")(step.request)
+        raise TypeError(f"a stream's flow yielded a {kind.__name__}")  # pragma: no cover - a bug in the flow
+
     # ------------------------------------------------------------- pipeline
     # A flow = argument checks (nothing audited: no call yet) -> admission (audits
     # its own denials and route errors) -> the guarded steps. From admission on,
@@ -655,6 +751,83 @@ class PluginLlm:
         result = finish(call, admitted.route, response, tally.usage)  # before the record: a failure here is the outcome
         self._audit_outcome(call, admitted, "ok", messages=messages, response=response, tally=tally)
         return result
+
+    def _stream_flow(self, mode, messages, provider, model, temperature, max_tokens, timeout, agent_id, profile,
+                     purpose, options, progress: StreamProgress) -> _Flow:
+        """``complete``'s flow, streamed: the same checks and admission, then :meth:`_stream_steps`."""
+        call = self._new_call("complete", mode, purpose, agent_id, profile, None)
+        progress.call_id = call.call_id
+        self._refuse_forbidden(call, options)
+        messages = _check_messages(messages)
+        if options and (options.get("tools") is not None or options.get("tool_choice") is not None):
+            raise ValueError("stream()/astream() take no tools= or tool_choice=: a tool call arrives in fragments "
+                             "that are usable only once whole. Call complete(..., tools=[...]) for tool calls and "
+                             "stream() for text")
+        extra = check_options("complete", options) if options else {}
+        _check_params(temperature, max_tokens, timeout)
+        params: dict[str, Any] = {"temperature": temperature, "max_tokens": max_tokens, **extra}
+        admitted = self._admit(call, provider, model, timeout)
+        tally = _Tally()
+        tally.stream = progress
+        steps = self._stream_steps(call, admitted, tally, messages, params, progress)
+        return (yield from self._guarded(call, admitted, tally, messages, steps))
+
+    def _stream_steps(self, call, admitted, tally, messages, params, progress: StreamProgress) -> _Flow:
+        """Admit, open the provider stream, hand out each delta, settle and audit at the end.
+
+        Whatever the stream ends in gets the call's one record: ``ok`` at the
+        end, the error's status when it fails (partial, with the characters
+        delivered), ``abandoned`` when the consumer closes or drops it (the
+        flow is closed at the delta it was waiting at: ``GeneratorExit``).
+        """
+        ticket = yield from self._admit_limits(call, admitted, messages, messages, params, tally)
+        request = TransportRequest(
+            route=admitted.route,
+            messages=messages,
+            keys=key_source(admitted.config.home, admitted.route.provider, admitted.route.profile),
+            deadline=admitted.deadline,
+            params=params,
+        )
+        failure: BaseException | None = None
+        try:
+            progress.stream = yield StreamOpen(request)
+            while True:
+                text = yield StreamRead(progress.stream)
+                if text is None:
+                    break
+                progress.delivered += len(text)
+                yield Emit(text)
+            response = self._checked_response(progress.stream.final(), admitted.route, tally)
+        except GeneratorExit:  # the consumer abandoned the stream
+            self._stream_abandoned(call, admitted, tally, messages, ticket, progress)
+            raise
+        except BaseException as exc:  # noqa: BLE001 - every transport outcome is audited, then raised
+            failure = exc
+        if failure is not None:
+            ticket.release()
+            if progress.stream is not None:
+                progress.stream.close()
+            error = self._request_failed(call, admitted, tally, messages, failure)
+            failure = None
+            raise error
+        progress.partial = False
+        if admitted.config.limits.prices:
+            response = _operator_priced(admitted, response)
+        ticket.settle(response.usage)
+        tally.add(response)
+        result = self._result(call, admitted.route, response, tally.usage)
+        self._audit_outcome(call, admitted, "ok", messages=messages, response=response, tally=tally)
+        return result
+
+    def _stream_abandoned(self, call, admitted, tally, messages, ticket, progress: StreamProgress) -> None:
+        """The record of a stream its consumer closed or dropped before its end."""
+        ticket.release()
+        stream = progress.stream
+        if stream is not None:
+            stream.close()
+            tally.attempts += _whole(getattr(stream, "attempts", 1), 1)
+            tally.provider_seconds += _seconds(getattr(stream, "provider_seconds", 0.0))
+        self._audit_outcome(call, admitted, "abandoned", messages=messages, response=None, tally=tally)
 
     def _structured_flow(self, mode, instructions, input, json_schema, json_mode, schema_name, system_prompt,
                          provider, model, temperature, max_tokens, timeout, agent_id, profile, purpose, options) -> _Flow:
@@ -912,6 +1085,13 @@ class PluginLlm:
             ticket.settle(response.usage)  # queued: no store round trip on the caller's path
             return response
         ticket.release()
+        error = self._request_failed(call, admitted, tally, audit_messages, failure)
+        failure = None  # not kept in this frame: the transport's exception may hold a key in its frames
+        raise error
+
+    def _request_failed(self, call: _Call, admitted: _Admitted, tally: "_Tally", audit_messages,
+                        failure: BaseException) -> BaseException:
+        """Audit the failure of a transport request (the reservation is already released); the error to raise."""
         cause = None
         if isinstance(failure, PluginLlmError) or not isinstance(failure, Exception):
             error = failure  # the transport's own error, or a cancellation/interrupt: raised as it is
@@ -931,7 +1111,7 @@ class PluginLlm:
         status = "error" if cause is not None else _status_for(error)
         self._audit_outcome(call, admitted, status, messages=audit_messages, response=None, tally=tally,
                             error=error, cause=cause)
-        raise error
+        return error
 
     @staticmethod
     def _checked_response(response: Any, route: Route, tally: "_Tally") -> TransportResponse:
@@ -1057,6 +1237,8 @@ class PluginLlm:
                            "audit_record_error": type(exc).__name__})
         if cause is not None:
             record["error.cause"] = cause
+        if tally.stream is not None:
+            record.update(tally.stream.fields())
         tally.audited = True
         self._write_audit(call, config, record, sent=response is not None or tally.attempts > 0)
 
@@ -1104,7 +1286,7 @@ class _Tally:
     """Running totals of one call across transport requests (repairs), and whether it is on record."""
 
     __slots__ = ("usage", "attempts", "provider_seconds", "repairs", "schema", "validation", "anomalies",
-                 "audited", "audit_messages", "limit_fields")
+                 "audited", "audit_messages", "limit_fields", "stream")
 
     def __init__(self, schema: dict | None = None) -> None:
         self.usage = PluginLlmUsage()
@@ -1117,6 +1299,7 @@ class _Tally:
         self.audited = False
         self.audit_messages: list[dict[str, Any]] | None = None
         self.limit_fields: dict[str, Any] | None = None
+        self.stream: StreamProgress | None = None  # a streamed call's progress (stream.* audit fields)
 
     def add_limits(self, fields: dict[str, Any]) -> None:
         """Limit fields for the audit record; reservations of several requests (repairs) add up."""
@@ -1152,6 +1335,15 @@ def _operator_priced(admitted: _Admitted, response: TransportResponse) -> Transp
     usage = response.usage
     nano = limits.actual_cost_nano(price, None, usage.input_tokens, usage.output_tokens)
     return dataclasses.replace(response, usage=dataclasses.replace(usage, cost_usd=nano / limits.NANO))
+
+
+def _opener(transport: Any, name: str) -> Callable[[Any], Any]:
+    """The transport's ``open_stream``/``aopen_stream``; a transport without one cannot stream."""
+    opener = getattr(transport, name, None)
+    if opener is None:
+        raise PluginLlmConfigError(f"the gateway's transport ({type(transport).__name__}) cannot stream: it has no "
+                                   f"{name}(); use complete() with it, or the default LitellmTransport")
+    return opener
 
 
 def _malformed(route: Route, problem: str) -> PluginLlmProviderError:

@@ -81,7 +81,7 @@ import json
 import re
 from typing import Any
 
-__all__ = ["LOCAL_MODEL", "IMAGE_TOKENS", "generate", "count_tokens", "extract_facts"]
+__all__ = ["LOCAL_MODEL", "IMAGE_TOKENS", "generate", "count_tokens", "extract_facts", "stream_pieces"]
 
 #: The model name the local model reports, whatever alias was requested.
 LOCAL_MODEL = "local-echo-1"
@@ -99,6 +99,18 @@ _QUOTE_CHARS = 200
 def count_tokens(text: str) -> int:
     """Number of tokens in ``text``: word runs and single punctuation marks."""
     return len(_TOKEN_RE.findall(text)) if text else 0
+
+
+def stream_pieces(text: str, words: int = 4) -> list[str]:
+    """``text`` as the deltas of a streamed reply: pieces of ``words`` words, whitespace kept.
+
+    ``"".join(stream_pieces(t)) == t`` for every text; the in-process ``local``
+    provider and ``plugin-llm serve-local`` stream the same pieces.
+    """
+    if not text:
+        return []
+    spaced = re.split(r"(?<=\s)(?=\S)", text)  # words with their trailing whitespace
+    return ["".join(spaced[i:i + words]) for i in range(0, len(spaced), words)]
 
 
 def _truncate(text: str, max_tokens: int) -> tuple[str, int, bool]:

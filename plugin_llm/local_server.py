@@ -15,8 +15,10 @@ It needs no API key: any ``Authorization`` header is accepted and ignored
 
 It is built on :class:`http.server.ThreadingHTTPServer` with HTTP/1.1
 keep-alive, ``TCP_NODELAY`` and every response written in one ``write`` with
-``Content-Length`` (a stream is rendered whole, then sent as one SSE body), so
-the server adds little overhead to benchmarks. No per-request logging.
+``Content-Length``, so the server adds little overhead to benchmarks. A stream
+(``"stream": true``) is sent as it would come from a real provider: one SSE
+event per chunk of the chunked body (the reply's :func:`~plugin_llm.local_model.stream_pieces`),
+each written and flushed on its own. No per-request logging.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from plugin_llm.local_model import LOCAL_MODEL, generate
+from plugin_llm.local_model import LOCAL_MODEL, generate, stream_pieces
 
 __all__ = ["LocalModelServer", "serve_forever"]
 
@@ -51,8 +53,8 @@ def _error_body(message: str, type_: str, code: str | None = None) -> bytes:
     return _dumps({"error": {"message": message, "type": type_, "param": None, "code": code}})
 
 
-def _sse(completion: dict, include_usage: bool = True) -> bytes:
-    """Render a completion as OpenAI ``chat.completion.chunk`` SSE events."""
+def _sse(completion: dict, include_usage: bool = True) -> list[bytes]:
+    """A completion as OpenAI ``chat.completion.chunk`` SSE events (one bytes per event, ``[DONE]`` last)."""
     base = {"id": completion["id"], "object": "chat.completion.chunk", "created": completion["created"],
             "model": completion["model"], "system_fingerprint": completion.get("system_fingerprint")}
     choice = completion["choices"][0]
@@ -60,13 +62,8 @@ def _sse(completion: dict, include_usage: bool = True) -> bytes:
     events: list[dict] = [
         {**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}
     ]
-    text = message.get("content") or ""
-    if text:
-        # Pieces of ~4 words (whitespace kept) so clients see several deltas.
-        words = text.split(" ")
-        for i in range(0, len(words), 4):
-            piece = " ".join(words[i:i + 4]) + (" " if i + 4 < len(words) else "")
-            events.append({**base, "choices": [{"index": 0, "delta": {"content": piece}, "finish_reason": None}]})
+    for piece in stream_pieces(message.get("content") or ""):  # several deltas, as a real model sends them
+        events.append({**base, "choices": [{"index": 0, "delta": {"content": piece}, "finish_reason": None}]})
     for index, call in enumerate(message.get("tool_calls") or []):
         delta = {"tool_calls": [{"index": index, "id": call["id"], "type": "function",
                                  "function": {"name": call["function"]["name"],
@@ -75,7 +72,7 @@ def _sse(completion: dict, include_usage: bool = True) -> bytes:
     events.append({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}]})
     if include_usage:
         events.append({**base, "choices": [], "usage": completion["usage"]})
-    return b"".join(b"data: " + _dumps(e) + b"\n\n" for e in events) + b"data: [DONE]\n\n"
+    return [b"data: " + _dumps(e) + b"\n\n" for e in events] + [b"data: [DONE]\n\n"]
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -100,6 +97,16 @@ class _Handler(BaseHTTPRequestHandler):
         for k, v in (extra or {}).items():
             head.append(f"{k}: {v}")
         self.wfile.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body)
+
+    def _send_stream(self, events: list[bytes]) -> None:
+        """SSE events as a chunked body, each event written (and so sent: TCP_NODELAY) on its own."""
+        head = ["HTTP/1.1 200 OK", f"Content-Type: {_SSE}", "Cache-Control: no-cache", "Transfer-Encoding: chunked"]
+        if self.close_connection:
+            head.append("Connection: close")
+        self.wfile.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1"))
+        for event in events:
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
+        self.wfile.write(b"0\r\n\r\n")
 
     def _read_body(self) -> bytes | None:
         if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
@@ -177,7 +184,7 @@ class _Handler(BaseHTTPRequestHandler):
         if body.get("stream"):
             opts = body.get("stream_options")
             include_usage = True if not isinstance(opts, dict) else opts.get("include_usage", True) is not False
-            self._send(200, _sse(completion, include_usage), _SSE)
+            self._send_stream(_sse(completion, include_usage))
         else:
             self._send(200, _dumps(completion))
 

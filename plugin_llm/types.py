@@ -62,6 +62,9 @@ class PluginLlmUsage:
     cache_read_tokens: int = 0
     cache_write_tokens: int = 0
     cost_usd: float | None = None
+    #: True when the provider reported no usage (a stream without a usage chunk) and the
+    #: token counts are litellm's estimate for the model
+    estimated: bool = False
 
     def __add__(self, other: "PluginLlmUsage") -> "PluginLlmUsage":
         if self.cost_usd is None or other.cost_usd is None:
@@ -77,6 +80,7 @@ class PluginLlmUsage:
             cache_read_tokens=self.cache_read_tokens + other.cache_read_tokens,
             cache_write_tokens=self.cache_write_tokens + other.cache_write_tokens,
             cost_usd=cost,
+            estimated=self.estimated or other.estimated,
         )
 
 
@@ -180,4 +184,4 @@ def checked_usage(usage: Any) -> tuple[PluginLlmUsage, tuple[str, ...]]:
     cost = _checked_cost(usage.cost_usd, anomalies)
     if not anomalies:
         return usage, ()
-    return PluginLlmUsage(*tokens, cost_usd=cost), tuple(anomalies)
+    return PluginLlmUsage(*tokens, cost_usd=cost, estimated=usage.estimated is True), tuple(anomalies)

@@ -47,7 +47,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     filters = argparse.ArgumentParser(add_help=False)
     group = filters.add_argument_group("filters (all must match; lists are comma-separated)")
     group.add_argument("--plugin", metavar="ID[,ID...]", help="plugin id(s)")
-    group.add_argument("--status", metavar="S[,S...]", help="ok, denied, timeout, provider_error, schema_error, quota, error")
+    group.add_argument("--status", metavar="S[,S...]", help="ok, denied, timeout, provider_error, schema_error, quota, error, abandoned")
     group.add_argument("--model", metavar="M[,M...]", help="requested or reported model; globs like 'gpt-4o*' allowed")
     group.add_argument("--since", metavar="TIME", help="ISO 8601 (2025-01-31, 2025-01-31T12:00Z) or relative: 90s, 15m, 1h, 7d")
     group.add_argument("--until", metavar="TIME", help="same forms as --since; inclusive")

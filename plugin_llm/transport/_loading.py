@@ -99,5 +99,25 @@ def _register_local_provider(litellm: Any) -> None:
         async def acompletion(self, model, messages, *args, optional_params=None, **kwargs):  # noqa: D102
             return ModelResponse(**generate(messages, model=model, **(optional_params or {})))
 
+        def streaming(self, model, messages, *args, optional_params=None, **kwargs):  # noqa: D102
+            return iter(_local_chunks(generate(messages, model=model, **(optional_params or {}))))
+
+        async def astreaming(self, model, messages, *args, optional_params=None, **kwargs):  # noqa: D102
+            for chunk in _local_chunks(generate(messages, model=model, **(optional_params or {}))):
+                yield chunk
+
     entries = [e for e in litellm.custom_provider_map if e.get("provider") != "local"]
     litellm.custom_provider_map = entries + [{"provider": "local", "custom_handler": LocalModelHandler()}]
+
+
+def _local_chunks(completion: dict) -> list[dict]:
+    """The local model's reply as litellm ``GenericStreamingChunk`` dicts: its text in
+    :func:`~plugin_llm.local_model.stream_pieces`, usage on the last chunk."""
+    from plugin_llm.local_model import stream_pieces
+
+    choice = completion["choices"][0]
+    pieces = stream_pieces(choice["message"].get("content") or "") or [""]
+    last = len(pieces) - 1
+    return [{"text": piece, "tool_use": None, "index": 0, "is_finished": i == last,
+             "finish_reason": choice["finish_reason"] if i == last else "",
+             "usage": completion["usage"] if i == last else None} for i, piece in enumerate(pieces)]

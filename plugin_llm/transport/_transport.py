@@ -96,6 +96,18 @@ class LitellmTransport:
             response = await AsyncRetrying(**retry_kwargs(request))(self._attempt_async, litellm, request, state)
         return self._response(litellm, request, response, state)
 
+    def open_stream(self, request: TransportRequest) -> Any:
+        """A streaming call, open up to its first text delta (``_stream.TransportStream``)."""
+        from plugin_llm.transport._stream import open_stream
+
+        return open_stream(self, load_litellm(), request)
+
+    async def aopen_stream(self, request: TransportRequest) -> Any:
+        """Async twin of :meth:`open_stream` (``_stream.AsyncTransportStream``)."""
+        from plugin_llm.transport._stream import aopen_stream
+
+        return await aopen_stream(self, load_litellm(), request)
+
     def supports_json_schema(self, route: Route) -> bool:
         """Whether the route takes ``response_format={"type": "json_schema"}``."""
         if route.supports_json_schema is not None:

@@ -1,0 +1,299 @@
+"""Streamed completions: ``ctx.llm.stream(...)`` / ``astream(...)`` (issue 14).
+
+A :class:`PluginLlmStream` is an iterator of text deltas (``str``) and a
+context manager; :class:`PluginLlmAsyncStream` is its async twin (``async
+for``, ``async with``, or ``await`` to open it). Both drive the *same*
+pipeline generator as ``complete`` (``plugin_llm.llm``): the trust gate,
+limits, routing and audit are that code, only the steps differ - open the
+provider stream, read a delta, hand it out. When the stream ends, ``.result``
+is the :class:`~plugin_llm.types.PluginLlmCompleteResult` (full text, usage,
+cost, audit ids), as ``complete`` would have returned it.
+
+Exactly one audit record per stream, written when it ends, fails, or is
+abandoned: ``close()``/``aclose()``, leaving the ``with`` block early,
+breaking out of the loop and dropping it (garbage collection is the last
+resort: the record is then written by a helper thread, or by the stream's
+event loop, never from inside the collector).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import weakref
+from dataclasses import dataclass
+from typing import Any, Callable, Generator
+
+__all__ = ["PluginLlmStream", "PluginLlmAsyncStream", "StreamOpen", "StreamRead", "Emit", "StreamProgress"]
+
+
+@dataclass(frozen=True)
+class StreamOpen:
+    """Step: open the provider stream of ``request`` (the transport's ``open_stream``)."""
+
+    request: Any
+
+
+@dataclass(frozen=True)
+class StreamRead:
+    """Step: the next text delta of an open transport stream (None at its end)."""
+
+    stream: Any
+
+
+@dataclass(frozen=True)
+class Emit:
+    """Step: hand ``text`` to the consumer; the pipeline resumes when the next delta is asked for."""
+
+    text: str
+
+
+class StreamProgress:
+    """What a stream delivered so far (for the audit record of a partial stream)."""
+
+    __slots__ = ("delivered", "partial", "stream", "call_id")
+
+    def __init__(self) -> None:
+        self.delivered = 0
+        self.partial = True
+        self.stream: Any = None  # the open transport stream
+        self.call_id: str | None = None
+
+    def fields(self) -> dict[str, Any]:
+        return {"stream": True, "stream.partial": self.partial, "stream.delivered_chars": self.delivered}
+
+
+_Flow = Generator[Any, Any, Any]
+
+
+class _Driver:
+    """Runs one stream's pipeline generator: performs its steps, stops at each delta."""
+
+    __slots__ = ("flow", "perform", "prepare", "result", "done", "text", "progress", "loop", "__weakref__")
+
+    def __init__(self, flow: _Flow, perform: Callable[[Any], Any], progress: StreamProgress,
+                 prepare: Callable[[], Any] | None = None) -> None:
+        self.flow = flow
+        self.perform = perform
+        self.prepare = prepare  # async streams: awaited before the first step (litellm's import off the loop)
+        self.result: Any = None
+        self.done = False
+        self.text: list[str] = []
+        self.progress = progress
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def call_id(self) -> str | None:
+        return self.progress.call_id
+
+    def _step(self, value: Any, failure: BaseException | None) -> Any:
+        try:
+            if failure is not None:
+                return self.flow.throw(failure)
+            return self.flow.send(value)
+        except StopIteration as end:
+            self.done = True
+            self.result = end.value
+            return None
+        except BaseException:
+            self.done = True
+            raise
+
+    def next_sync(self) -> str | None:
+        """The next delta, or None at the end (the result is then set)."""
+        step = self._step(None, None)
+        while not self.done:
+            if type(step) is Emit:
+                self.text.append(step.text)
+                return step.text
+            failure: BaseException | None = None
+            try:
+                value = self.perform(step)
+            except BaseException as exc:  # noqa: BLE001 - audited and re-raised by the flow
+                failure, value = exc, None
+            try:
+                step = self._step(value, failure)
+            finally:
+                failure = None
+        return None
+
+    async def next_async(self) -> str | None:
+        prepare, self.prepare = self.prepare, None
+        if prepare is not None:
+            await prepare()
+        step = self._step(None, None)
+        while not self.done:
+            if type(step) is Emit:
+                self.text.append(step.text)
+                return step.text
+            failure: BaseException | None = None
+            try:
+                value = await self.perform(step)
+            except asyncio.CancelledError:  # the consumer's task was cancelled mid-stream: abandoned
+                self.abandon()
+                raise
+            except BaseException as exc:  # noqa: BLE001 - audited and re-raised by the flow
+                failure, value = exc, None
+            try:
+                step = self._step(value, failure)
+            finally:
+                failure = None
+        return None
+
+    def abandon(self) -> None:
+        """Close the pipeline where it stands: it records the stream as abandoned (once)."""
+        if self.done:
+            return
+        self.done = True
+        self.flow.close()
+
+
+def _abandon_later(driver: _Driver) -> None:
+    """The collector found an unfinished stream: record it, but not from inside the collector
+    (an audit write there could wait on a lock this thread already holds)."""
+    if driver.done:
+        return
+    loop = driver.loop
+    if loop is not None:
+        try:
+            loop.call_soon_threadsafe(driver.abandon)
+            return
+        except RuntimeError:  # the loop is closed: the connection went with it
+            pass
+    if threading.main_thread().is_alive():
+        try:
+            threading.Thread(target=driver.abandon, name="plugin-llm-stream-abandoned", daemon=True).start()
+            return
+        except RuntimeError:
+            pass
+    driver.abandon()  # interpreter exit (atexit): no collector on the stack
+
+
+class _Common:
+    _driver: _Driver
+
+    @property
+    def result(self) -> Any:
+        """The :class:`~plugin_llm.types.PluginLlmCompleteResult` once the stream has ended, else None."""
+        return self._driver.result
+
+    @property
+    def text(self) -> str:
+        """The text delivered so far."""
+        return "".join(self._driver.text)
+
+    @property
+    def call_id(self) -> str | None:
+        """The call's id (the ``call_id`` of its audit record)."""
+        return self._driver.call_id
+
+    @property
+    def finished(self) -> bool:
+        """True once the stream ended, failed or was closed."""
+        return self._driver.done
+
+    def __repr__(self) -> str:
+        state = "finished" if self._driver.done else "open"
+        return f"<{type(self).__name__} call_id={self._driver.call_id} {state}, {len(self.text):,} characters>"
+
+
+class PluginLlmStream(_Common):
+    """The text deltas of one streamed completion (``for delta in llm.stream(messages)``).
+
+    Use it as a context manager (or call :meth:`close`) to end it early: the
+    provider connection is dropped and the call is recorded as abandoned with
+    the number of characters delivered.
+    """
+
+    def __init__(self, driver: _Driver, first: str | None) -> None:
+        self._driver = driver
+        self._first = first
+        weakref.finalize(self, _abandon_later, driver)
+
+    def __iter__(self) -> "PluginLlmStream":
+        return self
+
+    def __next__(self) -> str:
+        first, self._first = self._first, None
+        if first is not None:
+            return first
+        if self._driver.done:
+            raise StopIteration
+        text = self._driver.next_sync()
+        if text is None:
+            raise StopIteration
+        return text
+
+    def close(self) -> None:
+        """End the stream now (abandoned if it had not ended)."""
+        self._first = None
+        self._driver.abandon()
+
+    def __enter__(self) -> "PluginLlmStream":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class PluginLlmAsyncStream(_Common):
+    """Async twin of :class:`PluginLlmStream`: ``async for delta in llm.astream(messages)``.
+
+    ``await llm.astream(...)`` opens the stream (trust, limits and the
+    provider's first answer are checked then) and returns it; ``async with``
+    and ``async for`` open it on entry. :meth:`aclose` ends it early.
+    """
+
+    def __init__(self, driver: _Driver) -> None:
+        self._driver = driver
+        self._first: str | None = None
+        self._opened = False
+        weakref.finalize(self, _abandon_later, driver)
+
+    async def _open(self) -> None:
+        if not self._opened:
+            self._opened = True
+            try:
+                self._driver.loop = asyncio.get_running_loop()
+            except RuntimeError:  # pragma: no cover - always awaited in a loop
+                pass
+            self._first = await self._driver.next_async()
+
+    def __await__(self):
+        return self._opened_self().__await__()
+
+    async def _opened_self(self) -> "PluginLlmAsyncStream":
+        await self._open()
+        return self
+
+    def __aiter__(self) -> "PluginLlmAsyncStream":
+        return self
+
+    async def __anext__(self) -> str:
+        if not self._opened:
+            await self._open()
+        first, self._first = self._first, None
+        if first is not None:
+            return first
+        if self._driver.done:
+            raise StopAsyncIteration
+        text = await self._driver.next_async()
+        if text is None:
+            raise StopAsyncIteration
+        return text
+
+    def close(self) -> None:
+        """End the stream now (abandoned if it had not ended); no I/O to wait for."""
+        self._first = None
+        self._driver.abandon()
+
+    async def aclose(self) -> None:
+        """End the stream now (abandoned if it had not ended)."""
+        self.close()
+
+    async def __aenter__(self) -> "PluginLlmAsyncStream":
+        await self._open()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()
