@@ -681,3 +681,22 @@ def register(ctx):
         )
     assert seen["process"] == seen["in_process"]
     assert seen["process"][4] == "init s1 / I like tea ? drinks?"
+
+
+def test_host_objects_reach_an_isolated_plugin_as_their_type_name_only(hermes_home, managers):
+    secret = f"cnry{secrets.token_hex(16)}"
+
+    class Holder:
+        def __init__(self) -> None:
+            self.api_key = secret
+
+        def __str__(self) -> str:
+            return f"Holder({secret})"
+
+    write_plugin(hermes_home / "plugins", "peek", "def register(ctx):\n"
+                 "    ctx.register_hook('on_session_start', lambda **kw: repr(sorted(kw.items())))\n")
+    _config(hermes_home, ["peek"], ["peek"])
+    manager = _manager(hermes_home, managers)
+    [seen] = manager.invoke_hook("on_session_start", session_id="s1", parent_agent=Holder(), tags=("a", 1))
+    assert seen == "[('parent_agent', '<Holder>'), ('session_id', 's1'), ('tags', ['a', 1])]"
+    assert secret not in seen

@@ -44,9 +44,12 @@ class ChannelClosed(ProtocolError):
     """The peer closed its end (it exited, or was stopped)."""
 
 
-def encode_value(value: Any, callables: Callable[[Callable[..., Any]], int] | None = None, depth: int = 0) -> Any:
+def encode_value(value: Any, callables: Callable[[Callable[..., Any]], int] | None = None, depth: int = 0,
+                 strict: bool = False) -> Any:
     """``value`` as JSON-ready data; callables become ``fn`` handles when ``callables`` registers them,
-    other non-JSON objects their ``str`` (bounded)."""
+    other non-JSON objects their ``str`` (bounded). ``strict`` (the host sending to a plugin): an
+    object that is not plain data is sent as ``<TypeName>`` only, and only the gateway's own value
+    types (``plugin_llm.types``) are sent field by field: nothing of a host object's state leaves."""
     kind = type(value)
     if value is None or kind is bool or kind is int or kind is str:
         return value
@@ -57,12 +60,13 @@ def encode_value(value: Any, callables: Callable[[Callable[..., Any]], int] | No
     if isinstance(value, (bytes, bytearray, memoryview)):
         return {"$t": "bytes", "v": base64.b64encode(bytes(value)).decode("ascii")}
     if isinstance(value, dict):
-        items = [(k if type(k) is str else str(k), encode_value(v, callables, depth + 1)) for k, v in value.items()]
+        items = [(k if type(k) is str else str(k), encode_value(v, callables, depth + 1, strict))
+                 for k, v in value.items()]
         if any(k == "$t" for k, _ in items):
             return {"$t": "map", "v": [[k, v] for k, v in items]}
         return dict(items)
     if isinstance(value, (list, tuple, set, frozenset)):
-        return [encode_value(v, callables, depth + 1) for v in value]
+        return [encode_value(v, callables, depth + 1, strict) for v in value]
     if isinstance(value, str):
         return str.__str__(value)
     if isinstance(value, int):
@@ -72,8 +76,11 @@ def encode_value(value: Any, callables: Callable[[Callable[..., Any]], int] | No
     if callables is not None and callable(value):
         return {"$t": "fn", "id": callables(value)}
     fields = getattr(value, "__dataclass_fields__", None)
-    if isinstance(fields, dict):  # PluginLlmTextInput / ImageInput and friends: their fields
-        return {name: encode_value(getattr(value, name, None), callables, depth + 1) for name in fields}
+    if isinstance(fields, dict) and (not strict or type(value).__module__ == "plugin_llm.types"):
+        # PluginLlmTextInput / ImageInput, results and usage: their fields
+        return {name: encode_value(getattr(value, name, None), callables, depth + 1, strict) for name in fields}
+    if strict:
+        return f"<{type(value).__name__[:100]}>"
     try:
         text = str(value)
     except Exception:

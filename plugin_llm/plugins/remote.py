@@ -727,7 +727,7 @@ class RemotePlugin:
         if budget is not None:
             budget.pause()
         try:
-            return encode_value(fn(*args, **kwargs))
+            return encode_value(fn(*args, **kwargs), strict=True)
         finally:
             if budget is not None:
                 budget.resume()
@@ -828,7 +828,8 @@ class RemotePlugin:
                 return self._host_fn_ids
 
         try:
-            params = {"h": slot.handle, "a": encode_value(list(args), host_fn), "k": encode_value(kwargs, host_fn)}
+            params = {"h": slot.handle, "a": encode_value(list(args), host_fn, strict=True),
+                      "k": encode_value(kwargs, host_fn, strict=True)}
             reply = child.peer.call("invoke", params, remaining=budget.remaining if budget is not None else None)
         except CallTimeout:
             self._fault(child, "timeout", f"{slot.what} did not return within {limit:g}s (plugins.hook_timeout); "
@@ -959,10 +960,11 @@ def _encode_result(result: Any) -> dict[str, Any]:
     from plugin_llm.types import PluginLlmStructuredResult
 
     out = {"kind": "complete", "text": result.text, "provider": result.provider, "model": result.model,
-           "agent_id": result.agent_id, "usage": asdict(result.usage), "audit": encode_value(dict(result.audit)),
-           "tool_calls": [encode_value(asdict(c)) for c in result.tool_calls]}
+           "agent_id": result.agent_id, "usage": asdict(result.usage),
+           "audit": encode_value(dict(result.audit), strict=True),
+           "tool_calls": [encode_value(asdict(c), strict=True) for c in result.tool_calls]}
     if isinstance(result, PluginLlmStructuredResult):
-        out.update(kind="structured", parsed=encode_value(result.parsed), content_type=result.content_type)
+        out.update(kind="structured", parsed=encode_value(result.parsed, strict=True), content_type=result.content_type)
     return out
 
 
