@@ -5,11 +5,21 @@ Printed, in one run (``python benchmarks/bench_gateway.py [--quick]``):
 * **sync**, per call: p50/p99 wall and client CPU (this process, all threads,
   so litellm's logging threads count) for the ``http.client`` keep-alive
   floor, raw httpx, the openai SDK, bare ``litellm.completion``,
-  ``PluginLlm.complete`` on the fast path and on the fallback, and Hermes's
-  ``ctx.llm`` when an installed ``hermes-agent`` is importable (the row is
-  skipped otherwise). Contenders are interleaved block by block over many
-  rounds, so that the shared machine's noise hits them alike; CPU per call is
-  the steadier number on a busy machine.
+  ``PluginLlm.complete`` on the fast path and on the fallback, and the fast
+  path's transport alone (the request ours sends, without the gateway around
+  it). Contenders are interleaved block by block over many rounds, so that
+  the shared machine's noise hits them alike; CPU per call is the steadier
+  number on a busy machine. **Gateway overhead** = ours (fast path) minus the
+  transport alone: the CPU (and wall) of the gate, routing, limits, result and
+  audit record per call; with the audit record's rendering (the direct
+  renderer vs the reference encoder ``canonical_json``, in the same run).
+* **Hermes ``ctx.llm``** (hermes-agent's ``agent.plugin_llm.PluginLlm``, the
+  openai SDK underneath) when a Hermes interpreter is given
+  (``--hermes-python PATH``, default ``$HERMES_PYTHON``): it runs in its own
+  process, with its own throw-away ``HERMES_HOME`` pointed at the same
+  upstream, alternating with ours (fast path) in its own process, sync and
+  async; "Hermes row skipped: ..." otherwise. hermes-agent is a reference
+  only, never a dependency.
 * **async** at concurrency 64 and 256: calls/s, p50/p99 latency, CPU per call
   and peak RSS, each contender in its own process (peak RSS is per process),
   repeats interleaved: raw aiohttp, raw ``httpx.AsyncClient`` (why the fast
@@ -147,6 +157,7 @@ def sync_contenders(base_url: str, home: Path, which: set[str] | None = None) ->
         conn.request("POST", path, body, {"Content-Type": "application/json", "Authorization": "Bearer no-key"})
         conn.getresponse().read()
 
+    transport_alone = fast_transport_alone(home)
     contenders = {
         "http.client (floor)": floor,
         "raw httpx": lambda: client.post("/chat/completions", content=body,
@@ -156,29 +167,43 @@ def sync_contenders(base_url: str, home: Path, which: set[str] | None = None) ->
         "bare litellm": lambda: litellm.completion(model=f"openai/{MODEL}", messages=MESSAGES, api_base=base_url,
                                                    api_key="no-key", max_retries=0, timeout=30),
         "ours (fast path)": lambda: fast.complete(MESSAGES),
+        TRANSPORT_ALONE: transport_alone,  # next to ours: the gateway overhead is their difference
         "ours (fallback)": lambda: fallback.complete(MESSAGES),
     }
-    hermes = hermes_contender(base_url)
-    if hermes is not None:
-        contenders["Hermes ctx.llm"] = hermes
     if which is not None:
         contenders = {k: v for k, v in contenders.items() if k in which}
     return contenders
 
 
-def hermes_contender(base_url: str):
-    """Hermes's ``ctx.llm`` when hermes-agent is installed, else None (the row is skipped)."""
-    import importlib.util
+TRANSPORT_ALONE = "fast-path transport alone"
 
-    if importlib.util.find_spec("hermes_agent") is None and importlib.util.find_spec("hermes") is None:
-        return None
-    try:  # pragma: no cover - depends on an installed hermes-agent
-        from hermes_agent.llm import LLM  # type: ignore[import-not-found]
 
-        llm = LLM(base_url=base_url, api_key="no-key", model=MODEL)
-        return lambda: llm.complete(MESSAGES)
-    except Exception:
-        return None
+def fast_transport_alone(home: Path):
+    """The fast path's ``LitellmTransport.complete`` on the very request ``PluginLlm.complete`` builds.
+
+    One call through the gateway records its :class:`TransportRequest` (route,
+    key source, params); the contender then sends that request straight to
+    the transport, so ours minus this is the gateway's own work per call.
+    """
+    import dataclasses
+
+    from plugin_llm import PluginLlm
+    from plugin_llm.transport import LitellmTransport
+
+    transport = LitellmTransport(fast_path=True)
+    seen: list = []
+
+    class Recording:
+        def ready(self) -> None:
+            transport.ready()
+
+        def complete(self, request):
+            seen.append(request)
+            return transport.complete(request)
+
+    PluginLlm("bench", home=home, transport=Recording()).complete(MESSAGES)
+    request = dataclasses.replace(seen[0], deadline=time.monotonic() + 86_400)  # no deadline in the way
+    return lambda: transport.complete(request)
 
 
 def bench_sync(contenders: dict, rounds: int) -> dict[str, dict[str, float]]:
@@ -187,16 +212,20 @@ def bench_sync(contenders: dict, rounds: int) -> dict[str, dict[str, float]]:
             fn()
     walls: dict[str, list[float]] = {n: [] for n in contenders}
     cpus: dict[str, list[float]] = {n: [] for n in contenders}
+    threads: dict[str, list[float]] = {n: [] for n in contenders}
     for _ in range(rounds):
         for name, fn in contenders.items():
-            c0 = process_cpu()
+            c0, t_0 = process_cpu(), time.thread_time()
             for _ in range(BLOCK):
                 t0 = time.perf_counter()
                 fn()
                 walls[name].append(time.perf_counter() - t0)
+            threads[name].append((time.thread_time() - t_0) / BLOCK)
             cpus[name].append((process_cpu() - c0) / BLOCK)
-    return {n: {"p50": pct(walls[n], 0.5), "p99": pct(walls[n], 0.99), "cpu": statistics.median(cpus[n]) * 1e6}
-            for n in contenders}
+    # "cpu": the whole process (litellm's logging threads count); "thread": the calling thread only, which
+    # leaves out work another contender's threads do meanwhile (the fast path runs inline on this thread)
+    return {n: {"p50": pct(walls[n], 0.5), "p99": pct(walls[n], 0.99), "cpu": statistics.median(cpus[n]) * 1e6,
+                "thread": statistics.median(threads[n]) * 1e6} for n in contenders}
 
 
 # --------------------------------------------------------------------------- async contenders (own process)
@@ -299,6 +328,180 @@ def bench_async(base_url: str, home: Path, calls: int, repeats: int, names: list
     return {key: {k: statistics.median(r[k] for r in rows) for k in rows[0]} for key, rows in results.items()}
 
 
+# --------------------------------------------------------------------------- Hermes ctx.llm (own interpreter)
+# Run by the Hermes interpreter (stdlib + hermes-agent only): argv = mode url calls-or-rounds concurrency.
+# Prints one JSON line like the other workers. HERMES_HOME and HOME are throw-away directories.
+HERMES_WORKER = r"""
+import asyncio, json, resource, statistics, sys, time
+from agent.plugin_llm import PluginLlm
+mode, url, n, concurrency = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+MESSAGES = MESSAGES_LITERAL
+BLOCK = BLOCK_LITERAL
+llm = PluginLlm(plugin_id="bench")
+
+def cpu():
+    u = resource.getrusage(resource.RUSAGE_SELF)
+    return u.ru_utime + u.ru_stime
+
+def pct(samples, q):
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1e6
+
+def rss():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+if mode == "sync":
+    for _ in range(30):
+        assert llm.complete(MESSAGES).text
+    walls, cpus = [], []
+    for _ in range(n):
+        c0 = cpu()
+        for _ in range(BLOCK):
+            t0 = time.perf_counter()
+            llm.complete(MESSAGES)
+            walls.append(time.perf_counter() - t0)
+        cpus.append((cpu() - c0) / BLOCK)
+    print(json.dumps({"p50": pct(walls, 0.5), "p99": pct(walls, 0.99), "cpu": statistics.median(cpus) * 1e6,
+                      "rss_mb": rss()}))
+else:
+    async def main():
+        latencies = []
+        async def run(count):
+            sem = asyncio.Semaphore(concurrency)
+            async def one():
+                async with sem:
+                    t0 = time.perf_counter()
+                    await llm.acomplete(MESSAGES, timeout=60)
+                    latencies.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            await asyncio.gather(*(one() for _ in range(count)))
+            return time.perf_counter() - t0
+        await run(min(n, 300))
+        latencies.clear()
+        c0 = cpu()
+        elapsed = await run(n)
+        return {"rate": n / elapsed, "p50": pct(latencies, 0.5), "p99": pct(latencies, 0.99),
+                "cpu": (cpu() - c0) / n * 1e6, "rss_mb": rss()}
+    print(json.dumps(asyncio.run(main())))
+"""
+
+
+class Hermes:
+    """Hermes's ``ctx.llm`` in its own interpreter, against our upstream; ``skipped`` says why it cannot run."""
+
+    def __init__(self, python: str | None) -> None:
+        self.python, self.version, self.skipped = python, "", ""
+        if not python:
+            self.skipped = "no Hermes interpreter (pass --hermes-python PATH or set HERMES_PYTHON)"
+            return
+        try:
+            out = subprocess.run([python, "-c", "import importlib.metadata as m, agent.plugin_llm; "
+                                  "print(m.version('hermes-agent'))"], capture_output=True, text=True, timeout=120)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            self.skipped = f"{python} could not be run ({type(exc).__name__})"
+            return
+        if out.returncode != 0:
+            last = (out.stderr.strip().splitlines() or ["no output"])[-1][:200]
+            self.skipped = f"{python} cannot import hermes-agent's agent.plugin_llm ({last})"
+            return
+        self.version = out.stdout.strip()
+
+    def run(self, mode: str, base_url: str, n: int, concurrency: int = 1) -> dict:
+        assert self.python
+        with tempfile.TemporaryDirectory(prefix="bench-hermes-") as tmp:
+            home = Path(tmp)
+            (home / "user").mkdir()
+            (home / "config.yaml").write_text(f"model:\n  provider: custom\n  model: {MODEL}\n  base_url: {base_url}\n")
+            source = HERMES_WORKER.replace("MESSAGES_LITERAL", repr(MESSAGES)).replace("BLOCK_LITERAL", str(BLOCK))
+            env = {k: v for k, v in os.environ.items() if not k.endswith(("_API_KEY", "_BASE_URL"))}
+            env.update(HERMES_HOME=str(home), HOME=str(home / "user"))
+            out = subprocess.run([self.python, "-c", source, mode, base_url, str(n), str(concurrency)],
+                                 capture_output=True, text=True, timeout=900, env=env, cwd=tmp)
+        if out.returncode != 0:
+            raise RuntimeError(f"Hermes {mode} worker failed: {out.stderr[-1500:]}")
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def bench_hermes(hermes: Hermes, base_url: str, home: Path, rounds: int, calls: int, repeats: int) -> None:
+    """Hermes and ours (fast path), each in its own process, alternating; sync then async."""
+    print(f"\n== Hermes ctx.llm (hermes-agent {hermes.version}, openai SDK) vs ours (fast path), each in its own "
+          f"process, alternating, median of {repeats} ==")
+    sync_rows: dict[str, list[dict]] = {"Hermes ctx.llm": [], "ours (fast path)": []}
+    for _ in range(repeats):
+        sync_rows["Hermes ctx.llm"].append(hermes.run("sync", base_url, rounds))
+        sync_rows["ours (fast path)"].append(in_process(["--sync-worker", base_url, str(home), str(rounds)]))
+    sync = {name: {k: statistics.median(r[k] for r in rows) for k in rows[0]} for name, rows in sync_rows.items()}
+    print(f"  sync {'contender':<18} {'p50 µs':>9} {'p99 µs':>9} {'CPU µs/call':>12}")
+    for name, row in sync.items():
+        print(f"       {name:<18} {row['p50']:9.0f} {row['p99']:9.0f} {row['cpu']:12.0f}")
+    ours, theirs = sync["ours (fast path)"], sync["Hermes ctx.llm"]
+    print(f"  ours (fast) / Hermes ctx.llm, sync p50: {ours['p50'] / theirs['p50']:.3f}   (target <= 0.35)   "
+          f"CPU: {ours['cpu'] / theirs['cpu']:.3f}")
+    for concurrency in (64, 256):
+        rows: dict[str, list[dict]] = {"Hermes ctx.llm": [], "ours (fast path)": []}
+        for _ in range(repeats):
+            rows["Hermes ctx.llm"].append(hermes.run("async", base_url, calls, concurrency))
+            rows["ours (fast path)"].append(in_process(["--async-worker", "ours (fast path)", base_url, str(home),
+                                                        str(concurrency), str(calls)]))
+        med = {name: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for name, rs in rows.items()}
+        h, o = med["Hermes ctx.llm"], med["ours (fast path)"]
+        print(f"  async, concurrency {concurrency}: Hermes {h['rate']:.0f} calls/s (p99 {h['p99'] / 1000:.1f} ms, "
+              f"peak RSS {h['rss_mb']:.0f} MB), ours {o['rate']:.0f} calls/s (p99 {o['p99'] / 1000:.1f} ms, "
+              f"peak RSS {o['rss_mb']:.0f} MB): ours / Hermes = {o['rate'] / h['rate']:.2f}x")
+
+
+def bench_render(iterations: int) -> tuple[float, float, float]:
+    """CPU µs to render one call record: the writer's direct renderer, the reference encoder, the whole write."""
+    import hashlib
+
+    from audit import AuditLog, AuditSettings
+    from audit.processors import HOST_GENERATED, RecordRenderer, format_ts
+    from audit.records import CONTENT_FIELDS, canonical_json
+    from auth.redaction import redact, redact_field
+
+    record = {
+        "event": "llm.call", "call_id": "626185cb993945fa844f0365eb569482", "plugin_id": "bench", "purpose": None,
+        "api": "complete", "mode": "sync", "decision": "allowed", "gen_ai.operation.name": "chat",
+        "gen_ai.provider.name": "custom", "gen_ai.request.model": MODEL, "agent_id": None, "profile": None,
+        "schema_name": None, "latency_ms": 1.191, "decision_reason": "no overrides requested", "status": "ok",
+        "error.type": None, "error.message": None, "gen_ai.response.model": MODEL, "gen_ai.usage.input_tokens": 9,
+        "gen_ai.usage.output_tokens": 4, "cost_usd": None, "attempts": 1, "overhead_ms": 0.191,
+        "prompt_sha256": "1" * 64, "response_sha256": "2" * 64, "kind": "call", "seq": 1, "prev_hash": "0" * 64,
+    }
+    renderer = RecordRenderer(clock=time.time, redact=redact_field, log_content=False)
+    skip = HOST_GENERATED
+
+    def reference() -> None:
+        """The same steps the way the processor chain did them: the generic encoder, ``redact`` on every
+        non-host string, a copy per stage (without structlog's own two copies of the record)."""
+        event_dict = dict(record)
+        if event_dict.get("ts") is None:
+            event_dict["ts"] = format_ts(time.time())
+        event_dict["schema"] = 1
+        for name in CONTENT_FIELDS:
+            event_dict.pop(name, None)
+        for key, value in event_dict.items():
+            if type(value) is str and not (key in skip and value.isascii()):
+                event_dict[key] = redact(value)
+        body = canonical_json(dict(event_dict))
+        body[:-1] + b',"hash":"' + hashlib.sha256(body).hexdigest().encode() + b'"}\n'
+
+    with tempfile.TemporaryDirectory() as tmp:
+        log = AuditLog(Path(tmp) / "logs" / "agent.log", AuditSettings(), redact=redact_field)
+        fns = {"direct": lambda: renderer.render(dict(record)), "reference": reference, "write": lambda: log.write(record)}
+        samples: dict[str, list[float]] = {name: [] for name in fns}
+        for _ in range(20):
+            for name, fn in fns.items():
+                c0 = time.thread_time()
+                for _ in range(iterations // 20):
+                    fn()
+                samples[name].append((time.thread_time() - c0) / (iterations // 20) * 1e6)
+    return tuple(statistics.median(samples[n]) for n in ("direct", "reference", "write"))  # type: ignore[return-value]
+
+
 # --------------------------------------------------------------------------- cold start, pipeline, gate, import
 COLD = {
     "bare litellm": ("import litellm\n"
@@ -375,6 +578,9 @@ def bench_import(runs: int) -> tuple[float, float, bool]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer rounds (a smoke run)")
+    parser.add_argument("--hermes-python", metavar="PATH", default=os.environ.get("HERMES_PYTHON"),
+                        help="a Python with hermes-agent installed, for the Hermes ctx.llm row "
+                             "(default: $HERMES_PYTHON; the row is skipped without one)")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--async-worker", nargs=5, metavar=("NAME", "URL", "HOME", "CONCURRENCY", "CALLS"),
                         help=argparse.SUPPRESS)
@@ -392,6 +598,7 @@ def main() -> None:
         return
 
     rounds, calls, repeats, cold_runs = (10, 500, 1, 2) if args.quick else (100, 3000, 3, 5)
+    hermes = Hermes(args.hermes_python)
     with server_process() as server:
         home = make_home(server.base_url)
         print(f"server: {server.base_url} (asyncio, own process)   python {sys.version.split()[0]}   "
@@ -400,20 +607,27 @@ def main() -> None:
         print(f"\n== sync, per call: {rounds} interleaved rounds of {BLOCK}-call blocks ==")
         contenders = sync_contenders(server.base_url, home)
         sync = bench_sync(contenders, rounds)
-        print(f"  {'contender':<22} {'p50 µs':>9} {'p99 µs':>9} {'CPU µs/call':>12}")
+        print(f"  {'contender':<26} {'p50 µs':>9} {'p99 µs':>9} {'CPU µs/call':>12} {'thread CPU':>11}")
         for name, row in sync.items():
-            print(f"  {name:<22} {row['p50']:9.0f} {row['p99']:9.0f} {row['cpu']:12.0f}")
-        if "Hermes ctx.llm" not in sync:
-            print("  (Hermes ctx.llm: hermes-agent is not installed here; row skipped)")
+            print(f"  {name:<26} {row['p50']:9.0f} {row['p99']:9.0f} {row['cpu']:12.0f} {row['thread']:11.0f}")
         ours, bare, fb = sync["ours (fast path)"], sync["bare litellm"], sync["ours (fallback)"]
         for what in ("p50", "cpu"):
             print(f"  ours (fast) / bare litellm, {what}: {ours[what] / bare[what]:.3f}   (target <= 0.25)"
                   f"   ours (fallback) / bare litellm: {fb[what] / bare[what]:.3f}")
-        if "Hermes ctx.llm" in sync:
-            hermes = sync["Hermes ctx.llm"]
-            print(f"  ours (fast) / Hermes ctx.llm, p50: {ours['p50'] / hermes['p50']:.3f}   (target <= 0.35)")
+        alone = sync[TRANSPORT_ALONE]
+        print(f"  gateway overhead (ours fast path minus the fast-path transport alone, same request): "
+              f"{ours['thread'] - alone['thread']:.0f} µs thread CPU ({ours['cpu'] - alone['cpu']:.0f} process CPU), "
+              f"{ours['p50'] - alone['p50']:.0f} µs p50 per call")
         pipeline = bench_pipeline(home, 2000 if args.quick else 20000)
         print(f"  gateway pipeline alone (null transport; gate, routing, audit write): {pipeline:.0f} µs CPU per call")
+        direct, reference, write = bench_render(20_000 if args.quick else 100_000)
+        print(f"  audit call record, rendered directly: {direct:.1f} µs vs the processor chain's steps with the "
+              f"reference encoder: {reference:.1f} µs ({direct / reference:.2f}x); whole AuditLog.write "
+              f"{write:.1f} µs (thread CPU, medians)")
+        if hermes.skipped:
+            print(f"  Hermes row skipped: {hermes.skipped}")
+        else:
+            bench_hermes(hermes, server.base_url, home, max(rounds // 2, 5), calls, repeats)
 
         print(f"\n== async: {calls} calls per run, each contender in its own process, median of {repeats} ==")
         asy = bench_async(server.base_url, home, calls, repeats, ASYNC_CONTENDERS)
