@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from plugin_llm.cli.main import main
+from tests.bounded import run_bounded
 from tests.conftest import write_config
 from tests.plugin_fixtures import write_plugin
 
@@ -133,3 +134,134 @@ def test_the_problem_is_printed_once_through_the_real_entry_point(hermes_home):
         assert out.returncode == 2, out
         assert out.stderr.count("does not parse") == 1 and out.stderr.count(GATE) == 1, out.stderr
         assert "unusable" not in out.stderr and "Traceback" not in out.stderr
+
+
+# --------------------------------------------------------------------------- 3. tool and middleware failures
+
+CANARY = "canary-ux13-0c8e1f5a9b7d4e2f"
+
+TOOLS = f'''
+def helper(x):
+    raise ValueError("leaked {CANARY}")   # the plugin's bug
+
+
+def calc(args):
+    return helper(args)
+
+
+def register(ctx):
+    ctx.register_tool("calc", {{"name": "calc", "parameters": {{"type": "object"}}}}, calc)
+    ctx.register_tool("echo", {{"name": "echo", "parameters": {{"type": "object"}}}}, lambda args: "echo")
+'''
+
+MIDDLEWARE = '''
+def wrap(args, next_call, **kw):
+    return fail_here(args)
+
+
+def fail_here(args):
+    return {}["missing"]
+
+
+def rewrite(args, **kw):
+    raise RuntimeError("request rewrite bug")
+
+
+def register(ctx):
+    ctx.register_middleware("tool_execution", wrap)
+    ctx.register_middleware("tool_request", rewrite)
+'''
+
+
+def _events(home: Path, name: str) -> list[dict]:
+    path = home / "logs" / "agent.log"
+    records = [json.loads(line) for line in path.read_text(encoding="utf-8").split("\n") if line.strip()]
+    return [r for r in records if r.get("event") == name]
+
+
+def _manager(home: Path):
+    from plugin_llm.plugins import PluginManager
+
+    manager = PluginManager(home)
+    manager.discover_plugins()
+    return manager
+
+
+def test_a_failing_tool_is_logged_and_audited_once_with_its_frames_bounded_and_redacted(hermes_home, caplog):
+    import logging
+
+    from auth import register_secret
+
+    register_secret(CANARY)
+    write_plugin(hermes_home / "plugins", "tools", TOOLS)
+    write_config(hermes_home, "plugins:\n  enabled: [tools]\n")
+    manager = _manager(hermes_home)
+    with caplog.at_level(logging.DEBUG, logger="plugin_llm.plugins"):
+        for _ in range(3):  # the same failure every call: reported once
+            result = json.loads(manager.dispatch_tool("calc", {}))
+            assert "Tool 'calc' failed: ValueError" in result["error"]
+    [event] = _events(hermes_home, "tool_error")
+    assert event["kind"] == "event" and event["plugin_id"] == "tools" and event["tool"] == "calc"
+    assert event["error.type"] == "ValueError" and event["message"].startswith("leaked ")
+    assert event["frames"][-1].startswith("__init__.py:3 in helper: raise ValueError(")  # relative to the plugin
+    assert "__init__.py:7 in calc: return helper(args)" in event["frames"]
+    assert not any("plugin_llm" in f for f in event["frames"])  # only the plugin's own frames
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING and "tool calc" in r.getMessage()]
+    assert len(warnings) == 1 and "ValueError" in warnings[0].getMessage()
+    [debug] = [r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG and "plugin traceback" in r.getMessage()]
+    assert "__init__.py:3 in helper" in debug and "__init__.py:7 in calc" in debug
+    log_text = (hermes_home / "logs" / "agent.log").read_text(encoding="utf-8")
+    assert CANARY not in log_text and CANARY not in caplog.text  # the message and the source line, redacted
+    assert manager.dispatch_tool("echo", {}) == "echo"  # the other tools still work
+
+
+def test_async_tool_dispatch_reports_the_failure_the_same_way(hermes_home):
+    import asyncio
+
+    write_plugin(hermes_home / "plugins", "tools", TOOLS)
+    write_config(hermes_home, "plugins:\n  enabled: [tools]\n")
+    manager = _manager(hermes_home)
+    result = run_bounded(lambda: asyncio.run(manager.adispatch_tool("calc", {})), 30)
+    assert "Tool 'calc' failed" in result
+    [event] = _events(hermes_home, "tool_error")
+    assert any(f.startswith("__init__.py:3 in helper") for f in event["frames"])
+
+
+def test_failing_middleware_is_audited_as_hook_error_with_its_frames_once(hermes_home, caplog):
+    import logging
+
+    write_plugin(hermes_home / "plugins", "tools", TOOLS)
+    write_plugin(hermes_home / "plugins", "mw", MIDDLEWARE)
+    write_config(hermes_home, "plugins:\n  enabled: [tools, mw]\n")
+    manager = _manager(hermes_home)
+    with caplog.at_level(logging.DEBUG, logger="plugin_llm.plugins"):
+        for _ in range(2):
+            assert run_bounded(lambda: manager.dispatch_tool("echo", {}), 30) == "echo"  # skipped, the call goes on
+    events = {e["hook"]: e for e in _events(hermes_home, "hook_error")}
+    assert len(_events(hermes_home, "hook_error")) == 2  # one per distinct failure, not one per call
+    execution, request = events["middleware:tool_execution"], events["middleware:tool_request"]
+    assert execution["plugin_id"] == request["plugin_id"] == "mw"
+    assert execution["error.type"] == "KeyError" and "__init__.py:7 in fail_here: return {}[\"missing\"]" in execution["frames"]
+    assert "__init__.py:3 in wrap: return fail_here(args)" in execution["frames"]
+    assert request["error.type"] == "RuntimeError" and request["frames"] == [
+        "__init__.py:11 in rewrite: raise RuntimeError(\"request rewrite bug\")"]
+    debug = [r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG and "plugin traceback" in r.getMessage()]
+    assert any("middleware tool_execution" in m and "__init__.py:7 in fail_here" in m for m in debug)
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "middleware" in r.getMessage()]
+    assert len(warned) == 2
+
+
+def test_a_timed_out_middleware_is_audited_without_frames(hermes_home):
+    write_plugin(hermes_home / "plugins", "tools", TOOLS)
+    write_plugin(hermes_home / "plugins", "slow", """
+        import time
+        def mw(args, next_call, **kw):
+            time.sleep(5)
+        def register(ctx):
+            ctx.register_middleware("tool_execution", mw)
+    """)
+    write_config(hermes_home, "plugins:\n  enabled: [tools, slow]\n  hook_timeout: 0.2\n")
+    manager = _manager(hermes_home)
+    assert run_bounded(lambda: manager.dispatch_tool("echo", {}), 30) == "echo"
+    [event] = _events(hermes_home, "hook_error")
+    assert event["plugin_id"] == "slow" and "plugins.hook_timeout" in event["message"] and event["frames"] == []

@@ -53,7 +53,7 @@ from .isolation import (
     shown,
     type_name,
 )
-from .tracebacks import frames_text, plugin_dir_of, plugin_frames
+from .tracebacks import FailureReporter, frames_text, plugin_dir_of, plugin_frames
 from .registry import (
     load_order,
     BUILTIN_COMMANDS,
@@ -330,6 +330,8 @@ class PluginManager:
         self._settings = SettingsSource(self.home)
         self._registry = PluginRegistry()
         self._hooks = HookRunner(self._hook_timeout, self._on_hook_error)
+        #: tool and middleware failures: logged and audited once each, with the plugin's frames
+        self._failures = FailureReporter(_log, self._audit)
         self._records: dict[str, _PluginRecord] = {}
         self._discover_lock = threading.RLock()
         self._registry_lock = threading.Lock()
@@ -664,9 +666,9 @@ class PluginManager:
                                              context={**context, "tool_name": tool_name},
                                              accept_payload=_tool_args_payload)
 
-    def _on_middleware_error(self, entry: MiddlewareEntry, what: str) -> None:
-        self._audit("hook_error", hook=f"middleware:{entry.kind}", plugin=entry.plugin_key,
-                    plugin_id=entry.plugin_key, message=what[:500])
+    def _on_middleware_error(self, entry: MiddlewareEntry, what: str, error: BaseException | None = None) -> None:
+        self._failures.report("hook_error", entry.plugin_key, f"middleware {entry.kind}", what, error=error,
+                              plugin_dir=plugin_dir_of(self, entry.plugin_key), hook=f"middleware:{entry.kind}")
 
     # --- calling provider plugins (memory providers, context engines) -----------------
 
@@ -1193,9 +1195,8 @@ class PluginManager:
 
     def _tool_failed(self, entry: ToolEntry, exc: BaseException) -> str:
         text = error_text(exc)
-        _log.warning("tool %s (plugin %s) raised %s", entry.name, entry.plugin_key, text)
-        if _log.isEnabledFor(logging.DEBUG):
-            _log.debug("tool %s failed:%s", entry.name, frames_text(exc, plugin_dir_of(self, entry.plugin_key)))
+        self._failures.report("tool_error", entry.plugin_key, f"tool {entry.name}", text, error=exc,
+                              plugin_dir=plugin_dir_of(self, entry.plugin_key), tool=entry.name)
         return _tool_error(f"Tool '{entry.name}' failed: {text}")
 
     def _after_tool(self, tool_name: str, args: Any, result: str, hook_kw: dict[str, Any]) -> str:

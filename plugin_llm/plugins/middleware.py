@@ -118,19 +118,24 @@ class _Frame:
         return now - self.started - self.downstream_total - inside
 
 
-def _frames(error: BaseException) -> str:
-    from .tracebacks import frames_text  # the plugin's own frames of its failure (shown with --debug)
+#: ``on_error(entry, what, error)``: a callback failed (``error``: what it raised, None for a
+#: timeout or an unusable result). The manager logs and audits it (``hook_error``, with the
+#: plugin's frames, once per distinct failure: see :class:`.tracebacks.FailureReporter`).
+OnError = Callable[[MiddlewareEntry, str, "BaseException | None"], None]
 
-    return frames_text(error)
 
+def _report(entry: MiddlewareEntry, what: str, on_error: OnError | None, error: BaseException | None = None) -> None:
+    if on_error is None:  # no reporter: the log still says it, with the plugin's frames at DEBUG
+        from .tracebacks import frames_text
 
-def _report(entry: MiddlewareEntry, what: str, on_error: Callable[[MiddlewareEntry, str], None] | None) -> None:
-    _log.warning("middleware %s of plugin %s %s", entry.kind, entry.plugin_key, what)
-    if on_error is not None:
-        try:
-            on_error(entry, what)
-        except Exception:  # reporting never breaks the call
-            pass
+        _log.warning("middleware %s of plugin %s %s", entry.kind, entry.plugin_key, what)
+        if error is not None:
+            _log.debug("middleware %s of plugin %s failed:%s", entry.kind, entry.plugin_key, frames_text(error))
+        return
+    try:
+        on_error(entry, what, error)
+    except Exception:  # reporting never breaks the call
+        pass
 
 
 def run_chain(
@@ -144,7 +149,7 @@ def run_chain(
     timeout: float,
     accept_payload: Callable[[Any], Any],
     accept_result: Callable[[Any], Any],
-    on_error: Callable[[MiddlewareEntry, str], None] | None = None,
+    on_error: OnError | None = None,
 ) -> Any:
     """Run ``terminal(payload)`` through ``entries`` (see the module docstring).
 
@@ -227,8 +232,7 @@ def run_chain(
         if type(frame.error) is _Downstream:
             raise frame.error.original
         if frame.error is not None:
-            _report(entry, f"raised {error_text(frame.error)}; skipped", on_error)
-            _log.debug("middleware %s of plugin %s failed:%s", kind, entry.plugin_key, _frames(frame.error))
+            _report(entry, f"raised {error_text(frame.error)}; skipped", on_error, frame.error)
             if frame.next_ok:
                 return frame.next_result
             if frame.next_called:  # its downstream failed inside, then it raised something else
@@ -253,7 +257,7 @@ def apply_requests(
     context: dict[str, Any],
     timeout: float,
     accept_payload: Callable[[Any], Any],
-    on_error: Callable[[MiddlewareEntry, str], None] | None = None,
+    on_error: OnError | None = None,
 ) -> Any:
     """Request middleware: each callback may replace the payload (``{payload_key: new}``)."""
     from .hooks import call_limited
@@ -269,7 +273,8 @@ def apply_requests(
         })
         outcome = call_limited(kind, entry.plugin_key, lambda: entry.callback(**kwargs), timeout)
         if outcome.error is not None:
-            _report(entry, f"failed ({outcome.error_text}); skipped", on_error)
+            _report(entry, f"failed ({outcome.error_text}); skipped", on_error,
+                    None if outcome.timed_out else outcome.error)
             continue
         value = outcome.value  # plain data, read under the time limit
         if type(value) is not dict or payload_key not in value:

@@ -12,17 +12,25 @@ the count and lengths bounded.
 Reading a traceback runs no plugin code (code objects and line numbers are
 plain data; source lines come from :mod:`linecache`), so this is safe to call
 on anything a plugin raised.
+
+:class:`FailureReporter` reports a failure of a plugin's tool handler or
+middleware callback the way hook and load failures are reported: once per
+distinct error, a WARNING log line saying what failed, the plugin's frames in
+the log at DEBUG (on screen with ``--debug``), and an operational audit event
+carrying the frames — all of it bounded and redacted.
 """
 
 from __future__ import annotations
 
 import linecache
+import logging
 import os
+import threading
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Callable
 
-__all__ = ["MAX_FRAMES", "plugin_frames", "frames_text", "plugin_dir_of"]
+__all__ = ["MAX_FRAMES", "plugin_frames", "frames_text", "plugin_dir_of", "FailureReporter"]
 
 #: Frames kept (the innermost ones: where it failed).
 MAX_FRAMES = 12
@@ -108,3 +116,64 @@ def plugin_dir_of(manager: Any, plugin_key: Any) -> Path | None:
         return record.candidate.path if record is not None else None
     except Exception:
         return None
+
+
+#: Characters of a failure's message kept in its audit event (as ``hook_error`` keeps).
+MAX_EVENT_MESSAGE = 500
+
+
+def _redact(text: str) -> str:
+    try:
+        from auth import redact
+    except ImportError:  # pragma: no cover - auth is part of the host
+        return text
+    return redact(text)
+
+
+class FailureReporter:
+    """Reports each distinct failure of plugin code once: log and audit log, with the plugin's frames.
+
+    ``audit(event, **fields)`` writes the operational event (the manager's sink,
+    which the audit writer redacts again). Identical failures (same event,
+    plugin, subject and error text) are reported once, as hook failures are, so
+    a tool failing on every call cannot flood either log; the memory of what
+    was reported is bounded.
+    """
+
+    _MAX_REPORTED = 1024
+
+    def __init__(self, logger: logging.Logger, audit: Callable[..., None]) -> None:
+        self._log = logger
+        self._audit = audit
+        self._lock = threading.Lock()
+        self._reported: set[tuple[str, str, str, str]] = set()
+
+    def report(self, event: str, plugin_key: str, what: str, text: str, *, error: BaseException | None = None,
+               plugin_dir: Path | str | None = None, **fields: Any) -> bool:
+        """Report ``what`` (``tool 'calc'``, ``middleware tool_execution``) of ``plugin_key`` failing
+        with ``text`` (a safe ``Type: message``); False when this failure was already reported."""
+        signature = (event, plugin_key, what, text)
+        with self._lock:
+            if signature in self._reported:
+                return False
+            if len(self._reported) >= self._MAX_REPORTED:
+                self._reported.clear()
+            self._reported.add(signature)
+        text = _redact(text)
+        frames = [_redact(frame) for frame in plugin_frames(error, plugin_dir)] if error is not None else []
+        self._log.warning("%s of plugin %s failed: %s (further identical errors are not logged)",
+                          what, plugin_key, text)
+        if frames:
+            self._log.debug("%s of plugin %s failed:\n  plugin traceback (most recent call last):\n%s",
+                            what, plugin_key, "\n".join("    " + f for f in frames))
+        from .isolation import type_name  # never trusts the plugin's class
+
+        name = type_name(error) if error is not None else None
+        message = text[len(name) + 2:] if name and text.startswith(name + ": ") else text
+        extra = {"error.type": name} if name else {}
+        try:
+            self._audit(event, plugin=plugin_key, plugin_id=plugin_key, message=message[:MAX_EVENT_MESSAGE],
+                        frames=frames, **fields, **extra)
+        except Exception:  # reporting never breaks the host
+            self._log.debug("audit of a plugin failure failed", exc_info=True)
+        return True
