@@ -700,3 +700,18 @@ def test_host_objects_reach_an_isolated_plugin_as_their_type_name_only(hermes_ho
     [seen] = manager.invoke_hook("on_session_start", session_id="s1", parent_agent=Holder(), tags=("a", 1))
     assert seen == "[('parent_agent', '<Holder>'), ('session_id', 's1'), ('tags', ['a', 1])]"
     assert secret not in seen
+
+
+def test_arguments_too_big_to_send_fail_that_call_only(hermes_home, managers):
+    from plugin_llm.plugins.protocol import MAX_MESSAGE
+
+    write_plugin(hermes_home / "plugins", "small", "def register(ctx):\n"
+                 "    ctx.register_hook('on_session_start', lambda session_id: len(session_id))\n")
+    _config(hermes_home, ["small"], ["small"])
+    manager = _manager(hermes_home, managers)
+    pid = manager.get_plugin("small")["pid"]
+    assert manager.invoke_hook("on_session_start", session_id="x" * (MAX_MESSAGE + 1)) == []
+    errors = _events(hermes_home, "hook_error")
+    assert len(errors) == 1 and "its arguments cannot be sent to its process" in errors[0]["message"]
+    assert manager.invoke_hook("on_session_start", session_id="abc") == [3]
+    assert manager.get_plugin("small")["pid"] == pid and _events(hermes_home, "plugin_process_fault") == []

@@ -840,6 +840,9 @@ class RemotePlugin:
             raise _stand_in(exc.info) from None
         except ChannelClosed:
             raise RemotePluginUnavailable(f"plugin {self.key}: {child.reason or 'its process stopped'}") from None
+        except ValueError as exc:  # the arguments cannot be sent (too big, too deep): nothing was sent
+            raise ValueError(f"plugin {self.key}: {slot.what}: its arguments cannot be sent to its process "
+                             f"({bounded(str(exc), 200)})") from None
         except BaseException:  # the host's time limit (SIGALRM) or Ctrl-C while waiting: the call is abandoned
             self._fault(child, "interrupted", f"{slot.what} was interrupted while running; its process was stopped")
             raise
