@@ -1,22 +1,31 @@
 """What the service adds: ``plugin-llm serve`` vs in-process ``PluginLlm.acomplete`` (issue 14).
 
-The method of public gateway benchmarks: one upstream (the canned
-OpenAI-compatible asyncio server of ``bench_gateway.py --serve``, in its own
-process, answering in microseconds), called directly - here in-process
-``PluginLlm.acomplete``, the call ``ctx.llm`` makes - and through the gateway
-service (``plugin-llm serve --workers W``, W = 1 and 2) by a lean aiohttp
-client holding a plugin token. Printed per concurrency (1, 16, 64):
+The method of public gateway benchmarks: one upstream, called directly and through the gateway.
 
-* p50/p99 latency direct and through the service, and the added p50/p99;
-* calls/s, and calls/s per worker;
-* CPU per call: the client process, and the service's processes (all workers,
-  from /proc), so a busy shared machine can be told from a slow service.
+* **upstream**: a canned OpenAI-compatible HTTP/1.1 keep-alive server in its own process, on uvloop when it is
+  installed (~20-40 us of CPU per answer), so that it takes as little as possible of the CPU the gateway needs.
+* **direct**: in-process ``PluginLlm.acomplete`` - the call ``ctx.llm`` makes - at concurrency C (C coroutines),
+  on the default asyncio loop as in a host, in its own process.
+* **service**: ``plugin-llm serve --workers W`` (W = 1 and 2) with the same home, called by a lean load
+  generator (one keep-alive connection per concurrent caller, the request bytes built once, a minimal HTTP/1.1
+  response parser, uvloop): ~30-60 us of CPU per call where aiohttp's client took ~250 us, so the client does
+  not starve the workers it measures. Every answer is read in full and must be a 200 with a ``text`` field.
+* ``--baseline REV`` also runs the service of git revision REV (its ``plugin_llm``, ``audit`` and ``auth``
+  packages extracted by ``git archive`` into a temporary directory, this tree's venv) with the same client, so
+  before and after are measured in one run under the same noise.
 
-Each measurement runs in its own client process; rounds alternate direct and
-service so that the machine's noise hits both alike, and the median over
-rounds is printed. ``--quick`` runs fewer calls and rounds. Targets (issue 14):
-p50 added < 1 ms at concurrency 1; p99 added < 10 ms at concurrency 64 with
-2 workers.
+Printed per workers and concurrency (1, 16, 64): p50/p99 direct and through the service, the added p50/p99,
+calls/s (and per worker), and CPU per call: the client's, the workers' (``/proc`` of each worker pid, summed:
+what one request costs a worker), the supervisor's, the upstream's and the direct process's. CPU per call is
+the number to compare on a noisy machine; latency at concurrency 64 on a machine with fewer cores than
+client + workers + upstream also measures how the scheduler shares the cores.
+
+Rounds interleave direct, before and after measurement by measurement (each client in a process of its own),
+and the median over rounds is printed. No CPU pinning on a machine with fewer than W + 2 CPUs: pinning would
+only choose which process waits (the direct side would get a core the service side does not). With at least
+W + 2 CPUs, ``--pin`` puts the upstream and the client on the last CPU and the workers - and the direct
+process - on the others. ``--quick`` runs fewer calls and rounds. Targets (issue 14): p50 added < 1 ms at
+concurrency 1; p99 added < 10 ms at concurrency 64 with 2 workers.
 """
 
 from __future__ import annotations
@@ -26,11 +35,13 @@ import asyncio
 import json
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
@@ -40,7 +51,14 @@ sys.path.insert(0, str(ROOT))
 MESSAGES = [{"role": "user", "content": "Benchmark ping: say something short."}]
 MODEL = "local-echo-1"
 CONCURRENCY = (1, 16, 64)
+PACKAGES = ("plugin_llm", "audit", "auth")
 _TICKS = os.sysconf("SC_CLK_TCK")
+REPLY = json.dumps({
+    "id": "chatcmpl-bench", "object": "chat.completion", "created": 1700000000, "model": MODEL,
+    "choices": [{"index": 0, "message": {"role": "assistant", "content": "Benchmark pong, short."},
+                 "finish_reason": "stop"}],
+    "usage": {"prompt_tokens": 9, "completion_tokens": 4, "total_tokens": 13},
+}).encode()
 
 
 def process_cpu() -> float:
@@ -48,20 +66,13 @@ def process_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def tree_cpu(pid: int) -> float:
-    """CPU seconds of ``pid`` and its children (the service's workers), from /proc."""
-    total = 0.0
-    todo = [pid]
-    while todo:
-        current = todo.pop()
-        try:
-            fields = Path(f"/proc/{current}/stat").read_text().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / _TICKS
-            for task in Path(f"/proc/{current}/task").iterdir():
-                todo.extend(int(c) for c in (task / "children").read_text().split())
-        except (OSError, ValueError, IndexError):
-            continue
-    return total
+def pid_cpu(pid: int) -> float:
+    """CPU seconds of one process (all its threads), from /proc; 0 once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / _TICKS
+    except (OSError, ValueError, IndexError):
+        return 0.0
 
 
 def pct(samples: list[float], q: float) -> float:
@@ -69,21 +80,106 @@ def pct(samples: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1e3
 
 
+def run_loop(main):
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(main)
+    return uvloop.run(main)
+
+
+def pin(cpus: set[int] | None) -> None:
+    if cpus:
+        os.sched_setaffinity(0, cpus)
+
+
+# --------------------------------------------------------------------------- HTTP/1.1, minimal
+def _parse(buffer: bytearray) -> tuple[int, bytes] | None:
+    """One complete response at the start of ``buffer`` (removed from it), or None while it is incomplete."""
+    end = buffer.find(b"\r\n\r\n")
+    if end < 0:
+        return None
+    head = bytes(buffer[:end]).lower()
+    at = head.find(b"content-length:")
+    length = int(head[at + 15:].split(b"\r\n", 1)[0]) if at >= 0 else 0
+    if len(buffer) < end + 4 + length:
+        return None
+    status, body = int(head[9:12]), bytes(buffer[end + 4:end + 4 + length])
+    del buffer[:end + 4 + length]
+    return status, body
+
+
+class _Upstream(asyncio.Protocol):
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(REPLY)
+
+    def connection_made(self, transport):  # noqa: D102
+        self.transport, self.buffer = transport, bytearray()
+
+    def data_received(self, data):  # noqa: D102
+        self.buffer += data
+        while True:
+            end = self.buffer.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            lowered = bytes(self.buffer[:end]).lower()
+            at = lowered.find(b"content-length:")
+            length = int(lowered[at + 15:].split(b"\r\n", 1)[0]) if at >= 0 else 0
+            if len(self.buffer) < end + 4 + length:
+                return
+            del self.buffer[:end + 4 + length]
+            self.transport.write(self.head + REPLY)
+
+
+def upstream_main() -> None:
+    async def main() -> None:
+        server = await asyncio.get_running_loop().create_server(_Upstream, "127.0.0.1", 0, backlog=4096)
+        print(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1", flush=True)
+        await server.serve_forever()
+
+    run_loop(main())
+
+
+class _Connection(asyncio.Protocol):
+    def __init__(self) -> None:
+        self.buffer = bytearray()
+        self.waiter: asyncio.Future | None = None
+
+    def connection_made(self, transport):  # noqa: D102
+        self.transport = transport
+
+    def data_received(self, data):  # noqa: D102
+        self.buffer += data
+        if self.waiter is not None and not self.waiter.done():
+            answer = _parse(self.buffer)
+            if answer is not None:
+                self.waiter.set_result(answer)
+
+    def connection_lost(self, exc):  # noqa: D102
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_exception(ConnectionError("the service closed the connection"))
+
+    async def request(self, data: bytes) -> tuple[int, bytes]:
+        self.waiter = asyncio.get_running_loop().create_future()
+        self.transport.write(data)
+        return await self.waiter
+
+
 # --------------------------------------------------------------------------- client processes
-async def _measure(call, concurrency: int, calls: int) -> dict:
+async def _measure(call_factory, concurrency: int, calls: int) -> dict:
+    """``calls`` calls by ``concurrency`` callers (each its own ``call``), after a warm-up."""
+    callers = [await call_factory() for _ in range(concurrency)]
     latencies: list[float] = []
 
+    async def caller(call, n: int) -> None:
+        for _ in range(n):
+            t0 = time.perf_counter()
+            await call()
+            latencies.append(time.perf_counter() - t0)
+
     async def run(n: int) -> float:
-        sem = asyncio.Semaphore(concurrency)
-
-        async def one() -> None:
-            async with sem:
-                t0 = time.perf_counter()
-                await call()
-                latencies.append(time.perf_counter() - t0)
-
+        shares = [n // concurrency + (1 if i < n % concurrency else 0) for i in range(concurrency)]
         t0 = time.perf_counter()
-        await asyncio.gather(*(one() for _ in range(n)))
+        await asyncio.gather(*(caller(call, k) for call, k in zip(callers, shares)))
         return time.perf_counter() - t0
 
     await run(min(calls, 200))  # warm-up: connections, caches
@@ -99,40 +195,44 @@ def direct_worker(home: str, concurrency: int, calls: int) -> dict:
 
     llm = PluginLlm("bench", home=Path(home))
 
-    async def main() -> dict:
+    async def factory():
         async def call() -> None:
             await llm.acomplete(MESSAGES, timeout=60)
+        return call
 
-        return await _measure(call, concurrency, calls)
-
-    return asyncio.run(main())
+    return asyncio.run(_measure(factory, concurrency, calls))
 
 
-def service_worker(url: str, token: str, concurrency: int, calls: int) -> dict:
-    import aiohttp
+def service_client(url: str, token: str, concurrency: int, calls: int) -> dict:
+    host, port = url.split("//", 1)[1].rsplit(":", 1)
+    body = json.dumps({"messages": MESSAGES, "timeout": 60}).encode()
+    request = (f"POST /v1/plugin-llm/complete HTTP/1.1\r\nHost: {host}:{port}\r\nAuthorization: Bearer {token}\r\n"
+               f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
+    connections: list[_Connection] = []
 
-    async def main() -> dict:
-        session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), skip_auto_headers=("User-Agent",))
-        body = json.dumps({"messages": MESSAGES, "timeout": 60}).encode()
-        headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
-        target = url + "/v1/plugin-llm/complete"
+    async def factory():
+        _, connection = await asyncio.get_running_loop().create_connection(_Connection, host, int(port))
+        connections.append(connection)
 
         async def call() -> None:
-            async with session.post(target, data=body, headers=headers) as response:
-                await response.read()
-                if response.status != 200:
-                    raise RuntimeError(f"the service answered {response.status}")
+            status, answer = await connection.request(request)
+            if status != 200 or b'"text"' not in answer:
+                raise RuntimeError(f"the service answered {status}: {answer[:300]!r}")
+        return call
 
+    async def main() -> dict:
         try:
-            return await _measure(call, concurrency, calls)
+            return await _measure(factory, concurrency, calls)
         finally:
-            await session.close()
+            for connection in connections:
+                connection.transport.close()
 
-    return asyncio.run(main())
+    return run_loop(main())
 
 
-def in_process(args: list[str]) -> dict:
-    out = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True, timeout=900)
+def in_process(args: list[str], cpus: set[int] | None) -> dict:
+    pinned = ["--cpus", ",".join(map(str, sorted(cpus)))] if cpus else []
+    out = subprocess.run([sys.executable, __file__, *pinned, *args], capture_output=True, text=True, timeout=900)
     if out.returncode != 0:
         raise RuntimeError(f"{args[0]} failed: {out.stderr[-1500:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -140,9 +240,13 @@ def in_process(args: list[str]) -> dict:
 
 # --------------------------------------------------------------------------- orchestration
 class upstream:
+    def __init__(self, cpus: set[int] | None) -> None:
+        self.cpus = cpus
+
     def __enter__(self) -> "upstream":
-        self.proc = subprocess.Popen([sys.executable, str(ROOT / "benchmarks" / "bench_gateway.py"), "--serve"],
-                                     stdout=subprocess.PIPE, text=True)
+        pinned = ["--cpus", ",".join(map(str, sorted(self.cpus)))] if self.cpus else []
+        self.proc = subprocess.Popen([sys.executable, __file__, *pinned, "--upstream"], stdout=subprocess.PIPE,
+                                     text=True)
         self.base_url = self.proc.stdout.readline().strip()
         return self
 
@@ -152,33 +256,54 @@ class upstream:
 
 
 class service:
-    def __init__(self, home: Path, workers: int) -> None:
-        self.home, self.workers = home, workers
+    """``plugin-llm serve --workers W`` of this tree, or of the packages in ``source`` (a baseline)."""
+
+    def __init__(self, home: Path, workers: int, source: Path | None = None, cpus: set[int] | None = None) -> None:
+        self.home, self.workers, self.source, self.cpus = home, workers, source, cpus
 
     def __enter__(self) -> "service":
-        import urllib.request
-
         env = {**os.environ, "HERMES_HOME": str(self.home)}
+        if self.source is not None:
+            env["PYTHONPATH"] = str(self.source)
         self.proc = subprocess.Popen([sys.executable, "-m", "plugin_llm", "serve", "--port", "0", "--workers",
-                                      str(self.workers)], stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+                                      str(self.workers)], stdout=subprocess.PIPE, text=True, env=env,
+                                     cwd=self.source or ROOT, preexec_fn=(lambda: pin(self.cpus)) if self.cpus else None)
         line = self.proc.stdout.readline()
         self.url = line.split("listening on ", 1)[1].split()[0]
-        deadline = time.monotonic() + 60
-        while True:  # every worker up (each imports litellm at start-up)
+        deadline = time.monotonic() + 90
+        self.pids: set[int] = set()
+        while True:  # every worker up and ready (each imports litellm at start-up)
             try:
-                pids = {json.load(urllib.request.urlopen(self.url + "/healthz", timeout=5))["pid"] for _ in range(20)}
-                if self.workers == 1 or len(pids) >= self.workers or time.monotonic() > deadline:
+                for _ in range(40):
+                    health = json.load(urllib.request.urlopen(self.url + "/healthz", timeout=5))
+                    if health.get("ready", True):
+                        self.pids.add(health["pid"])
+                if len(self.pids) >= self.workers or time.monotonic() > deadline:
                     break
             except OSError:
                 if time.monotonic() > deadline:
                     raise
             time.sleep(0.2)
-        time.sleep(1.0 if self.workers > 1 else 0.2)
+        time.sleep(0.5)
         return self
+
+    def cpu(self) -> tuple[float, float]:
+        """(CPU seconds of the workers, of the supervisor when it is another process)."""
+        workers = sum(pid_cpu(pid) for pid in self.pids)
+        return workers, (pid_cpu(self.proc.pid) if self.proc.pid not in self.pids else 0.0)
 
     def __exit__(self, *exc: object) -> None:
         self.proc.terminate()
-        self.proc.wait(timeout=30)
+        self.proc.wait(timeout=60)
+
+
+def extract(rev: str) -> Path:
+    """The packages of git revision ``rev`` in a temporary directory (read from the repository, nothing checked out)."""
+    target = Path(tempfile.mkdtemp(prefix="bench-service-baseline-"))
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", rev, *PACKAGES],
+                             capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(target)], input=archive, check=True)
+    return target
 
 
 def make_home(base_url: str) -> tuple[Path, str]:
@@ -192,63 +317,115 @@ def make_home(base_url: str) -> tuple[Path, str]:
     return home, token
 
 
+def _cpus(text: str | None) -> set[int] | None:
+    return {int(c) for c in text.split(",")} if text else None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--serve-only", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--baseline", metavar="REV", help="also measure the service of this git revision")
+    parser.add_argument("--pin", action="store_true", help="pin processes to CPUs (needs workers + 2 CPUs)")
+    parser.add_argument("--workers", default="1,2", help="worker counts to measure (default 1,2)")
+    parser.add_argument("--cpus", help=argparse.SUPPRESS)
+    parser.add_argument("--upstream", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--direct", nargs=3, metavar=("HOME", "C", "N"), help=argparse.SUPPRESS)
     parser.add_argument("--client", nargs=4, metavar=("URL", "TOKEN", "C", "N"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    pin(_cpus(args.cpus))
+    if args.upstream:
+        return upstream_main()
     if args.direct:
         print(json.dumps(direct_worker(args.direct[0], int(args.direct[1]), int(args.direct[2]))))
         return
     if args.client:
         url, token, c, n = args.client
-        print(json.dumps(service_worker(url, token, int(c), int(n))))
+        print(json.dumps(service_client(url, token, int(c), int(n))))
         return
 
+    worker_counts = [int(w) for w in args.workers.split(",")]
     rounds = 2 if args.quick else 4
     calls = {1: 400, 16: 1500, 64: 3000} if args.quick else {1: 1500, 16: 4000, 64: 8000}
-    print(f"bench_service: {os.cpu_count()} CPUs, {rounds} rounds, calls per run {calls}; times in ms, CPU in us/call")
-    with upstream() as up:
-        home, token = make_home(up.base_url)
-        results: dict[tuple, list[dict]] = {}
-        for workers in (1, 2):
-            with service(home, workers) as svc:
-                for _ in range(rounds):
-                    for c in CONCURRENCY:
-                        direct = in_process(["--direct", str(home), str(c), str(calls[c])])
-                        results.setdefault(("direct", workers, c), []).append(direct)
-                        cpu0 = tree_cpu(svc.proc.pid)
-                        through = in_process(["--client", svc.url, token, str(c), str(calls[c])])
-                        # the warm-up calls count in the service's CPU: divide by every call it served
-                        through["svc_cpu_us"] = (tree_cpu(svc.proc.pid) - cpu0) / (calls[c] + min(calls[c], 200)) * 1e6
-                        results.setdefault(("service", workers, c), []).append(through)
+    cpus = sorted(os.sched_getaffinity(0))
+    side = work = None
+    if args.pin:
+        if len(cpus) < max(worker_counts) + 2:
+            print(f"--pin: {len(cpus)} CPUs are fewer than workers + 2; not pinning")
+        else:
+            side, work = {cpus[-1]}, set(cpus[:-1])
+    kinds = ["after"] + (["before"] if args.baseline else [])
+    print(f"bench_service: {len(cpus)} CPUs, {rounds} rounds, calls per run {calls}; times in ms, CPU in us/call; "
+          f"pinning: {'upstream+client on CPU %d, workers and direct on %s' % (cpus[-1], sorted(work)) if work else 'none'}")
+    baseline = extract(args.baseline) if args.baseline else None
+    results: dict[tuple, list[dict]] = {}
+    try:
+        with upstream(side) as up:
+            home, token = make_home(up.base_url)
+            for workers in worker_counts:
+                services = {"after": service(home, workers, None, work)}
+                if baseline is not None:
+                    services["before"] = service(home, workers, baseline, work)
+                for svc in services.values():
+                    svc.__enter__()
+                try:
+                    for _ in range(rounds):
+                        for c in CONCURRENCY:
+                            u0 = pid_cpu(up.proc.pid)
+                            direct = in_process(["--direct", str(home), str(c), str(calls[c])], work)
+                            direct["up_cpu_us"] = (pid_cpu(up.proc.pid) - u0) / (calls[c] + min(calls[c], 200)) * 1e6
+                            results.setdefault(("direct", workers, c), []).append(direct)
+                            for kind in kinds:
+                                svc = services[kind]
+                                (w0, s0), u0 = svc.cpu(), pid_cpu(up.proc.pid)
+                                through = in_process(["--client", svc.url, token, str(c), str(calls[c])], side)
+                                (w1, s1), served = svc.cpu(), calls[c] + min(calls[c], 200)  # the warm-up counts
+                                through.update(worker_cpu_us=(w1 - w0) / served * 1e6, sup_cpu_us=(s1 - s0) / served * 1e6,
+                                               up_cpu_us=(pid_cpu(up.proc.pid) - u0) / served * 1e6)
+                                results.setdefault((kind, workers, c), []).append(through)
+                finally:
+                    for svc in services.values():
+                        svc.__exit__(None, None, None)
+    finally:
+        if baseline is not None:
+            shutil.rmtree(baseline, ignore_errors=True)
 
     def med(kind: str, workers: int, c: int, field: str) -> float:
         return statistics.median(r[field] for r in results[(kind, workers, c)])
 
     print()
-    print(f"{'workers':>7} {'conc':>4} | {'direct p50':>10} {'p99':>7} | {'service p50':>11} {'p99':>7} | "
-          f"{'added p50':>9} {'p99':>7} | {'direct/s':>8} {'service/s':>9} {'/worker':>8} | "
-          f"{'cpu client':>10} {'cpu service':>11} {'cpu direct':>10}")
-    for workers in (1, 2):
+    print(f"{'service':>7} {'W':>2} {'conc':>4} | {'direct p50':>10} {'p99':>7} | {'service p50':>11} {'p99':>7} | "
+          f"{'added p50':>9} {'p99':>7} | {'direct/s':>8} {'service/s':>9} {'/worker':>7} | CPU us/call: "
+          f"{'client':>6} {'workers':>7} {'superv.':>7} {'upstream':>8} {'direct':>6}")
+    for workers in worker_counts:
         for c in CONCURRENCY:
             d50, d99 = med("direct", workers, c, "p50"), med("direct", workers, c, "p99")
-            s50, s99 = med("service", workers, c, "p50"), med("service", workers, c, "p99")
-            rate = med("service", workers, c, "rate")
-            print(f"{workers:>7} {c:>4} | {d50:>10.3f} {d99:>7.3f} | {s50:>11.3f} {s99:>7.3f} | "
-                  f"{s50 - d50:>9.3f} {s99 - d99:>7.3f} | {med('direct', workers, c, 'rate'):>8.0f} {rate:>9.0f} "
-                  f"{rate / workers:>8.0f} | {med('service', workers, c, 'cpu_us'):>10.0f} "
-                  f"{med('service', workers, c, 'svc_cpu_us'):>11.0f} {med('direct', workers, c, 'cpu_us'):>10.0f}")
-    a1 = med("service", 1, 1, "p50") - med("direct", 1, 1, "p50")
-    a64 = med("service", 2, 64, "p99") - med("direct", 2, 64, "p99")
+            for kind in kinds:
+                s50, s99 = med(kind, workers, c, "p50"), med(kind, workers, c, "p99")
+                rate = med(kind, workers, c, "rate")
+                print(f"{kind:>7} {workers:>2} {c:>4} | {d50:>10.3f} {d99:>7.3f} | {s50:>11.3f} {s99:>7.3f} | "
+                      f"{s50 - d50:>9.3f} {s99 - d99:>7.3f} | {med('direct', workers, c, 'rate'):>8.0f} {rate:>9.0f} "
+                      f"{rate / workers:>7.0f} | {'':>12}{med(kind, workers, c, 'cpu_us'):>6.0f} "
+                      f"{med(kind, workers, c, 'worker_cpu_us'):>7.0f} {med(kind, workers, c, 'sup_cpu_us'):>7.0f} "
+                      f"{med(kind, workers, c, 'up_cpu_us'):>8.0f} {med('direct', workers, c, 'cpu_us'):>6.0f}")
     print()
-    print(f"target p50 added < 1 ms at concurrency 1 (1 worker): {a1:.3f} ms -> {'met' if a1 < 1 else 'NOT met'}")
-    print(f"target p99 added < 10 ms at concurrency 64, 2 workers: {a64:.3f} ms -> {'met' if a64 < 10 else 'NOT met'}")
-    print("cpu client = the aiohttp client's process; cpu service = all serve processes per call; cpu direct = the "
-          "in-process PluginLlm's process. On a machine with fewer cores than client + workers + upstream, "
-          "concurrency 64 measures CPU contention as much as the service.")
+    for kind in kinds:
+        label = "this tree" if kind == "after" else f"baseline {args.baseline}"
+        if 1 in worker_counts:
+            a1 = med(kind, 1, 1, "p50") - med("direct", 1, 1, "p50")
+            print(f"{label}: p50 added at concurrency 1 (1 worker): {a1:.3f} ms (target < 1 ms: "
+                  f"{'met' if a1 < 1 else 'NOT met'})")
+        if 2 in worker_counts:
+            a64 = med(kind, 2, 64, "p99") - med("direct", 2, 64, "p99")
+            print(f"{label}: p99 added at concurrency 64, 2 workers: {a64:.3f} ms (target < 10 ms: "
+                  f"{'met' if a64 < 10 else 'NOT met'})")
+        for workers in worker_counts:
+            cpu = statistics.median(med(kind, workers, c, "worker_cpu_us") - med("direct", workers, c, "cpu_us")
+                                    for c in CONCURRENCY)
+            print(f"{label}: {workers} worker(s): a request costs the workers {cpu:+.0f} us of CPU over the direct "
+                  "call (median over concurrencies)")
+    print("workers = CPU of the worker processes per request they served (summed over workers); direct = the "
+          "in-process PluginLlm's process per call; client = the load generator; superv. = uvicorn's supervisor "
+          "with W > 1.")
 
 
 if __name__ == "__main__":

@@ -2,10 +2,17 @@
 
 The socket is bound here (before uvicorn starts), so the URL printed at
 start-up has the real port even for ``--port 0``, and every worker accepts on
-the same socket. SIGTERM (or Ctrl-C) stops accepting, lets every call in flight
+the same port. SIGTERM (or Ctrl-C) stops accepting, lets every call in flight
 finish - each within its own deadline, at most ``llm.max_timeout`` - then
 flushes the limits stores and the audit log and exits 0. With several
 workers, the parent forwards SIGTERM to each and waits for them.
+
+On Linux each worker listens on a socket of its own bound to the same port
+(``SO_REUSEPORT``), so the kernel spreads new connections evenly over the
+workers. With one shared socket, whichever worker wakes first accepts: a
+client pool opening 64 keep-alive connections at once could leave 63 on one
+worker and 1 on the other, and that worker's queue became the tail latency.
+Elsewhere (no load-balancing ``SO_REUSEPORT``) the workers share one socket.
 """
 
 from __future__ import annotations
@@ -49,18 +56,79 @@ def tls_warning(options: ServeOptions) -> str | None:
             "or pass --ssl-certfile/--ssl-keyfile")
 
 
-def _bind(host: str, port: int) -> socket.socket:
+#: the kernel balances connections over the sockets of one port (Linux); elsewhere SO_REUSEPORT does not
+REUSEPORT_BALANCES = sys.platform.startswith("linux") and hasattr(socket, "SO_REUSEPORT")
+
+
+def _bind(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind((host, port))
+        sock.listen(2048)
     except OSError:
         sock.close()
         raise
-    sock.listen(2048)
     sock.set_inheritable(True)
     return sock
+
+
+def _balanced_multiprocess(config, first: socket.socket, host: str):
+    """uvicorn's supervisor, each worker (and each replacement of a dead one) given its own SO_REUSEPORT socket.
+
+    The parent closes its copy of a worker's socket once the worker is started (the child has it): a socket of
+    the port's group that nobody accepts on would still be handed its share of the connections.
+    """
+    from uvicorn.supervisors import Multiprocess
+
+    port = first.getsockname()[1]
+
+    class Balanced(Multiprocess):
+        def __init__(self) -> None:
+            self._unused = [first]  # listening, not yet given to a worker
+            self._given: list[socket.socket] = []
+            super().__init__(config, sockets=[])
+
+        @property  # uvicorn builds every worker as Process(self.config, self.sockets)
+        def sockets(self) -> list[socket.socket]:
+            sock = self._unused.pop(0) if self._unused else _bind(host, port, reuse_port=True)
+            self._given.append(sock)
+            return [sock]
+
+        @sockets.setter
+        def sockets(self, value: list[socket.socket]) -> None:
+            pass
+
+        def _close_given(self) -> None:
+            while self._given:
+                self._given.pop().close()
+
+        def init_processes(self) -> None:
+            # every worker's socket listens before the first starts: early connections wait, none is refused
+            self._unused += [_bind(host, port, reuse_port=True) for _ in range(self.processes_num - 1)]
+            try:
+                super().init_processes()
+            finally:
+                self._close_given()
+                while self._unused:
+                    self._unused.pop().close()
+
+        def keep_subprocess_alive(self) -> None:
+            try:
+                super().keep_subprocess_alive()
+            finally:
+                self._close_given()
+
+        def restart_all(self) -> None:
+            try:
+                super().restart_all()
+            finally:
+                self._close_given()
+
+    return Balanced()
 
 
 def _url(options: ServeOptions, sock: socket.socket) -> str:
@@ -82,7 +150,8 @@ def serve(options: ServeOptions, out: TextIO = sys.stdout) -> int:
     if options.workers > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         metrics_dir = tempfile.mkdtemp(prefix="plugin-llm-metrics-")
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir  # /metrics sums every worker's counts
-    sock = _bind(options.host, options.port)
+    balanced = options.workers > 1 and REUSEPORT_BALANCES
+    sock = _bind(options.host, options.port, reuse_port=balanced)
     config = uvicorn.Config(
         "plugin_llm.service.app:app_from_env",
         factory=True,
@@ -105,7 +174,9 @@ def serve(options: ServeOptions, out: TextIO = sys.stdout) -> int:
           f"home {options.home}); SIGTERM drains calls in flight (up to {max_timeout + _DRAIN_MARGIN:g}s)",
           file=out, flush=True)
     try:
-        if options.workers > 1:
+        if balanced:
+            _balanced_multiprocess(config, sock, options.host).run()
+        elif options.workers > 1:
             from uvicorn.supervisors import Multiprocess
 
             Multiprocess(config, sockets=[sock]).run()
