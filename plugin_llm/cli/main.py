@@ -25,6 +25,7 @@ closed (no write is cut short), logging is shut down and the process exits with
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import importlib.util
 import logging
@@ -217,7 +218,8 @@ def _main(argv: list[str]) -> int:
         if plugin_cli is not None:
             _set_debug("--debug" in argv[: argv.index(selected)])
             return plugin_cli(argv)
-        if closed is not None:  # it may be a plugin's command: say why none is there
+        # it may be a plugin's command: say why none is there (a typo of a built-in one goes to argparse)
+        if closed is not None and not difflib.get_close_matches(selected, list(known), n=1):
             _error(f"unknown command {_printable(selected)!r}: {closed}; until then no plugin is enabled, "
                    "so no plugin command is available")
             return 2
