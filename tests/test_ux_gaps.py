@@ -120,6 +120,9 @@ def test_a_plugin_command_on_a_config_that_does_not_parse(hermes_home, capsys):
     assert main(["tldr2", "hi"]) == 2
     err = capsys.readouterr().err
     assert GATE in err and "no plugin command is available" in err and "invalid choice" not in err
+    with pytest.raises(SystemExit) as exited:  # a typo of a built-in command: argparse's list of them
+        main(["plugns", "list"])
+    assert exited.value.code == 2 and "invalid choice: 'plugns'" in capsys.readouterr().err
 
 
 def test_the_problem_is_printed_once_through_the_real_entry_point(hermes_home):
