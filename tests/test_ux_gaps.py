@@ -268,3 +268,20 @@ def test_a_timed_out_middleware_is_audited_without_frames(hermes_home):
     assert run_bounded(lambda: manager.dispatch_tool("echo", {}), 30) == "echo"
     [event] = _events(hermes_home, "hook_error")
     assert event["plugin_id"] == "slow" and "plugins.hook_timeout" in event["message"] and event["frames"] == []
+
+
+def test_a_failing_command_is_audited_with_its_frames_and_printed_once(hermes_home, capsys):
+    write_plugin(hermes_home / "plugins", "boom", """
+        def helper(raw):
+            return raw + 1      # the plugin's bug
+
+        def register(ctx):
+            ctx.register_command("boom", helper)
+    """)
+    write_config(hermes_home, "plugins:\n  enabled: [boom]\n")
+    assert main(["run", "boom", "x"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("TypeError") == 1 and "--debug shows where" in err
+    [event] = _events(hermes_home, "command_error")
+    assert event["plugin_id"] == "boom" and event["command"] == "boom" and event["error.type"] == "TypeError"
+    assert event["frames"] == ["__init__.py:3 in helper: return raw + 1      # the plugin's bug"]

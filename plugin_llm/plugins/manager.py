@@ -1121,7 +1121,7 @@ class PluginManager:
         if failure is None:
             result, failure = _guarded(_command_text, result)
         if failure is not None:
-            raise _command_failure(entry, failure)
+            raise self._command_failed(entry, failure)
         return result
 
     def run_command(self, name: str, raw_args: str = "") -> str | None:
@@ -1129,8 +1129,16 @@ class PluginManager:
         entry = self._require_command(name)
         result, failure = _guarded(self._run_command_handler, entry, raw_args)
         if failure is not None:
-            raise _command_failure(entry, failure)
+            raise self._command_failed(entry, failure)
         return result
+
+    def _command_failed(self, entry: CommandEntry, failure: BaseException) -> Exception:
+        """Audit a failed command (``command_error``, with the plugin's frames) and return what to raise.
+        Not logged: whoever ran it prints the error (the CLI once, with --debug the frames)."""
+        self._failures.report("command_error", entry.plugin_key, f"command /{entry.name}", error_text(failure),
+                              error=failure, plugin_dir=plugin_dir_of(self, entry.plugin_key), log=False,
+                              command=entry.name)
+        return _command_failure(entry, failure)
 
     @staticmethod
     def _run_command_handler(entry: CommandEntry, raw_args: str) -> str | None:

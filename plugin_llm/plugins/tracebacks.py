@@ -149,9 +149,10 @@ class FailureReporter:
         self._reported: set[tuple[str, str, str, str]] = set()
 
     def report(self, event: str, plugin_key: str, what: str, text: str, *, error: BaseException | None = None,
-               plugin_dir: Path | str | None = None, **fields: Any) -> bool:
-        """Report ``what`` (``tool 'calc'``, ``middleware tool_execution``) of ``plugin_key`` failing
-        with ``text`` (a safe ``Type: message``); False when this failure was already reported."""
+               plugin_dir: Path | str | None = None, log: bool = True, **fields: Any) -> bool:
+        """Report ``what`` (``tool calc``, ``middleware tool_execution``) of ``plugin_key`` failing
+        with ``text`` (a safe ``Type: message``); ``log=False`` audits only (the caller prints the
+        error and its frames itself). False when this failure was already reported."""
         signature = (event, plugin_key, what, text)
         with self._lock:
             if signature in self._reported:
@@ -161,9 +162,10 @@ class FailureReporter:
             self._reported.add(signature)
         text = _redact(text)
         frames = [_redact(frame) for frame in plugin_frames(error, plugin_dir)] if error is not None else []
-        self._log.warning("%s of plugin %s failed: %s (further identical errors are not logged)",
-                          what, plugin_key, text)
-        if frames:
+        if log:
+            self._log.warning("%s of plugin %s failed: %s (further identical errors are not logged)",
+                              what, plugin_key, text)
+        if log and frames:
             self._log.debug("%s of plugin %s failed:\n  plugin traceback (most recent call last):\n%s",
                             what, plugin_key, "\n".join("    " + f for f in frames))
         from .isolation import type_name  # never trusts the plugin's class
