@@ -62,8 +62,9 @@ def test_unknown_command_and_help_never_import_litellm():
     assert bad.returncode == 2 and "invalid choice" in bad.stderr and "Traceback" not in bad.stderr
 
 
-def test_try_warns_when_config_does_not_parse(hermes_home, capsys):
+def test_try_refuses_a_config_that_does_not_parse(hermes_home, capsys):
     write_config(hermes_home, "model: [broken\n")
-    assert main(["try", "--as", "p", "hi"]) == 0
+    # refused (a configuration error): a fresh process would call the defaults, not the operator's route
+    assert main(["try", "--as", "p", "hi"]) == 2
     err = capsys.readouterr().err
-    assert "config.yaml:2:1" in err and "fail closed" in err
+    assert "config.yaml:2:1" in err and "the trust gate is closed until it is fixed" in err

@@ -285,3 +285,23 @@ def test_a_failing_command_is_audited_with_its_frames_and_printed_once(hermes_ho
     [event] = _events(hermes_home, "command_error")
     assert event["plugin_id"] == "boom" and event["command"] == "boom" and event["error.type"] == "TypeError"
     assert event["frames"] == ["__init__.py:3 in helper: return raw + 1      # the plugin's bug"]
+
+
+def test_install_and_remove_refuse_a_config_that_does_not_parse_leaving_no_grants_behind(hermes_home, tmp_path, capsys):
+    """Leftover grants cannot be ruled out (install) nor removed (remove) while config.yaml does not
+    parse: both refuse and change nothing, unless told to ignore the config."""
+    source = write_plugin(tmp_path / "src", "calc")
+    write_config(hermes_home, BROKEN)
+    assert main(["plugins", "install", str(source), "--no-enable"]) == 2
+    err = capsys.readouterr().err
+    assert err.count(GATE) == 1 and "nothing was installed" in err and "--accept-existing-grants" in err
+    assert not (hermes_home / "plugins" / "calc").exists()
+    assert main(["plugins", "install", str(source), "--no-enable", "--accept-existing-grants"]) == 2
+    assert (hermes_home / "plugins" / "calc" / "plugin.yaml").is_file()
+    capsys.readouterr()
+    assert main(["plugins", "remove", "calc"]) == 2
+    err = capsys.readouterr().err
+    assert err.count(GATE) == 1 and "nothing was removed" in err and "--keep-config" in err
+    assert (hermes_home / "plugins" / "calc").is_dir()
+    assert main(["plugins", "remove", "calc", "--keep-config"]) == 2  # removed; the config is still broken
+    assert not (hermes_home / "plugins" / "calc").exists()

@@ -675,6 +675,10 @@ def _remove(args: argparse.Namespace, home: Path) -> int:
     except inst.InstallError as exc:
         hint = _not_removable_hint(args.name, refs)
         raise CliError(printable(f"{exc}{hint}", limit=2000)) from None
+    closed = _closed_reason(home)
+    if closed is not None and not args.keep_config:  # its enabled entry and grants would stay behind
+        raise CliError(f"{closed}; whether it still enables or trusts {key} cannot be read, so nothing was "
+                       "removed (fix config.yaml, or use --keep-config)")
     mentions = [m for m in _config_mentions(home, key) if m != "plugins.disabled"]  # disabled: harmless, kept
     cleaning = bool(mentions) and not args.keep_config
     if cleaning:  # refuse before deleting anything when config.yaml cannot be edited
@@ -732,6 +736,10 @@ def _remove_config(home: Path, key: str) -> tuple[list[str], Any]:
 def _check_leftover_config(home: Path, key: str, *, accept: bool, interactive: bool) -> None:
     """Settings config.yaml already has for ``key`` (a removed plugin's ``--keep-config``, a hand
     edit) would enable and trust the new plugin: ask on a terminal, refuse otherwise."""
+    closed = _closed_reason(home)
+    if closed is not None and not accept:  # leftover grants cannot be ruled out
+        raise CliError(f"{closed}; whether it has settings for {key} (left by an earlier plugin of that name) "
+                       "cannot be read, so nothing was installed (fix config.yaml, or pass --accept-existing-grants)")
     mentions = [m for m in _config_mentions(home, key) if m != "plugins.disabled"]
     if not mentions or accept:
         return
@@ -775,6 +783,16 @@ def _not_removable_hint(name: str, refs: list[Any]) -> str:
                 return f" ({ref.key} is a pip-installed plugin: uninstall its distribution with pip)"
             return f" ({ref.key} is a project plugin in ./.hermes/plugins; remove it there)"
     return ""
+
+
+def _closed_reason(home: Path) -> str | None:
+    """Why config.yaml cannot be read (``HostConfig.closed_reason``), None when it parses."""
+    try:
+        from plugin_llm.config import get_config_source
+
+        return get_config_source(home).current().closed_reason
+    except Exception as exc:  # pragma: no cover - defensive
+        return str(exc)
 
 
 def _config_mentions(home: Path, key: str) -> list[str]:
