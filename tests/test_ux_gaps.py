@@ -305,3 +305,15 @@ def test_install_and_remove_refuse_a_config_that_does_not_parse_leaving_no_grant
     assert (hermes_home / "plugins" / "calc").is_dir()
     assert main(["plugins", "remove", "calc", "--keep-config"]) == 2  # removed; the config is still broken
     assert not (hermes_home / "plugins" / "calc").exists()
+
+
+def test_the_config_problem_is_printed_redacted(hermes_home, capsys):
+    from auth import register_secret
+
+    secret = "canary-ux13-alias-5d1e9a7c3b"
+    register_secret(secret)
+    write_config(hermes_home, f"model:\n  api_key: *{secret}\n")  # YAML quotes the unknown alias in its error
+    assert main(["trust", "show"]) == 2
+    captured = capsys.readouterr()
+    assert GATE in captured.err and "found undefined alias" in captured.err
+    assert secret not in captured.err

@@ -220,8 +220,8 @@ def _main(argv: list[str]) -> int:
             return plugin_cli(argv)
         # it may be a plugin's command: say why none is there (a typo of a built-in one goes to argparse)
         if closed is not None and not difflib.get_close_matches(selected, list(known), n=1):
-            _error(f"unknown command {_printable(selected)!r}: {closed}; until then no plugin is enabled, "
-                   "so no plugin command is available")
+            _error(_clean(f"unknown command {_printable(selected)!r}: {closed}; until then no plugin is "
+                          "enabled, so no plugin command is available"))
             return 2
     parser = _build_parser(selected if selected in known else None)
     if _wants_help(argv, selected):
@@ -233,13 +233,13 @@ def _main(argv: list[str]) -> int:
         return 0 if selected is None else 2
     closed = _config_closed(args)
     if closed is not None and args.command in _REFUSE_ON_BROKEN_CONFIG:
-        _error(closed)
+        _error(_clean(closed))
         return 2
     code, said = _run(args)
     if closed is None:
         return code
     if not said:  # once: unless the command's own error already said it
-        _error(closed)
+        _error(_clean(closed))
     return 2 if code in (0, 1) else code
 
 
@@ -360,18 +360,24 @@ def _safe(exc: BaseException) -> str:
     """Exception text as the terminal may show it: redacted, bounded, and with the
     control characters of plugin- or file-supplied text escaped (line breaks kept)."""
     from plugin_llm.plugins.isolation import safe_str
-    from plugin_llm.terminal_text import escape_unsafe
 
     text = safe_str(exc, 8000)
     if text is None:
         text = f"{type(exc).__name__} (its message could not be read)"
+    return _clean(text)
+
+
+def _clean(text: str) -> str:
+    """Text for the terminal: redacted, bounded, control characters escaped (line breaks kept)."""
+    from plugin_llm.terminal_text import escape_unsafe
+
     try:
         from auth import redact
     except ImportError:
         pass
     else:
         text = redact(text)
-    return "\n".join(escape_unsafe(line, 4000) for line in text.split("\n")[:200])
+    return "\n".join(escape_unsafe(line, 4000) for line in text[:8000].split("\n")[:200])
 
 
 class _TerminalFormatter(logging.Formatter):
