@@ -245,6 +245,92 @@ def _refuse(plugin_id: str, limit: str, key: str, reason: str) -> PluginLlmLimit
     return PluginLlmLimitError(Denial(plugin_id=plugin_id, limit=limit, config_key=key, reason=reason))
 
 
+class _Call:
+    """One request's admission inputs, worked out once (the async path may finish it on a thread)."""
+
+    __slots__ = ("settings", "home", "plugin_id", "limits", "estimate", "deadline", "now", "store")
+
+    def __init__(self, settings, home, plugin_id, limits, estimate, deadline, now, store) -> None:
+        self.settings, self.home, self.plugin_id, self.limits = settings, home, plugin_id, limits
+        self.estimate, self.deadline, self.now, self.store = estimate, deadline, now, store
+
+
+def _prepare(settings: LimitSettings, home: Path | str, plugin_id: str, limits: PluginLimits, messages, provider: str,
+             model: str, max_tokens: int | None, deadline: float, extra, now: float | None,
+             store: LimitStore | None) -> _Call:
+    if limits.error is not None:
+        raise _refuse(plugin_id, "config", limits.error_key or limits.source, limits.error)
+    estimate = worst_case(messages, provider=provider, model=model, max_tokens=max_tokens, settings=settings,
+                          extra=extra, need_price=limits.has_budget)
+    if limits.has_budget and estimate.cost_nano is None:
+        name = f"{provider}/{model}"
+        key = f'limits.prices."{name}"'
+        raise _refuse(plugin_id, "price", key, (
+            f"plugin '{plugin_id}' has a budget ({limits.source}.budget_usd) but the model {name} has no known price, "
+            f"so its cost cannot be counted; set {key}: {{input_per_mtok: ..., output_per_mtok: ...}} "
+            "(US dollars per million tokens) in config.yaml to allow it"))
+    return _Call(settings, home, plugin_id, limits, estimate, deadline, time.time() if now is None else now, store)
+
+
+def _fast(call: _Call) -> Ticket | None:
+    """The call admitted in memory under this process's lease, or None (the store must decide).
+    Never waits for the store: safe on an event loop."""
+    store = call.store
+    if store is None:
+        try:
+            store = call.store = store_for(call.settings, call.home)
+        except Exception:  # noqa: BLE001 - opening is retried, and reported, on the store path
+            return None
+    if not store.supports_leases:
+        return None
+    books = store.lease_books()
+    book = books.get(call.plugin_id)
+    if book is None:
+        return None
+    e = call.estimate
+    expiry = call.now + max(0.0, call.deadline - time.monotonic()) + call.settings.reservation_grace
+    got = book.try_fast(call.limits, e.tokens, e.cost_nano or 0, expiry, call.now)
+    return None if got is None else Ticket(got[0], got[1], e)
+
+
+def _admit_store(call: _Call) -> Ticket:
+    """Admission with a store step (a lease step, or one reservation for a store without leases),
+    bounded by the deadline and ``limits.store_timeout``; ``on_store_error`` on failure."""
+    settings, plugin_id, estimate = call.settings, call.plugin_id, call.estimate
+    remaining = call.deadline - time.monotonic()
+    timeout = max(0.0, min(settings.store_timeout, remaining))
+    ttl = max(0.0, remaining) + settings.reservation_grace
+    try:
+        try:
+            store = call.store or store_for(settings, call.home)
+            if store.supports_leases:
+                from plugin_llm.limits.leases import book_for
+
+                book = book_for(store, plugin_id, settings.reservation_grace, settings.store_timeout)
+                result = book.admit(call.limits, estimate.tokens, estimate.cost_nano or 0, call.now + ttl, call.now,
+                                    timeout=timeout)
+                if isinstance(result, Denial):
+                    raise PluginLlmLimitError(result)
+                return Ticket(result[0], result[1], estimate)
+            reservation = Reservation(cost_nano=estimate.cost_nano or 0, tokens=estimate.tokens, ttl=ttl)
+            result = store.admit(plugin_id, reservation, call.limits, call.now, timeout=timeout)
+        except (StoreError, PluginLlmLimitError):
+            raise
+        except Exception as exc:  # a defect in a store: logged with its traceback, then treated as a store failure
+            log.exception("limits: the %s store failed unexpectedly", settings.store)
+            raise StoreError(f"the {settings.store} limits store failed unexpectedly ({type(exc).__name__})") from None
+    except StoreError as exc:
+        if settings.on_store_error == "allow":
+            _warn_unmetered(plugin_id, exc)
+            return Ticket(None, None, estimate, store_error=str(exc))
+        raise _refuse(plugin_id, "store", "limits.on_store_error", (
+            f"call of plugin '{plugin_id}' refused: {exc}; limits.on_store_error is deny (fail closed), "
+            "so calls of plugins with limits are refused until the store answers")) from None
+    if isinstance(result, Denial):
+        raise PluginLlmLimitError(result)
+    return Ticket(store, result, estimate)
+
+
 def admit(
     settings: LimitSettings,
     home: Path | str,
@@ -266,56 +352,33 @@ def admit(
     unsettled reservation stops counting ``limits.reservation_grace`` seconds
     after it. ``extra`` are request parts that cost input tokens besides the
     messages (tools, response_format). ``now`` (Unix seconds) and ``store``
-    are for tests.
+    are for tests. A busy plugin's calls are mostly admitted in memory under
+    this process's lease (:mod:`plugin_llm.limits.leases`), with the same
+    decisions and guarantees.
     """
     limits = settings.for_plugin(plugin_id)
     if limits.empty:
         return UNLIMITED
-    if limits.error is not None:
-        raise _refuse(plugin_id, "config", limits.error_key or limits.source, limits.error)
-    estimate = worst_case(messages, provider=provider, model=model, max_tokens=max_tokens, settings=settings,
-                          extra=extra, need_price=limits.has_budget)
-    if limits.has_budget and estimate.cost_nano is None:
-        name = f"{provider}/{model}"
-        key = f'limits.prices."{name}"'
-        raise _refuse(plugin_id, "price", key, (
-            f"plugin '{plugin_id}' has a budget ({limits.source}.budget_usd) but the model {name} has no known price, "
-            f"so its cost cannot be counted; set {key}: {{input_per_mtok: ..., output_per_mtok: ...}} "
-            "(US dollars per million tokens) in config.yaml to allow it"))
-    remaining = deadline - time.monotonic()
-    timeout = max(0.0, min(settings.store_timeout, remaining))
-    reservation = Reservation(cost_nano=estimate.cost_nano or 0, tokens=estimate.tokens,
-                              ttl=max(0.0, remaining) + settings.reservation_grace)
-    try:
-        try:
-            store = store or store_for(settings, home)
-            result = store.admit(plugin_id, reservation, limits, time.time() if now is None else now, timeout=timeout)
-        except StoreError:
-            raise
-        except Exception as exc:  # a defect in a store: logged with its traceback, then treated as a store failure
-            log.exception("limits: the %s store failed unexpectedly", settings.store)
-            raise StoreError(f"the {settings.store} limits store failed unexpectedly ({type(exc).__name__})") from None
-    except StoreError as exc:
-        if settings.on_store_error == "allow":
-            _warn_unmetered(plugin_id, exc)
-            return Ticket(None, None, estimate, store_error=str(exc))
-        raise _refuse(plugin_id, "store", "limits.on_store_error", (
-            f"call of plugin '{plugin_id}' refused: {exc}; limits.on_store_error is deny (fail closed), "
-            "so calls of plugins with limits are refused until the store answers")) from None
-    if isinstance(result, Denial):
-        raise PluginLlmLimitError(result)
-    return Ticket(store, result, estimate)
+    call = _prepare(settings, home, plugin_id, limits, messages, provider, model, max_tokens, deadline, extra, now, store)
+    return _fast(call) or _admit_store(call)
 
 
-async def aadmit(settings: LimitSettings, home: Path | str, plugin_id: str, **call: Any) -> Ticket:
-    """Async twin of :func:`admit` (same arguments): the store work runs in a worker thread, so a
-    Redis that is slow to answer holds this call only, never the event loop. Unlimited plugins
-    return at once without a thread hop."""
-    if settings.for_plugin(plugin_id).empty:
+async def aadmit(settings: LimitSettings, home: Path | str, plugin_id: str, *, messages: Iterable[Mapping[str, Any]],
+                 provider: str, model: str, max_tokens: int | None, deadline: float, extra: Iterable[Any] = (),
+                 now: float | None = None, store: LimitStore | None = None) -> Ticket:
+    """Async twin of :func:`admit` (same arguments). A call the lease admits in memory returns at
+    once; a store step runs in a worker thread, so a Redis that is slow to answer holds this call
+    only, never the event loop. Unlimited plugins return at once."""
+    limits = settings.for_plugin(plugin_id)
+    if limits.empty:
         return UNLIMITED
+    call = _prepare(settings, home, plugin_id, limits, messages, provider, model, max_tokens, deadline, extra, now, store)
+    ticket = _fast(call)
+    if ticket is not None:
+        return ticket
     import asyncio
 
-    return await asyncio.to_thread(admit, settings, home, plugin_id, **call)
+    return await asyncio.to_thread(_admit_store, call)
 
 
 def snapshot(settings: LimitSettings, home: Path | str, plugin_id: str, *, now: float | None = None,

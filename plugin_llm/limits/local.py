@@ -36,7 +36,10 @@ from plugin_llm.limits.store import (
     LIMIT_NAMES,
     Admission,
     Counters,
+    LEASE_SHARE,
     Denial,
+    LeaseGrant,
+    LeaseOp,
     LimitStore,
     Reservation,
     SettlementQueue,
@@ -49,11 +52,17 @@ from plugin_llm.limits.store import (
 __all__ = ["LocalStore", "DB_NAME", "SCHEMA_VERSION"]
 
 DB_NAME = "limits.sqlite3"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 #: the request tables hold no rows: a schema older than this version is upgraded by recreating them
 _REQUEST_TABLES = """
 DROP TRIGGER IF EXISTS admit_request; DROP TABLE IF EXISTS admit;
 DROP TRIGGER IF EXISTS settle_request; DROP TABLE IF EXISTS settle;
+DROP TRIGGER IF EXISTS lease_request; DROP TABLE IF EXISTS lease;
+"""
+#: version 3 gave a reservation a number of calls in flight and of requests (a lease holds several)
+_V3_COLUMNS = """
+ALTER TABLE reservations ADD COLUMN slots INTEGER NOT NULL DEFAULT 1;
+ALTER TABLE reservations ADD COLUMN requests INTEGER NOT NULL DEFAULT 1;
 """
 
 # Only calls in flight are rows of `reservations`, so a plugin's rows are found by the primary
@@ -68,6 +77,7 @@ CREATE TABLE IF NOT EXISTS spend (
 CREATE TABLE IF NOT EXISTS reservations (
     plugin TEXT NOT NULL, id TEXT NOT NULL, expires REAL NOT NULL,
     nano INTEGER NOT NULL, tokens INTEGER NOT NULL, minute TEXT NOT NULL, day TEXT NOT NULL, month TEXT NOT NULL,
+    slots INTEGER NOT NULL DEFAULT 1, requests INTEGER NOT NULL DEFAULT 1,
     PRIMARY KEY (plugin, id)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS settle (plugin TEXT, id TEXT, nano INTEGER, tokens INTEGER, minute TEXT, day TEXT, month TEXT);
@@ -82,10 +92,10 @@ CREATE TRIGGER IF NOT EXISTS admit_request BEFORE INSERT ON admit BEGIN
     FROM json_each(NEW.settlements) WHERE NEW.settlements IS NOT NULL;
   DELETE FROM reservations WHERE plugin = NEW.plugin AND expires <= NEW.now;
   SELECT RAISE(ABORT, 'limit:1') WHERE NEW.max_concurrent IS NOT NULL
-    AND (SELECT COUNT(*) FROM reservations WHERE plugin = NEW.plugin) + 1 > NEW.max_concurrent;
+    AND (SELECT COALESCE(SUM(slots), 0) FROM reservations WHERE plugin = NEW.plugin) + 1 > NEW.max_concurrent;
   SELECT RAISE(ABORT, 'limit:2') WHERE NEW.requests_per_minute IS NOT NULL
     AND COALESCE((SELECT requests FROM spend WHERE plugin = NEW.plugin AND bucket = 'min:' || NEW.minute), 0)
-      + (SELECT COUNT(*) FROM reservations WHERE plugin = NEW.plugin AND minute = NEW.minute)
+      + (SELECT COALESCE(SUM(requests), 0) FROM reservations WHERE plugin = NEW.plugin AND minute = NEW.minute)
       + 1 > NEW.requests_per_minute;
   SELECT RAISE(ABORT, 'limit:3') WHERE NEW.tokens_per_minute IS NOT NULL
     AND COALESCE((SELECT tokens FROM spend WHERE plugin = NEW.plugin AND bucket = 'min:' || NEW.minute), 0)
@@ -113,7 +123,74 @@ CREATE TRIGGER IF NOT EXISTS settle_request BEFORE INSERT ON settle BEGIN
       nano = nano + excluded.nano, requests = requests + excluded.requests, tokens = tokens + excluded.tokens;
   SELECT RAISE(IGNORE);
 END;
-"""
+
+CREATE TABLE IF NOT EXISTS lease (
+    plugin TEXT, id TEXT, now REAL, expires REAL, minute TEXT, day TEXT, month TEXT,
+    s_req INTEGER, s_tok INTEGER, s_nano INTEGER,
+    k_slots INTEGER, k_req INTEGER, k_tok INTEGER, k_nano INTEGER,
+    a_slots INTEGER, a_req INTEGER, a_tok INTEGER, a_nano INTEGER,
+    w_slots INTEGER, w_req INTEGER, w_tok INTEGER, w_nano INTEGER,
+    max_concurrent INTEGER, requests_per_minute INTEGER, tokens_per_minute INTEGER, budget_day INTEGER,
+    budget_month INTEGER
+);
+CREATE TRIGGER IF NOT EXISTS lease_request BEFORE INSERT ON lease BEGIN
+  INSERT INTO spend (plugin, bucket, nano, requests, tokens) SELECT * FROM (VALUES
+    (NEW.plugin, 'day:' || NEW.day, NEW.s_nano, 0, 0),
+    (NEW.plugin, 'mon:' || NEW.month, NEW.s_nano, 0, 0),
+    (NEW.plugin, 'min:' || NEW.minute, 0, NEW.s_req, NEW.s_tok)) WHERE NEW.s_req + NEW.s_tok + NEW.s_nano > 0
+    ON CONFLICT (plugin, bucket) DO UPDATE SET
+      nano = nano + excluded.nano, requests = requests + excluded.requests, tokens = tokens + excluded.tokens;
+  DELETE FROM reservations WHERE plugin = NEW.plugin AND expires <= NEW.now;
+  SELECT CASE
+      WHEN NEW.max_concurrent IS NOT NULL AND o_slots + NEW.k_slots + NEW.a_slots > NEW.max_concurrent
+        THEN RAISE(ABORT, 'limit:1')
+      WHEN NEW.requests_per_minute IS NOT NULL AND u_req + o_req + NEW.k_req + NEW.a_req > NEW.requests_per_minute
+        THEN RAISE(ABORT, 'limit:2')
+      WHEN NEW.tokens_per_minute IS NOT NULL AND u_tok + o_tok + NEW.k_tok + NEW.a_tok > NEW.tokens_per_minute
+        THEN RAISE(ABORT, 'limit:3')
+      WHEN NEW.budget_day IS NOT NULL AND u_day + o_day + NEW.k_nano + NEW.a_nano > NEW.budget_day
+        THEN RAISE(ABORT, 'limit:4')
+      WHEN NEW.budget_month IS NOT NULL AND u_mon + o_mon + NEW.k_nano + NEW.a_nano > NEW.budget_month
+        THEN RAISE(ABORT, 'limit:5')
+    END
+    FROM (SELECT COALESCE(SUM(slots), 0) AS o_slots,
+          COALESCE(SUM(CASE WHEN minute = NEW.minute THEN requests END), 0) AS o_req,
+          COALESCE(SUM(CASE WHEN minute = NEW.minute THEN tokens END), 0) AS o_tok,
+          COALESCE(SUM(CASE WHEN day = NEW.day THEN nano END), 0) AS o_day,
+          COALESCE(SUM(CASE WHEN month = NEW.month THEN nano END), 0) AS o_mon
+     FROM reservations WHERE plugin = NEW.plugin AND id <> NEW.id),
+    (SELECT COALESCE((SELECT requests FROM spend WHERE plugin = NEW.plugin AND bucket = 'min:' || NEW.minute), 0) AS u_req,
+          COALESCE((SELECT tokens FROM spend WHERE plugin = NEW.plugin AND bucket = 'min:' || NEW.minute), 0) AS u_tok,
+          COALESCE((SELECT nano FROM spend WHERE plugin = NEW.plugin AND bucket = 'day:' || NEW.day), 0) AS u_day,
+          COALESCE((SELECT nano FROM spend WHERE plugin = NEW.plugin AND bucket = 'mon:' || NEW.month), 0) AS u_mon) WHERE NEW.a_slots > 0;
+  INSERT OR REPLACE INTO reservations (plugin, id, expires, nano, tokens, minute, day, month, slots, requests)
+    SELECT NEW.plugin, NEW.id, NEW.expires,
+      NEW.k_nano + NEW.a_nano + MAX(0, MIN(NEW.w_nano,
+        CASE WHEN NEW.budget_day IS NULL AND NEW.budget_month IS NULL THEN 0
+             ELSE MIN(COALESCE(NEW.budget_day - u_day - o_day, 9e18), COALESCE(NEW.budget_month - u_mon - o_mon, 9e18))
+                  - NEW.k_nano - NEW.a_nano END / @SHARE@)),
+      NEW.k_tok + NEW.a_tok + MAX(0, MIN(NEW.w_tok,
+        COALESCE(NEW.tokens_per_minute - u_tok - o_tok - NEW.k_tok - NEW.a_tok, 0) / @SHARE@)),
+      NEW.minute, NEW.day, NEW.month,
+      NEW.k_slots + NEW.a_slots + MAX(0, MIN(NEW.w_slots,
+        COALESCE(NEW.max_concurrent - o_slots - NEW.k_slots - NEW.a_slots, 0) / @SHARE@)),
+      NEW.k_req + NEW.a_req + MAX(0, MIN(NEW.w_req,
+        COALESCE(NEW.requests_per_minute - u_req - o_req - NEW.k_req - NEW.a_req, 0) / @SHARE@))
+    FROM (SELECT COALESCE(SUM(slots), 0) AS o_slots,
+          COALESCE(SUM(CASE WHEN minute = NEW.minute THEN requests END), 0) AS o_req,
+          COALESCE(SUM(CASE WHEN minute = NEW.minute THEN tokens END), 0) AS o_tok,
+          COALESCE(SUM(CASE WHEN day = NEW.day THEN nano END), 0) AS o_day,
+          COALESCE(SUM(CASE WHEN month = NEW.month THEN nano END), 0) AS o_mon
+     FROM reservations WHERE plugin = NEW.plugin AND id <> NEW.id),
+    (SELECT COALESCE((SELECT requests FROM spend WHERE plugin = NEW.plugin AND bucket = 'min:' || NEW.minute), 0) AS u_req,
+          COALESCE((SELECT tokens FROM spend WHERE plugin = NEW.plugin AND bucket = 'min:' || NEW.minute), 0) AS u_tok,
+          COALESCE((SELECT nano FROM spend WHERE plugin = NEW.plugin AND bucket = 'day:' || NEW.day), 0) AS u_day,
+          COALESCE((SELECT nano FROM spend WHERE plugin = NEW.plugin AND bucket = 'mon:' || NEW.month), 0) AS u_mon);
+  DELETE FROM reservations WHERE plugin = NEW.plugin AND id = NEW.id
+    AND slots = 0 AND requests = 0 AND tokens = 0 AND nano = 0;
+  SELECT RAISE(IGNORE);
+END;
+""".replace("@SHARE@", str(LEASE_SHARE))
 
 _ADMIT = "INSERT INTO admit VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 #: the finished request in the buckets it was admitted in: cost to day and month, one request and its tokens to the minute
@@ -126,8 +203,8 @@ _SETTLE_MANY = (
 )
 #: every counter in one statement (one snapshot); reservations past their expiry (?5) are ignored
 _READ = """
-SELECT COALESCE(SUM(expires > ?5), 0), MIN(CASE WHEN expires > ?5 THEN expires END),
-       COALESCE(SUM(CASE WHEN expires > ?5 AND minute = ?2 THEN 1 END), 0),
+SELECT COALESCE(SUM(CASE WHEN expires > ?5 THEN slots END), 0), MIN(CASE WHEN expires > ?5 THEN expires END),
+       COALESCE(SUM(CASE WHEN expires > ?5 AND minute = ?2 THEN requests END), 0),
        COALESCE(SUM(CASE WHEN expires > ?5 AND minute = ?2 THEN tokens END), 0),
        COALESCE(SUM(CASE WHEN expires > ?5 AND day = ?3 THEN nano END), 0),
        COALESCE(SUM(CASE WHEN expires > ?5 AND month = ?4 THEN nano END), 0),
@@ -137,6 +214,8 @@ SELECT COALESCE(SUM(expires > ?5), 0), MIN(CASE WHEN expires > ?5 THEN expires E
        (SELECT nano FROM spend WHERE plugin = ?1 AND bucket = 'mon:' || ?4)
 FROM reservations WHERE plugin = ?1
 """
+_LEASE = "INSERT INTO lease VALUES (" + ", ".join(["?"] * 27) + ")"
+_HELD = "SELECT slots, requests, tokens, nano, expires FROM reservations WHERE plugin = ? AND id = ?"
 _encode = json.JSONEncoder(separators=(",", ":")).encode  # one encoder, not one per call
 _PRUNE_MINUTES = "DELETE FROM spend WHERE plugin = ? AND bucket >= 'min:' AND bucket < 'min:' || ?"
 _RESET = "DELETE FROM spend WHERE plugin = ? AND bucket IN ('min:' || ?, 'day:' || ?, 'mon:' || ?)"
@@ -183,6 +262,7 @@ class LocalStore(LimitStore):
     """SQLite store at ``path``; one connection per process, shared by its threads."""
 
     name = "local"
+    supports_leases = True
 
     def __init__(self, path: Path | str, *, timeout: float = 2.0) -> None:
         self.path = Path(path)
@@ -213,8 +293,7 @@ class LocalStore(LimitStore):
             conn.execute("PRAGMA synchronous=NORMAL")
             version = conn.execute("PRAGMA user_version").fetchone()[0]
             if version < SCHEMA_VERSION:
-                upgrade = _REQUEST_TABLES if version else ""
-                conn.executescript("BEGIN IMMEDIATE;" + upgrade + _SCHEMA + f"PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;")
+                self._create_or_upgrade(conn)
             elif version != SCHEMA_VERSION:
                 raise StoreError(f"the local limits store {self.path} has schema version {version}, this gateway "
                                  f"uses {SCHEMA_VERSION}: stop the other gateway version, or move the file away "
@@ -223,6 +302,31 @@ class LocalStore(LimitStore):
             conn.close()
             raise
         return conn
+
+    @staticmethod
+    def _create_or_upgrade(conn: sqlite3.Connection) -> None:
+        """Create the schema, or upgrade an older one in place, in one write transaction (the version
+        is read again under the lock: another process may have done it meanwhile)."""
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            if version < SCHEMA_VERSION:
+                script = _REQUEST_TABLES if version else ""
+                columns = {row[1] for row in conn.execute("PRAGMA table_info(reservations)")}
+                if columns and "slots" not in columns:
+                    script += _V3_COLUMNS
+                script += _SCHEMA + f"PRAGMA user_version = {SCHEMA_VERSION};"
+                statement = ""
+                for piece in script.split(";"):  # one statement at a time: executescript would commit first
+                    statement += piece + ";"
+                    if sqlite3.complete_statement(statement):  # not a ';' inside a trigger body
+                        if statement.strip(" \n;"):
+                            conn.execute(statement)
+                        statement = ""
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
 
     def _run(self, timeout: float, work):
         """Run ``work(conn)`` (single statements: each its own transaction), waiting at most ``timeout`` seconds."""
@@ -296,6 +400,32 @@ class LocalStore(LimitStore):
                 self._queue.put_back(queued)  # undone (or never sent): nothing of them was applied
             raise
 
+    def lease(self, plugin_id: str, op: LeaseOp, limits: PluginLimits, *, timeout: float) -> LeaseGrant | Denial:
+        b = op.buckets
+        caps = (limits.max_concurrent, limits.requests_per_minute, limits.tokens_per_minute,
+                limits.budget_day_nano, limits.budget_month_nano)
+        head = (plugin_id, op.lease_id, op.now)
+        where = (b.minute, b.day, b.month)
+
+        def work(conn: sqlite3.Connection) -> LeaseGrant | Denial:
+            try:
+                conn.execute(_LEASE, (*head, op.expires, *where, *op.settled, *op.keep, *op.ask, *op.want, *caps))
+            except sqlite3.IntegrityError as exc:
+                refused = _refused_limit(exc)
+                # undone as a whole: settle and shrink to what the calls in flight hold, which never refuses
+                conn.execute(_LEASE, (*head, op.keep_expires, *where, *op.settled, *op.keep, 0, 0, 0, 0, 0, 0, 0, 0,
+                                      *caps))
+                c = self._read(conn, plugin_id, op.now, b)
+                used, held = _numbers(c, refused)
+                r = Reservation(cost_nano=op.ask[3], tokens=op.ask[2], ttl=0.0)
+                return deny(plugin_id, limits, refused, used, held, r, b, c.earliest_expiry)
+            row = conn.execute(_HELD, (plugin_id, op.lease_id)).fetchone()
+            if row is None:
+                return LeaseGrant((0, 0, 0, 0), op.keep_expires)
+            return LeaseGrant((row[0], row[1], row[2], row[3]), row[4])
+
+        return self._run(timeout, work)
+
     @staticmethod
     def _settle_row(admission: Admission, cost_nano: int, tokens: int) -> tuple:
         a, b = admission, admission.buckets
@@ -320,16 +450,22 @@ class LocalStore(LimitStore):
         self._queue.flush(timeout)
 
     def counters(self, plugin_id: str, now: float, *, timeout: float) -> Counters:
+        self.return_leases(plugin_id, timeout=timeout)
         self._queue.flush(timeout)
         b = buckets_at(now)
         return self._run(timeout, lambda conn: self._read(conn, plugin_id, now, b))
 
     def reset(self, plugin_id: str, now: float, *, timeout: float) -> None:
+        self.return_leases(plugin_id, timeout=timeout)
         self._queue.flush(timeout)
         b = buckets_at(now)
         self._run(timeout, lambda conn: conn.execute(_RESET, (plugin_id, b.minute, b.day, b.month)))
 
     def close(self) -> None:
+        try:
+            self.close_leases(timeout=2.0)
+        except StoreError:
+            pass  # the leases expire by themselves
         try:
             self._queue.flush()
         except StoreError:

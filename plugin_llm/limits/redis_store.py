@@ -36,7 +36,10 @@ from plugin_llm.limits.settings import PluginLimits, redact_url
 from plugin_llm.limits.store import (
     Admission,
     Counters,
+    LEASE_SHARE,
     Denial,
+    LeaseGrant,
+    LeaseOp,
     LimitStore,
     Reservation,
     SettlementQueue,
@@ -46,7 +49,7 @@ from plugin_llm.limits.store import (
     new_reservation_id,
 )
 
-__all__ = ["RedisStore", "ADMIT_LUA", "SETTLE_LUA"]
+__all__ = ["RedisStore", "ADMIT_LUA", "SETTLE_LUA", "LEASE_LUA"]
 
 _log = logging.getLogger("plugin_llm.limits")
 
@@ -57,7 +60,22 @@ _MAX_IDLE = 64  # idle connections kept for reuse
 
 #: KEYS: res, resv, minute, day, month
 #: ARGV: now, expires, id, cost, tokens, minute, day, month, then the caps in LIMIT_NAMES order (-1 = none)
-ADMIT_LUA = """
+_PARSE_LUA = """
+local function parse(v)
+  -- "cost tokens minute day month" (one call) or "... slots requests" (a lease)
+  local c, t, mi, d, mo, rest = string.match(v, '^(%d+) (%d+) (%S+) (%S+) (%S+)(.*)$')
+  if not c then return nil end
+  local s, r = 1, 1
+  if rest ~= '' then
+    local s2, r2 = string.match(rest, '^ (%d+) (%d+)$')
+    if not s2 then return nil end
+    s, r = tonumber(s2), tonumber(r2)
+  end
+  return tonumber(c), tonumber(t), mi, d, mo, s, r
+end
+"""
+
+ADMIT_LUA = _PARSE_LUA + """
 local now = tonumber(ARGV[1])
 local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)
 if #expired > 0 then
@@ -67,13 +85,14 @@ if #expired > 0 then
   end
 end
 local live = redis.call('HVALS', KEYS[2])
-local req_held, tok_held, day_held, month_held = 0, 0, 0, 0
+local slots_held, req_held, tok_held, day_held, month_held = 0, 0, 0, 0, 0
 for i = 1, #live do
-  local c, t, mi, d, mo = string.match(live[i], '^(%d+) (%d+) (%S+) (%S+) (%S+)$')
+  local c, t, mi, d, mo, s, r = parse(live[i])
   if c then
-    if mi == ARGV[6] then req_held = req_held + 1; tok_held = tok_held + tonumber(t) end
-    if d == ARGV[7] then day_held = day_held + tonumber(c) end
-    if mo == ARGV[8] then month_held = month_held + tonumber(c) end
+    slots_held = slots_held + s
+    if mi == ARGV[6] then req_held = req_held + r; tok_held = tok_held + t end
+    if d == ARGV[7] then day_held = day_held + c end
+    if mo == ARGV[8] then month_held = month_held + c end
   end
 end
 local earliest = '-1'
@@ -88,7 +107,7 @@ local day = tonumber(redis.call('GET', KEYS[4]) or '0')
 local month = tonumber(redis.call('GET', KEYS[5]) or '0')
 local cost, tokens = tonumber(ARGV[4]), tonumber(ARGV[5])
 local used = {0, req, tok, day, month}
-local held = {#live, req_held, tok_held, day_held, month_held}
+local held = {slots_held, req_held, tok_held, day_held, month_held}
 local ask = {1, 1, tokens, cost, cost}
 for i = 1, 5 do
   local cap = tonumber(ARGV[8 + i])
@@ -100,6 +119,89 @@ redis.call('ZADD', KEYS[1], ARGV[2], ARGV[3])
 redis.call('HSET', KEYS[2], ARGV[3], ARGV[4] .. ' ' .. ARGV[5] .. ' ' .. ARGV[6] .. ' ' .. ARGV[7] .. ' ' .. ARGV[8])
 return {1}
 """.replace("@TTL_MINUTE@", str(_TTL_MINUTE))
+#: KEYS: res, resv, minute, day, month (of the lease's buckets)
+#: ARGV: now, expires, id, minute, day, month, settled requests/tokens/nano (7-9), keep (10-13), ask (14-17),
+#: want (18-21) in DIMS order, the caps in LIMIT_NAMES order (22-26, -1 = none), keep_expires (27).
+#: Returns {1, slots, requests, tokens, nano, expires} or {0, limit, used, held, earliest}.
+LEASE_LUA = _PARSE_LUA + """
+local now, id = tonumber(ARGV[1]), ARGV[3]
+local sreq, stok, snano = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
+if snano > 0 then
+  redis.call('INCRBY', KEYS[4], snano)
+  redis.call('EXPIRE', KEYS[4], @TTL_DAY@)
+  redis.call('INCRBY', KEYS[5], snano)
+  redis.call('EXPIRE', KEYS[5], @TTL_MONTH@)
+end
+if sreq > 0 then redis.call('HINCRBY', KEYS[3], 'r', sreq) end
+if stok > 0 then redis.call('HINCRBY', KEYS[3], 't', stok) end
+if sreq > 0 or stok > 0 then redis.call('EXPIRE', KEYS[3], @TTL_MINUTE@) end
+local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)
+if #expired > 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+  for i = 1, #expired, 500 do
+    redis.call('HDEL', KEYS[2], unpack(expired, i, math.min(i + 499, #expired)))
+  end
+end
+local live = redis.call('HGETALL', KEYS[2])
+local held = {0, 0, 0, 0, 0}
+for i = 1, #live, 2 do
+  if live[i] ~= id then
+    local c, t, mi, d, mo, s, r = parse(live[i + 1])
+    if c then
+      held[1] = held[1] + s
+      if mi == ARGV[4] then held[2] = held[2] + r; held[3] = held[3] + t end
+      if d == ARGV[5] then held[4] = held[4] + c end
+      if mo == ARGV[6] then held[5] = held[5] + c end
+    end
+  end
+end
+local minute = redis.call('HMGET', KEYS[3], 'r', 't')
+local used = {0, tonumber(minute[1] or '0'), tonumber(minute[2] or '0'),
+              tonumber(redis.call('GET', KEYS[4]) or '0'), tonumber(redis.call('GET', KEYS[5]) or '0')}
+local keep = {tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13])}
+local ask = {tonumber(ARGV[14]), tonumber(ARGV[15]), tonumber(ARGV[16]), tonumber(ARGV[17])}
+local want = {tonumber(ARGV[18]), tonumber(ARGV[19]), tonumber(ARGV[20]), tonumber(ARGV[21])}
+local caps = {tonumber(ARGV[22]), tonumber(ARGV[23]), tonumber(ARGV[24]), tonumber(ARGV[25]), tonumber(ARGV[26])}
+local dim = {1, 2, 3, 4, 4}  -- limit -> lease dimension (the day and the month budgets share nano)
+local function store(h, expires)
+  if h[1] + h[2] + h[3] + h[4] == 0 then
+    redis.call('ZREM', KEYS[1], id)
+    redis.call('HDEL', KEYS[2], id)
+  else
+    redis.call('ZADD', KEYS[1], expires, id)
+    redis.call('HSET', KEYS[2], id, string.format('%d %d %s %s %s %d %d', h[4], h[3], ARGV[4], ARGV[5], ARGV[6], h[1], h[2]))
+  end
+end
+if ask[1] > 0 then
+  for i = 1, 5 do
+    local d = dim[i]
+    if caps[i] >= 0 and used[i] + held[i] + keep[d] + ask[d] > caps[i] then
+      store(keep, ARGV[27])
+      local earliest = '-1'
+      local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+      if first[2] then earliest = first[2] end
+      return {0, i, used[i], held[i] + keep[d], earliest}
+    end
+  end
+end
+local free = {}
+for i = 1, 5 do
+  if caps[i] >= 0 then
+    local d = dim[i]
+    local f = caps[i] - used[i] - held[i] - keep[d] - ask[d]
+    if free[d] == nil or f < free[d] then free[d] = f end
+  end
+end
+local h = {}
+for d = 1, 4 do
+  local extra = 0
+  if free[d] ~= nil then extra = math.max(0, math.min(want[d], math.floor(free[d] / @SHARE@))) end
+  h[d] = keep[d] + ask[d] + extra
+end
+store(h, ARGV[2])
+return {1, h[1], h[2], h[3], h[4]}
+""".replace("@TTL_DAY@", str(_TTL_DAY)).replace("@TTL_MONTH@", str(_TTL_MONTH)).replace(
+    "@TTL_MINUTE@", str(_TTL_MINUTE)).replace("@SHARE@", str(LEASE_SHARE))
 
 #: KEYS: res, resv, minute, day, month; ARGV: id, cost, tokens
 SETTLE_LUA = """
@@ -121,7 +223,7 @@ return 1
 """.replace("@TTL_DAY@", str(_TTL_DAY)).replace("@TTL_MONTH@", str(_TTL_MONTH)).replace("@TTL_MINUTE@", str(_TTL_MINUTE))
 
 #: KEYS: res, resv, minute, day, month; ARGV: now -> the counters, read-only
-READ_LUA = """
+READ_LUA = _PARSE_LUA + """
 local now = tonumber(ARGV[1])
 local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. ARGV[1], '+inf', 'WITHSCORES')
 local earliest = '-1'
@@ -130,12 +232,12 @@ local n, req_held, tok_held, day_held, month_held = 0, 0, 0, 0, 0
 for i = 1, #ids, 2 do
   local v = redis.call('HGET', KEYS[2], ids[i])
   if v then
-    n = n + 1
-    local c, t, mi, d, mo = string.match(v, '^(%d+) (%d+) (%S+) (%S+) (%S+)$')
+    local c, t, mi, d, mo, s, r = parse(v)
     if c then
-      if mi == ARGV[2] then req_held = req_held + 1; tok_held = tok_held + tonumber(t) end
-      if d == ARGV[3] then day_held = day_held + tonumber(c) end
-      if mo == ARGV[4] then month_held = month_held + tonumber(c) end
+      n = n + s
+      if mi == ARGV[2] then req_held = req_held + r; tok_held = tok_held + t end
+      if d == ARGV[3] then day_held = day_held + c end
+      if mo == ARGV[4] then month_held = month_held + c end
     end
   end
 end
@@ -182,6 +284,7 @@ class RedisStore(LimitStore):
     """Redis store at ``url``; keys under ``prefix``. Connections are reused across threads (a small idle list); a forked child opens its own."""
 
     name = "redis"
+    supports_leases = True
 
     def __init__(self, url: str, *, prefix: str = "plugin_llm", timeout: float = 2.0) -> None:
         try:
@@ -334,6 +437,32 @@ class RedisStore(LimitStore):
         return deny(plugin_id, limits, int(reply[1]) - 1, int(reply[2]), int(reply[3]), reservation, b,
                     earliest if earliest >= 0 else None)
 
+    def lease(self, plugin_id: str, op: LeaseOp, limits: PluginLimits, *, timeout: float) -> LeaseGrant | Denial:
+        b = op.buckets
+        caps = (limits.max_concurrent, limits.requests_per_minute, limits.tokens_per_minute,
+                limits.budget_day_nano, limits.budget_month_nano)
+        args = [repr(op.now), repr(op.expires), op.lease_id, b.minute, b.day, b.month, *op.settled, *op.keep, *op.ask,
+                *op.want, *(-1 if c is None else int(c) for c in caps), repr(op.keep_expires)]
+        queued = self._queue.take()  # per-call settlements ride along, as with an admission
+        try:
+            replies = self._run_scripts([*queued, (LEASE_LUA, self._keys(plugin_id, b.minute, b.day, b.month), args)],
+                                        timeout)
+        except StoreError as exc:
+            if queued:
+                self._lost(queued, exc)
+            raise
+        self._settled(replies, len(queued))
+        reply = replies[-1]
+        if isinstance(reply, Exception):
+            raise StoreError(f"the Redis limits store ({self._display}) refused the script: {_reason(reply, self._secret)}")
+        if int(reply[0]) == 1:
+            held = (int(reply[1]), int(reply[2]), int(reply[3]), int(reply[4]))
+            return LeaseGrant(held, op.expires if any(held) else op.keep_expires)
+        earliest = float(reply[4])
+        r = Reservation(cost_nano=op.ask[3], tokens=op.ask[2], ttl=0.0)
+        return deny(plugin_id, limits, int(reply[1]) - 1, int(reply[2]), int(reply[3]), r, b,
+                    earliest if earliest >= 0 else None)
+
     def _settle_command(self, admission: Admission, cost_nano: int, tokens: int) -> tuple[str, list[str], list[Any]]:
         a, b = admission, admission.buckets
         return (SETTLE_LUA, self._keys(a.plugin_id, b.minute, b.day, b.month),
@@ -357,6 +486,7 @@ class RedisStore(LimitStore):
         self._queue.flush(timeout)
 
     def counters(self, plugin_id: str, now: float, *, timeout: float) -> Counters:
+        self.return_leases(plugin_id, timeout=timeout)
         self._queue.flush(timeout)
         b = buckets_at(now)
         r = self._script(READ_LUA, self._keys(plugin_id, b.minute, b.day, b.month), [repr(now), b.minute, b.day, b.month], timeout)
@@ -369,12 +499,17 @@ class RedisStore(LimitStore):
         )
 
     def reset(self, plugin_id: str, now: float, *, timeout: float) -> None:
+        self.return_leases(plugin_id, timeout=timeout)
         self._queue.flush(timeout)
         b = buckets_at(now)
         keys = self._keys(plugin_id, b.minute, b.day, b.month)[2:]
         self._script("redis.call('DEL', KEYS[1], KEYS[2], KEYS[3]) return 1", keys, [], timeout)
 
     def close(self) -> None:
+        try:
+            self.close_leases(timeout=2.0)
+        except StoreError:
+            pass  # the leases expire by themselves
         try:
             self._queue.flush()
         except StoreError:

@@ -53,6 +53,10 @@ __all__ = [
     "windows",
     "iso_utc",
     "new_reservation_id",
+    "LeaseOp",
+    "LeaseGrant",
+    "LEASE_SHARE",
+    "DIMS",
 ]
 
 _log = logging.getLogger("plugin_llm.limits")
@@ -76,6 +80,50 @@ class Reservation:
     cost_nano: int
     tokens: int
     ttl: float
+
+
+#: the dimensions a lease holds, in this order: calls in flight, requests and tokens of the
+#: lease's minute, nano-dollars of its day *and* month (one amount counts in both)
+DIMS = ("slots", "requests", "tokens", "nano")
+
+
+@dataclass(frozen=True)
+class LeaseOp:
+    """One atomic step on a lease (a reservation row that holds a slice of a plugin's headroom).
+
+    The store, in one transaction / script: adds ``settled`` (requests, tokens, nano of calls
+    that finished under the lease) to the lease's buckets; drops expired reservations; if
+    ``ask`` is not zero, checks every limit as :func:`decide` does with this row counting as
+    ``keep + ask`` (a refusal leaves the row at ``keep`` until ``keep_expires`` and returns
+    the :class:`Denial`); then holds ``keep + ask + extra`` until ``expires``, where each
+    dimension's ``extra`` is ``want`` but at most 1/:data:`LEASE_SHARE` of what is still
+    free under that limit (0 for a dimension without a limit). ``keep`` (calls in flight
+    under the lease) is held unconditionally. A row left holding nothing is deleted.
+    Vectors are in :data:`DIMS` order; ``settled`` is (requests, tokens, nano).
+    """
+
+    lease_id: str
+    buckets: "Buckets"
+    now: float
+    expires: float
+    keep_expires: float
+    settled: tuple[int, int, int]
+    keep: tuple[int, int, int, int]
+    ask: tuple[int, int, int, int]
+    want: tuple[int, int, int, int]
+
+
+@dataclass(frozen=True)
+class LeaseGrant:
+    """What the store now holds for a lease (:data:`DIMS` order) and until when."""
+
+    held: tuple[int, int, int, int]
+    expires: float
+
+
+#: a lease grows by at most this fraction of a limit's free headroom per step, so near a
+#: limit leases shrink to exact per-call reservations and several processes share what is left
+LEASE_SHARE = 8
 
 
 @dataclass(frozen=True)
@@ -358,6 +406,8 @@ class LimitStore(ABC):
     """
 
     name: str = ""
+    #: implements :meth:`lease` (the facade then admits most calls in memory, see :mod:`.leases`)
+    supports_leases: bool = False
 
     @abstractmethod
     def admit(self, plugin_id: str, reservation: Reservation, limits: PluginLimits, now: float, *,
@@ -386,6 +436,34 @@ class LimitStore(ABC):
         """Forget the plugin's settled usage in the current windows (minute, day, month).
 
         Calls in flight keep their reservations and settle normally."""
+
+    def lease(self, plugin_id: str, op: LeaseOp, limits: PluginLimits, *, timeout: float) -> LeaseGrant | Denial:
+        """Apply one :class:`LeaseOp` atomically (stores with ``supports_leases``)."""
+        raise NotImplementedError(f"the {self.name or type(self).__name__} limits store does not lease")
+
+    def lease_books(self) -> dict:
+        """This process's lease books of this store, by plugin (see :mod:`.leases`); created lazily."""
+        books = self.__dict__.get("_lease_books")
+        if books is None:
+            books = self.__dict__.setdefault("_lease_books", {})
+        return books
+
+    def return_leases(self, plugin_id: str | None, *, timeout: float) -> None:
+        """Settle what this process's leases of ``plugin_id`` (None: of every plugin) hold
+        beyond the calls in flight and give the rest back, so a read sees exact numbers."""
+        books = self.__dict__.get("_lease_books")
+        if not books:
+            return
+        for pid, book in list(books.items()):
+            if plugin_id is None or pid == plugin_id:
+                book.give_back(timeout)
+
+    def close_leases(self, *, timeout: float) -> None:
+        """Give back every lease of this process and stop using them (closing the store)."""
+        if self.__dict__.get("_lease_books"):
+            from plugin_llm.limits.leases import close_books
+
+            close_books(self, timeout)
 
     def settle_later(self, admission: Admission, cost_nano: int, tokens: int) -> None:
         """:meth:`settle`, off the caller's path: queued, then applied in the same transaction (or

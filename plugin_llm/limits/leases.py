@@ -1,0 +1,427 @@
+"""Leases: most admissions decided in memory, against headroom reserved in the store beforehand.
+
+Why: one store round trip per call (SQLite transaction, Redis script) cost
+8-20% of a call against a fast local model (issue 11 asks for < 2% / < 5%).
+A *lease* is a reservation row like a call's, only holding several calls'
+worth of one plugin's headroom: calls in flight (``max_concurrent``),
+requests and tokens of its UTC minute, nano-dollars of its UTC day and
+month. The store counts it like any reservation, so every other process,
+thread and machine sees that headroom as taken: totals never exceed a limit.
+
+Per store and plugin, this process keeps one :class:`LeaseBook`. A call is
+admitted *in memory* (a lock, a few additions) when the current lease has
+room for its worst case; settlement is in memory too (the reservation leaves
+the lease, the actual usage waits in it). A background keeper thread, every
+:data:`RENEW_INTERVAL`, hands the lease's settled usage to the store and
+resizes it in one atomic step (:class:`~plugin_llm.limits.store.LeaseOp`),
+and gives an idle lease back after :data:`IDLE_RETURN`. A call the lease
+has no room for makes that step itself, synchronously, asking for its own
+reservation -- the store then decides exactly as for a single call (same
+numbers, same :class:`Denial`), with the other processes' leases counting as
+in flight.
+
+Sizing: a plugin is *busy* when it needed the store twice within
+:data:`BUSY_WINDOW`; only then does a lease hold more than its calls in
+flight, and only then are calls admitted in memory. The slice doubles each
+time a busy plugin runs out (up to :data:`MAX_CALLS` calls' worth) and the
+store grants at most 1/``LEASE_SHARE`` of what is still free under each
+limit, so near a limit leases shrink to exact per-call reservations, and a
+quiet plugin (a call every few seconds) is metered per call as before.
+
+Crashes: a lease expires like a call's reservation, at the latest deadline
+of the calls admitted under it plus ``limits.reservation_grace``; a call is
+admitted in memory only if the lease already lasts until its own deadline
+plus the grace, less a small slack (at most 2 s, at most a quarter of the
+grace) that the next renewal closes. A forked child starts with no leases.
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import logging
+import os
+import threading
+import time
+import weakref
+from typing import TYPE_CHECKING
+
+from plugin_llm.limits.store import Admission, Buckets, Denial, LeaseGrant, LeaseOp, StoreError, buckets_at, new_reservation_id
+
+if TYPE_CHECKING:
+    from plugin_llm.limits.settings import PluginLimits
+    from plugin_llm.limits.store import LimitStore
+
+__all__ = ["LeaseBook", "Lease", "book_for", "RENEW_INTERVAL", "IDLE_RETURN", "BUSY_WINDOW", "MAX_CALLS"]
+
+_log = logging.getLogger("plugin_llm.limits")
+
+#: how often the keeper settles and resizes an active lease (seconds)
+RENEW_INTERVAL = 0.05
+#: a lease with nothing in flight and no admission for this long is given back
+IDLE_RETURN = 1.0
+#: two store round trips of a plugin this close together make it busy (lease slices grow)
+BUSY_WINDOW = 1.0
+#: the most calls' worth a lease holds beyond its calls in flight
+MAX_CALLS = 64
+_MAX_SLACK = 2.0
+_ZERO = (0, 0, 0, 0)
+_keys = itertools.count(1)
+
+
+class Lease:
+    """One lease row: what the store holds (``held``), what calls in flight hold of it (``r``),
+    and the usage of finished calls not yet handed to the store (``u_*``)."""
+
+    __slots__ = ("book", "id", "buckets", "t0", "t1", "limits", "capped", "held", "expires", "latest", "r",
+                 "u_req", "u_tok", "u_nano", "inflight", "renewing", "admitted", "last_used", "dead")
+
+    def __init__(self, book: "LeaseBook", buckets: Buckets, limits: "PluginLimits") -> None:
+        self.book = book
+        self.id = new_reservation_id()
+        self.buckets = buckets
+        self.t1 = buckets.minute_ends
+        self.t0 = self.t1 - 60.0
+        self.limits = limits
+        self.capped = _capped(limits)
+        self.held = _ZERO
+        self.expires = 0.0
+        self.latest = 0.0  # the latest expiry of a call admitted under this lease
+        self.r = [0, 0, 0, 0]  # slots, requests, tokens, nano held by calls in flight
+        self.u_req = self.u_tok = self.u_nano = 0
+        self.inflight: dict[str, tuple[int, int, float]] = {}  # key -> (tokens, nano, expiry)
+        self.renewing = False
+        self.admitted = 0  # admissions since the last renewal
+        self.last_used = time.monotonic()
+        self.dead = False
+
+    def settle_later(self, admission: Admission, cost_nano: int, tokens: int) -> None:
+        """A call admitted under this lease finished (``Ticket`` settles through this): in memory."""
+        book = self.book
+        with book.lock:
+            entry = self.inflight.pop(admission.reservation_id, None)
+            if entry is not None:  # else it expired (and stopped counting); its usage counts all the same
+                r = self.r
+                r[0] -= 1
+                r[1] -= 1
+                r[2] -= entry[0]
+                r[3] -= entry[1]
+            self.u_req += 1  # a finished request counts in its minute, failed or not
+            self.u_tok += max(0, int(tokens))
+            self.u_nano += max(0, int(cost_nano))
+            orphan = self.dead
+            if orphan:  # given back already: the keeper applies this usage with a final step
+                self.dead = False
+                book.retiring.append(self)
+        if book.closed:
+            book.flush_closed()
+        elif orphan:
+            book.wake()
+
+    def pending(self) -> bool:
+        return bool(self.u_req or self.u_tok or self.u_nano)
+
+
+def _capped(limits: "PluginLimits") -> tuple[bool, bool, bool, bool]:
+    return (limits.max_concurrent is not None, limits.requests_per_minute is not None,
+            limits.tokens_per_minute is not None,
+            limits.budget_day_nano is not None or limits.budget_month_nano is not None)
+
+
+class LeaseBook:
+    """This process's leases of one plugin in one store (see the module docstring)."""
+
+    def __init__(self, store: "LimitStore", plugin_id: str, grace: float, timeout: float) -> None:
+        self.store = store
+        self.plugin_id = plugin_id
+        self.timeout = timeout  # limits.store_timeout: the keeper's bound per store step
+        self.slack = min(_MAX_SLACK, max(0.0, grace) / 4)
+        self.lock = threading.Lock()  # in-memory state only: never held across a store call
+        self.io = threading.Lock()  # one store step of this book at a time
+        self.current: Lease | None = None
+        self.retiring: list[Lease] = []  # leases of an earlier minute (or given back) still to finish
+        self.n = 0  # calls' worth wanted beyond the calls in flight (0: exact per call)
+        self.last_sync = float("-inf")
+        self.want_tok = self.want_nano = 0  # worst case of the last call, to size the slice
+        self.closed = False
+        _BOOKS.add(self)
+
+    # -- the caller's side
+    def try_fast(self, limits: "PluginLimits", tokens: int, nano: int, call_expiry: float, now: float) -> tuple[Lease, Admission] | None:
+        """Admit in memory when the current lease has room; None when the store must decide."""
+        lease = self.current
+        if lease is None or lease.renewing or self.n == 0:
+            return None
+        with self.lock:
+            lease = self.current
+            if (lease is None or lease.renewing or self.n == 0 or lease.limits is not limits
+                    or not lease.t0 <= now < lease.t1 or call_expiry - self.slack > lease.expires):
+                return None
+            held, r, capped = lease.held, lease.r, lease.capped
+            if ((capped[0] and r[0] + 1 > held[0]) or (capped[1] and r[1] + lease.u_req + 1 > held[1])
+                    or (capped[2] and r[2] + lease.u_tok + tokens > held[2])
+                    or (capped[3] and r[3] + lease.u_nano + nano > held[3])):
+                return None
+            self._take(lease, tokens, nano, call_expiry)
+            key = str(next(_keys))
+            lease.inflight[key] = (tokens, nano, call_expiry)
+        return lease, Admission(self.plugin_id, key, nano, tokens, lease.buckets, call_expiry)
+
+    @staticmethod
+    def _take(lease: Lease, tokens: int, nano: int, call_expiry: float) -> None:
+        r = lease.r
+        r[0] += 1
+        r[1] += 1
+        r[2] += tokens
+        r[3] += nano
+        lease.admitted += 1
+        lease.last_used = time.monotonic()
+        if call_expiry > lease.latest:
+            lease.latest = call_expiry
+
+    def admit(self, limits: "PluginLimits", tokens: int, nano: int, call_expiry: float, now: float, *,
+              timeout: float) -> tuple[Lease, Admission] | Denial:
+        """Admit with a store step (the lease had no room, or none exists): exact, may raise StoreError."""
+        start = time.monotonic()
+        if not self.io.acquire(timeout=max(0.0, timeout)):
+            raise StoreError(f"the {self.store.name} limits store is busy (waited {timeout:.2f}s for this "
+                             f"process's other calls of plugin '{self.plugin_id}')")
+        try:
+            got = self.try_fast(limits, tokens, nano, call_expiry, now)  # a step made meanwhile may have made room
+            if got is not None:
+                return got
+            retire = None
+            with self.lock:
+                if 0 <= now - self.last_sync < BUSY_WINDOW:
+                    self.n = min(MAX_CALLS, max(1, self.n * 2))
+                else:
+                    self.n = 0  # quiet: exact per-call reservations
+                self.last_sync = now
+                self.want_tok, self.want_nano = tokens, nano
+                lease = self.current
+                if lease is not None and not lease.t0 <= now < lease.t1:  # a new minute: a new lease
+                    retire, lease = lease, None
+                    self.retiring.append(retire)
+                if lease is None:
+                    lease = self.current = Lease(self, buckets_at(now), limits)
+            if retire is not None:  # its spare headroom must not count against the new lease
+                self._step(retire, give_back=True, timeout=timeout - (time.monotonic() - start))
+            ask = (1, 1, tokens, nano)
+            result = self._step(lease, give_back=False, timeout=timeout - (time.monotonic() - start),
+                                ask=ask, limits=limits, now=now, call_expiry=call_expiry)
+            if isinstance(result, Denial):
+                return result
+            with self.lock:
+                self._take(lease, tokens, nano, call_expiry)
+                key = str(next(_keys))
+                lease.inflight[key] = (tokens, nano, call_expiry)
+            return lease, Admission(self.plugin_id, key, nano, tokens, lease.buckets, call_expiry)
+        finally:
+            self.io.release()
+
+    # -- one store step (the io lock is held)
+    def _step(self, lease: Lease, *, give_back: bool, timeout: float, ask: tuple[int, int, int, int] = _ZERO,
+              limits: "PluginLimits | None" = None, now: float | None = None,
+              call_expiry: float = 0.0) -> LeaseGrant | Denial:
+        now = time.time() if now is None else now
+        limits = lease.limits if limits is None else limits
+        with self.lock:
+            r = lease.r
+            expired = [k for k, (_, _, e) in lease.inflight.items() if e <= now]
+            for k in expired:  # stopped counting in the store: no longer held
+                tok, nano, _ = lease.inflight.pop(k)
+                r[0] -= 1
+                r[1] -= 1
+                r[2] -= tok
+                r[3] -= nano
+            keep = (r[0], r[1], r[2], r[3])
+            settled = (lease.u_req, lease.u_tok, lease.u_nano)
+            n = 0 if give_back or lease is not self.current else self.n
+            want = (n, n, n * self.want_tok, n * self.want_nano) if n else _ZERO
+            lease.renewing = True  # in-memory admissions wait for the new size
+            lease.admitted = 0
+        keep_expires = max(lease.latest, now)
+        op = LeaseOp(lease.id, lease.buckets, now, max(keep_expires, call_expiry), keep_expires, settled, keep, ask, want)
+        try:
+            result = self.store.lease(self.plugin_id, op, limits, timeout=max(0.0, timeout))
+        except BaseException:
+            with self.lock:
+                lease.renewing = False  # nothing known to be applied: the usage is sent again next time
+            raise
+        with self.lock:
+            lease.renewing = False
+            lease.u_req -= settled[0]
+            lease.u_tok -= settled[1]
+            lease.u_nano -= settled[2]
+            if isinstance(result, Denial):
+                lease.held, lease.expires = keep, keep_expires
+                return result
+            lease.held, lease.expires = result.held, result.expires
+            if limits is not lease.limits:
+                lease.limits, lease.capped = limits, _capped(limits)
+            if give_back and not any(keep) and not lease.pending():
+                lease.dead = True  # the store deleted the row
+                if lease is self.current:
+                    self.current = None
+                if lease in self.retiring:
+                    self.retiring.remove(lease)
+        return result
+
+    # -- the keeper's side
+    def active(self) -> bool:
+        return self.current is not None or bool(self.retiring)
+
+    def tick(self) -> None:
+        """One keeper pass: hand finished usage to the store, resize, give idle leases back."""
+        if not self.io.acquire(blocking=False):
+            return  # a caller is making a step right now
+        try:
+            timeout = self.timeout
+            for lease in list(self.retiring):
+                if self._spare(lease):
+                    self._step(lease, give_back=True, timeout=timeout)
+            lease = self.current
+            if lease is None:
+                return
+            if time.monotonic() - lease.last_used >= IDLE_RETURN:  # idle: give back all but the calls in flight
+                if self._spare(lease):
+                    self._step(lease, give_back=True, timeout=timeout)
+                if lease.dead:
+                    self.n = 0
+            elif lease.admitted or lease.pending():
+                self._step(lease, give_back=False, timeout=timeout)
+        finally:
+            self.io.release()
+
+    def _spare(self, lease: Lease) -> bool:
+        """Whether giving ``lease`` back needs a store step (else it is marked done here)."""
+        with self.lock:
+            r = lease.r
+            if lease.pending() or lease.held != (r[0], r[1], r[2], r[3]) or any(
+                    e <= time.time() for _, _, e in lease.inflight.values()):
+                return True
+            if not any(r):  # holds nothing: the store has no row left
+                lease.dead = True
+                if lease is self.current:
+                    self.current = None
+                if lease in self.retiring:
+                    self.retiring.remove(lease)
+            return False
+
+    def flush_closed(self) -> None:
+        """A call finished after its store was closed: apply its usage now."""
+        try:
+            self.give_back(self.timeout)
+        except Exception:  # noqa: BLE001 - a finished call never fails because its bookkeeping did
+            _log.exception("limits: usage of plugin '%s' not applied after its store was closed", self.plugin_id)
+
+    def give_back(self, timeout: float) -> None:
+        """Hand every lease's finished usage to the store and return all headroom beyond the calls
+        in flight (before a read, a reset, or closing the store). Raises StoreError."""
+        if not self.io.acquire(timeout=max(0.0, timeout)):
+            raise StoreError(f"the {self.store.name} limits store is busy (plugin '{self.plugin_id}')")
+        try:
+            with self.lock:
+                leases = [*self.retiring, *([self.current] if self.current is not None else [])]
+            for lease in leases:
+                self._step(lease, give_back=True, timeout=timeout)
+        finally:
+            self.io.release()
+
+    def wake(self) -> None:
+        _start_keeper()
+        _WAKE.set()
+
+    def forget(self) -> None:
+        """In a forked child: the parent's leases are the parent's."""
+        self.lock = threading.Lock()
+        self.io = threading.Lock()
+        self.current = None
+        self.retiring = []
+        self.n = 0
+        self.last_sync = float("-inf")
+
+
+def book_for(store: "LimitStore", plugin_id: str, grace: float, timeout: float) -> LeaseBook:
+    """The store's lease book of ``plugin_id`` in this process (created on first use)."""
+    books = store.lease_books()
+    book = books.get(plugin_id)
+    if book is None:
+        with _CREATE:
+            book = books.get(plugin_id)
+            if book is None:
+                book = books[plugin_id] = LeaseBook(store, plugin_id, grace, timeout)
+        book.wake()
+    return book
+
+
+_BOOKS: "weakref.WeakSet[LeaseBook]" = weakref.WeakSet()
+_CREATE = threading.Lock()
+_WAKE = threading.Event()
+_keeper: threading.Thread | None = None
+_keeper_pid = 0
+
+
+def _start_keeper() -> None:
+    global _keeper, _keeper_pid
+    if _keeper is not None and _keeper_pid == os.getpid():
+        return
+    with _CREATE:
+        if _keeper is None or _keeper_pid != os.getpid():
+            _keeper_pid = os.getpid()
+            _keeper = threading.Thread(target=_keep, name="plugin-llm-limits-leases", daemon=True)
+            _keeper.start()
+
+
+def _keep() -> None:
+    logged = float("-inf")
+    while True:
+        books = [b for b in list(_BOOKS) if b.active() and not b.closed]
+        if not books:
+            _WAKE.wait(1.0)
+            _WAKE.clear()
+            continue
+        time.sleep(RENEW_INTERVAL)
+        for book in books:
+            try:
+                book.tick()
+            except StoreError as exc:  # the store is down: leases expire by themselves; say so once a minute
+                if time.monotonic() - logged >= 60.0:
+                    logged = time.monotonic()
+                    _log.error("limits: %s store: lease of plugin '%s' not renewed yet (retrying): %s",
+                               book.store.name, book.plugin_id, exc)
+            except Exception:  # noqa: BLE001 - the keeper must survive a store defect
+                _log.exception("limits: renewing a lease of plugin '%s' failed", book.plugin_id)
+
+
+def close_books(store: "LimitStore", timeout: float) -> None:
+    """Give back every lease of ``store`` and stop using its books (the store is being closed)."""
+    books = store.__dict__.get("_lease_books") or {}
+    try:
+        for book in list(books.values()):
+            book.give_back(timeout)
+    finally:
+        for book in list(books.values()):
+            book.closed = True
+            _BOOKS.discard(book)
+        books.clear()
+
+
+def _after_fork_in_child() -> None:
+    global _keeper
+    _keeper = None
+    for book in list(_BOOKS):
+        book.forget()
+
+
+def _give_back_at_exit() -> None:
+    for book in list(_BOOKS):
+        if not book.closed:
+            try:
+                book.give_back(2.0)
+            except Exception:  # noqa: BLE001 - at exit, log and go
+                _log.exception("limits: leases of plugin '%s' not given back at exit (they expire)", book.plugin_id)
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+atexit.register(_give_back_at_exit)
