@@ -196,10 +196,14 @@ _STORES_LOCK = threading.Lock()
 
 def store_for(settings: LimitSettings, home: Path | str) -> LimitStore:
     """The process-wide store for these settings (one per SQLite file / Redis URL); opened lazily."""
+    last = _LAST
+    if last is not None and last[0] is settings and last[1] is home:
+        return last[2]
     identity = settings.store_identity()
     key = identity + ((os.fspath(home),) if identity[0] == "local" else ())
     store = _STORES.get(key)
     if store is not None:
+        _remember(settings, home, store)
         return store
     with _STORES_LOCK:
         store = _STORES.get(key)
@@ -213,14 +217,25 @@ def store_for(settings: LimitSettings, home: Path | str) -> LimitStore:
 
                 store = LocalStore(Path(home) / DB_NAME, timeout=settings.store_timeout)
             _STORES[key] = store
+    _remember(settings, home, store)
     return store
+
+
+_LAST: tuple[LimitSettings, Any, LimitStore] | None = None  # the last lookup: nearly every call repeats it
+
+
+def _remember(settings: LimitSettings, home: Any, store: LimitStore) -> None:
+    global _LAST
+    _LAST = (settings, home, store)
 
 
 def close_stores() -> None:
     """Close every open store (tests, shutdown)."""
+    global _LAST
     with _STORES_LOCK:
         stores = list(_STORES.values())
         _STORES.clear()
+        _LAST = None
     for store in stores:
         try:
             store.close()
@@ -283,8 +298,8 @@ def _fast(call: _Call) -> Ticket | None:
             return None
     if not store.supports_leases:
         return None
-    books = store.lease_books()
-    book = books.get(call.plugin_id)
+    books = store.__dict__.get("_lease_books")
+    book = books.get(call.plugin_id) if books else None
     if book is None:
         return None
     e = call.estimate

@@ -126,8 +126,23 @@ def _map_price(provider: str, model: str) -> Price | None:
     return None
 
 
+_found: dict[tuple[str, str], tuple[Mapping[str, OperatorPrice], Price | None]] = {}
+
+
 def find_price(provider: str, model: str, prices: Mapping[str, OperatorPrice]) -> Price | None:
-    """The price of ``provider/model`` per the order in the module docstring; None when unpriced."""
+    """The price of ``provider/model`` per the order in the module docstring; None when unpriced.
+    Remembered per model while ``prices`` is the same object (a config reload makes a new one)."""
+    hit = _found.get((provider, model))
+    if hit is not None and hit[0] is prices:
+        return hit[1]
+    price = _find_price(provider, model, prices)
+    if len(_found) >= 1024:
+        _found.clear()
+    _found[(provider, model)] = (prices, price)
+    return price
+
+
+def _find_price(provider: str, model: str, prices: Mapping[str, OperatorPrice]) -> Price | None:
     provider = provider.strip().lower()
     model = model.strip().lower()
     if provider and model.startswith(provider + "/"):

@@ -149,17 +149,17 @@ class PluginLimits:
     error: str | None = None
     error_key: str | None = None
 
-    @property
-    def empty(self) -> bool:
-        """True when nothing is limited and nothing is wrong: the call skips the store entirely."""
-        return self.error is None and all(
+    #: True when nothing is limited and nothing is wrong: the call skips the store entirely
+    #: (worked out once: every call of every plugin asks)
+    empty: bool = field(init=False, repr=False, compare=False)
+    has_budget: bool = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "has_budget", self.budget_day_nano is not None or self.budget_month_nano is not None)
+        object.__setattr__(self, "empty", self.error is None and all(
             v is None for v in (self.budget_day_nano, self.budget_month_nano, self.requests_per_minute,
                                 self.tokens_per_minute, self.max_concurrent)
-        )
-
-    @property
-    def has_budget(self) -> bool:
-        return self.budget_day_nano is not None or self.budget_month_nano is not None
+        ))
 
     def key(self, limit: str) -> str:
         """Config key of one limit (``budget_usd.day``, ``requests_per_minute`` ...)."""

@@ -1,0 +1,332 @@
+"""Leases (plugin_llm/limits/leases.py): most calls admitted in memory, the same guarantees.
+
+Both stores, real ones: SQLite in the home and a real redis-server on
+127.0.0.1. The cases: threads x processes against one budget never exceed
+it and settle exactly; a crashed process's lease expires; idle leases are
+given back; near a limit the decisions (and their messages) are those of a
+per-call store; a busy plugin needs few store steps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+
+from plugin_llm import limits
+from plugin_llm.limits import NANO, PluginLlmLimitError, parse_limit_settings
+from plugin_llm.limits.local import LocalStore
+from plugin_llm.limits.redis_store import RedisStore
+from tests.bounded import run_bounded
+from tests.redis_server import redis_server  # noqa: F401  (fixture)
+
+REPO = Path(__file__).resolve().parents[1]
+PLUGIN = "my-plugin"
+MESSAGES = [{"role": "user", "content": "Summarise the release notes in one line."}]
+
+
+def settings_text(kind: str, url: str | None, prefix: str, block: str, extra: str = "") -> str:
+    host = "limits:\n"
+    if kind == "redis":
+        host += f"  store: redis\n  redis_url: {url}\n  redis_key_prefix: {prefix}\n"
+    host += '  prices:\n    "custom/m": {input_per_mtok: 1.0, output_per_mtok: 4.0}\n' + extra
+    return host + f"plugins:\n  entries:\n    {PLUGIN}:\n      limits: {block}\n"
+
+
+def parse(text: str):
+    data = yaml.safe_load(text)
+    settings, issues = parse_limit_settings(data["limits"], data["plugins"])
+    assert [str(i) for i in issues] == []
+    return settings
+
+
+def call(settings, home, **kw):
+    args = dict(messages=MESSAGES, provider="custom", model="m", max_tokens=100, deadline=time.monotonic() + 10)
+    args.update(kw)
+    return limits.admit(settings, home, PLUGIN, **args)
+
+
+def worst(settings):
+    return limits.worst_case(MESSAGES, provider="custom", model="m", max_tokens=100, settings=settings)
+
+
+def worst_nano(settings, home) -> int:
+    return worst(settings).cost_nano
+
+
+def settle_worst(ticket, settings) -> None:
+    """Settle with the actual usage equal to the reservation: the hardest case for a cap."""
+    e = worst(settings)
+    ticket.settle(input_tokens=e.input_tokens, output_tokens=e.output_tokens)
+
+
+def plain_store(kind: str, home: Path, url: str | None, prefix: str):
+    """A second store object on the same data, with no leases of its own: what another process sees."""
+    return LocalStore(home / "limits.sqlite3") if kind == "local" else RedisStore(url, prefix=prefix)
+
+
+@pytest.fixture(params=["local", "redis"])
+def kind(request, tmp_path):
+    limits.close_stores()
+    url = request.getfixturevalue("redis_server").url if request.param == "redis" else None
+    yield request.param, url, f"t{uuid.uuid4().hex[:12]}"
+    limits.close_stores()
+
+
+# ----------------------------------------------------------------- threads x processes, one budget
+def _hammer(text: str, home: str, threads: int, tries: int, queue) -> None:
+    """One process: ``threads`` threads each making ``tries`` calls of 5 ms; reports admitted calls
+    and the (start, end) of each call's provider time."""
+    settings = parse(text)
+    admitted: list[tuple[float, float]] = []
+    lock = threading.Lock()
+
+    def worker() -> None:
+        for _ in range(tries):
+            try:
+                ticket = call(settings, home)
+            except PluginLlmLimitError:
+                time.sleep(0.002)
+                continue
+            start = time.time()
+            time.sleep(0.005)  # the provider call
+            end = time.time()
+            settle_worst(ticket, settings)
+            with lock:
+                admitted.append((start, end))
+
+    pool = [threading.Thread(target=worker) for _ in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    queue.put(admitted)  # exiting gives the leases back (atexit)
+
+
+def test_processes_times_threads_never_exceed_one_budget_and_settle_exactly(kind, tmp_path):
+    k, url, prefix = kind
+    probe = parse(settings_text(k, url, prefix, "{budget_usd: {day: 1.0}}"))
+    price = worst_nano(probe, tmp_path)
+    fits = 60
+    cap = (fits + 0.5) * price / NANO
+    text = settings_text(k, url, prefix, "{budget_usd: {day: %r}, max_concurrent: 6}" % cap)
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_hammer, args=(text, str(tmp_path), 5, 30, queue)) for _ in range(3)]  # 15 callers
+    for p in procs:
+        p.start()
+    results = [queue.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(60)
+    intervals = [iv for r in results for iv in r]
+    settings = parse(text)
+    other = plain_store(k, tmp_path, url, prefix)
+    c = other.counters(PLUGIN, time.time(), timeout=5)
+    assert c.day_spent == len(intervals) * price  # every admitted call settled exactly once
+    assert c.day_spent <= cap * NANO  # zero overspend across processes and threads
+    assert (c.in_flight, c.day_reserved) == (0, 0)  # the exiting processes gave their leases back
+    # max_concurrent held across processes: never more than 6 provider calls at once
+    events = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals])
+    running = peak = 0
+    for _, step in events:
+        running += step
+        peak = max(peak, running)
+    assert peak <= 6
+    # with every lease given back, the rest of the budget is admitted exactly: nothing was refused for good
+    more = 0
+    while True:
+        try:
+            ticket = call(settings, tmp_path)
+        except PluginLlmLimitError as exc:
+            assert exc.limit == "budget_usd.day"
+            break
+        settle_worst(ticket, settings)
+        more += 1
+    assert len(intervals) + more == fits
+    other.close()
+
+
+# ----------------------------------------------------------------- crash, idle return
+_CRASHER = """
+import sys, time, yaml
+from plugin_llm import limits
+from plugin_llm.limits import parse_limit_settings
+text, home = sys.argv[1], sys.argv[2]
+data = yaml.safe_load(text)
+settings, _ = parse_limit_settings(data["limits"], data["plugins"])
+args = dict(messages=[{"role": "user", "content": "Summarise the release notes in one line."}],
+            provider="custom", model="m", max_tokens=100)
+for _ in range(40):  # busy: the lease grows beyond the calls in flight
+    limits.admit(settings, home, "my-plugin", deadline=time.monotonic() + 2, **args).settle(input_tokens=1, output_tokens=1)
+limits.admit(settings, home, "my-plugin", deadline=time.monotonic() + 2, **args)  # in flight when the process dies
+print(time.time(), flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_lease_held_by_a_crashed_process_expires(kind, tmp_path):
+    k, url, prefix = kind
+    text = settings_text(k, url, prefix, "{budget_usd: {day: 1000}, max_concurrent: 100}", extra="  reservation_grace: 1\n")
+    child = subprocess.Popen([sys.executable, "-c", _CRASHER, text, str(tmp_path)], stdout=subprocess.PIPE, text=True,
+                             cwd=REPO)
+    try:
+        last_admission = float(child.stdout.readline())
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(10)
+    settings = parse(text)
+    price = worst_nano(settings, tmp_path)
+    other = plain_store(k, tmp_path, url, prefix)
+    c = other.counters(PLUGIN, time.time(), timeout=5)
+    assert c.in_flight >= 1 and c.day_reserved > price  # the dead process's lease: its call and spare headroom
+    # ... counting only until the deadline of its last call (2 s) plus the grace (1 s), as a call's reservation
+    assert c.earliest_expiry is not None and c.earliest_expiry <= last_admission + 2 + 1 + 0.5
+
+    def wait_expired():
+        while other.counters(PLUGIN, time.time(), timeout=5).day_reserved:
+            time.sleep(0.1)
+
+    run_bounded(wait_expired, 20)
+    c = other.counters(PLUGIN, time.time(), timeout=5)
+    assert (c.in_flight, c.day_reserved) == (0, 0) and c.day_spent <= 40 * 5000  # what it settled in time stays
+    other.close()
+
+
+def test_idle_leases_are_given_back_and_the_settled_usage_is_exact(kind, tmp_path):
+    k, url, prefix = kind
+    settings = parse(settings_text(k, url, prefix, "{budget_usd: {day: 1000}, requests_per_minute: 100000}"))
+    price = worst_nano(settings, tmp_path)
+    for _ in range(50):
+        call(settings, tmp_path).settle(input_tokens=100, output_tokens=50)  # actual: 100 * 1 + 50 * 4 nano-$/token
+    actual = 100 * 1000 + 50 * 4000
+    other = plain_store(k, tmp_path, url, prefix)
+    busy = other.counters(PLUGIN, time.time(), timeout=5)
+    assert busy.day_reserved >= price  # this process holds a lease: headroom beyond its calls (none in flight)
+
+    def wait_returned():
+        while True:
+            c = other.counters(PLUGIN, time.time(), timeout=5)
+            if c.day_reserved == 0 and c.minute_requests_reserved == 0:
+                return c
+            time.sleep(0.05)
+
+    c = run_bounded(wait_returned, 20)
+    assert (c.day_spent, c.minute_requests, c.in_flight) == (50 * actual, 50, 0)
+    other.close()
+
+
+# ----------------------------------------------------------------- near the limit, exact
+def test_near_the_limit_decisions_and_messages_are_those_of_a_per_call_store(kind, tmp_path):
+    k, url, prefix = kind
+    probe = parse(settings_text(k, url, prefix, "{budget_usd: {day: 1.0}}"))
+    price = worst_nano(probe, tmp_path)
+    fits = 25
+    settings = parse(settings_text(k, url, prefix, "{budget_usd: {day: %r}}" % ((fits + 0.5) * price / NANO)))
+    admitted = 0
+    with pytest.raises(PluginLlmLimitError) as caught:
+        while True:  # one busy process: the lease grows, then shrinks to per-call reservations near the cap
+            settle_worst(call(settings, tmp_path), settings)
+            admitted += 1
+    assert admitted == fits
+    got = caught.value.denial
+    assert (got.limit, got.used, got.in_flight, got.requested) == ("budget_usd.day", fits * price, 0, price)
+    other = plain_store(k, tmp_path, url, prefix)
+    reference = other.admit(PLUGIN, limits.Reservation(price, 0, 30.0),
+                            settings.for_plugin(PLUGIN), time.time(), timeout=5)
+    assert isinstance(reference, limits.Denial) and reference.limit == "budget_usd.day"
+    assert str(caught.value) == reference.message  # the message a per-call store gives, unchanged
+    other.close()
+
+
+def test_max_concurrent_near_the_limit_is_exact_per_call(kind, tmp_path):
+    k, url, prefix = kind
+    settings = parse(settings_text(k, url, prefix, "{max_concurrent: 3}"))
+    for _ in range(20):  # busy
+        call(settings, tmp_path).release()
+    held = [call(settings, tmp_path) for _ in range(3)]
+    with pytest.raises(PluginLlmLimitError) as caught:
+        call(settings, tmp_path)
+    assert caught.value.limit == "max_concurrent" and "3 calls in flight already" in str(caught.value)
+    held.pop().release()
+    held.append(call(settings, tmp_path))  # the freed slot is admitted at once
+    for ticket in held:
+        ticket.release()
+
+
+# ----------------------------------------------------------------- cost: few store steps
+def test_a_busy_plugin_needs_few_store_steps_and_async_calls_no_worker_thread(kind, tmp_path, monkeypatch):
+    k, url, prefix = kind
+    settings = parse(settings_text(k, url, prefix, "{budget_usd: {day: 1000}, tokens_per_minute: 100000000}"))
+    store = limits.store_for(settings, tmp_path)
+    steps = []
+    real = store.lease
+    monkeypatch.setattr(store, "lease", lambda *a, **kw: steps.append(1) or real(*a, **kw))
+    for _ in range(300):
+        call(settings, tmp_path).settle(input_tokens=10, output_tokens=10)
+    assert len(steps) < 100  # the per-call design made 300
+
+    hops = []
+    to_thread = asyncio.to_thread
+    monkeypatch.setattr(asyncio, "to_thread", lambda *a, **kw: hops.append(1) or to_thread(*a, **kw))
+
+    async def main() -> None:
+        for _ in range(50):
+            ticket = await limits.aadmit(settings, tmp_path, PLUGIN, messages=MESSAGES, provider="custom", model="m",
+                                         max_tokens=100, deadline=time.monotonic() + 10)
+            await ticket.asettle(input_tokens=10, output_tokens=10)
+
+    asyncio.run(main())
+    assert len(hops) < 25  # admitted on the event loop, in memory (a store step still goes to a thread)
+    spent = limits.snapshot(settings, tmp_path, PLUGIN).counters
+    assert spent.day_spent == 350 * (10 * 1000 + 10 * 4000) and spent.day_reserved == 0
+
+
+def test_a_new_minute_starts_a_new_lease_and_keeps_each_minutes_counts(kind, tmp_path):
+    k, url, prefix = kind
+    settings = parse(settings_text(k, url, prefix, "{requests_per_minute: 1000, budget_usd: {day: 1000}}"))
+    t0 = (time.time() // 86400) * 86400 + 3600  # 01:00 UTC today: both minutes in one day
+    for i in range(30):
+        call(settings, tmp_path, now=t0 + i * 0.01).settle(input_tokens=1, output_tokens=1)
+    for i in range(20):
+        call(settings, tmp_path, now=t0 + 60 + i * 0.01).settle(input_tokens=1, output_tokens=1)
+    store = limits.store_for(settings, tmp_path)
+    first = store.counters(PLUGIN, t0, timeout=5)
+    second = store.counters(PLUGIN, t0 + 60, timeout=5)
+    assert (first.minute_requests, second.minute_requests) == (30, 20)
+    assert second.day_spent == 50 * (1000 + 4000) and second.day_reserved == 0
+
+
+def test_a_forked_child_does_not_use_its_parents_lease(tmp_path):
+    limits.close_stores()
+    settings = parse(settings_text("local", None, "", "{budget_usd: {day: 1000}}"))
+    for _ in range(30):
+        call(settings, tmp_path).settle(input_tokens=1, output_tokens=1)
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 1
+        try:
+            from plugin_llm.limits import store_for
+
+            books = store_for(settings, tmp_path).__dict__.get("_lease_books", {})
+            book = books.get(PLUGIN)
+            if book is None or book.current is None:
+                call(settings, tmp_path).settle(input_tokens=1, output_tokens=1)
+                limits.close_stores()  # gives the child's own lease back, with its usage
+                code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    c = limits.snapshot(settings, tmp_path, PLUGIN).counters
+    assert c.day_spent == 31 * 5000 and c.day_reserved == 0
+    limits.close_stores()
