@@ -188,6 +188,20 @@ class _Common:
         return self._driver.call_id
 
     @property
+    def model(self) -> str | None:
+        """The model answering (as the provider reports it, once it has), None before the stream is open."""
+        result = self._driver.result
+        if result is not None:
+            return result.model
+        stream = self._driver.progress.stream
+        return getattr(stream, "model", None)
+
+    @property
+    def finish_reason(self) -> str | None:
+        """Why the provider ended the reply (``stop``, ``length``, ...), once it has."""
+        return getattr(self._driver.progress.stream, "finish_reason", None)
+
+    @property
     def finished(self) -> bool:
         """True once the stream ended, failed or was closed."""
         return self._driver.done

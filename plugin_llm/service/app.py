@@ -32,7 +32,7 @@ from typing import Any, Callable
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 from starlette.routing import Route
 
 from plugin_llm.service import requests as req
@@ -197,26 +197,6 @@ def _openai_completion(result: Any, created: int) -> dict[str, Any]:
     }
 
 
-def _sse_chunks(completion: dict[str, Any]):
-    """The completion as OpenAI ``chat.completion.chunk`` events, usage in the last one."""
-    base = {"id": completion["id"], "object": "chat.completion.chunk", "created": completion["created"],
-            "model": completion["model"]}
-    choice = completion["choices"][0]
-    message = choice["message"]
-    events: list[dict[str, Any]] = [
-        {**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}]
-    if message.get("content"):
-        events.append({**base, "choices": [{"index": 0, "delta": {"content": message["content"]}, "finish_reason": None}]})
-    for index, call in enumerate(message.get("tool_calls") or ()):
-        events.append({**base, "choices": [{"index": 0, "delta": {"tool_calls": [{"index": index, **call}]},
-                                            "finish_reason": None}]})
-    events.append({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}]})
-    events.append({**base, "choices": [], "usage": completion["usage"], "plugin_llm": completion["plugin_llm"]})
-    for event in events:
-        yield b"data: " + _ENCODER.encode(event).encode("utf-8", "surrogatepass") + b"\n\n"
-    yield b"data: [DONE]\n\n"
-
-
 def _outcome(state: ServiceState, plugin: str, endpoint: str, started: float, exc: BaseException | None,
              usage: Any, fields: frozenset[str]) -> Response | None:
     """Count the call; for a failure, the error answer."""
@@ -281,6 +261,13 @@ def create_app(home: Path | str | None = None, *, llm_factory: Callable[[str], A
         try:
             body = req.parse_body(await _read_body(state, request))
             messages, kwargs, stream = req.chat_kwargs(body)
+            if stream:  # real SSE as the deltas arrive (plugin_llm/service/streaming.py)
+                from plugin_llm.service.streaming import chat_stream
+
+                return await chat_stream(
+                    state.llm(plugin), messages, kwargs, body.get("stream_options"), metrics=state.metrics,
+                    plugin=plugin, started=started, fields=req.ALL_FIELDS,
+                    refuse=lambda exc: _outcome(state, plugin, "chat", started, exc, None, req.ALL_FIELDS))
             result = await state.llm(plugin).acomplete(messages, **kwargs)
         except req.BadRequest as exc:
             _outcome(state, plugin, "chat", started, exc, None, req.ALL_FIELDS)
@@ -288,11 +275,7 @@ def create_app(home: Path | str | None = None, *, llm_factory: Callable[[str], A
         except Exception as exc:  # noqa: BLE001
             return _outcome(state, plugin, "chat", started, exc, None, req.ALL_FIELDS)
         _outcome(state, plugin, "chat", started, None, result.usage, req.ALL_FIELDS)
-        completion = _openai_completion(result, int(time.time()))
-        if stream:
-            return StreamingResponse(_sse_chunks(completion), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})
-        return _json(200, completion)
+        return _json(200, _openai_completion(result, int(time.time())))
 
     async def healthz(request: Request) -> Response:
         from plugin_llm.transport._loading import loaded_litellm

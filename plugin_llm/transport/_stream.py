@@ -292,6 +292,19 @@ class _Base:
         self.ended = False
         self.closed = False
 
+    @property
+    def model(self) -> str:
+        """The model the provider reports (so far), else the route's (the key hidden in it, as in final())."""
+        from auth.redaction import redact_secrets
+
+        secret = self._key.secret()
+        model = self._chunks.model or self.route.model
+        return redact_secrets(model, secret) if secret else redact_secrets(model)
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self._chunks.finish
+
     def _deliver(self, raw: str) -> str:
         text = self._redactor.push(raw) if raw else ""
         if text:

@@ -1,0 +1,124 @@
+"""``POST /v1/chat/completions`` with ``"stream": true``: OpenAI ``chat.completion.chunk`` SSE, as deltas arrive.
+
+The stream is :meth:`PluginLlm.astream` - the same trust gate, limits and one
+audit record as in process. It is opened before the response starts, so a
+trust denial, a quota refusal or a provider that fails before its first delta
+is the ordinary JSON error answer (403, 429 + ``Retry-After``, 502, ...). After
+the headers went out, each delta is one event::
+
+    data: {"id": "chatcmpl-<call_id>", "object": "chat.completion.chunk", "choices": [{"delta": {...}}], ...}
+
+then a chunk with the ``finish_reason`` (carrying ``plugin_llm: {call_id,
+provider, cost_usd, agent_id, audit, usage}``, the gateway's own field, which
+OpenAI clients ignore and ``GatewayClient.stream`` reads), then - only when the request asked for it with
+``stream_options: {"include_usage": true}``, as OpenAI does - a chunk with
+``choices: []`` and ``usage``, then ``data: [DONE]``. A failure after the
+headers is an event with the same error body as a non-streaming answer
+(``{"error": {"type", "message", "code", ...}}``; OpenAI SDKs raise it) and
+no ``[DONE]``. A client that disconnects mid-stream abandons it: the pipeline
+records it once as ``abandoned`` and releases its reservation.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, AsyncIterator, Callable
+
+from starlette.responses import Response, StreamingResponse
+
+from plugin_llm.service.errors import error_for
+
+__all__ = ["chat_stream"]
+
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), default=str)
+_DONE = b"data: [DONE]\n\n"
+
+
+def _event(doc: dict[str, Any]) -> bytes:
+    return b"data: " + _ENCODER.encode(doc).encode("utf-8", "surrogatepass") + b"\n\n"
+
+
+def _usage(usage: Any) -> dict[str, Any]:
+    return {"prompt_tokens": usage.input_tokens, "completion_tokens": usage.output_tokens,
+            "total_tokens": usage.total_tokens or usage.input_tokens + usage.output_tokens}
+
+
+def _full_usage(usage: Any) -> dict[str, Any]:
+    """The result's usage with every PluginLlmUsage field (GatewayClient.stream rebuilds it from this)."""
+    return {"input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens,
+            "total_tokens": usage.total_tokens, "cache_read_tokens": usage.cache_read_tokens,
+            "cache_write_tokens": usage.cache_write_tokens, "cost_usd": usage.cost_usd, "estimated": usage.estimated}
+
+
+async def chat_stream(llm: Any, messages: Any, kwargs: dict[str, Any], stream_options: Any, *, metrics: Any,
+                      plugin: str, started: float, refuse: Callable[[BaseException], Response],
+                      fields: frozenset[str]) -> Response:
+    """The SSE answer of a streamed chat completion, or ``refuse(exc)``'s error answer when it cannot start."""
+    include_usage = isinstance(stream_options, dict) and stream_options.get("include_usage") is True
+    try:
+        stream = await llm.astream(messages, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - nothing sent yet: the ordinary error answer
+        return refuse(exc)
+    return _SseResponse(_events(stream, include_usage, metrics, plugin, started, fields),
+                        media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+class _SseResponse(StreamingResponse):
+    """A StreamingResponse that always closes its event generator: after a client disconnect Starlette
+    stops iterating it without closing it, which would leave the stream open until garbage collection."""
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.body_iterator.aclose()  # type: ignore[attr-defined]
+
+
+async def _events(stream: Any, include_usage: bool, metrics: Any, plugin: str, started: float,
+                  fields: frozenset[str]) -> AsyncIterator[bytes]:
+    created = int(time.time())
+    base = {"id": f"chatcmpl-{stream.call_id}", "object": "chat.completion.chunk", "created": created,
+            "model": stream.model}
+    status = "abandoned"
+    try:
+        yield _event({**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                           "logprobs": None, "finish_reason": None}]})
+        failure: BaseException | None = None
+        try:
+            async for delta in stream:
+                yield _event({**base, "choices": [{"index": 0, "delta": {"content": delta}, "logprobs": None,
+                                                   "finish_reason": None}]})
+        except Exception as exc:  # noqa: BLE001 - after the headers: an error event with the usual body
+            failure = exc
+        if failure is not None:
+            error = error_for(failure, fields)
+            status = "error" if error.code == "internal_error" else _status(error.code)
+            failure = None
+            yield _event(error.body())
+            return
+        result = stream.result
+        status = "ok"
+        usage = result.usage
+        base["model"] = result.model
+        yield _event({**base, "choices": [{"index": 0, "delta": {}, "logprobs": None,
+                                           "finish_reason": stream.finish_reason or "stop"}],
+                      "plugin_llm": {"call_id": result.audit["call_id"], "provider": result.provider,
+                                     "cost_usd": usage.cost_usd, "agent_id": result.agent_id,
+                                     "audit": result.audit, "usage": _full_usage(usage)}})
+        if include_usage:
+            yield _event({**base, "choices": [], "usage": _usage(usage)})
+        yield _DONE
+    finally:
+        stream.close()  # a client that went away: abandoned (recorded once); a no-op after the end
+        result = stream.result
+        metrics.observe(plugin, "chat", status, time.perf_counter() - started,
+                        result.usage if result is not None else None)
+
+
+_STATUSES = {"trust_denied": "denied", "quota_exceeded": "quota", "schema_mismatch": "schema_error",
+             "timeout": "timeout", "provider_error": "provider_error", "invalid_request": "bad_request"}
+
+
+def _status(code: str) -> str:
+    return _STATUSES.get(code, "error")
