@@ -357,3 +357,14 @@ def test_sse_parser_is_bounded():
         SseParser(max_line=10).feed(b"data: 0123456789")
     with pytest.raises(SseError, match="over 20 bytes"):
         SseParser(max_bytes=20).feed(b"data: 0123456789abcdefgh")
+
+
+@pytest.mark.parametrize("transport_path", ["fast"], indirect=True)
+def test_an_error_event_echoing_the_key_does_not_show_it(server, hermes_home, transport_path):
+    key = f"cnry{secrets.token_hex(16)}"
+    write_auth(hermes_home, {"providers": {"custom": {"api_key": key}}})
+    server.default = Stream(raw=b'data: {"error": {"message": "bad key ' + key.encode() + b'"}}\n\n')
+    with pytest.raises(PluginLlmProviderError) as caught:
+        list(PluginLlm("writer").stream(USER))
+    assert "bad key [REDACTED" in str(caught.value) and key not in str(caught.value)
+    assert key not in (hermes_home / "logs" / "agent.log").read_text(encoding="utf-8")

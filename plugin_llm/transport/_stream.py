@@ -190,12 +190,13 @@ _NO_KEY = Key(_NoCredential(), None)  # a Job reading a stream passes no key
 
 
 # ------------------------------------------------------------------ reading chunks
-def _chunk_error(route: Route, doc: Any) -> PluginLlmProviderError:
+def _chunk_error(route: Route, doc: Any, key: Key | None) -> PluginLlmProviderError:
     from auth.redaction import redact_clipped
 
     error = doc.get("error") if isinstance(doc, dict) else None
     message = field(error, "message") if isinstance(error, dict) else error
-    text = redact_clipped(str(message if message is not None else "no message"), 300)
+    secret = key.secret() if key is not None else None  # hidden even when it was never registered
+    text = redact_clipped(str(message if message is not None else "no message")[:5000], 300, secret)
     status = field(error, "code") if isinstance(error, dict) else None
     return PluginLlmProviderError(
         f"{route.provider} sent an error event in the stream of model {route.model}: {text}",
@@ -211,10 +212,11 @@ def _malformed_stream(route: Route, reason: str) -> PluginLlmProviderError:
 class _Chunks:
     """The parts of one streamed reply read so far: text pieces, model, finish reason, usage."""
 
-    __slots__ = ("route", "model", "finish", "usage", "anomalies")
+    __slots__ = ("route", "key", "model", "finish", "usage", "anomalies")
 
-    def __init__(self, route: Route) -> None:
+    def __init__(self, route: Route, key: Key | None = None) -> None:
         self.route = route
+        self.key = key
         self.model: str | None = None
         self.finish: str | None = None
         self.usage: Any = None
@@ -223,7 +225,7 @@ class _Chunks:
     def take(self, chunk: Any) -> str:
         """The text delta of one chunk (a dict of the SSE JSON, or litellm's ModelResponseStream)."""
         if isinstance(chunk, dict) and "error" in chunk and chunk.get("error"):
-            raise _chunk_error(self.route, chunk)
+            raise _chunk_error(self.route, chunk, self.key)
         if not isinstance(chunk, dict) and field(chunk, "choices") is None and field(chunk, "usage") is None:
             raise _malformed_stream(self.route, f"a chunk is a {type(chunk).__name__}, not a chat completion chunk")
         model = field(chunk, "model")
@@ -282,7 +284,7 @@ class _Base:
         self.route = request.route
         self._key = key
         self._redactor = StreamRedactor(key)
-        self._chunks = _Chunks(request.route)
+        self._chunks = _Chunks(request.route, key)
         self._pieces: list[str] = []
         self.delivered = 0  # characters handed to the caller
         self.attempts = attempts
