@@ -2,12 +2,21 @@
 
 Measured in one run, interleaved so that machine noise hits every contender
 alike, against a ``PluginLlm.complete`` on the local model served over HTTP
-on 127.0.0.1 (the same call ``bench_gateway.py`` measures). Until the limits
-layer is wired into the call pipeline, a limited call is simulated the way
-the wiring will do it: ``limits.admit`` (worst-case estimate + one store
-transaction / one Redis script) before ``complete`` and ``Ticket.settle``
-after it. Then 64 concurrent async calls, limits on vs off.
+on 127.0.0.1 (the server in its own process, so its CPU is not counted here;
+the same call ``bench_gateway.py`` measures). Each store is measured twice:
+``per call`` (one store step per admission, the design before leases:
+``plugin_llm.limits.leases.ENABLED = False``) and ``leases`` (the default:
+a busy plugin's calls admitted in memory under this process's lease).
 
+1. Admission + settlement through the facade, back to back: CPU time of this
+   process (all its threads, so the lease keeper's and the settlement flusher's
+   work is included) per call, median of interleaved blocks, as a share of
+   one ``complete``'s wall time and CPU time.
+2. Whole ``complete`` calls of a plugin with limits configured (the pipeline's
+   own admission), CPU per call, vs limits off.
+3. 64 concurrent async calls: calls/s and CPU per call, limits off vs on.
+
+CPU time, not wall time, where it can be: the machine is shared and noisy.
 Targets: ``local`` adds under 2% to a call, ``redis`` under 5% on loopback.
 Printed, not asserted: ``python benchmarks/bench_limits.py [--quick]``.
 Needs ``redis-server`` on PATH for the redis rows (skipped with a note otherwise).
@@ -17,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import fcntl
 import os
 import shutil
 import socket
@@ -25,7 +33,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import uuid
 from pathlib import Path
 
 os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
@@ -102,182 +112,199 @@ def limit_settings(text: str):
     return settings
 
 
-class admission_pair:
-    """One admission + settlement through the facade, as the wired pipeline will make it."""
+class Variant:
+    """One way of running a limited call: the store (None = no limits) and leases on or off."""
 
-    def __init__(self, settings, home: Path) -> None:
+    def __init__(self, name: str, store: str | None, lease: bool, base_url: str, redis_url: str | None) -> None:
+        self.name, self.store, self.lease = name, store, lease
+        self.home = Path(tempfile.mkdtemp(prefix="bench-limits-"))
+        text = config_text(base_url, store, redis_url if store == "redis" else None)
+        if store == "redis":  # each variant its own keys
+            text = text.replace("  redis_url:", f"  redis_key_prefix: bench{uuid.uuid4().hex[:8]}\n  redis_url:")
+        (self.home / "config.yaml").write_text(text)
+        self.settings = limit_settings(text)
+        from plugin_llm import PluginLlm
         from plugin_llm.types import PluginLlmUsage
 
-        self.settings, self.home = settings, home
+        self.llm = PluginLlm(PLUGIN, home=self.home)
         self.usage = PluginLlmUsage(input_tokens=12, output_tokens=20, total_tokens=32, cost_usd=None)
-        self.ticket = None
 
-    def admit(self) -> None:
+    def __enter__(self) -> "Variant":
+        from plugin_llm.limits import leases
+
+        leases.ENABLED = self.lease
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        from plugin_llm.limits import leases
+
+        leases.ENABLED = True
+
+    def pair(self) -> None:
+        """One admission + settlement through the facade, as the pipeline makes them."""
         from plugin_llm import limits
 
-        self.ticket = limits.admit(self.settings, self.home, PLUGIN, messages=MESSAGES, provider="custom",
-                                   model="local-echo-1", max_tokens=256, deadline=time.monotonic() + 30)
-
-    def settle(self) -> None:
-        self.ticket.settle(self.usage)
-
-    def __call__(self) -> None:
-        self.admit()
-        self.settle()
+        limits.admit(self.settings, self.home, PLUGIN, messages=MESSAGES, provider="custom", model="local-echo-1",
+                     max_tokens=256, deadline=time.monotonic() + 30).settle(self.usage)
 
 
-def median_us(samples: list[float]) -> float:
-    return statistics.median(samples) * 1e6
-
-
-def bench_sync(base_url: str, home: Path, redis_url: str | None, rounds: int) -> dict[str, float]:
-    from plugin_llm import PluginLlm
-
-    llm = PluginLlm(PLUGIN, home=home)
-    stores = {"no limits": limit_settings(config_text(base_url, None, None)),
-              "local": limit_settings(config_text(base_url, "local", None))}
+def variants(base_url: str, redis_url: str | None) -> list[Variant]:
+    out = [Variant("no limits", None, True, base_url, None),
+           Variant("local, per call", "local", False, base_url, None),
+           Variant("local, leases", "local", True, base_url, None)]
     if redis_url:
-        stores["redis"] = limit_settings(config_text(base_url, "redis", redis_url))
-    pairs = {name: admission_pair(settings, home) for name, settings in stores.items()}
-
-    def complete() -> None:
-        llm.complete(MESSAGES)
-
-    log_fd = os.open(home / "bench-append.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    lock_fd = os.open(home / "bench-append.lock", os.O_RDWR | os.O_CREAT, 0o600)
-    line = b"x" * 200 + b"\n"
-
-    def complete_then_append() -> None:
-        # control: any work with system calls right after a call lets the background
-        # work litellm leaves behind run right then (see bench_gateway.py) -- that
-        # time is litellm's, charged to whoever makes the next system call
-        complete()
-        fcntl.flock(lock_fd, fcntl.LOCK_EX)
-        os.write(log_fd, line)
-        fcntl.flock(lock_fd, fcntl.LOCK_UN)
-
-    contenders: dict[str, object] = {"PluginLlm.complete": complete, "complete + one locked append": complete_then_append}
-    in_context: dict[str, list[float]] = {name: [] for name in pairs}
-    for name, pair in pairs.items():
-        contenders[f"admit+settle {name}"] = pair
-
-        def limited(pair=pair, spent=in_context[name]) -> None:
-            # admission, the call, settlement: the store work times as it costs in the pipeline
-            # (caches cold after a call), measured on its own
-            t0 = time.perf_counter()
-            pair.admit()
-            t1 = time.perf_counter()
-            complete()
-            t2 = time.perf_counter()
-            pair.settle()
-            spent.append(t1 - t0 + time.perf_counter() - t2)
-
-        contenders[f"complete + {name}"] = limited
-    for fn in contenders.values():  # warm-up: pools, lazy imports, the price map, the SQLite file, the script cache
-        for _ in range(30):
-            fn()
-    wall: dict[str, list[float]] = {name: [] for name in contenders}
-    for _ in range(rounds):
-        for name, fn in contenders.items():
-            reps = BLOCK if not name.startswith("admit+settle") else BLOCK * 20
-            t0 = time.perf_counter()
-            for _ in range(reps):
-                fn()
-            wall[name].append((time.perf_counter() - t0) / reps)
-    out = {name: median_us(s) for name, s in wall.items()}
-    out.update({f"in context {name}": median_us(s) for name, s in in_context.items()})
+        out += [Variant("redis, per call", "redis", False, base_url, redis_url),
+                Variant("redis, leases", "redis", True, base_url, redis_url)]
     return out
 
 
-def bench_async(base_url: str, home: Path, redis_url: str | None, calls: int, concurrency: int, repeats: int) -> dict[str, float]:
-    from plugin_llm import PluginLlm, limits
-    from plugin_llm.types import PluginLlmUsage
+def cpu_per_call(fn, reps: int) -> float:
+    t0 = time.process_time()
+    for _ in range(reps):
+        fn()
+    return (time.process_time() - t0) / reps
 
-    llm = PluginLlm(PLUGIN + "-async", home=home)
-    variants = {"off": None, "local": limit_settings(config_text(base_url, "local", None))}
-    if redis_url:
-        variants["redis"] = limit_settings(config_text(base_url, "redis", redis_url))
-    usage = PluginLlmUsage(input_tokens=12, output_tokens=20, total_tokens=32)
 
-    async def one(settings) -> None:
-        if settings is None:
-            await llm.acomplete(MESSAGES)
-            return
-        ticket = limits.admit(settings, home, PLUGIN, messages=MESSAGES, provider="custom", model="local-echo-1",
-                              max_tokens=256, deadline=time.monotonic() + 30)  # inline, as in the pipeline
-        try:
-            await llm.acomplete(MESSAGES)
-        finally:
-            ticket.settle(usage)
+def limits_threads_cpu() -> float:
+    """CPU seconds used so far by the limits layer's own threads (lease keeper, settlement flusher)."""
+    total = 0.0
+    for t in threading.enumerate():
+        if t.name.startswith("plugin-llm-limits") and t.ident is not None:
+            try:
+                total += time.clock_gettime(time.pthread_getcpuclockid(t.ident))
+            except OSError:  # the thread just ended
+                pass
+    return total
 
-    async def run(settings) -> float:
+
+def in_context(v: Variant, off: Variant, calls: int) -> float:
+    """CPU seconds per call that admission + settlement add around real calls: the calling thread's
+    CPU in ``admit`` and ``settle`` plus everything the limits threads did meanwhile (lease
+    renewals, queued settlements), at the pace of real calls."""
+    from plugin_llm import limits
+
+    spent = 0.0
+    bg0 = limits_threads_cpu()
+    for _ in range(calls):
+        t0 = time.thread_time()
+        ticket = limits.admit(v.settings, v.home, PLUGIN, messages=MESSAGES, provider="custom", model="local-echo-1",
+                              max_tokens=256, deadline=time.monotonic() + 30)
+        t1 = time.thread_time()
+        off.llm.complete(MESSAGES)  # the call itself, unlimited, so nothing is admitted twice
+        t2 = time.thread_time()
+        ticket.settle(v.usage)
+        spent += time.thread_time() - t2 + t1 - t0
+    return (spent + limits_threads_cpu() - bg0) / calls
+
+
+def bench_sync(vs: list[Variant], rounds: int, calls: int) -> dict[str, dict[str, float]]:
+    """Per variant, medians of interleaved rounds: admission+settlement CPU in context and back to
+    back, and whole limited calls' CPU; plus a plain complete's wall and CPU time."""
+    off = vs[0]
+    for v in vs:  # warm-up: pools, lazy imports, the price map, the SQLite file, the script cache, leases
+        with v:
+            for _ in range(30):
+                v.llm.complete(MESSAGES)
+                v.pair()
+    rows = {v.name: {"context": [], "pair": [], "call": []} for v in vs}
+    wall: list[float] = []
+    for _ in range(rounds):
+        for v in vs:
+            with v:
+                rows[v.name]["call"].append(cpu_per_call(lambda: v.llm.complete(MESSAGES), calls))
+                rows[v.name]["context"].append(in_context(v, off, calls))
+                rows[v.name]["pair"].append(cpu_per_call(v.pair, calls * 4))
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            off.llm.complete(MESSAGES)
+        wall.append((time.perf_counter() - t0) / calls)
+    med = lambda xs: statistics.median(xs) * 1e6  # noqa: E731
+    out = {name: {k: med(xs) for k, xs in row.items()} for name, row in rows.items()}
+    out["_complete"] = {"wall": med(wall), "cpu": out[off.name]["call"]}
+    return out
+
+
+def bench_async(vs: list[Variant], calls: int, concurrency: int, repeats: int) -> dict[str, tuple[float, float]]:
+    """Per variant: calls/s and CPU µs per call of ``calls`` acomplete calls at ``concurrency`` (limits in the pipeline)."""
+
+    async def run(v: Variant) -> tuple[float, float]:
         sem = asyncio.Semaphore(concurrency)
 
         async def bounded() -> None:
             async with sem:
-                await one(settings)
+                await v.llm.acomplete(MESSAGES)
 
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         await asyncio.gather(*(bounded() for _ in range(calls)))
-        return time.perf_counter() - t0
+        return time.perf_counter() - t0, time.process_time() - c0
 
-    async def main() -> dict[str, list[float]]:
-        for settings in variants.values():
-            await run(settings)  # warm-up
-        out: dict[str, list[float]] = {name: [] for name in variants}
+    async def main() -> dict[str, list[tuple[float, float]]]:
+        for v in vs:
+            with v:
+                await run(v)  # warm-up
+        out: dict[str, list[tuple[float, float]]] = {v.name: [] for v in vs}
         for _ in range(repeats):
-            for name, settings in variants.items():
-                out[name].append(await run(settings))
+            for v in vs:
+                with v:
+                    out[v.name].append(await run(v))
         return out
 
     results = asyncio.run(main())
-    return {name: calls / statistics.median(v) for name, v in results.items()}
+    return {name: (calls / statistics.median(w for w, _ in rs), statistics.median(c for _, c in rs) / calls * 1e6)
+            for name, rs in results.items()}
+
+
+TARGETS = {"local": 2.0, "redis": 5.0}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer rounds (a smoke run)")
     args = parser.parse_args()
-    rounds, calls, repeats = (10, 200, 1) if args.quick else (60, 1000, 3)
+    rounds, block, calls, repeats = (6, 100, 256, 3) if args.quick else (20, 150, 1024, 5)
 
-    with tempfile.TemporaryDirectory() as tmp, server_process() as server, redis_process() as redis:
-        home = Path(tmp)
-        (home / "config.yaml").write_text(config_text(server.base_url, None, None))
+    with server_process() as server, redis_process() as redis:
         redis_url = redis.url if redis else None
         print(f"server: {server.base_url}   redis: {redis_url or 'redis-server not installed, skipped'}   "
-              f"python {sys.version.split()[0]}   cores: {os.cpu_count()}")
-        print(f"\n== sync, per call: median over {rounds} interleaved rounds ==")
-        sync = bench_sync(server.base_url, home, redis_url, rounds)
-        base = sync["PluginLlm.complete"]
-        print(f"  {'PluginLlm.complete (local model over HTTP)':<44} {base:9.1f} µs")
-        print("  admission + settlement per call (back to back, warm caches):")
-        for name in ("no limits", "local", "redis"):
-            key = f"admit+settle {name}"
-            if key not in sync:
-                continue
-            target = {"local": "target < 2%", "redis": "target < 5%"}.get(name, "")
-            print(f"    {name:<42} {sync[key]:9.1f} µs = {sync[key] / base * 100:5.2f}% of a call   {target}")
-        print("  admission + settlement per call, timed around each complete() (caches cold after the call):")
-        for name in ("no limits", "local", "redis"):
-            key = f"in context {name}"
-            if key in sync:
-                print(f"    {name:<42} {sync[key]:9.1f} µs = {sync[key] / base * 100:5.2f}% of a call")
-        print("  whole limited calls (noisier: machine load and litellm's background work land anywhere):")
-        control = sync["complete + one locked append"]
-        print(f"    {'complete + one locked append (control)':<42} {control:9.1f} µs   (end to end: {(control / base - 1) * 100:+.1f}% vs complete)")
-        for name in ("no limits", "local", "redis"):
-            key = f"complete + {name}"
-            if key in sync:
-                print(f"    {key:<42} {sync[key]:9.1f} µs   (end to end: {(sync[key] / base - 1) * 100:+.1f}% vs complete)")
+              f"python {sys.version.split()[0]}   cores: {os.cpu_count()}   load: {os.getloadavg()[0]:.2f}")
+        vs = variants(server.base_url, redis_url)
+        print(f"\n== sync: medians of {rounds} interleaved rounds of {block}-call blocks; CPU = this process ==")
+        sync = bench_sync(vs, rounds, block)
+        base = sync["_complete"]
+        print(f"  PluginLlm.complete, limits off: {base['wall']:.0f} µs wall, {base['cpu']:.0f} µs CPU per call")
+        print("  admission + settlement per call, in context (CPU of the caller in admit/settle + the limits "
+              "threads' CPU, at the pace of real calls):")
+        print(f"    {'variant':<18} {'CPU µs':>8} {'% of call wall':>15} {'% of call CPU':>14}   target")
+        for v in vs:
+            row = sync[v.name]
+            target = TARGETS.get(v.store or "")
+            share = row["context"] / base["wall"] * 100
+            mark = "" if target is None else f"< {target:.0f}%  " + ("met" if share < target else "missed")
+            print(f"    {v.name:<18} {row['context']:8.1f} {share:14.2f}% {row['context'] / base['cpu'] * 100:13.2f}%   {mark}")
+        for store in ("local", "redis"):
+            before, after = sync.get(f"{store}, per call"), sync.get(f"{store}, leases")
+            if before and after:
+                print(f"    {store}: leases / per call = {after['context'] / before['context']:.3f} "
+                      f"({before['context']:.1f} -> {after['context']:.1f} µs CPU per call)")
+        print("  admission + settlement back to back (warm caches, process CPU; lease renewals are rarer "
+              "per call at this pace):")
+        for v in vs:
+            print(f"    {v.name:<18} {sync[v.name]['pair']:8.1f} µs CPU")
+        print("  whole limited calls, limits in the pipeline (process CPU per call; noisier):")
+        for v in vs:
+            row = sync[v.name]
+            print(f"    {v.name:<18} {row['call']:8.0f} µs CPU   {(row['call'] / base['cpu'] - 1) * 100:+6.1f}% vs off")
 
-        print(f"\n== async, {calls} calls at concurrency 64, median of {repeats} ==")
-        thr = bench_async(server.base_url, home, redis_url, calls, 64, repeats)
-        for name, per_s in thr.items():
-            rel = "" if name == "off" else f"   ({(per_s / thr['off'] - 1) * 100:+.1f}% vs off)"
-            print(f"  limits {name:<6} {per_s:9.1f} calls/s{rel}")
+        print(f"\n== async: {calls} calls at concurrency 64, median of {repeats} ==")
+        thr = bench_async(vs, calls, 64, repeats)
+        off_rate, off_cpu = thr[vs[0].name]
+        for v in vs:
+            rate, cpu = thr[v.name]
+            rel = "" if v.store is None else f"   ({(rate / off_rate - 1) * 100:+.1f}% calls/s, {(cpu / off_cpu - 1) * 100:+.1f}% CPU vs off)"
+            print(f"  {v.name:<18} {rate:9.1f} calls/s {cpu:8.0f} µs CPU/call{rel}")
         from plugin_llm import limits
 
-        limits.close_stores()  # apply queued settlements while the stores are still up
+        limits.close_stores()  # give leases back while the stores are still up
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from plugin_llm.limits import leases
 from plugin_llm.limits.checks import check_limits
 from plugin_llm.limits.pricing import Estimate, Price, actual_cost_nano, find_price, input_token_bound, worst_case
 from plugin_llm.limits.settings import (
@@ -296,7 +297,7 @@ def _fast(call: _Call) -> Ticket | None:
             store = call.store = store_for(call.settings, call.home)
         except Exception:  # noqa: BLE001 - opening is retried, and reported, on the store path
             return None
-    if not store.supports_leases:
+    if not store.supports_leases or not leases.ENABLED:
         return None
     books = store.__dict__.get("_lease_books")
     book = books.get(call.plugin_id) if books else None
@@ -318,10 +319,8 @@ def _admit_store(call: _Call) -> Ticket:
     try:
         try:
             store = call.store or store_for(settings, call.home)
-            if store.supports_leases:
-                from plugin_llm.limits.leases import book_for
-
-                book = book_for(store, plugin_id, settings.reservation_grace, settings.store_timeout)
+            if store.supports_leases and leases.ENABLED:
+                book = leases.book_for(store, plugin_id, settings.reservation_grace, settings.store_timeout)
                 result = book.admit(call.limits, estimate.tokens, estimate.cost_nano or 0, call.now + ttl, call.now,
                                     timeout=timeout)
                 if isinstance(result, Denial):

@@ -52,10 +52,12 @@ if TYPE_CHECKING:
     from plugin_llm.limits.settings import PluginLimits
     from plugin_llm.limits.store import LimitStore
 
-__all__ = ["LeaseBook", "Lease", "book_for", "RENEW_INTERVAL", "IDLE_RETURN", "BUSY_WINDOW", "MAX_CALLS"]
+__all__ = ["LeaseBook", "Lease", "book_for", "ENABLED", "RENEW_INTERVAL", "IDLE_RETURN", "BUSY_WINDOW", "MAX_CALLS"]
 
 _log = logging.getLogger("plugin_llm.limits")
 
+#: False: every admission is one store step, as before leases (bench_limits.py's "per call" rows)
+ENABLED = True
 #: how often the keeper settles and resizes an active lease (seconds)
 RENEW_INTERVAL = 0.05
 #: a lease with nothing in flight and no admission for this long is given back
