@@ -13,7 +13,7 @@ import pytest
 from plugin_llm import PluginLlmProviderError, PluginLlmTrustError
 from plugin_llm.client import GatewayClient
 from tests.bounded import run_bounded
-from tests.conftest import audit_lines
+from tests.conftest import audit_lines, write_config
 from tests.service_server import ServiceServer
 from tests.stream_server import Stream, StreamServer, wait_for
 
@@ -150,3 +150,19 @@ def test_gateway_client_astream_and_a_mid_stream_failure(service, upstream, herm
     assert deltas == ["one", " two"] and result.text == "one two"
     assert got == ["partial", " answer"] and "14 characters" in str(error)
     assert [line["status"] for line in audit_lines(hermes_home)][0] == "ok"
+
+
+def test_a_quota_refusal_of_a_stream_is_429_before_anything_is_sent(hermes_home):
+    with StreamServer() as fake:
+        write_config(hermes_home, (
+            f"model:\n  provider: custom\n  model: gpt-4o\n  base_url: {fake.base_url}\n"
+            "limits:\n  store: local\n"
+            "plugins:\n  entries:\n    capped:\n      limits:\n        requests_per_minute: 1\n"))
+        with ServiceServer(hermes_home) as service:
+            client = openai.OpenAI(base_url=service.url + "/v1", api_key=service.token("capped"), max_retries=0)
+            assert "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+                model="default", messages=USER, stream=True) if c.choices) == "Hello, world"
+            with pytest.raises(openai.RateLimitError, match="requests_per_minute"):
+                client.chat.completions.create(model="default", messages=USER, stream=True)
+        assert len(fake.requests) == 1
+    assert [line["status"] for line in audit_lines(hermes_home)] == ["ok", "quota"]

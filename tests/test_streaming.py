@@ -368,3 +368,23 @@ def test_an_error_event_echoing_the_key_does_not_show_it(server, hermes_home, tr
         list(PluginLlm("writer").stream(USER))
     assert "bad key [REDACTED" in str(caught.value) and key not in str(caught.value)
     assert key not in (hermes_home / "logs" / "agent.log").read_text(encoding="utf-8")
+
+
+def test_a_plugin_streams_through_ctx_llm(tmp_path, transport_path):
+    from plugin_llm.testing import load_plugin
+
+    plugin = tmp_path / "streamer"
+    plugin.mkdir()
+    (plugin / "plugin.yaml").write_text("name: streamer\nversion: 0.1.0\n", encoding="utf-8")
+    (plugin / "__init__.py").write_text(
+        "def register(ctx):\n"
+        "    def run(raw_args):\n"
+        "        with ctx.llm.stream([{'role': 'user', 'content': raw_args}], purpose='live') as stream:\n"
+        "            deltas = list(stream)\n"
+        "        return f'{len(deltas)}|' + '|'.join(deltas) + f'|{stream.result.audit[\"call_id\"]}'\n"
+        "    ctx.register_command('live', run)\n", encoding="utf-8")
+    with load_plugin(plugin, replies=["one two three four five six seven eight nine"]) as harness:
+        count, *deltas, call_id = harness.run_command("live", "go").split("|")
+        [call] = harness.calls()
+    assert int(count) == len(deltas) >= 2 and "".join(deltas) == "one two three four five six seven eight nine"
+    assert call["call_id"] == call_id and call["plugin_id"] == "streamer" and call["stream"] is True
