@@ -201,6 +201,7 @@ def test_a_provider_failing_mid_stream_is_one_record_and_a_clear_error(server, h
     [line] = audit_lines(hermes_home)
     assert line["status"] in ("provider_error", "timeout") and line["stream.partial"] is True
     assert line["stream.delivered_chars"] == 14 and line["error.type"] == type(caught.value).__name__
+    assert len(server.requests) == 1 and line["attempts"] == 1  # no retry once a delta was delivered
     sent_by(server, transport_path)
 
 

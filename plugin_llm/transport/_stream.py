@@ -520,9 +520,11 @@ def fast_open(fast: Any, request: TransportRequest, key: Key) -> tuple[Callable[
     optional = fast.optional_params(request.params)
     url, body, response_status, headers, stream, close = _fast_send_sync(fast, request, optional, key)
     if not 200 <= response_status < 300:
+        outer, IO.deadline = getattr(IO, "deadline", None), request.deadline  # a trickled error body too
         try:
             content = _read_bounded(stream, 1024 * 1024)
         finally:
+            IO.deadline = outer
             close()
         raise fast.http_error(response_status, headers, content)
     parser = SseParser()
