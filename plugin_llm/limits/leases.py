@@ -65,7 +65,7 @@ IDLE_RETURN = 1.0
 #: two store round trips of a plugin this close together make it busy (lease slices grow)
 BUSY_WINDOW = 1.0
 #: the most calls' worth a lease holds beyond its calls in flight
-MAX_CALLS = 64
+MAX_CALLS = 1024
 _MAX_SLACK = 2.0
 _ZERO = (0, 0, 0, 0)
 _keys = itertools.count(1)
@@ -76,7 +76,7 @@ class Lease:
     and the usage of finished calls not yet handed to the store (``u_*``)."""
 
     __slots__ = ("book", "id", "buckets", "t0", "t1", "limits", "capped", "held", "expires", "latest", "r",
-                 "u_req", "u_tok", "u_nano", "inflight", "renewing", "admitted", "last_used", "dead")
+                 "u_req", "u_tok", "u_nano", "inflight", "renewing", "admitted", "last_used", "dead", "near")
 
     def __init__(self, book: "LeaseBook", buckets: Buckets, limits: "PluginLimits") -> None:
         self.book = book
@@ -96,6 +96,7 @@ class Lease:
         self.admitted = 0  # admissions since the last renewal
         self.last_used = time.monotonic()
         self.dead = False
+        self.near = True  # until a step shows otherwise
 
     def settle_later(self, admission: Admission, cost_nano: int, tokens: int) -> None:
         """A call admitted under this lease finished (``Ticket`` settles through this): in memory."""
@@ -236,11 +237,20 @@ class LeaseBook:
                 r[1] -= 1
                 r[2] -= tok
                 r[3] -= nano
-            keep = (r[0], r[1], r[2], r[3])
             settled = (lease.u_req, lease.u_tok, lease.u_nano)
             n = 0 if give_back or lease is not self.current else self.n
-            want = (n, n, n * self.want_tok, n * self.want_nano) if n else _ZERO
-            lease.renewing = True  # in-memory admissions wait for the new size
+            target = (n, n, n * self.want_tok, n * self.want_nano) if n else _ZERO
+            freeze = give_back or lease.near or any(ask)
+            if freeze:  # exact: hold only the calls in flight (+ this call + the slice); admissions wait
+                keep = (r[0], r[1], r[2], r[3])
+                want = target
+                lease.renewing = True
+            else:  # far from every limit: keep what is held (less what settles), top the spare up to the
+                # slice; admissions go on meanwhile, within what is held now, which the step never shrinks
+                h, c = lease.held, lease.capped
+                keep = (max(r[0], h[0]) if c[0] else r[0], max(r[1], h[1] - settled[0]) if c[1] else r[1],
+                        max(r[2], h[2] - settled[1]) if c[2] else r[2], max(r[3], h[3] - settled[2]) if c[3] else r[3])
+                want = tuple(max(0, t - (k - x)) for t, k, x in zip(target, keep, r))
             lease.admitted = 0
         keep_expires = max(lease.latest, now)
         op = LeaseOp(lease.id, lease.buckets, now, max(keep_expires, call_expiry), keep_expires, settled, keep, ask, want)
@@ -259,6 +269,9 @@ class LeaseBook:
                 lease.held, lease.expires = keep, keep_expires
                 return result
             lease.held, lease.expires = result.held, result.expires
+            # the store granted less than asked somewhere: near that limit, so steps stay exact
+            lease.near = any(c and w and held - k - a < w
+                             for c, w, held, k, a in zip(lease.capped, want, result.held, keep, ask))
             if limits is not lease.limits:
                 lease.limits, lease.capped = limits, _capped(limits)
             if give_back and not any(keep) and not lease.pending():
@@ -291,6 +304,8 @@ class LeaseBook:
                 if lease.dead:
                     self.n = 0
             elif lease.admitted or lease.pending():
+                if self.n:  # hold about two renewal intervals' worth of calls
+                    self.n = min(MAX_CALLS, max(self.n, 2 * lease.admitted))
                 self._step(lease, give_back=False, timeout=timeout)
         finally:
             self.io.release()
