@@ -330,3 +330,34 @@ def test_a_forked_child_does_not_use_its_parents_lease(tmp_path):
     c = limits.snapshot(settings, tmp_path, PLUGIN).counters
     assert c.day_spent == 31 * 5000 and c.day_reserved == 0
     limits.close_stores()
+
+
+def test_a_redis_killed_under_a_busy_lease_follows_on_store_error_within_the_deadline(tmp_path):
+    from tests.redis_server import RedisServer, _free_port
+
+    server = RedisServer(_free_port(), tmp_path)
+    server.start()
+    limits.close_stores()
+    try:
+        settings = parse(settings_text("redis", server.url, "t" + uuid.uuid4().hex[:12],
+                                       "{budget_usd: {day: 1000}, requests_per_minute: 100000}"))
+        for _ in range(50):  # busy: a lease with spare headroom
+            call(settings, tmp_path).settle(input_tokens=1, output_tokens=1)
+        server.kill()
+
+        def until_refused() -> tuple[int, PluginLlmLimitError]:
+            covered = 0
+            while True:  # the lease's spare, which Redis still counted, then the store is needed
+                try:
+                    ticket = call(settings, tmp_path, deadline=time.monotonic() + 0.4)
+                except PluginLlmLimitError as exc:
+                    return covered, exc
+                ticket.settle(input_tokens=1, output_tokens=1)
+                covered += 1
+
+        covered, refused = run_bounded(until_refused, 20)  # each store step bounded by the 0.4 s deadline
+        assert refused.limit == "store" and refused.config_key == "limits.on_store_error"
+        assert covered <= 1024  # never more than one slice
+    finally:
+        limits.close_stores()
+        server.kill()

@@ -12,6 +12,9 @@ repairs are requests of their own, each with its real messages)::
     ticket.release()                # failure: the reservation is dropped (the request still counts per minute)
 
 A plugin without limits costs one dict lookup and gets :data:`UNLIMITED`.
+A busy plugin's calls are admitted and settled in memory under a lease
+(:mod:`plugin_llm.limits.leases`): same decisions, a store step every ~50 ms
+instead of one per call.
 The store (``local`` SQLite or ``redis``) is chosen by ``limits.store`` and
 opened once per process; ``limits.on_store_error`` decides whether a store
 that fails or does not answer within the call's deadline (capped by
@@ -102,10 +105,11 @@ class Ticket:
     """One admitted request. ``settle`` or ``release`` exactly once; later calls do nothing.
 
     ``audit_fields()`` are the fields to add to the call's audit record.
-    Settlement never raises and costs the caller no store round trip: it is
-    queued and applied with this process's next admission (or by a
-    background flush a few ms later); until then the reservation, never less
-    than the actual, keeps counting. A store failure is logged, and the
+    Settlement never raises and costs the caller no store round trip: under
+    a lease it is in memory (the lease keeper hands it to the store within
+    ~50 ms); otherwise it is queued and applied with this process's next
+    admission (or by a background flush a few ms later); until then the
+    reservation, never less than the actual, keeps counting. A store failure is logged, and the
     reservation then counts until it expires (the call's deadline plus the
     grace period).
     """

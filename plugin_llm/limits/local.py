@@ -13,6 +13,12 @@ transaction always sees the latest commit), so it is the same as
 ``BEGIN IMMEDIATE; ...; COMMIT`` in one call: check-and-reserve cannot
 interleave.
 
+A lease step (:class:`~plugin_llm.limits.store.LeaseOp`) is one statement
+too (``INSERT INTO lease``, same pattern): settle the lease's finished usage,
+purge, check, resize the lease's row. Reservation rows carry how many calls
+in flight (``slots``) and requests they hold: 1 and 1 for a call, more for a
+lease.
+
 Threads of one process share one connection behind a lock (a hand-off on a
 Python lock is far cheaper than SQLite's sleeping busy handler); processes
 meet at the database lock, waiting at most the call's remaining deadline

@@ -8,7 +8,8 @@ in the next admission's round trip (pipelined before it). Keys, per plugin (one 
 keeps them in one slot)::
 
     <prefix>:{<plugin>}:res         ZSET  reservation id -> expiry
-    <prefix>:{<plugin>}:resv        HASH  reservation id -> "cost tokens minute day month"
+    <prefix>:{<plugin>}:resv        HASH  reservation id -> "cost tokens minute day month" (a call),
+                                          + " slots requests" (a lease: LEASE_LUA, one script per step)
     <prefix>:{<plugin>}:mi:<minute> HASH  r = finished requests, t = their tokens (expires after 2 min)
     <prefix>:{<plugin>}:d:<day>     STR   settled nano-dollars              (expires after 40 days)
     <prefix>:{<plugin>}:mo:<month>  STR   settled nano-dollars              (expires after 400 days)
