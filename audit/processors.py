@@ -8,9 +8,9 @@ digests and enums skip the redactor), then hash the canonical bytes
 ``canonical_json``) and render the line with ``"hash"`` last
 (:func:`audit.chain.render_line`'s layout). A record no reader would accept
 (too long, nested too deep) is shrunk by :func:`fit_record` first. It used
-to be a chain of structlog processors; called directly, with the scrub and
-the encoding in one loop over the fields, a call record costs a third of
-what the chain did.
+to be a chain of structlog processors; with the scrub and the encoding in one
+loop over the fields and no copy per stage, a call record's whole write takes
+about 30% less CPU (``benchmarks/bench_gateway.py`` prints both renderings).
 """
 
 from __future__ import annotations
