@@ -467,8 +467,10 @@ def _real(path: str | os.PathLike[str]) -> str:
 
 def _hidden_paths(hermes_home: Path) -> list[str]:
     """What a bubblewrap child must not see: the homes, the host's temporary files, the user's runtime dir."""
-    candidates = [str(hermes_home), os.environ.get("HOME") or "", tempfile.gettempdir(), "/tmp", "/var/tmp",
-                  f"/run/user/{os.getuid()}"]
+    # /home and /root too: other users' homes are often readable (mode 0755), and whatever is needed from
+    # under them (a venv, a checkout) is bound back
+    candidates = [str(hermes_home), os.environ.get("HOME") or "", "/home", "/root", tempfile.gettempdir(), "/tmp",
+                  "/var/tmp", f"/run/user/{os.getuid()}"]
     try:
         import pwd
 
