@@ -256,7 +256,7 @@ def test_special_config_yaml_is_an_error_for_the_gateway_the_cli_and_the_editor(
     assert no_block(lambda: read_config(hermes_home).error, path) == config.error
     with pytest.raises(ConfigEditError, match=re.escape(words) + ".*nothing was written"):
         no_block(lambda: edit_config(hermes_home, lambda doc: doc.update(x=1)), path)
-    assert no_block(lambda: main(["trust", "show"]), path) == 1
+    assert no_block(lambda: main(["trust", "show"]), path) == 2  # a configuration error
     err = capsys.readouterr().err
     assert words in err and "Traceback" not in err
 
