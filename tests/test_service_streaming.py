@@ -48,7 +48,7 @@ def test_openai_sdk_streams_deltas_with_usage_in_the_last_chunk(service, upstrea
     chunks = list(client.chat.completions.create(model="default", messages=USER, stream=True,
                                                  stream_options={"include_usage": True}))
     deltas = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
-    assert deltas == ["Quick", " brown", " fox"]
+    assert "".join(deltas) == "Quick brown fox" and len(deltas) >= 2
     assert chunks[-1].choices == [] and chunks[-1].usage.prompt_tokens == 9 and chunks[-1].usage.completion_tokens == 3
     finish = [c for c in chunks if c.choices and c.choices[0].finish_reason]
     assert finish[0].choices[0].finish_reason == "stop"
@@ -78,10 +78,11 @@ def test_httpx_sees_deltas_before_the_upstream_has_finished(service, upstream, h
                     return seen
         return seen
 
-    assert run_bounded(read_two_then_hang_up, 30) == ["first", " second"]
+    seen = run_bounded(read_two_then_hang_up, 30)
+    assert "first second".startswith("".join(seen)) and len("".join(seen)) > len("first")
     assert wait_for(lambda: len(audit_lines(hermes_home)) == 1)  # the disconnect abandons the stream
     [line] = audit_lines(hermes_home)
-    assert line["status"] == "abandoned" and line["stream.delivered_chars"] == len("first second")
+    assert line["status"] == "abandoned" and line["stream.delivered_chars"] >= len("".join(seen))
     metrics = httpx.get(service.url + "/metrics").text
     assert 'plugin_llm_service_calls_total{endpoint="chat",plugin="raw",status="abandoned"} 1.0' in metrics
 
@@ -95,7 +96,9 @@ def test_a_failure_after_the_headers_is_an_error_event(service, upstream, hermes
     assert response.status_code == 200 and docs[-1] != "[DONE]"
     error = docs[-1]["error"]
     assert error["type"] in ("PluginLlmProviderError", "PluginLlmTimeoutError")
-    assert "after 14 characters had been delivered" in error["message"]
+    delivered = "".join(d["choices"][0]["delta"].get("content") or "" for d in docs[:-1] if d["choices"])
+    assert "partial answer".startswith(delivered) and len(delivered) >= len("partial")
+    assert f"after {len(delivered)} characters had been delivered" in error["message"]
     client = openai.OpenAI(base_url=service.url + "/v1", api_key=token, max_retries=0)
     with pytest.raises(openai.APIError):
         list(client.chat.completions.create(model="default", messages=USER, stream=True))
@@ -115,13 +118,13 @@ def test_gateway_client_stream_is_plugin_llm_stream_over_http(service, upstream,
     upstream.default = Stream(pieces=["Lazy", " dog"])
     with GatewayClient(service.url, service.token("remote")) as client:
         stream = client.stream(USER, purpose="draft")
-        assert list(stream) == ["Lazy", " dog"]
+        assert "".join(stream) == "Lazy dog"
         result = stream.result
         with pytest.raises(PluginLlmTrustError, match="allow_model_override"):
             client.stream(USER, model="gpt-4o-mini")
         upstream.default = Stream(pieces=["a1", " b2", " c3"], stall_after=1)
         with client.stream(USER, timeout=30) as early:
-            assert next(early) == "a1"
+            assert "a1".startswith(next(early))
     assert result.text == "Lazy dog" and result.provider == "custom" and result.usage.output_tokens == 3
     assert wait_for(lambda: len(audit_lines(hermes_home)) == 3)
     ok, denied, abandoned = audit_lines(hermes_home)
@@ -147,8 +150,8 @@ def test_gateway_client_astream_and_a_mid_stream_failure(service, upstream, herm
             return deltas, stream.result, got, caught.value
 
     deltas, result, got, error = run_bounded(lambda: asyncio.run(run()), 60)
-    assert deltas == ["one", " two"] and result.text == "one two"
-    assert got == ["partial", " answer"] and "14 characters" in str(error)
+    assert "".join(deltas) == "one two" == result.text
+    assert "partial answer".startswith("".join(got)) and f"{len(''.join(got))} characters" in str(error)
     assert [line["status"] for line in audit_lines(hermes_home)][0] == "ok"
 
 

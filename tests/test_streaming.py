@@ -53,6 +53,12 @@ def sent_by(server: StreamServer, path: str) -> None:
     assert agents and all(agent.startswith(want) for agent in agents), agents
 
 
+def in_order(deltas: list[str], pieces: list[str]) -> bool:
+    """The deltas are the pieces in order, perhaps cut elsewhere: a delta that ends in what may be the
+    start of a secret (any registered one, other tests register many) holds those characters back for the next."""
+    return "".join(deltas) == "".join(pieces) and all(deltas) and len(deltas) >= len(pieces) - 1
+
+
 def astream_all(stream: PluginLlmAsyncStream) -> list[str]:
     async def run() -> list[str]:
         return [delta async for delta in stream]
@@ -65,7 +71,7 @@ def test_deltas_arrive_in_order_and_the_result_matches_the_one_audit_line(server
     stream = PluginLlm("writer").stream(USER, purpose="draft", max_tokens=50)
     assert isinstance(stream, PluginLlmStream) and stream.result is None
     deltas = list(stream)
-    assert deltas == ["Quick", " brown", " fox"]
+    assert in_order(deltas, ["Quick", " brown", " fox"])
     result = stream.result
     assert result.text == "Quick brown fox" == stream.text
     assert (result.usage.input_tokens, result.usage.output_tokens) == (9, 3) and not result.usage.estimated
@@ -84,7 +90,7 @@ def test_deltas_arrive_in_order_and_the_result_matches_the_one_audit_line(server
 def test_astream_gives_the_same_deltas_and_record(server, hermes_home, transport_path):
     server.default = Stream(pieces=["Lazy", " dog"])
     stream = PluginLlm("writer").astream(USER)
-    assert astream_all(stream) == ["Lazy", " dog"]
+    assert in_order(astream_all(stream), ["Lazy", " dog"])
     assert stream.result.text == "Lazy dog"
     [line] = audit_lines(hermes_home)
     assert line["mode"] == "async" and line["status"] == "ok" and line["call_id"] == stream.result.audit["call_id"]
@@ -103,7 +109,8 @@ def test_await_astream_opens_it_and_async_with_closes_it(server, hermes_home):
         return whole, first, early
 
     whole, first, early = asyncio.run(run())
-    assert whole == ["one", " two", " three"] and first == "one" and early.finished and early.result is None
+    assert in_order(whole, ["one", " two", " three"]) and "one".startswith(first)
+    assert early.finished and early.result is None
     assert [line["status"] for line in audit_lines(hermes_home)] == ["ok", "abandoned"]
 
 
@@ -146,23 +153,23 @@ def test_an_abandoned_stream_gets_exactly_one_record(server, hermes_home, how):
     llm = PluginLlm("writer")
     if how == "close":
         stream = llm.stream(USER)
-        assert next(stream) == "alpha"
+        first = next(stream)
         stream.close()
         stream.close()  # idempotent
         assert list(stream) == []
     elif how == "with":
         with llm.stream(USER) as stream:
-            for delta in stream:
+            for first in stream:
                 break
     else:
         stream = llm.stream(USER)
-        next(stream)
+        first = next(stream)
         del stream
         gc.collect()
     assert wait_for(lambda: len(audit_lines(hermes_home)) >= 1)
     [line] = audit_lines(hermes_home)
     assert line["status"] == "abandoned" and line["stream.partial"] is True
-    assert line["stream.delivered_chars"] == len("alpha") and line["attempts"] == 1
+    assert "alpha".startswith(first) and line["stream.delivered_chars"] == len(first) and line["attempts"] == 1
 
 
 def test_aclose_and_a_cancelled_consumer_are_abandoned(server, hermes_home):
@@ -171,20 +178,21 @@ def test_aclose_and_a_cancelled_consumer_are_abandoned(server, hermes_home):
     async def run():
         llm = PluginLlm("writer")
         stream = await llm.astream(USER)
-        await stream.__anext__()
+        firsts = [await stream.__anext__()]
         await stream.aclose()
         stalled = await llm.astream(USER, timeout=30)
-        await stalled.__anext__()
+        firsts.append(await stalled.__anext__())
         task = asyncio.ensure_future(stalled.__anext__())  # waits on the stalled provider
         await asyncio.sleep(0.2)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
+        return firsts
 
-    run_bounded(lambda: asyncio.run(run()), 60)
+    firsts = run_bounded(lambda: asyncio.run(run()), 60)
     lines = audit_lines(hermes_home)
     assert [line["status"] for line in lines] == ["abandoned", "abandoned"]
-    assert [line["stream.delivered_chars"] for line in lines] == [5, 5]
+    assert [line["stream.delivered_chars"] for line in lines] == [len(first) for first in firsts]
 
 
 # ----------------------------------------------------------------------------- failures
@@ -195,12 +203,12 @@ def test_a_provider_failing_mid_stream_is_one_record_and_a_clear_error(server, h
     with pytest.raises((PluginLlmProviderError, PluginLlmTimeoutError)) as caught:
         for delta in stream:
             got.append(delta)
-    assert "".join(got) == "partial answer"
-    assert "after 14 characters had been delivered" in str(caught.value)
+    assert "partial answer".startswith("".join(got)) and len("".join(got)) >= len("partial")
+    assert f"after {len(''.join(got))} characters had been delivered" in str(caught.value)
     assert stream.finished and stream.result is None
     [line] = audit_lines(hermes_home)
     assert line["status"] in ("provider_error", "timeout") and line["stream.partial"] is True
-    assert line["stream.delivered_chars"] == 14 and line["error.type"] == type(caught.value).__name__
+    assert line["stream.delivered_chars"] == len("".join(got)) and line["error.type"] == type(caught.value).__name__
     assert len(server.requests) == 1 and line["attempts"] == 1  # no retry once a delta was delivered
     sent_by(server, transport_path)
 
@@ -210,15 +218,17 @@ def test_the_deadline_holds_for_a_stalled_or_trickling_provider(server, hermes_h
     server.default = Stream(pieces=["slow", " never"], stall_after=1 if fault == "stall" else None,
                             trickle=fault == "trickle")
 
+    got: list[str] = []
+
     def consume():
-        stream = PluginLlm("writer").stream(USER, timeout=1.5)
-        return [delta for delta in stream]
+        for delta in PluginLlm("writer").stream(USER, timeout=1.5):
+            got.append(delta)
 
     with pytest.raises(PluginLlmTimeoutError) as caught:
         run_bounded(consume, 30)
     assert "deadline" in str(caught.value) or "in time" in str(caught.value)
     [line] = audit_lines(hermes_home)
-    assert line["status"] == "timeout" and line["stream.delivered_chars"] == 4
+    assert line["status"] == "timeout" and line["stream.delivered_chars"] == len("".join(got)) <= 4
     sent_by(server, transport_path)
 
 
@@ -330,7 +340,7 @@ def test_a_key_straddling_two_chunks_never_reaches_the_plugin(server, hermes_hom
 def test_stream_redactor_holds_back_only_a_possible_key_start():
     from plugin_llm.transport._keys import Key
 
-    key = f"cnry{secrets.token_hex(16)}"
+    key = f"\u03b6{secrets.token_hex(16)}"  # starts with a letter no other test's secret starts with
 
     class Cred:
         source = "auth.json"
@@ -340,11 +350,11 @@ def test_stream_redactor_holds_back_only_a_possible_key_start():
             return key
 
     redactor = StreamRedactor(Key(Cred(), None))
-    assert redactor.push("plain words ") == "plain words "
-    assert redactor.push("then c") == "then "  # "c" may be the key's first character
-    assert redactor.push("at") == "cat"  # it was not
+    assert redactor.push("\u03c9\u03c9 ") == "\u03c9\u03c9 "
+    assert redactor.push("\u03c9\u03b6") == "\u03c9"  # the zeta may be the key's first character
+    assert redactor.push("\u03c9") == "\u03b6\u03c9"  # it was not
     assert redactor.push(" " + key[:5]) == " "
-    assert redactor.push(key[5:] + " end").startswith("[REDACTED")
+    assert redactor.push(key[5:] + " \u03c9").startswith("[REDACTED")
     assert redactor.push(key[:9]) == "" and redactor.flush() == "[REDACTED]"
 
 
