@@ -715,3 +715,39 @@ def test_arguments_too_big_to_send_fail_that_call_only(hermes_home, managers):
     assert len(errors) == 1 and "its arguments cannot be sent to its process" in errors[0]["message"]
     assert manager.invoke_hook("on_session_start", session_id="abc") == [3]
     assert manager.get_plugin("small")["pid"] == pid and _events(hermes_home, "plugin_process_fault") == []
+
+
+def test_a_plugin_cannot_make_the_host_start_threads_without_bound(hermes_home, managers):
+    code = '''
+import threading
+
+
+def register(ctx):
+    def swarm(args):
+        gate, errors = threading.Barrier(101), []
+
+        def one():
+            gate.wait()
+            try:
+                ctx.dispatch_tool("slow", {})
+            except Exception as exc:
+                errors.append(str(exc))
+
+        threads = [threading.Thread(target=one) for _ in range(100)]
+        for t in threads:
+            t.start()
+        gate.wait()
+        for t in threads:
+            t.join()
+        return sorted(set(errors))
+
+    ctx.register_tool("swarm", {"name": "swarm"}, swarm)
+'''
+    slow = "import time\n\ndef register(ctx):\n    ctx.register_tool('slow', {'name': 'slow'}, lambda a: time.sleep(0.5) or 'ok')\n"
+    write_plugin(hermes_home / "plugins", "swarm", code)
+    write_plugin(hermes_home / "plugins", "slowpoke", slow)
+    _config(hermes_home, ["swarm", "slowpoke"], ["swarm"])
+    manager = _manager(hermes_home, managers)
+    errors = json.loads(run_bounded(lambda: manager.dispatch_tool("swarm", {}), 60))
+    assert errors == ["more than 64 requests at once; wait for some to finish"]
+    assert manager.get_plugin("swarm")["restarts"] == 0

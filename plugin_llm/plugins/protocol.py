@@ -243,8 +243,11 @@ class Peer:
 
     def __init__(self, channel: Channel, handle: Callable[[str, Any], Any],
                  describe_error: Callable[[BaseException], dict[str, Any]],
-                 on_fault: Callable[[BaseException], None] | None = None, name: str = "peer") -> None:
+                 on_fault: Callable[[BaseException], None] | None = None, name: str = "peer",
+                 max_concurrent: int = 64) -> None:
         self.channel = channel
+        self._max_concurrent = max_concurrent
+        self._active = 0
         self._handle = handle
         self._describe = describe_error
         self._on_fault = on_fault
@@ -301,7 +304,14 @@ class Peer:
             while True:
                 message = self.channel.receive()
                 if message["t"] == "call":
-                    self._workers.submit(lambda m=message: self._answer(m))
+                    with self._lock:
+                        busy = self._active >= self._max_concurrent
+                        if not busy:
+                            self._active += 1
+                    if busy:  # the peer cannot make us start threads without bound
+                        self._refuse_busy(message)
+                    else:
+                        self._workers.submit(lambda m=message: self._answer(m))
                     continue
                 with self._lock:
                     pending = self._pending.pop(message["id"], None)
@@ -312,11 +322,22 @@ class Peer:
         except BaseException as exc:
             self._fail(exc)
 
+    def _refuse_busy(self, message: dict[str, Any]) -> None:
+        error = {"type": "RuntimeError", "message": f"more than {self._max_concurrent} requests at once; "
+                                                    "wait for some to finish"}
+        try:
+            self.channel.send({"t": "err", "id": message["id"], "e": error})
+        except (ValueError, ProtocolError):
+            pass
+
     def _answer(self, message: dict[str, Any]) -> None:
         try:
             reply = {"t": "ok", "id": message["id"], "r": self._handle(message["m"], message.get("p"))}
         except BaseException as exc:
             reply = {"t": "err", "id": message["id"], "e": self._describe(exc)}
+        finally:
+            with self._lock:
+                self._active -= 1
         try:
             self.channel.send(reply)
         except ValueError as exc:  # too big: say so instead
