@@ -29,6 +29,7 @@ from plugin_llm.bounded_repr import short_repr
 from plugin_llm.limits.settings import LimitSettings, parse_limit_settings
 from plugin_llm.provider_names import unknown_provider_problem
 from plugin_llm.safe_yaml import load_yaml
+from plugin_llm.service.settings import ServiceSettings, parse_service_settings
 from plugin_llm.trust import DENY_ALL, LIST_KEYS, TRUST_KEYS, TrustPolicy, config_path
 
 __all__ = [
@@ -100,6 +101,8 @@ class HostConfig:
     trust: Mapping[str, TrustPolicy] = field(default_factory=dict)
     #: budgets and rate limits (``limits:`` and ``plugins.entries.<id>.limits``)
     limits: LimitSettings = LimitSettings()
+    #: ``plugin-llm serve``'s settings (``service:``)
+    service: ServiceSettings = ServiceSettings()
     warnings: tuple[str, ...] = ()
     #: set when the file could not be read or parsed (fail-closed snapshot)
     error: str | None = None
@@ -328,12 +331,13 @@ def parse_config(home: Path, text: str) -> HostConfig:
         audit=_audit_settings(data.get("audit"), warnings),
         trust=MappingProxyType(_parse_trust(plugins, warnings)),
         limits=limits,
+        service=parse_service_settings(data.get("service"), warnings),
         warnings=(*warnings, *map(str, limit_issues)),
     )
 
 
 #: the top-level sections this host reads
-HOST_SECTIONS = ("model", "llm", "audit", "plugins", "limits", "memory", "image_gen", "context")
+HOST_SECTIONS = ("model", "llm", "audit", "plugins", "limits", "memory", "image_gen", "context", "service")
 #: top-level sections of a Hermes config.yaml this host ignores (an operator's existing file is not "wrong")
 _HERMES_SECTIONS = frozenset((
     "_config_version agent approvals auxiliary backend bedrock browser checkpoints code_execution command_allowlist "
@@ -447,6 +451,7 @@ class ConfigSource:
             audit=base.audit,
             trust=MappingProxyType({}),
             limits=base.limits,
+            service=base.service,
             warnings=(),
             error=error,
         )

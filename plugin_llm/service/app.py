@@ -16,7 +16,9 @@ Routes::
 
 A refused token (missing, unknown, expired, revoked) gets the same 401 and an
 audit event ``service.auth_denied`` with the reason and the token's id when
-it has one - never the token.
+it has one - never the token. After ``service.failed_auth.max_failures``
+refused tokens from one client address within its window, that address gets
+429 with ``Retry-After`` (reason ``too_many_failures``) until its block ends.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import asyncio
 import dataclasses
 import json
 import logging
+import math
 import os
 import time
 from pathlib import Path
@@ -36,9 +39,9 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from plugin_llm.service import requests as req
-from plugin_llm.service.errors import UNAUTHORIZED_MESSAGE, ApiError, error_for
+from plugin_llm.service.errors import TOO_MANY_FAILURES_MESSAGE, UNAUTHORIZED_MESSAGE, ApiError, error_for
 from plugin_llm.service.metrics import ServiceMetrics
-from plugin_llm.service.tokens import TokenError, token_store_for
+from plugin_llm.service.tokens import REASON_BLOCKED, TokenError, token_store_for
 
 __all__ = ["create_app", "ServiceState", "EVENT_AUTH_DENIED"]
 
@@ -87,13 +90,13 @@ class ServiceState:
             self._llms[plugin] = llm
         return llm
 
-    def audit_refusal(self, request: Request, reason: str, info: Any) -> None:
+    def audit_refusal(self, request: Request, reason: str, info: Any, **extra: Any) -> None:
         from plugin_llm.auditing import write_event
 
         client = request.client
         write_event(self.home, EVENT_AUTH_DENIED, reason=reason, token_id=getattr(info, "id", None),
                     plugin_id=getattr(info, "plugin", None), path=request.url.path[:200],
-                    client=f"{client.host}" if client else None)
+                    client=f"{client.host}"[:100] if client else None, **extra)
 
 
 def _bearer(request: Request) -> str | None:
@@ -107,25 +110,36 @@ def _bearer(request: Request) -> str | None:
 
 
 async def _authenticate(state: ServiceState, request: Request) -> str | Response:
-    """The plugin key of the request's token, or the 401 answer (audited).
+    """The plugin key of the request's token, or the refusal (401, 429, 503; audited).
 
     A token verified less than a second ago is answered from memory; otherwise the
     store (a file, or Redis) is asked on a worker thread, so a slow or stalled store
-    never blocks the event loop and the calls of other plugins.
+    never blocks the event loop and the calls of other plugins. An address with too
+    many refused tokens (``service.failed_auth``) gets 429 without its token being
+    looked at: from memory once this worker has seen the block, else from the store.
     """
+    tokens = state.tokens
+    client = request.client.host if request.client else ""
+    if tokens._blocked:  # a dict lookup, and only while some address is blocked
+        left = tokens.blocked_here(client)
+        if left is not None:
+            return _blocked(state, request, left)
     token = _bearer(request)
     problem: str | None = None
     if token is None:
         info, reason = None, "missing"
     else:
-        cached = state.tokens.cached(token)
+        cached = tokens.cached(token)
         if cached is not None:
             return cached.plugin
+        brake = state.config.current().service.failed_auth
         try:
-            info, reason = await asyncio.to_thread(state.tokens.verify, token)
+            info, reason, left = await asyncio.to_thread(tokens.authenticate, token, client, brake)
         except TokenError as exc:  # the store cannot answer: fail closed, and say it is the store
             info, reason, problem = None, "store_error", str(exc)
         token = None
+        if reason == REASON_BLOCKED:
+            return _blocked(state, request, left)
     if reason == "ok":
         return info.plugin
     if problem is not None:
@@ -137,6 +151,15 @@ async def _authenticate(state: ServiceState, request: Request) -> str | Response
     state.audit_refusal(request, reason, info)
     return _json(401, ApiError(401, "PluginLlmAuthError", UNAUTHORIZED_MESSAGE, "invalid_token").body(),
                  {"WWW-Authenticate": 'Bearer realm="plugin-llm"'})
+
+
+def _blocked(state: ServiceState, request: Request, left: float | None) -> Response:
+    """429 for an address with too many refused tokens (audited, counted; its token was not looked at)."""
+    retry = max(1, math.ceil(left or 1))
+    state.metrics.refused(REASON_BLOCKED)
+    state.audit_refusal(request, REASON_BLOCKED, None, retry_after=retry)
+    return _json(429, ApiError(429, "PluginLlmAuthError", TOO_MANY_FAILURES_MESSAGE.format(seconds=retry),
+                               "too_many_failed_authentications").body(), {"Retry-After": str(retry)})
 
 
 async def _read_body(state: ServiceState, request: Request) -> bytes:

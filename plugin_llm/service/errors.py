@@ -14,7 +14,8 @@ read it) with the gateway's own fields added::
 ``PluginLlmSchemaError`` 422, ``PluginLlmTimeoutError`` 504,
 ``PluginLlmProviderError`` 502, ``PluginLlmConfigError`` 500 (the host's
 config; the operator must act), ``ValueError``/``TypeError`` from argument
-checks 400, a bad token 401, anything else 500 with no detail.
+checks 400, a bad token 401, too many bad tokens from one address 429
+(``too_many_failed_authentications``), anything else 500 with no detail.
 """
 
 from __future__ import annotations
@@ -35,10 +36,15 @@ from plugin_llm.errors import (
     PluginLlmTrustError,
 )
 
-__all__ = ["ApiError", "error_for", "UNAUTHORIZED_MESSAGE", "param_of"]
+__all__ = ["ApiError", "error_for", "UNAUTHORIZED_MESSAGE", "TOO_MANY_FAILURES_MESSAGE", "param_of"]
 
 UNAUTHORIZED_MESSAGE = ("the token is not valid: send 'Authorization: Bearer plg_...' with a token the operator "
                         "created with 'plugin-llm tokens create PLUGIN'")
+#: the 429 of an address with too many refused tokens (``service.failed_auth``); says nothing of any token
+TOO_MANY_FAILURES_MESSAGE = ("too many requests with a token that is not valid came from this address: it is refused "
+                             "for {seconds} s (Retry-After); check that the client sends a current token from "
+                             "'plugin-llm tokens create PLUGIN' (the operator sets the limit in config.yaml, "
+                             "service.failed_auth)")
 _MAX_RETRY_AFTER = 86400 * 31
 _LEADING_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 

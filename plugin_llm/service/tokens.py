@@ -19,6 +19,13 @@ With ``limits.store: redis`` the tokens live in that Redis instead
 replica on every machine; a Redis that does not answer refuses every token
 (the service answers 503), never lets a call through.
 
+Refused tokens are counted per client address (:meth:`_VerifyingStore.authenticate`,
+``service.failed_auth`` in config.yaml): after ``max_failures`` within ``window_seconds`` the address is
+refused for ``block_seconds`` without its token being looked at. The counts live beside the tokens - the
+SQLite file ``<home>/service/auth_failures.db`` (WAL, apart from the token file so that a copied
+``tokens.db`` stays a file of digests only), or the same Redis - so every worker and replica sharing the
+tokens shares them; each worker remembers a block it has seen until it ends, so a blocked address costs no I/O.
+
 Verification looks the token's digest up (the token is never compared as
 text) and compares the stored digest with ``hmac.compare_digest``; unknown,
 expired and revoked tokens all give the same ``None`` to the caller, which
@@ -51,7 +58,16 @@ __all__ = [
     "tokens_path",
     "parse_duration",
     "digest",
+    "failures_path",
+    "REASON_BLOCKED",
 ]
+
+#: the refusal reason (audit, metrics) of a request from an address with too many failed authentications
+REASON_BLOCKED = "too_many_failures"
+#: a client address is cut to this many characters for counting (an IPv6 address is at most 45)
+_MAX_CLIENT = 100
+#: addresses remembered as blocked by one worker (beyond that, expired ones are dropped, then all)
+_MAX_BLOCKED = 10_000
 
 TOKEN_PREFIX = "plg_"
 #: random bytes in a token (256 bits)
@@ -109,6 +125,10 @@ def tokens_path(home: Path | str) -> Path:
     return Path(home) / "service" / "tokens.db"
 
 
+def failures_path(home: Path | str) -> Path:
+    return Path(home) / "service" / "auth_failures.db"
+
+
 def digest(token: str) -> str:
     """Hex SHA-256 of a token (what the file keeps)."""
     return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
@@ -131,9 +151,62 @@ class _VerifyingStore:
         self._clock = clock
         self._monotonic = monotonic
         self._cache: dict[str, tuple[float, TokenInfo]] = {}
+        self._blocked: dict[str, float] = {}  # client address -> wall-clock end of its block
 
     def _row(self, wanted: str) -> tuple | None:  # (id, plugin, created, expires, revoked, sha256)
         raise NotImplementedError
+
+    # -- failed authentications, per client address (shared through the store)
+    def _block_end(self, client: str) -> float | None:
+        """The end (wall clock) of the address's block in the shared store, or None."""
+        raise NotImplementedError
+
+    def _count_failure(self, client: str, now: float, brake: Any) -> float | None:
+        """Count one refused token of ``client``; the end of its block when it is (now) blocked."""
+        raise NotImplementedError
+
+    def blocked_here(self, client: str) -> float | None:
+        """Seconds left of a block this process has seen for ``client`` (memory only), else None."""
+        if not self._blocked:
+            return None
+        end = self._blocked.get(client[:_MAX_CLIENT])
+        if end is None:
+            return None
+        left = end - self._clock()
+        if left > 0:
+            return left
+        self._blocked.pop(client[:_MAX_CLIENT], None)
+        return None
+
+    def _remember_block(self, client: str, end: float) -> float:
+        if len(self._blocked) >= _MAX_BLOCKED:
+            now = self._clock()
+            for key in [key for key, until in self._blocked.items() if until <= now]:
+                del self._blocked[key]
+            if len(self._blocked) >= _MAX_BLOCKED:
+                self._blocked.clear()
+        self._blocked[client] = end
+        return max(0.0, end - self._clock())
+
+    def authenticate(self, token: str, client: str, brake: Any) -> tuple[TokenInfo | None, str, float | None]:
+        """``verify`` behind the brake on guessing: ``(info, reason, retry_after)``.
+
+        ``brake`` is a ``FailedAuthSettings``. An address blocked in the store gets
+        ``(None, REASON_BLOCKED, seconds)`` before its token is looked at; a refused token is counted for its
+        address, and the refusal that blocks it still answers its own reason (the next request gets 429).
+        Raises :class:`TokenError` when the store cannot answer.
+        """
+        client = client[:_MAX_CLIENT]
+        if brake is not None and brake.enabled:
+            end = self._block_end(client)
+            if end is not None and end > self._clock():
+                return None, REASON_BLOCKED, self._remember_block(client, end)
+        info, reason = self.verify(token)
+        if reason != "ok" and brake is not None and brake.enabled:
+            end = self._count_failure(client, self._clock(), brake)
+            if end is not None:
+                self._remember_block(client, end)
+        return info, reason, None
 
     @staticmethod
     def _new(plugin: str, now: float, expires_in: float | None) -> tuple[TokenInfo, str]:
@@ -216,9 +289,16 @@ class TokenStore(_VerifyingStore):
         self._conn: sqlite3.Connection | None = None
         self._pid = 0
         self._opened: tuple[int, int] | None = None
+        self._failures = _FailureFile(failures_path(home))
 
     def __repr__(self) -> str:
         return f"TokenStore({str(self.path)!r})"
+
+    def _block_end(self, client: str) -> float | None:
+        return self._failures.block_end(client, self._clock())
+
+    def _count_failure(self, client: str, now: float, brake: Any) -> float | None:
+        return self._failures.count(client, now, brake)
 
     # -- file
     def _connection(self, create: bool) -> sqlite3.Connection | None:
@@ -267,6 +347,7 @@ class TokenStore(_VerifyingStore):
                 self._conn.close()
             self._conn = None
             self._cache.clear()
+        self._failures.close()
 
     # -- operator commands
     def create(self, plugin: str, *, expires_in: float | None = None) -> tuple[TokenInfo, str]:
@@ -297,6 +378,87 @@ class TokenStore(_VerifyingStore):
         return rows[0] if rows else None
 
 
+class _FailureFile:
+    """Refused tokens per client address in ``<home>/service/auth_failures.db``, shared by the processes of a
+    machine. WAL and ``synchronous=NORMAL``: a count is cheap to write and nothing to lose in a crash."""
+
+    _SCHEMA = ("CREATE TABLE IF NOT EXISTS failures (client TEXT PRIMARY KEY, first REAL NOT NULL, "
+               "count INTEGER NOT NULL, blocked_until REAL)")
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self._conn: sqlite3.Connection | None = None
+        self._pid = 0
+        self._writes = 0
+
+    def _connection(self) -> sqlite3.Connection:
+        if self._conn is not None and self._pid == os.getpid():
+            return self._conn
+        try:
+            self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600))
+            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=5.0)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute(self._SCHEMA)
+        except (sqlite3.Error, OSError) as exc:
+            raise TokenError(f"the failed-authentication file {self.path} cannot be used ({type(exc).__name__}: "
+                             f"{str(exc)[:200]}); check its permissions, or delete it (it holds only counts)") from None
+        self._conn, self._pid = conn, os.getpid()
+        return conn
+
+    def _run(self, work):
+        with self._lock:
+            conn = self._connection()
+            try:
+                return work(conn)
+            except sqlite3.Error as exc:
+                try:
+                    conn.execute("ROLLBACK")
+                except sqlite3.Error:
+                    pass
+                raise TokenError(f"the failed-authentication file {self.path} failed ({type(exc).__name__}: "
+                                 f"{str(exc)[:200]}); delete it if it is damaged (it holds only counts)") from None
+
+    def block_end(self, client: str, now: float) -> float | None:
+        if self._conn is None and not self.path.exists():
+            return None  # nothing ever refused here: no file to open
+        rows = self._run(lambda conn: conn.execute("SELECT blocked_until FROM failures WHERE client = ? AND "
+                                                   "blocked_until > ?", (client, now)).fetchall())
+        return rows[0][0] if rows else None
+
+    def count(self, client: str, now: float, brake: Any) -> float | None:
+        def work(conn: sqlite3.Connection) -> float | None:
+            conn.execute("BEGIN IMMEDIATE")
+            row = conn.execute("SELECT first, count, blocked_until FROM failures WHERE client = ?",
+                               (client,)).fetchone()
+            first, count, until = row if row is not None else (now, 0, None)
+            if first <= now - brake.window_seconds:  # the window is over: count afresh
+                first, count = now, 0
+            count += 1
+            if until is not None and until <= now:
+                until = None
+            if until is None and count >= brake.max_failures:
+                until = now + brake.block_seconds
+            conn.execute("INSERT OR REPLACE INTO failures (client, first, count, blocked_until) VALUES (?, ?, ?, ?)",
+                         (client, first, count, until))
+            self._writes += 1
+            if self._writes % 256 == 0:  # forget addresses whose window and block are both over
+                conn.execute("DELETE FROM failures WHERE first <= ? AND (blocked_until IS NULL OR blocked_until <= ?)",
+                             (now - brake.window_seconds, now))
+            conn.execute("COMMIT")
+            return until
+
+        return self._run(work)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None and self._pid == os.getpid():
+                self._conn.close()
+            self._conn = None
+
+
 class RedisTokenStore(_VerifyingStore):
     """Tokens in the Redis of ``limits.store: redis``, shared by every replica on every machine.
 
@@ -318,6 +480,7 @@ class RedisTokenStore(_VerifyingStore):
         self._errors = (redis.RedisError, OSError)
         self.path = f"redis {redact_url(url)}"
         self._prefix = f"{prefix}:tokens"
+        self._failed = f"{prefix}:auth_failures"
         try:
             self._client = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout,
                                                 retry=Retry(NoBackoff(), 0), health_check_interval=0)
@@ -389,6 +552,30 @@ class RedisTokenStore(_VerifyingStore):
 
     def _row(self, wanted: str) -> tuple | None:
         return self._info(self._call(lambda client: client.hgetall(f"{self._prefix}:{wanted}")))
+
+    # failures: <prefix>:auth_failures:count:<client> (expires window_seconds after the first failure) and
+    # <prefix>:auth_failures:block:<client> (expires when the block ends): Redis's clock, one for all replicas
+    def _block_end(self, client: str) -> float | None:
+        left_ms = self._call(lambda c: c.pttl(f"{self._failed}:block:{client}"))
+        return self._clock() + left_ms / 1000 if left_ms and left_ms > 0 else None
+
+    def _count_failure(self, client: str, now: float, brake: Any) -> float | None:
+        count_key, block_key = f"{self._failed}:count:{client}", f"{self._failed}:block:{client}"
+
+        def work(c):
+            pipe = c.pipeline(transaction=True)
+            pipe.set(count_key, 0, px=max(1, int(brake.window_seconds * 1000)), nx=True)
+            pipe.incr(count_key)
+            count = pipe.execute()[1]
+            if count < brake.max_failures:
+                return None
+            pipe = c.pipeline(transaction=True)
+            pipe.set(block_key, 1, px=max(1, int(brake.block_seconds * 1000)), nx=True)  # a block is not extended
+            pipe.pttl(block_key)
+            return pipe.execute()[1]
+
+        left_ms = self._call(work)
+        return self._clock() + left_ms / 1000 if left_ms and left_ms > 0 else None
 
     def close(self) -> None:
         self._cache.clear()
