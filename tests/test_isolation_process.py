@@ -607,7 +607,23 @@ def register(ctx):
     assert seen["process"] == seen["in_process"] == (3, "hi Ada\n", 0, True, 2, True)
 
 
-def test_providers_run_out_of_process_behind_a_stand_in_of_their_base_class(tmp_path, managers, monkeypatch):
+@pytest.fixture
+def hermes_names_unimported():
+    """The in-process half of a test imports Hermes SDK names (``agent``, ...) into sys.modules; forget them
+    afterwards, as a fresh host would not have them (other tests check they are served to plugins only)."""
+    import sys
+
+    from plugin_llm.compat.hermes import HERMES_TOP_LEVEL
+
+    before = set(sys.modules)
+    yield
+    for name in set(sys.modules) - before:
+        if name.partition(".")[0] in HERMES_TOP_LEVEL:
+            del sys.modules[name]
+
+
+def test_providers_run_out_of_process_behind_a_stand_in_of_their_base_class(tmp_path, managers, monkeypatch,
+                                                                            hermes_names_unimported):
     code = '''
 from agent.memory_provider import MemoryProvider as HermesMemory
 from plugin_llm.plugins import ContextEngine
