@@ -28,6 +28,23 @@ store grants at most 1/``LEASE_SHARE`` of what is still free under each
 limit, so near a limit leases shrink to exact per-call reservations, and a
 quiet plugin (a call every few seconds) is metered per call as before.
 
+Why leases (measured with benchmarks/bench_limits.py and cProfile, CPU time):
+per call, the local store spent ~70% of its 50-110 us in SQLite's execute
+(the write transaction and its WAL frame; already one statement, WAL,
+``synchronous=NORMAL``), ~20% in Python bookkeeping and ~5 us in the price
+and token estimate; Redis ~85-160 us, mostly the round trip of one EVALSHA
+(already hand-packed RESP, settlement riding along). Trimming those leaves a
+floor of one transaction / round trip per call, several times the 2% / 5%
+targets, so the per-call design could not meet them; batching settlements
+alone halves it at best. Leases take the store off the call path with no
+guarantee given up: the store still decides every grant atomically, counts
+leased headroom as reserved, expires it by the crash rule, and near a limit
+decides each call exactly. The price: a limit may refuse slightly early
+while another process holds unused lease headroom (never late). The
+``limits`` package (fixed/moving windows) was not used: it has no
+reservations to replace by the actual usage, no budgets, and no expiry of
+a dead process's share.
+
 Crashes: a lease expires like a call's reservation, at the latest deadline
 of the calls admitted under it plus ``limits.reservation_grace``; a call is
 admitted in memory only if the lease already lasts until its own deadline
