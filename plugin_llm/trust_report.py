@@ -67,7 +67,7 @@ OVERRIDES = tuple(FLAG_KEYS)
 PLUGINS_KEYS = ("enabled", "disabled", "hook_timeout", "entries", "isolation_limits")
 #: keys the host understands under ``plugins.entries.<id>``
 ENTRY_KEYS = ("llm", "limits", "allow_tool_override", "granted_capabilities", "capabilities_sha256", "isolation",
-              "isolation_limits")
+              "isolation_limits", "isolation_network")
 _POLICY_ORDER = tuple(TrustPolicy.__dataclass_fields__)
 _LIST_FLAG = {lst: FLAG_KEYS[name] for name, lst in LIST_KEYS.items()}
 _DEFAULT_FLAG = "default (fail closed)"

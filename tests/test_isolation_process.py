@@ -188,7 +188,9 @@ def test_an_isolated_plugin_cannot_reach_a_canary_key(hermes_home, managers, mon
     raw = run_bounded(lambda: manager.dispatch_tool("probe", {"host_pid": os.getpid(), "auth": str(auth)}), 60)
     assert secret not in raw and env_secret not in raw
     out = json.loads(raw)
-    assert "OPENAI_API_KEY" not in out["env"] and "HERMES_HOME" not in out["env"]
+    # HERMES_HOME is the plugin's own data directory (test_isolation_followup), never the host's home
+    assert "OPENAI_API_KEY" not in out["env"]
+    assert out["env"]["HERMES_HOME"] == str((hermes_home / "plugin-data" / "probe").resolve())
     assert out["env"]["HOME"] != os.environ["HOME"] and out["pid"] != os.getpid()
     assert "PluginLlmCompleteResult" in out["llm"]
     if plugin["confinement"] == "bubblewrap":  # the home and the host's /proc are not even visible
@@ -526,7 +528,8 @@ def test_bundled_hermes_plugins_run_unchanged_out_of_process(hermes_home, manage
     assert "spotify_search" in manager.tools  # plugins.spotify.tools: the plugin found itself in its process
     assert json.loads(manager.dispatch_tool("spotify_search", {"query": "x"}))["error"]
     home, error = manager.run_command("probe").split("|")
-    assert error == '{"error": "x"}' and home.endswith(".hermes") and str(hermes_home) not in home
+    # get_hermes_home() in the plugin's process: its own data directory, not the host's home
+    assert error == '{"error": "x"}' and home == str((hermes_home / "plugin-data" / "probe").resolve())
 
 
 def textwrap_probe() -> str:

@@ -213,8 +213,10 @@ def _cli_view(p: dict[str, Any], config_error: str | None) -> dict[str, Any]:
     as ``install --json`` reports it, whether or not the plugin loaded; ``loaded`` says
     whether its code is loaded and active, and ``not_loaded_reason`` why not (None when
     loaded). The Python API's ``enabled`` (SPEC: true only when loaded) is ``loaded`` here.
+    An isolated plugin's ``pid`` is not reported: the CLI started its process to list it and
+    has stopped it before printing (``list_plugins()`` reports it while the process runs).
     """
-    view = {k: v for k, v in p.items() if k != "enabled_in_config"}
+    view = {k: v for k, v in p.items() if k not in ("enabled_in_config", "pid")}
     loaded = bool(p.get("enabled"))
     view["enabled"] = bool(p.get("enabled_in_config"))
     view["loaded"] = loaded
@@ -306,6 +308,10 @@ def _isolation_text(p: dict[str, Any]) -> str:
                 f"{p.get('confinement_reason') or 'bubblewrap is not usable'})")
     else:
         text = "out of process (not started)"
+    if p.get("isolation_network") == "none":
+        text += "; no network (isolation_network: none)"
+    if p.get("data_dir"):
+        text += f"; its data: {p['data_dir']}"
     restarts = p.get("restarts") or 0
     if restarts:
         text += f"; restarted {restarts} time{'s' if restarts != 1 else ''}, last: {p.get('last_fault')}"

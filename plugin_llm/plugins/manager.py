@@ -890,7 +890,8 @@ class PluginManager:
             info = remote.describe()
             fields.update(confinement=info["confinement"], confinement_reason=info["confinement_reason"],
                           pid=info["pid"], restarts=info["restarts"], process_state=info["state"],
-                          last_fault=info["last_fault"], isolation_limits=info["limits"])
+                          last_fault=info["last_fault"], isolation_limits=info["limits"],
+                          isolation_network=info["network"], data_dir=info["data_dir"])
         return fields
 
     # --- registries -------------------------------------------------------------------

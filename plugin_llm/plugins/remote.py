@@ -50,6 +50,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .isolation import bounded, exact_str
+from .sandbox import SandboxUnavailable
+from .settings import NETWORK_HOST, NETWORK_NONE
 from .protocol import (
     CallTimeout,
     Channel,
@@ -397,6 +399,8 @@ class RemotePlugin:
         self.confinement: str | None = None
         self.confinement_reason = ""
         self.last_fault: str | None = None
+        self.network = NETWORK_HOST  # plugins.entries.<key>.isolation_network, read at each (re)start
+        self.data_dir: Path | None = None  # <home>/plugin-data/<key>/: its HOME and HERMES_HOME
         with _LIVE_LOCK:
             _LIVE.add(self)
 
@@ -408,15 +412,20 @@ class RemotePlugin:
 
     @property
     def pid(self) -> int | None:
+        """The child's PID while it runs (None once it was stopped or has exited, even before it is reaped)."""
         child = self._child
-        return child.pid if child is not None and not child.dead else None
+        if child is None or child.dead or self.stopped:
+            return None
+        return child.pid if child.proc.poll() is None else None
 
     def describe(self) -> dict[str, Any]:
+        pid = self.pid
         state = "failed" if self.failed else "stopped" if self.stopped else (
-            "running" if self.pid is not None else "restarting")
-        return {"state": state, "pid": self.pid, "confinement": self.confinement,
+            "running" if pid is not None else "restarting")
+        return {"state": state, "pid": pid, "confinement": self.confinement,
                 "confinement_reason": self.confinement_reason, "restarts": self.total_restarts,
-                "last_fault": self.last_fault,
+                "last_fault": self.last_fault, "network": self.network,
+                "data_dir": str(self.data_dir) if self.data_dir is not None else None,
                 "limits": dict(vars(self.limits)) if hasattr(self.limits, "__dict__") else None}
 
     # --- starting and loading ---------------------------------------------------------
@@ -424,16 +433,20 @@ class RemotePlugin:
     def _spawn(self) -> _Child:
         from . import sandbox
 
-        try:  # limits as config.yaml says now: an edit applies at the next (re)start
-            self.limits = self._manager._settings.current().limits_for(self.key)
-        except Exception:  # pragma: no cover - settings never raise; keep the last limits
+        try:  # limits and network as config.yaml says now: an edit applies at the next (re)start
+            settings = self._manager._settings.current()
+            self.limits = settings.limits_for(self.key)
+            self.network = settings.entry(self.key).isolation_network
+        except Exception:  # pragma: no cover - settings never raise; keep the last values
             pass
+        self.data_dir = sandbox.plugin_data_dir(self._manager.home, self.key)
 
         def start() -> _Child:
             spec = sandbox.child_spec(plugin_key=self.key, plugin_dir=self.plugin_dir,
                                       requires_env=list(self.manifest.required_env_names),
                                       hermes_home=self._manager.home, limits=self.limits,
-                                      python_args=["-m", "plugin_llm.plugins.worker"])
+                                      python_args=["-m", "plugin_llm.plugins.worker"],
+                                      share_network=self.network != NETWORK_NONE, data_dir=self.data_dir)
             try:
                 proc = subprocess.Popen(spec.argv, env=spec.env, cwd=spec.cwd, preexec_fn=spec.preexec_fn,
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -485,6 +498,8 @@ class RemotePlugin:
         started = time.monotonic()
         try:
             child = self._spawn()
+        except SandboxUnavailable as exc:  # its message names the setting and the fix
+            raise RemoteLoadError(bounded(str(exc), 1000)) from None
         except Exception as exc:
             raise RemoteLoadError(f"its process could not be started: {type(exc).__name__}: "
                                   f"{bounded(str(exc), 300)}") from None

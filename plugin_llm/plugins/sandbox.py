@@ -18,7 +18,11 @@ What the child gets:
   ``HERMES_HOME``, never a provider key variable or a ``key_env`` named in
   ``auth.json`` (even when ``requires_env`` names one: it is withheld and listed
   in :attr:`ChildSpec.withheld_env`), never the gateway's own ``PLUGIN_LLM_TOKEN``;
-* its own **scratch directory** (mode 0700) as ``HOME``, ``TMPDIR`` and cwd;
+* its own **scratch directory** (mode 0700) as ``TMPDIR`` and cwd, deleted when it exits, and
+  as ``HOME`` too unless the host gives it a **persistent data directory**
+  (``data_dir=``: :func:`plugin_data_dir`, ``<home>/plugin-data/<key>/``, 0700), which is then
+  both its ``HOME`` and its ``HERMES_HOME`` (the real home is never passed) and survives
+  restarts;
 * **resource limits** applied between fork and exec (:class:`SandboxLimits`),
   a new session (the operator's Ctrl-C goes to the host, not the child) and,
   on Linux, ``PR_SET_PDEATHSIG`` so the child dies with the host, no
@@ -26,11 +30,14 @@ What the child gets:
 * on Linux with a working ``bwrap``, **bubblewrap**: the filesystem read-only,
   the real home, ``$HERMES_HOME``, ``/tmp`` and ``/run/user/<uid>`` replaced
   by empty tmpfs (then the plugin's directory, the Python installation and
-  the ``plugin_llm`` package bound back read-only, the scratch directory
-  read-write), a private ``/proc`` in a new PID namespace (the host's
+  the ``plugin_llm`` package bound back read-only, the scratch directory and
+  the plugin's own data directory read-write), a private ``/proc`` in a new PID namespace (the host's
   processes and their ``environ`` are invisible), a minimal ``/dev``, all
   capabilities dropped, ``--die-with-parent``. The network is the host's
-  (plugins may call APIs) unless ``share_network=False``.
+  (plugins may call APIs) unless ``share_network=False`` (a new, empty network
+  namespace: not even loopback reaches the host). Without bubblewrap there is no
+  way to take the network away: ``share_network=False`` then raises
+  :class:`SandboxUnavailable` rather than start a child with the network.
 
 Without a usable ``bwrap`` the confinement is ``"process"`` and
 :attr:`ChildSpec.reason` says why: the host is made non-dumpable
@@ -78,12 +85,21 @@ __all__ = [
     "PASSED_ENV",
     "CONFINEMENT_BUBBLEWRAP",
     "CONFINEMENT_PROCESS",
+    "SandboxUnavailable",
+    "plugin_data_dir",
+    "DATA_DIR_NAME",
 ]
 
 _log = logging.getLogger("plugin_llm.plugins")
 
 CONFINEMENT_BUBBLEWRAP = "bubblewrap"
 CONFINEMENT_PROCESS = "process"
+#: ``<home>/plugin-data/``: one private, persistent directory per isolated plugin (see :func:`plugin_data_dir`)
+DATA_DIR_NAME = "plugin-data"
+
+
+class SandboxUnavailable(RuntimeError):
+    """The confinement the configuration asks for cannot be had here (the message says what to change)."""
 
 
 # ------------------------------------------------------------------ limits
@@ -251,10 +267,12 @@ class ChildSpec:
     preexec_fn: Callable[[], None] | None  # rlimits, new session, umask 077, PR_SET_PDEATHSIG (Linux);
     # under process confinement also no capabilities and PR_SET_NO_NEW_PRIVS (bubblewrap does both itself)
     confinement: str  # CONFINEMENT_BUBBLEWRAP or CONFINEMENT_PROCESS
-    scratch: Path  # the child's own HOME, TMPDIR and cwd (0700)
+    scratch: Path  # the child's own TMPDIR and cwd (0700; also HOME without a data_dir), deleted by cleanup()
     reason: str = ""  # why bubblewrap is (not) in effect
     withheld_env: tuple[str, ...] = ()  # requires_env names refused: credential variables of the host
     limits: SandboxLimits = DEFAULT_LIMITS
+    data_dir: Path | None = None  # the plugin's persistent HOME and HERMES_HOME (kept by cleanup())
+    share_network: bool = True
     _cleaned: bool = field(default=False, repr=False)
 
     def cleanup(self) -> None:
@@ -294,6 +312,7 @@ def child_spec(
     use_bubblewrap: bool = True,
     share_network: bool = True,
     harden_host: bool = True,
+    data_dir: Path | None = None,
 ) -> ChildSpec:
     """The argv, environment, cwd and pre-exec step of one plugin's child (see the module docstring).
 
@@ -303,14 +322,23 @@ def child_spec(
     ``"process"`` confinement the host is made non-dumpable first
     (:func:`harden_host_process`; ``harden_host=False`` skips it), because the
     child shares the host's ``/proc`` and OS user.
+
+    ``data_dir`` (made with :func:`plugin_data_dir`) becomes the child's ``HOME``
+    and ``HERMES_HOME`` and is bound read-write under bubblewrap; without it
+    ``HOME`` is the scratch directory and ``HERMES_HOME`` is not set.
+    ``share_network=False`` without a usable bubblewrap raises
+    :class:`SandboxUnavailable`.
     """
     hermes_home = Path(hermes_home)
     plugin_dir = Path(plugin_dir)
     withheld_names = _credential_names(hermes_home)
+    data = Path(_real(data_dir)) if data_dir is not None else None
     scratch = Path(_real(tempfile.mkdtemp(prefix=f"plugin-llm-{_slug(plugin_key)}-")))
     try:
         os.chmod(scratch, 0o700)
         env, withheld = _child_env(requires_env, hermes_home, withheld_names, scratch)
+        if data is not None:
+            env["HOME"] = env["HERMES_HOME"] = str(data)
         python = [sys.executable, *python_args]
         if not use_bubblewrap:
             confinement, reason, argv = CONFINEMENT_PROCESS, "bubblewrap is turned off by the configuration", python
@@ -318,9 +346,15 @@ def child_spec(
             status = bubblewrap_status()
             if status.usable and status.path:
                 confinement, reason = CONFINEMENT_BUBBLEWRAP, status.reason
-                argv = [status.path, *_bwrap_options(plugin_dir, hermes_home, scratch, env, share_network), "--", *python]
+                argv = [status.path, *_bwrap_options(plugin_dir, hermes_home, scratch, env, share_network, data),
+                        "--", *python]
             else:
                 confinement, reason, argv = CONFINEMENT_PROCESS, status.reason, python
+        if not share_network and confinement != CONFINEMENT_BUBBLEWRAP:
+            raise SandboxUnavailable(
+                f"plugin {plugin_key[:200]}: isolation_network: none needs bubblewrap to take the network away, "
+                f"and it is not in effect here ({reason}); the plugin is not started. Fix: make bubblewrap usable, "
+                f"or set plugins.entries.{plugin_key[:200]}.isolation_network: host to let it use the network")
     except BaseException:
         _remove_tree(scratch)
         raise
@@ -331,7 +365,42 @@ def child_spec(
     if process_only and harden_host:
         harden_host_process()
     return ChildSpec(argv=argv, env=env, cwd=str(scratch), preexec_fn=_preexec(limits, drop_privileges=process_only),
-                     confinement=confinement, scratch=scratch, reason=reason, withheld_env=withheld, limits=limits)
+                     confinement=confinement, scratch=scratch, reason=reason, withheld_env=withheld, limits=limits,
+                     data_dir=data, share_network=share_network)
+
+
+def plugin_data_dir(hermes_home: Path, plugin_key: str) -> Path:
+    """``<home>/plugin-data/<key>/``: the isolated plugin's persistent private directory, created (0700).
+
+    The key is percent-encoded into one path component (``image_gen/openai`` is
+    ``image_gen%2Fopenai``), so no key maps into another plugin's directory.
+    Raises :class:`SandboxUnavailable` when the directory (or ``plugin-data``) is
+    a symlink or not a directory owned by this user: bound read-write into a
+    child, it must never lead anywhere else.
+    """
+    from urllib.parse import quote
+
+    name = quote(plugin_key, safe="")
+    if name.startswith("."):  # "." / ".." / a hidden name: never the parent, never confusable
+        name = "%2E" + name[1:]
+    parent = Path(hermes_home) / DATA_DIR_NAME
+    target = parent / name[:240]
+    for path in (parent, target):
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            raise SandboxUnavailable(f"cannot create {path} (the data directory of isolated plugins): "
+                                     f"{exc.strerror or type(exc).__name__}; fix: make {path.parent} writable") from None
+        info = os.lstat(path)
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
+            raise SandboxUnavailable(f"{path} must be a directory owned by this user (it is bound read-write into "
+                                     "an isolated plugin's process), and it is a symlink or something else; fix: "
+                                     "move it away and let plugin-llm create it")
+        if stat.S_IMODE(info.st_mode) != 0o700:
+            os.chmod(path, 0o700)
+    return target
 
 
 def _slug(key: str) -> str:
@@ -507,14 +576,15 @@ def _under(path: str, parent: str) -> bool:
 
 
 def _bwrap_options(plugin_dir: Path, hermes_home: Path, scratch: Path, env: Mapping[str, str],
-                   share_network: bool) -> list[str]:
+                   share_network: bool, data_dir: Path | None = None) -> list[str]:
     """Mount options, applied in order: read-only root, then (shallowest first) hide and bind back.
 
     A hidden directory becomes an empty tmpfs; a needed path inside one is
     bound back read-only (a needed path elsewhere is visible already). Shallow
     paths come first, so a hidden directory inside a needed one (a home inside
     a source checkout) is hidden again after the bind. The scratch directory
-    is bound read-write last.
+    and the plugin's own data directory (inside the hidden home) are bound
+    read-write last.
     """
     hidden = _hidden_paths(hermes_home)
 
@@ -537,6 +607,8 @@ def _bwrap_options(plugin_dir: Path, hermes_home: Path, scratch: Path, env: Mapp
         options.append("--unshare-net")
     for _depth, kind, source, dest in sorted(ops):
         options += ["--tmpfs", dest] if kind == 0 else ["--ro-bind", source, dest]
+    if data_dir is not None:
+        options += ["--bind", str(data_dir), str(data_dir)]
     options += ["--bind", str(scratch), str(scratch), "--chdir", str(scratch)]
     return options
 

@@ -27,6 +27,7 @@ plugins:
       capabilities_sha256: 3f1c...         # what was consented to (see plugins.consent)
       isolation: process                   # run it in its own process (default: in_process)
       isolation_limits: {memory_mb: 512}   # that process's limits (default: plugins.isolation_limits)
+      isolation_network: none              # host (default) | none: no network at all (needs bubblewrap)
 ```
 
 ``plugins.isolation_limits`` (``memory_mb``, ``cpu_seconds``, ``open_files``) are the host's
@@ -58,6 +59,9 @@ __all__ = [
     "ISOLATION_PROCESS",
     "ISOLATION_IN_PROCESS",
     "ISOLATION_VALUES",
+    "NETWORK_HOST",
+    "NETWORK_NONE",
+    "NETWORK_VALUES",
 ]
 
 _log = logging.getLogger("plugin_llm.plugins")
@@ -69,6 +73,10 @@ ISOLATION_PROCESS = "process"
 ISOLATION_IN_PROCESS = "in_process"
 #: ``plugins.entries.<key>.isolation`` values ("in-process" is accepted for ``in_process``)
 ISOLATION_VALUES = (ISOLATION_IN_PROCESS, ISOLATION_PROCESS)
+NETWORK_HOST = "host"
+NETWORK_NONE = "none"
+#: ``plugins.entries.<key>.isolation_network`` values: the host's network, or none at all (bubblewrap only)
+NETWORK_VALUES = (NETWORK_HOST, NETWORK_NONE)
 
 #: Built-in names meaning "no plugin engine / provider".
 BUILTIN_CONTEXT_ENGINES = frozenset({"", "compressor", "builtin", "built-in", "default"})
@@ -86,6 +94,8 @@ class PluginEntry:
     isolation: str = ISOLATION_IN_PROCESS
     #: its process's resource limits (a ``sandbox.SandboxLimits``); None: the host default
     isolation_limits: Any = None
+    #: ``host``: its process uses the host's network; ``none``: it has none (bubblewrap's empty namespace)
+    isolation_network: str = NETWORK_HOST
 
 
 @dataclass(frozen=True)
@@ -219,8 +229,29 @@ def _entries(plugins: Mapping[str, Any], problems: list[str]) -> dict[str, Plugi
         digest = entry.get("capabilities_sha256")
         isolation = _isolation(entry.get("isolation"), f"plugins.entries.{key}.isolation", problems)
         limits = _limits(entry.get("isolation_limits"), f"plugins.entries.{key}.isolation_limits", problems)
-        out[key] = PluginEntry(allow, names, digest.strip() if isinstance(digest, str) else "", isolation, limits)
+        network = _network(entry.get("isolation_network"), f"plugins.entries.{key}.isolation_network", problems)
+        out[key] = PluginEntry(allow, names, digest.strip() if isinstance(digest, str) else "", isolation, limits,
+                               network)
     return out
+
+
+def _network(value: Any, where: str, problems: list[str]) -> str:
+    """``host`` or ``none``; anything else is ``none`` (the safer reading) with a warning."""
+    if value is None:
+        return NETWORK_HOST
+    if value is False:  # YAML's unquoted ``no`` / ``off``
+        return NETWORK_NONE
+    text = value.strip().lower() if isinstance(value, str) else None
+    if text in NETWORK_VALUES:
+        return text
+    import difflib
+
+    close = difflib.get_close_matches(text or "", NETWORK_VALUES, n=1, cutoff=0.5) if text else []
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    shown = repr(value[:40]) if isinstance(value, str) else type(value).__name__
+    problems.append(f"{where}: unknown value {shown}{hint}; expected host or none; "
+                    "the plugin gets no network until it is fixed (the safer choice)")
+    return NETWORK_NONE
 
 
 def _isolation(value: Any, where: str, problems: list[str]) -> str:

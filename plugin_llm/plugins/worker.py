@@ -485,7 +485,9 @@ class _Worker:
             kind=str(fields.get("kind") or "standalone"), declared_kind=str(fields.get("declared_kind") or ""),
             capabilities=tuple(map(str, fields.get("capabilities") or ())),
         )
-        home = Path(os.environ.get("HOME") or path) / ".hermes"
+        # The plugin's own persistent home (<host home>/plugin-data/<key>/, see .sandbox): what
+        # get_hermes_home() returns here; the host's home is never passed.
+        home = Path(os.environ.get("HERMES_HOME") or Path(os.environ.get("HOME") or path) / ".hermes")
         _home.set_active_home(home)
         roots = [Path(r) for r in params.get("roots") or [] if isinstance(r, str)]
         finder.set_plugin_roots(roots, [key])
