@@ -120,10 +120,9 @@ async def _authenticate(state: ServiceState, request: Request) -> str | Response
     """
     tokens = state.tokens
     client = request.client.host if request.client else ""
-    if tokens._blocked:  # a dict lookup, and only while some address is blocked
-        left = tokens.blocked_here(client)
-        if left is not None:
-            return _blocked(state, request, left)
+    left = tokens.blocked_here(client)  # memory only; nothing at all while no address is blocked
+    if left is not None:
+        return _blocked(state, request, left)
     token = _bearer(request)
     problem: str | None = None
     if token is None:
