@@ -1305,8 +1305,9 @@ class _Tally:
         """Limit fields for the audit record; reservations of several requests (repairs) add up."""
         if not fields:
             return
-        if self.limit_fields is None:
-            self.limit_fields = {}
+        if self.limit_fields is None:  # the first request's fields (audit_fields() returns a new dict)
+            self.limit_fields = fields
+            return
         for key, value in fields.items():
             if key.startswith("limits.reserved_") and key in self.limit_fields:
                 value = round(self.limit_fields[key] + value, 9)
@@ -1333,8 +1334,24 @@ def _operator_priced(admitted: _Admitted, response: TransportResponse) -> Transp
     if price is None or not price.operator:
         return response
     usage = response.usage
-    nano = limits.actual_cost_nano(price, None, usage.input_tokens, usage.output_tokens)
-    return dataclasses.replace(response, usage=dataclasses.replace(usage, cost_usd=nano / limits.NANO))
+    cost = limits.actual_cost_nano(price, None, usage.input_tokens, usage.output_tokens) / limits.NANO
+    if usage.cost_usd == cost and type(usage.cost_usd) is float:
+        return response
+    return _with_field(response, "usage", _with_field(usage, "cost_usd", cost))
+
+
+def _with_field(obj: Any, name: str, value: Any) -> Any:
+    """``dataclasses.replace(obj, name=value)`` for the gateway's own frozen response and usage
+    types, as a copy of the instance dict (replace re-runs ``__init__`` over every field: the two
+    per limited call cost more than the rest of its pricing); anything else goes through replace."""
+    kind = type(obj)
+    if kind is not TransportResponse and kind is not PluginLlmUsage:
+        return dataclasses.replace(obj, **{name: value})
+    new = object.__new__(kind)
+    fields = new.__dict__
+    fields.update(obj.__dict__)
+    fields[name] = value
+    return new
 
 
 def _opener(transport: Any, name: str) -> Callable[[Any], Any]:

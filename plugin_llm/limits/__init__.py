@@ -114,15 +114,16 @@ class Ticket:
     grace period).
     """
 
-    __slots__ = ("_store", "_admission", "_price", "_done", "_lock", "estimate", "store_error")
+    __slots__ = ("_store", "_admission", "_price", "_once", "estimate", "store_error")
 
     def __init__(self, store: LimitStore | None, admission: Admission | None, estimate: Estimate | None,
                  store_error: str | None = None) -> None:
         self._store = store
         self._admission = admission
         self._price = estimate.price if estimate is not None else None
-        self._done = admission is None
-        self._lock = threading.Lock()
+        # settle/release take the admission out of this list: one atomic list.pop, so exactly one
+        # of several racing threads gets it (no lock object per ticket, nothing to contend for)
+        self._once = [admission] if admission is not None else []
         self.estimate = estimate
         self.store_error = store_error
 
@@ -131,11 +132,13 @@ class Ticket:
         return self._admission is not None
 
     def _finish(self) -> Admission | None:
-        with self._lock:
-            if self._done:
-                return None
-            self._done = True
-            return self._admission
+        once = self._once
+        if not once:
+            return None
+        try:
+            return once.pop()
+        except IndexError:  # another thread took it between the check and the pop
+            return None
 
     def settle(self, usage: Any = None, *, cost_usd: float | None = None, input_tokens: int | None = None,
                output_tokens: int | None = None) -> None:
@@ -143,8 +146,12 @@ class Ticket:
 
         A request that succeeded but reports neither tokens nor a cost is
         charged its reservation (the worst case): unknown is never free."""
-        admission = self._finish()
-        if admission is None:
+        once = self._once  # _finish(), inlined: this runs once per limited call
+        if not once:
+            return
+        try:
+            admission = once.pop()
+        except IndexError:
             return
         if usage is not None:
             cost_usd = usage.cost_usd if cost_usd is None else cost_usd
@@ -275,9 +282,10 @@ class _Call:
         self.estimate, self.deadline, self.now, self.store = estimate, deadline, now, store
 
 
-def _prepare(settings: LimitSettings, home: Path | str, plugin_id: str, limits: PluginLimits, messages, provider: str,
-             model: str, max_tokens: int | None, deadline: float, extra, now: float | None,
-             store: LimitStore | None) -> _Call:
+def _estimate(settings: LimitSettings, plugin_id: str, limits: PluginLimits, messages, provider: str, model: str,
+              max_tokens: int | None, extra) -> Estimate:
+    """The request's worst case; refuses a limited plugin whose limits are broken or whose budget
+    cannot price the model."""
     if limits.error is not None:
         raise _refuse(plugin_id, "config", limits.error_key or limits.source, limits.error)
     estimate = worst_case(messages, provider=provider, model=model, max_tokens=max_tokens, settings=settings,
@@ -289,27 +297,27 @@ def _prepare(settings: LimitSettings, home: Path | str, plugin_id: str, limits: 
             f"plugin '{plugin_id}' has a budget ({limits.source}.budget_usd) but the model {name} has no known price, "
             f"so its cost cannot be counted; set {key}: {{input_per_mtok: ..., output_per_mtok: ...}} "
             "(US dollars per million tokens) in config.yaml to allow it"))
-    return _Call(settings, home, plugin_id, limits, estimate, deadline, time.time() if now is None else now, store)
+    return estimate
 
 
-def _fast(call: _Call) -> Ticket | None:
+def _fast(settings: LimitSettings, home: Path | str, plugin_id: str, limits: PluginLimits, e: Estimate,
+          deadline: float, now: float, store: LimitStore | None) -> Ticket | None:
     """The call admitted in memory under this process's lease, or None (the store must decide).
-    Never waits for the store: safe on an event loop."""
-    store = call.store
+    Never waits for the store: safe on an event loop. (Plain arguments, no object built: this is
+    the path of nearly every call of a busy plugin.)"""
     if store is None:
         try:
-            store = call.store = store_for(call.settings, call.home)
+            store = store_for(settings, home)
         except Exception:  # noqa: BLE001 - opening is retried, and reported, on the store path
             return None
-    if not store.supports_leases or not leases.ENABLED:
+    if not leases.ENABLED or not store.supports_leases:
         return None
     books = store.__dict__.get("_lease_books")
-    book = books.get(call.plugin_id) if books else None
+    book = books.get(plugin_id) if books else None
     if book is None:
         return None
-    e = call.estimate
-    expiry = call.now + max(0.0, call.deadline - time.monotonic()) + call.settings.reservation_grace
-    got = book.try_fast(call.limits, e.tokens, e.cost_nano or 0, expiry, call.now)
+    expiry = now + max(0.0, deadline - time.monotonic()) + settings.reservation_grace
+    got = book.try_fast(limits, e.tokens, e.cost_nano or 0, expiry, now)
     return None if got is None else Ticket(got[0], got[1], e)
 
 
@@ -377,8 +385,10 @@ def admit(
     limits = settings.for_plugin(plugin_id)
     if limits.empty:
         return UNLIMITED
-    call = _prepare(settings, home, plugin_id, limits, messages, provider, model, max_tokens, deadline, extra, now, store)
-    return _fast(call) or _admit_store(call)
+    estimate = _estimate(settings, plugin_id, limits, messages, provider, model, max_tokens, extra)
+    now = time.time() if now is None else now
+    return (_fast(settings, home, plugin_id, limits, estimate, deadline, now, store)
+            or _admit_store(_Call(settings, home, plugin_id, limits, estimate, deadline, now, store)))
 
 
 async def aadmit(settings: LimitSettings, home: Path | str, plugin_id: str, *, messages: Iterable[Mapping[str, Any]],
@@ -390,13 +400,14 @@ async def aadmit(settings: LimitSettings, home: Path | str, plugin_id: str, *, m
     limits = settings.for_plugin(plugin_id)
     if limits.empty:
         return UNLIMITED
-    call = _prepare(settings, home, plugin_id, limits, messages, provider, model, max_tokens, deadline, extra, now, store)
-    ticket = _fast(call)
+    estimate = _estimate(settings, plugin_id, limits, messages, provider, model, max_tokens, extra)
+    now = time.time() if now is None else now
+    ticket = _fast(settings, home, plugin_id, limits, estimate, deadline, now, store)
     if ticket is not None:
         return ticket
     import asyncio
 
-    return await asyncio.to_thread(_admit_store, call)
+    return await asyncio.to_thread(_admit_store, _Call(settings, home, plugin_id, limits, estimate, deadline, now, store))
 
 
 def snapshot(settings: LimitSettings, home: Path | str, plugin_id: str, *, now: float | None = None,

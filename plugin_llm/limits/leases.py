@@ -63,13 +63,13 @@ import time
 import weakref
 from typing import TYPE_CHECKING
 
-from plugin_llm.limits.store import Admission, Buckets, Denial, LeaseGrant, LeaseOp, StoreError, buckets_at, new_reservation_id
+from plugin_llm.limits.store import Buckets, Denial, LeaseGrant, LeaseOp, StoreError, buckets_at, new_reservation_id
 
 if TYPE_CHECKING:
     from plugin_llm.limits.settings import PluginLimits
     from plugin_llm.limits.store import LimitStore
 
-__all__ = ["LeaseBook", "Lease", "book_for", "ENABLED", "RENEW_INTERVAL", "IDLE_RETURN", "BUSY_WINDOW", "MAX_CALLS"]
+__all__ = ["LeaseBook", "Lease", "book_for", "LeasedCall", "ENABLED", "RENEW_INTERVAL", "IDLE_RETURN", "BUSY_WINDOW", "MAX_CALLS"]
 
 _log = logging.getLogger("plugin_llm.limits")
 
@@ -86,6 +86,19 @@ MAX_CALLS = 1024
 _MAX_SLACK = 2.0
 _ZERO = (0, 0, 0, 0)
 _keys = itertools.count(1)
+
+
+class LeasedCall:
+    """The admission of one call under a lease: what :class:`~plugin_llm.limits.Ticket` reads of an
+    :class:`~plugin_llm.limits.store.Admission` (same attribute names), as a plain slotted object --
+    the in-memory path makes one per call, and a frozen dataclass costs several times more to build."""
+
+    __slots__ = ("plugin_id", "reservation_id", "cost_nano", "tokens", "buckets", "expires_at")
+
+    def __init__(self, plugin_id: str, reservation_id: int, cost_nano: int, tokens: int, buckets: Buckets,
+                 expires_at: float) -> None:
+        self.plugin_id, self.reservation_id, self.cost_nano = plugin_id, reservation_id, cost_nano
+        self.tokens, self.buckets, self.expires_at = tokens, buckets, expires_at
 
 
 class Lease:
@@ -108,14 +121,14 @@ class Lease:
         self.latest = 0.0  # the latest expiry of a call admitted under this lease
         self.r = [0, 0, 0, 0]  # slots, requests, tokens, nano held by calls in flight
         self.u_req = self.u_tok = self.u_nano = 0
-        self.inflight: dict[str, tuple[int, int, float]] = {}  # key -> (tokens, nano, expiry)
+        self.inflight: dict[int, tuple[int, int, float]] = {}  # key -> (tokens, nano, expiry)
         self.renewing = False
         self.admitted = 0  # admissions since the last renewal
         self.last_used = time.monotonic()
         self.dead = False
         self.near = True  # until a step shows otherwise
 
-    def settle_later(self, admission: Admission, cost_nano: int, tokens: int) -> None:
+    def settle_later(self, admission: "LeasedCall", cost_nano: int, tokens: int) -> None:
         """A call admitted under this lease finished (``Ticket`` settles through this): in memory."""
         book = self.book
         with book.lock:
@@ -167,7 +180,7 @@ class LeaseBook:
         _BOOKS.add(self)
 
     # -- the caller's side
-    def try_fast(self, limits: "PluginLimits", tokens: int, nano: int, call_expiry: float, now: float) -> tuple[Lease, Admission] | None:
+    def try_fast(self, limits: "PluginLimits", tokens: int, nano: int, call_expiry: float, now: float) -> tuple[Lease, LeasedCall] | None:
         """Admit in memory when the current lease has room; None when the store must decide."""
         lease = self.current
         if lease is None or lease.renewing or self.n == 0:
@@ -182,10 +195,17 @@ class LeaseBook:
                     or (capped[2] and r[2] + lease.u_tok + tokens > held[2])
                     or (capped[3] and r[3] + lease.u_nano + nano > held[3])):
                 return None
-            self._take(lease, tokens, nano, call_expiry)
-            key = str(next(_keys))
+            r[0] += 1  # _take(), inlined: this is the path of nearly every call of a busy plugin
+            r[1] += 1
+            r[2] += tokens
+            r[3] += nano
+            lease.admitted += 1
+            lease.last_used = time.monotonic()
+            if call_expiry > lease.latest:
+                lease.latest = call_expiry
+            key = next(_keys)
             lease.inflight[key] = (tokens, nano, call_expiry)
-        return lease, Admission(self.plugin_id, key, nano, tokens, lease.buckets, call_expiry)
+        return lease, LeasedCall(self.plugin_id, key, nano, tokens, lease.buckets, call_expiry)
 
     @staticmethod
     def _take(lease: Lease, tokens: int, nano: int, call_expiry: float) -> None:
@@ -200,7 +220,7 @@ class LeaseBook:
             lease.latest = call_expiry
 
     def admit(self, limits: "PluginLimits", tokens: int, nano: int, call_expiry: float, now: float, *,
-              timeout: float) -> tuple[Lease, Admission] | Denial:
+              timeout: float) -> tuple[Lease, LeasedCall] | Denial:
         """Admit with a store step (the lease had no room, or none exists): exact, may raise StoreError."""
         start = time.monotonic()
         if not self.io.acquire(timeout=max(0.0, timeout)):
@@ -233,9 +253,9 @@ class LeaseBook:
                 return result
             with self.lock:
                 self._take(lease, tokens, nano, call_expiry)
-                key = str(next(_keys))
+                key = next(_keys)
                 lease.inflight[key] = (tokens, nano, call_expiry)
-            return lease, Admission(self.plugin_id, key, nano, tokens, lease.buckets, call_expiry)
+            return lease, LeasedCall(self.plugin_id, key, nano, tokens, lease.buckets, call_expiry)
         finally:
             self.io.release()
 

@@ -224,7 +224,7 @@ def worst_case(
     cost = None
     if price is not None:
         cost = math.ceil(input_tokens * price.input_nano + output * price.output_nano)
-    return Estimate(input_tokens=input_tokens, output_tokens=output, cost_nano=cost, price=price)
+    return Estimate(input_tokens, output, cost, price)
 
 
 def actual_cost_nano(price: Price | None, cost_usd: float | None, input_tokens: int, output_tokens: int) -> int:
