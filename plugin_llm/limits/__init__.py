@@ -161,7 +161,11 @@ class Ticket:
         if ins == 0 and outs == 0 and cost_usd is None:
             self._apply(admission, admission.cost_nano, admission.tokens)
             return
-        self._apply(admission, actual_cost_nano(self._price, cost_usd, ins, outs), ins + outs)
+        cost_nano = actual_cost_nano(self._price, cost_usd, ins, outs)
+        try:  # _apply(), inlined for the common case
+            self._store.settle_later(admission, cost_nano, ins + outs)
+        except Exception as exc:  # noqa: BLE001 - a finished call never fails because its bookkeeping did
+            _settle_failed(admission, exc)
 
     def release(self) -> None:
         """Drop the reservation (the request failed before using anything known)."""
@@ -180,12 +184,8 @@ class Ticket:
     def _apply(self, admission: Admission, cost_nano: int, tokens: int) -> None:
         try:
             self._store.settle_later(admission, cost_nano, tokens)  # rides along with the next admission
-        except StoreError as exc:
-            log.error("limits: could not settle call of plugin '%s' (its reservation counts until %s): %s",
-                      admission.plugin_id, iso_utc(admission.expires_at), exc)
-        except Exception:  # a finished call never fails because its bookkeeping did
-            log.exception("limits: settling a call of plugin '%s' failed (its reservation counts until %s)",
-                          admission.plugin_id, iso_utc(admission.expires_at))
+        except Exception as exc:  # noqa: BLE001 - a finished call never fails because its bookkeeping did
+            _settle_failed(admission, exc)
 
     def audit_fields(self) -> dict[str, Any]:
         if self._admission is None and self.store_error is None:
@@ -197,6 +197,16 @@ class Ticket:
         if self.store_error is not None:
             fields["limits.store_error"] = self.store_error
         return fields
+
+
+def _settle_failed(admission: Admission, exc: Exception) -> None:
+    """Log a settlement the store did not take (called in its ``except`` block: the traceback of a defect)."""
+    if isinstance(exc, StoreError):
+        log.error("limits: could not settle call of plugin '%s' (its reservation counts until %s): %s",
+                  admission.plugin_id, iso_utc(admission.expires_at), exc)
+    else:
+        log.exception("limits: settling a call of plugin '%s' failed (its reservation counts until %s)",
+                      admission.plugin_id, iso_utc(admission.expires_at))
 
 
 #: the ticket of a plugin without limits: settling it does nothing
@@ -234,6 +244,8 @@ def store_for(settings: LimitSettings, home: Path | str) -> LimitStore:
 
 
 _LAST: tuple[LimitSettings, Any, LimitStore] | None = None  # the last lookup: nearly every call repeats it
+#: the lease book of the last call admitted in memory, with the settings, home and plugin it is for
+_LAST_BOOK: tuple[LimitSettings, Any, str, Any] | None = None
 
 
 def _remember(settings: LimitSettings, home: Any, store: LimitStore) -> None:
@@ -243,11 +255,11 @@ def _remember(settings: LimitSettings, home: Any, store: LimitStore) -> None:
 
 def close_stores() -> None:
     """Close every open store (tests, shutdown)."""
-    global _LAST
+    global _LAST, _LAST_BOOK
     with _STORES_LOCK:
         stores = list(_STORES.values())
         _STORES.clear()
-        _LAST = None
+        _LAST = _LAST_BOOK = None
     for store in stores:
         try:
             store.close()
@@ -305,17 +317,28 @@ def _fast(settings: LimitSettings, home: Path | str, plugin_id: str, limits: Plu
     """The call admitted in memory under this process's lease, or None (the store must decide).
     Never waits for the store: safe on an event loop. (Plain arguments, no object built: this is
     the path of nearly every call of a busy plugin.)"""
-    if store is None:
-        try:
-            store = store_for(settings, home)
-        except Exception:  # noqa: BLE001 - opening is retried, and reported, on the store path
+    global _LAST_BOOK
+    if not leases.ENABLED:
+        return None
+    last = _LAST_BOOK
+    if (store is None and last is not None and last[0] is settings and last[1] is home and last[2] == plugin_id
+            and not last[3].closed):
+        book = last[3]  # the same plugin as the last call under the same config: no store or book lookup
+    else:
+        explicit = store is not None
+        if store is None:
+            try:
+                store = store_for(settings, home)
+            except Exception:  # noqa: BLE001 - opening is retried, and reported, on the store path
+                return None
+        if not store.supports_leases:
             return None
-    if not leases.ENABLED or not store.supports_leases:
-        return None
-    books = store.__dict__.get("_lease_books")
-    book = books.get(plugin_id) if books else None
-    if book is None:
-        return None
+        books = store.__dict__.get("_lease_books")
+        book = books.get(plugin_id) if books else None
+        if book is None:
+            return None
+        if not explicit:
+            _LAST_BOOK = (settings, home, plugin_id, book)
     expiry = now + max(0.0, deadline - time.monotonic()) + settings.reservation_grace
     got = book.try_fast(limits, e.tokens, e.cost_nano or 0, expiry, now)
     return None if got is None else Ticket(got[0], got[1], e)
