@@ -242,3 +242,82 @@ def test_the_cli_listing_reports_no_pid_of_a_process_it_stopped(hermes_home, man
     assert pid is not None and _alive(pid)
     manager.shutdown()
     assert manager.get_plugin("memo")["pid"] is None
+
+
+# --- a child that stops reading cannot hold the host past a time limit ---------------------
+
+FROZEN = '''
+import os, signal, threading, time
+
+
+def register(ctx):
+    def freeze(args):
+        def stop():
+            time.sleep(0.2)  # after the answer is on its way
+            os.kill(os.getpid(), signal.SIGSTOP)
+
+        threading.Thread(target=stop, daemon=True).start()
+        return "freezing"
+
+    def guard(tool_name, args=None, **_):
+        return None
+
+    ctx.register_tool("freeze", {"name": "freeze"}, freeze)
+    ctx.register_tool("ok", {"name": "ok"}, lambda args: "ok")
+    ctx.register_hook("pre_tool_call", guard)
+'''
+
+
+def _descendants(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        try:
+            tasks = os.listdir(f"/proc/{current}/task")
+        except OSError:
+            continue
+        for tid in tasks:
+            try:
+                children = Path(f"/proc/{current}/task/{tid}/children").read_text().split()
+            except OSError:
+                continue
+            out += [int(c) for c in children]
+            todo += [int(c) for c in children]
+    return out
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "?"
+
+
+def test_a_child_that_stops_reading_is_stopped_at_the_time_limit_even_while_the_host_sends(hermes_home, managers):
+    """A hook call whose arguments fill the pipe of a child that no longer reads: the send itself is
+    bounded by plugins.hook_timeout (before, the host waited in write() forever, holding the channel)."""
+    write_plugin(hermes_home / "plugins", "frozen", FROZEN)
+    write_config(hermes_home, yaml.safe_dump({"plugins": {"enabled": ["frozen"], "hook_timeout": 1,
+                                                          "entries": {"frozen": {"isolation": "process"}}}}))
+    manager = _manager(hermes_home, managers)
+    pid = manager.get_plugin("frozen")["pid"]
+    assert manager.dispatch_tool("freeze", {}) == "freezing"
+
+    def until_stopped() -> None:
+        while not any(_state(p) == "T" for p in [pid, *_descendants(pid)]):
+            time.sleep(0.05)
+
+    run_bounded(until_stopped, 30)
+    # 4 MiB of arguments: far more than a pipe holds, so the guard's call cannot even be sent
+    blocked = run_bounded(lambda: manager.dispatch_tool("ok", {"blob": "x" * (4 << 20)}), 30)
+    assert "timed out" in blocked and "blocked (fail-closed)" in blocked
+
+    def until_ok() -> str:
+        while True:
+            text = manager.dispatch_tool("ok", {})
+            if text == "ok":
+                return text
+            time.sleep(0.05)
+
+    assert run_bounded(until_ok, 30) == "ok"
+    assert manager.get_plugin("frozen")["pid"] not in (None, pid)

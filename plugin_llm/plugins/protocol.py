@@ -24,7 +24,9 @@ from __future__ import annotations
 import base64
 import json
 import os
+import select
 import threading
+import time
 from typing import Any, BinaryIO, Callable
 
 __all__ = ["MAX_MESSAGE", "PROTOCOL_VERSION", "ProtocolError", "ChannelClosed", "Channel", "encode_value",
@@ -118,29 +120,52 @@ def decode_value(value: Any, make_fn: Callable[[int], Any] | None = None, depth:
 
 
 class Channel:
-    """One end of the pipe pair: ``send`` (thread-safe) and ``receive`` (one reader thread)."""
+    """One end of the pipe pair: ``send`` (thread-safe) and ``receive`` (one reader thread).
 
-    def __init__(self, reader: BinaryIO, write_fd: int) -> None:
+    ``bounded_writes`` (the host's end) makes the write end non-blocking: a peer
+    that stops reading (stopped, or busy on purpose) fills the pipe, and a
+    ``send`` with a ``deadline`` then gives up at the deadline
+    (:class:`CallTimeout`) instead of waiting for it forever. Without it (the
+    child's end) a write waits as long as it takes.
+    """
+
+    def __init__(self, reader: BinaryIO, write_fd: int, *, bounded_writes: bool = False) -> None:
         self._reader = reader
         self._write_fd = write_fd
         self._write_lock = threading.Lock()
         self.closed = False
+        if bounded_writes:
+            os.set_blocking(write_fd, False)
 
-    def send(self, message: dict[str, Any]) -> None:
+    def send(self, message: dict[str, Any], deadline: float | None = None) -> None:
+        """Write one message; ``deadline`` (``time.monotonic()``) bounds the wait for a full pipe and
+        for the other senders (:class:`CallTimeout`). A message cut short by its deadline leaves
+        the stream unusable: the channel is closed then (the host stops the child anyway)."""
         data = json.dumps(message, ensure_ascii=True, separators=(",", ":"), allow_nan=False).encode("ascii") + b"\n"
         if len(data) > MAX_MESSAGE:
             raise ValueError(f"message of {len(data):,} bytes is over the {MAX_MESSAGE:,}-byte limit")
-        with self._write_lock:
+        if not self._write_lock.acquire(timeout=_left(deadline)):
+            raise CallTimeout("the channel stayed busy until the deadline (the peer is not reading)")
+        try:
             if self.closed:
                 raise ChannelClosed("the channel is closed")
             view = memoryview(data)
             try:
                 while view:
-                    written = os.write(self._write_fd, view)
+                    try:
+                        written = os.write(self._write_fd, view)
+                    except BlockingIOError:  # the pipe is full: wait until the peer reads, or the deadline
+                        if not _writable(self._write_fd, deadline):
+                            if len(view) < len(data):
+                                self._close_locked()
+                            raise CallTimeout("the peer did not read its input until the deadline") from None
+                        continue
                     view = view[written:]
             except OSError as exc:  # EPIPE: the peer is gone
                 self.closed = True
                 raise ChannelClosed(f"the peer is gone ({exc.strerror or exc})") from None
+        finally:
+            self._write_lock.release()
 
     def receive(self) -> dict[str, Any]:
         """The next message; raises :class:`ChannelClosed` at EOF, :class:`ProtocolError` for garbage."""
@@ -156,7 +181,7 @@ class Channel:
             raise ChannelClosed("end of stream inside a message")
         try:
             message = json.loads(line)
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, UnicodeDecodeError, RecursionError):  # "[[[[..." nests past the parser's limit
             raise ProtocolError(f"not a JSON message ({len(line):,} bytes)") from None
         if type(message) is not dict or message.get("t") not in _KINDS or type(message.get("id")) is not int:
             raise ProtocolError("not a protocol message (needs t: call|ok|err and an integer id)")
@@ -166,12 +191,34 @@ class Channel:
 
     def close(self) -> None:
         with self._write_lock:
-            if not self.closed:
-                self.closed = True
-                try:
-                    os.close(self._write_fd)
-                except OSError:
-                    pass
+            self._close_locked()
+
+    def _close_locked(self) -> None:
+        if not self.closed:
+            self.closed = True
+            try:
+                os.close(self._write_fd)
+            except OSError:
+                pass
+
+
+def _left(deadline: float | None) -> float:
+    """Seconds to ``deadline`` for ``Lock.acquire`` (-1: no deadline, wait as long as it takes)."""
+    if deadline is None:
+        return -1
+    return min(max(deadline - time.monotonic(), 0.0), threading.TIMEOUT_MAX)
+
+
+def _writable(fd: int, deadline: float | None) -> bool:
+    """Wait until ``fd`` can be written to (or is broken: the write then fails); False at the deadline."""
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    while True:
+        left = _left(deadline)
+        if poller.poll(None if left < 0 else left * 1000):
+            return True
+        if left == 0:
+            return False
 
 
 class RemoteError(Exception):
@@ -270,8 +317,11 @@ class Peer:
             self._next_id += 1
             call_id = self._next_id
             self._pending[call_id] = pending
+        # sending is bounded by the same limit: a peer that does not read cannot hold the caller
+        limit = remaining() if remaining is not None else timeout
+        deadline = time.monotonic() + max(limit, 0.0) if limit is not None else None
         try:
-            self.channel.send({"t": "call", "id": call_id, "m": method, "p": params})
+            self.channel.send({"t": "call", "id": call_id, "m": method, "p": params}, deadline)
             if remaining is not None:
                 got = False
                 while not got:

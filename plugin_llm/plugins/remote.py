@@ -197,7 +197,7 @@ class _Child:
         self.settled = threading.Event()  # set once whoever stopped it has recorded why
         write_fd = os.dup(proc.stdin.fileno())  # type: ignore[union-attr]
         proc.stdin.close()  # type: ignore[union-attr]
-        self.peer = Peer(Channel(proc.stdout, write_fd), self._answer, owner._describe_host_error,  # type: ignore[arg-type]
+        self.peer = Peer(Channel(proc.stdout, write_fd, bounded_writes=True), self._answer, owner._describe_host_error,  # type: ignore[arg-type]
                          on_fault=self._on_channel_fault, name=f"plugin-host-{owner.key[:40]}")
         self._reader = threading.Thread(target=self.peer.serve, name=f"plugin-reader-{owner.key[:40]}", daemon=True)
         self._drain = threading.Thread(target=self._drain_stderr, name=f"plugin-stderr-{owner.key[:40]}", daemon=True)
