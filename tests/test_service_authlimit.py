@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from plugin_llm.config import parse_config
 from plugin_llm.service.tokens import token_store_for
@@ -121,6 +122,35 @@ def test_two_workers_share_the_count(hermes_home):
     assert code == 0, err[-3000:]
     assert (hermes_home / "service" / "auth_failures.db").stat().st_mode & 0o077 == 0  # owner only
     assert [d["reason"] for d in _denials(hermes_home)] == ["unknown"] * 4 + ["too_many_failures"] * 20
+
+
+def _post_from(url: str, token: str, forwarded_for: str) -> int:
+    with httpx.Client(timeout=30) as client:
+        return client.post(url + COMPLETE, content=b"{", headers={
+            "Authorization": f"Bearer {token}", "X-Forwarded-For": forwarded_for}).status_code
+
+
+@pytest.mark.parametrize("trusted", [False, True], ids=["no-proxy-configured", "forwarded-allow-ips"])
+def test_x_forwarded_for_is_believed_only_from_a_configured_proxy(hermes_home, trusted):
+    """By default a client cannot name its own address (uvicorn alone would believe 127.0.0.1's header):
+    rotating X-Forwarded-For neither escapes the brake nor gets another address blocked."""
+    write_config(hermes_home, _brake(max_failures=2, block=60))
+    serve = Serve(hermes_home, *(["--forwarded-allow-ips", "127.0.0.1"] if trusted else []),
+                  env={"PLUGIN_LLM_SERVICE_WARM": "0"})
+    try:
+        answers = [_post_from(serve.url, _guess(), f"203.0.113.{n}") for n in range(1, 5)]
+        code, _out, err = serve.stop()
+    finally:
+        if serve.proc.poll() is None:
+            serve.proc.kill()
+    assert code == 0, err[-3000:]
+    clients = [d["client"] for d in _denials(hermes_home)]
+    if trusted:  # four proxied clients, each with one failure: nobody blocked
+        assert answers == [401] * 4
+        assert clients == [f"203.0.113.{n}" for n in range(1, 5)]
+    else:  # one connection address: blocked after two, whatever the header says
+        assert answers == [401, 401, 429, 429]
+        assert clients == ["127.0.0.1"] * 4
 
 
 def test_with_limits_in_redis_replicas_on_two_machines_share_the_count(tmp_path, own_redis_server):  # noqa: F811

@@ -9,6 +9,7 @@ SIGTERM drains the calls in flight within their deadlines.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from plugin_llm.cli._common import add_home_argument, home_from, printable
@@ -29,6 +30,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--ssl-keyfile", default=None, help="the certificate's private key (PEM)")
     p.add_argument("--behind-tls-proxy", action="store_true",
                    help="a TLS-terminating proxy or load balancer is in front (silences the clear-text warning)")
+    p.add_argument("--forwarded-allow-ips", default=os.environ.get("FORWARDED_ALLOW_IPS") or None, metavar="ADDRS",
+                   help="believe X-Forwarded-For from these proxies (comma-separated addresses or networks; "
+                        "default $FORWARDED_ALLOW_IPS, else none: the client address is the connection's)")
     p.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"),
                    help="uvicorn's log level (default warning)")
     add_home_argument(p)
@@ -49,7 +53,8 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"the home {home} is not a directory (set $HERMES_HOME or pass --home)")
     options = ServeOptions(home=home.resolve(), host=args.host, port=args.port, workers=args.workers,
                            ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile,
-                           behind_tls_proxy=args.behind_tls_proxy, log_level=args.log_level)
+                           behind_tls_proxy=args.behind_tls_proxy, log_level=args.log_level,
+                           forwarded_allow_ips=args.forwarded_allow_ips)
     warning = tls_warning(options)
     if warning is not None:
         print(f"plugin-llm: {colour('warning', '33')}: {warning}", file=sys.stderr, flush=True)

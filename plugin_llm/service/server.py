@@ -45,6 +45,9 @@ class ServeOptions:
     #: the operator says a TLS-terminating proxy or load balancer is in front
     behind_tls_proxy: bool = False
     log_level: str = "warning"
+    #: proxies whose X-Forwarded-For/-Proto are believed (comma-separated addresses/networks, or "*");
+    #: None: no proxy headers are read, so a client cannot pick the address the auth brake counts
+    forwarded_allow_ips: str | None = None
 
 
 def tls_warning(options: ServeOptions) -> str | None:
@@ -163,6 +166,10 @@ def serve(options: ServeOptions, out: TextIO = sys.stdout) -> int:
         ssl_certfile=options.ssl_certfile,
         ssl_keyfile=options.ssl_keyfile,
         lifespan="on",
+        # uvicorn believes X-Forwarded-For from 127.0.0.1 by default: every local client could then name any
+        # address (dodging the failed-auth brake, or blocking someone else's); only a configured proxy may
+        proxy_headers=options.forwarded_allow_ips is not None,
+        forwarded_allow_ips=options.forwarded_allow_ips,
     )
     stopped_by: list[int] = []
     for signum in (signal.SIGTERM, signal.SIGINT):
