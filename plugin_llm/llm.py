@@ -1036,20 +1036,25 @@ class PluginLlm:
 
         A refusal is the call's outcome (status ``quota``, with the deciding
         limit), before anything is sent. A plugin without limits costs one
-        dict lookup and no yield.
+        dict lookup and no yield; a call its lease admits in memory (nearly
+        every call of a busy plugin) no yield either: only a store step goes
+        through the shell (``limits.admit`` / ``aadmit`` off the event loop).
         """
         settings = admitted.config.limits
         if settings.for_plugin(call.plugin_id).empty:
             return limits.UNLIMITED
         route = admitted.route
-        step = _LimitStep(settings, admitted.config.home, call.plugin_id, {
-            "messages": messages, "provider": route.provider, "model": route.model,
-            "max_tokens": params.get("max_tokens"), "deadline": admitted.deadline,
-            "extra": (params.get("tools"), params.get("response_format")),
-        })
+        home, max_tokens = admitted.config.home, params.get("max_tokens")
+        extra = (params.get("tools"), params.get("response_format"))
         failure: BaseException | None = None
         try:
-            ticket = yield step
+            ticket = limits.admit_in_memory(settings, home, call.plugin_id, messages, route.provider, route.model,
+                                            max_tokens, admitted.deadline, extra)
+            if ticket is None:
+                ticket = yield _LimitStep(settings, home, call.plugin_id, {
+                    "messages": messages, "provider": route.provider, "model": route.model,
+                    "max_tokens": max_tokens, "deadline": admitted.deadline, "extra": extra,
+                })
         except limits.PluginLlmLimitError as exc:
             failure = exc
         if failure is None:

@@ -172,3 +172,27 @@ def test_a_call_admitted_in_memory_reports_and_settles_like_one_the_store_admitt
     assert again._store.book is not old_book and not again._store.book.closed
     again.settle(input_tokens=5, output_tokens=5)
     assert spent_nano(hermes_home) == 41 * per_call
+
+
+def test_a_busy_plugins_calls_are_admitted_in_the_flow_and_only_store_steps_reach_the_shell(hermes_home, monkeypatch):
+    with FakeServer() as server:
+        configure(hermes_home, server.base_url)
+        shell_admissions = []
+        real = limits.admit
+        monkeypatch.setattr(limits, "admit", lambda *a, **kw: shell_admissions.append(1) or real(*a, **kw))
+        llm = PluginLlm("capped")
+        results = [llm.complete(USER, max_tokens=50) for _ in range(30)]
+    assert 0 < len(shell_admissions) < 15  # the first calls needed the store; the busy rest were admitted in memory
+    records = [line for line in audit_lines(hermes_home) if line.get("status") == "ok"]
+    assert len(records) == 30 and all(r["limits.reserved_tokens"] > 50 for r in records)
+    assert spent_nano(hermes_home) == round(sum(r.usage.cost_usd for r in results) * NANO)
+
+
+def test_admit_in_memory_never_waits_for_the_store_and_refuses_what_needs_no_store(hermes_home):
+    settings = _settings(hermes_home, "        budget_usd: {day: 10}\n")
+    args = (USER, "custom", "m", 100, time.monotonic() + 10, ())
+    assert limits.admit_in_memory(settings, hermes_home, "other", *args) is limits.UNLIMITED
+    assert limits.admit_in_memory(settings, hermes_home, "capped", *args) is None  # no lease yet: the store decides
+    with pytest.raises(limits.PluginLlmLimitError) as refused:
+        limits.admit_in_memory(settings, hermes_home, "capped", USER, "custom", "unpriced", 100, time.monotonic() + 10)
+    assert refused.value.denial.limit == "price" and 'limits.prices."custom/unpriced"' in str(refused.value)

@@ -65,6 +65,7 @@ from plugin_llm.limits.store import (
 __all__ = [
     "admit",
     "aadmit",
+    "admit_in_memory",
     "snapshot",
     "reset",
     "store_for",
@@ -412,6 +413,21 @@ def admit(
     now = time.time() if now is None else now
     return (_fast(settings, home, plugin_id, limits, estimate, deadline, now, store)
             or _admit_store(_Call(settings, home, plugin_id, limits, estimate, deadline, now, store)))
+
+
+def admit_in_memory(settings: LimitSettings, home: Path | str, plugin_id: str, messages: Iterable[Mapping[str, Any]],
+                    provider: str, model: str, max_tokens: int | None, deadline: float,
+                    extra: Iterable[Any] = ()) -> Ticket | None:
+    """:func:`admit`'s half that never waits (safe anywhere, an event loop included): the ticket
+    of an unlimited plugin or of a call this process's lease admits in memory, else ``None`` -- the
+    store must decide: call :func:`admit` / :func:`aadmit` with the same arguments. Raises
+    :class:`PluginLlmLimitError` for a refusal no store is needed for (broken limits, a budget on an
+    unpriced model). Positional arguments: this is the gateway's path for nearly every limited call."""
+    limits = settings.for_plugin(plugin_id)
+    if limits.empty:
+        return UNLIMITED
+    estimate = _estimate(settings, plugin_id, limits, messages, provider, model, max_tokens, extra)
+    return _fast(settings, home, plugin_id, limits, estimate, deadline, time.time(), None)
 
 
 async def aadmit(settings: LimitSettings, home: Path | str, plugin_id: str, *, messages: Iterable[Mapping[str, Any]],
