@@ -47,9 +47,20 @@ def check_json_depth(text: str, max_depth: int = MAX_JSON_DEPTH) -> None:
             depth -= 1
 
 
-def loads_bounded(text: str | bytes, *, max_depth: int = MAX_JSON_DEPTH, **kwargs: Any) -> Any:
-    """:func:`json.loads` after :func:`check_json_depth`; ``kwargs`` go to :func:`json.loads`."""
+def loads_bounded(text: str | bytes, *, max_depth: int = MAX_JSON_DEPTH, decoder: json.JSONDecoder | None = None,
+                  **kwargs: Any) -> Any:
+    """:func:`json.loads` after :func:`check_json_depth`; ``kwargs`` go to :func:`json.loads`.
+
+    ``decoder`` is a :class:`json.JSONDecoder` built once by the caller (instead of ``kwargs``): ``json.loads``
+    builds a new one per call whenever it is given any keyword, which a per-request parser need not pay.
+    """
     if isinstance(text, (bytes, bytearray)):
         text = text.decode("utf-8-sig")
     check_json_depth(text, max_depth)
-    return json.loads(text, **kwargs)
+    if decoder is None:
+        return json.loads(text, **kwargs)
+    if kwargs:
+        raise TypeError("loads_bounded takes either a decoder or json.loads keywords, not both")
+    if text.startswith("\ufeff"):  # what json.loads says of a str with a BOM
+        raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", text, 0)
+    return decoder.decode(text)

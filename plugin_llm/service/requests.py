@@ -75,6 +75,10 @@ def _no_constant(name: str) -> Any:
     raise BadRequest(f"the body contains {name}, which is not JSON; send numbers as finite values")
 
 
+#: one decoder for every request (json.loads with a keyword builds a new one per call)
+_DECODER = json.JSONDecoder(parse_constant=_no_constant)
+
+
 def parse_body(raw: bytes) -> dict[str, Any]:
     """The request body as a JSON object (depth-bounded; NaN/Infinity refused)."""
     if not raw.strip():
@@ -84,7 +88,7 @@ def parse_body(raw: bytes) -> dict[str, Any]:
     except UnicodeDecodeError as exc:
         raise BadRequest(f"the body is not UTF-8 (byte {exc.start}); send JSON encoded as UTF-8") from None
     try:
-        value = loads_bounded(text, max_depth=_MAX_DEPTH, parse_constant=_no_constant)
+        value = loads_bounded(text, max_depth=_MAX_DEPTH, decoder=_DECODER)
     except BadRequest:
         raise
     except json.JSONDecodeError as exc:

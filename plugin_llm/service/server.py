@@ -158,6 +158,7 @@ def serve(options: ServeOptions, out: TextIO = sys.stdout) -> int:
     config = uvicorn.Config(
         "plugin_llm.service.app:app_from_env",
         factory=True,
+        http="plugin_llm.service.protocol:CoalescingHttpToolsProtocol",  # a response's head and body in one write
         workers=options.workers,
         log_level=options.log_level,
         access_log=False,  # request lines carry nothing an operator needs that the audit log lacks
