@@ -14,7 +14,9 @@ repairs are requests of their own, each with its real messages)::
 A plugin without limits costs one dict lookup and gets :data:`UNLIMITED`.
 A busy plugin's calls are admitted and settled in memory under a lease
 (:mod:`plugin_llm.limits.leases`): same decisions, a store step every ~50 ms
-instead of one per call.
+instead of one per call. The gateway's flow first calls
+:func:`admit_in_memory` (never waits; ``None`` when the store must decide)
+and hands only store steps to its sync/async shell (``admit``/``aadmit``).
 The store (``local`` SQLite or ``redis``) is chosen by ``limits.store`` and
 opened once per process; ``limits.on_store_error`` decides whether a store
 that fails or does not answer within the call's deadline (capped by
