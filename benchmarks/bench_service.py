@@ -238,6 +238,95 @@ def in_process(args: list[str], cpus: set[int] | None) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def stub_serve(source: str, home: str) -> None:
+    """The service of ``source`` (``-``: this tree) on uvicorn, one process, its pipeline a stub (``--layer``).
+
+    The stub answers every call at once with a canned result, so the process's CPU per request is uvicorn's and
+    the service layer's alone (token check, body, JSON, metrics, response writes), with no model call around it.
+    The HTTP protocol is the one that tree's ``plugin-llm serve`` uses.
+    """
+    if source != "-":
+        sys.path.insert(0, source)
+    import socket
+
+    import uvicorn
+
+    from plugin_llm.service.app import create_app
+    from plugin_llm.types import PluginLlmCompleteResult, PluginLlmUsage
+
+    try:
+        from plugin_llm.service.protocol import PROTOCOL as http
+    except ImportError:  # a tree from before it: uvicorn's own
+        http = "httptools"
+    usage = PluginLlmUsage(input_tokens=9, output_tokens=4, total_tokens=13)
+
+    class Stub:
+        async def acomplete(self, messages, **kwargs):
+            return PluginLlmCompleteResult(text="Benchmark pong, short.", provider="custom", model=MODEL, agent_id=None,
+                                           usage=usage, audit={"plugin_id": "bench", "call_id": "c" * 32})
+
+    app = create_app(Path(home), llm_factory=lambda plugin: Stub(), warm=False)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    print(f"http://127.0.0.1:{sock.getsockname()[1]}", flush=True)
+    server = uvicorn.Server(uvicorn.Config(app, http=http, access_log=False, server_header=False, lifespan="on",
+                                           log_level="warning"))
+    profile = os.environ.get("BENCH_SERVICE_PROFILE")  # a path: cProfile the worker, stats written there at exit
+    if not profile:
+        return server.run(sockets=[sock])
+    import cProfile
+
+    profiler = cProfile.Profile()
+    profiler.runcall(server.run, sockets=[sock])
+    profiler.dump_stats(f"{profile}.{'after' if source == '-' else 'before'}")
+
+
+def layer(args: argparse.Namespace) -> None:
+    """``--layer``: CPU per request of the service layer alone (stub pipeline), this tree vs ``--baseline``.
+
+    ``BENCH_SERVICE_PROFILE=PATH`` runs each stub worker under cProfile and writes ``PATH.after``/``PATH.before``.
+    """
+    rounds = 3 if args.quick else 7
+    calls = {1: 1500, 16: 3000, 64: 4000} if args.quick else {1: 3000, 16: 6000, 64: 8000}
+    baseline = extract(args.baseline) if args.baseline else None
+    sources = {"after": "-", **({"before": str(baseline)} if baseline else {})}
+    home, token = make_home("http://127.0.0.1:9/v1")
+    procs: dict[str, tuple[subprocess.Popen, str]] = {}
+    results: dict[tuple[str, int], list[dict]] = {}
+    try:
+        for kind, source in sources.items():
+            proc = subprocess.Popen([sys.executable, __file__, "--stub-serve", source, str(home)], stdout=subprocess.PIPE,
+                                    text=True, env={**os.environ, "HERMES_HOME": str(home)}, cwd=ROOT)
+            procs[kind] = (proc, proc.stdout.readline().strip())
+        for _ in range(rounds):
+            for c in CONCURRENCY:
+                for kind, (proc, url) in procs.items():
+                    w0 = pid_cpu(proc.pid)
+                    through = in_process(["--client", url, token, str(c), str(calls[c])], None)
+                    through["worker_cpu_us"] = (pid_cpu(proc.pid) - w0) / (calls[c] + min(calls[c], 200)) * 1e6
+                    results.setdefault((kind, c), []).append(through)
+    finally:
+        for proc, _ in procs.values():
+            proc.terminate()
+            proc.wait(timeout=30)
+        if baseline is not None:
+            shutil.rmtree(baseline, ignore_errors=True)
+    print(f"bench_service --layer: the service's own CPU per request (uvicorn + service layer, stub pipeline, "
+          f"1 process), {rounds} rounds interleaved, medians; CPU from /proc (user+system)")
+    print(f"{'service':>7} {'conc':>4} | {'p50 ms':>7} {'p99 ms':>7} | {'calls/s':>7} | {'CPU us/request':>14}")
+    for c in CONCURRENCY:
+        for kind in procs:
+            rows = results[(kind, c)]
+            print(f"{kind:>7} {c:>4} | {statistics.median(r['p50'] for r in rows):>7.3f} "
+                  f"{statistics.median(r['p99'] for r in rows):>7.3f} | {statistics.median(r['rate'] for r in rows):>7.0f} "
+                  f"| {statistics.median(r['worker_cpu_us'] for r in rows):>14.1f}")
+    if "before" in procs:
+        ratios = [statistics.median(r["worker_cpu_us"] for r in results[("after", c)])
+                  / statistics.median(r["worker_cpu_us"] for r in results[("before", c)]) for c in CONCURRENCY]
+        print(f"CPU per request, this tree / baseline {args.baseline}: "
+              + ", ".join(f"c={c}: {r:.2f}" for c, r in zip(CONCURRENCY, ratios)))
+
+
 # --------------------------------------------------------------------------- orchestration
 class upstream:
     def __init__(self, cpus: set[int] | None) -> None:
@@ -331,6 +420,9 @@ def main() -> None:
     parser.add_argument("--upstream", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--direct", nargs=3, metavar=("HOME", "C", "N"), help=argparse.SUPPRESS)
     parser.add_argument("--client", nargs=4, metavar=("URL", "TOKEN", "C", "N"), help=argparse.SUPPRESS)
+    parser.add_argument("--layer", action="store_true",
+                        help="measure the service layer alone: a stub pipeline, this tree vs --baseline")
+    parser.add_argument("--stub-serve", nargs=2, metavar=("SOURCE", "HOME"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     pin(_cpus(args.cpus))
     if args.upstream:
@@ -342,6 +434,10 @@ def main() -> None:
         url, token, c, n = args.client
         print(json.dumps(service_client(url, token, int(c), int(n))))
         return
+    if args.stub_serve:
+        return stub_serve(*args.stub_serve)
+    if args.layer:
+        return layer(args)
 
     worker_counts = [int(w) for w in args.workers.split(",")]
     rounds = 2 if args.quick else 4
