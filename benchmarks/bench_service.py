@@ -275,7 +275,9 @@ def stub_serve(source: str, home: str) -> None:
     if not profile:
         return server.run(sockets=[sock])
     import cProfile
+    import signal
 
+    signal.signal(signal.SIGTERM, lambda *_: None)  # uvicorn re-raises SIGTERM once drained: return, then dump
     profiler = cProfile.Profile()
     profiler.runcall(server.run, sockets=[sock])
     profiler.dump_stats(f"{profile}.{'after' if source == '-' else 'before'}")
