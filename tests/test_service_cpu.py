@@ -211,6 +211,9 @@ def test_the_transport_sends_a_head_with_its_body_and_never_holds_a_head_past_th
         seen.append(list(real.writes))                       # held ...
         await asyncio.sleep(0)
         seen.append(list(real.writes))                       # ... until the loop's next turn
+        transport.write(b"HTTP/1.1 200 OK\r\n\r\n")
+        transport.write(b"x" * 300_000)                      # a large body: not copied behind the head
+        seen.append(list(real.writes))
         transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")    # never held: the client waits for it
         transport.write(b"HTTP/1.1 204 No Content\r\n\r\n")
         transport.close()                                    # flushes before closing
@@ -218,11 +221,12 @@ def test_the_transport_sends_a_head_with_its_body_and_never_holds_a_head_past_th
         assert transport.get_extra_info("peername") == "info:peername" and real.closed
         return seen
 
-    one, held, flushed, closed = asyncio.run(scenario())
+    one, held, flushed, large, closed = asyncio.run(scenario())
     assert one == [b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"]
     assert held == one
     assert flushed == one + [b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"]
-    assert closed == flushed + [b"HTTP/1.1 100 Continue\r\n\r\n", b"HTTP/1.1 204 No Content\r\n\r\n"]
+    assert large == flushed + [b"HTTP/1.1 200 OK\r\n\r\n", b"x" * 300_000]
+    assert closed == large + [b"HTTP/1.1 100 Continue\r\n\r\n", b"HTTP/1.1 204 No Content\r\n\r\n"]
 
 
 def test_serve_runs_uvicorn_with_the_coalescing_protocol():

@@ -27,6 +27,10 @@ __all__ = ["CoalescingHttpToolsProtocol", "PROTOCOL"]
 PROTOCOL = "plugin_llm.service.protocol:CoalescingHttpToolsProtocol"
 
 
+#: a body up to this size is sent in the head's write (a larger one is copied for nothing: it fills segments anyway)
+_JOIN_AT_MOST = 256 * 1024
+
+
 class _CoalescingTransport:
     """A transport whose write of a response head waits for the next write (or the loop's next turn)."""
 
@@ -41,7 +45,11 @@ class _CoalescingTransport:
         held = self._held
         if held is not None:
             self._held = None
-            self._transport.write(held + data)
+            if len(data) <= _JOIN_AT_MOST:
+                self._transport.write(held + data)
+            else:  # a large body: two writes cost less than copying it behind the head
+                self._transport.write(held)
+                self._transport.write(data)
         elif data[:7] == b"HTTP/1." and data[8:13] != b" 100 " and not self._transport.is_closing():
             self._held = data
             self._loop.call_soon(self._flush)
@@ -53,6 +61,9 @@ class _CoalescingTransport:
         if held is not None:
             self._held = None
             self._transport.write(held)
+
+    def is_closing(self) -> bool:  # asked once per response: not through __getattr__
+        return self._transport.is_closing()
 
     def close(self) -> None:
         self._flush()
