@@ -321,3 +321,16 @@ def test_a_child_that_stops_reading_is_stopped_at_the_time_limit_even_while_the_
 
     assert run_bounded(until_ok, 30) == "ok"
     assert manager.get_plugin("frozen")["pid"] not in (None, pid)
+
+
+def test_a_message_nested_past_the_json_parsers_limit_is_a_protocol_error():
+    from plugin_llm.plugins.protocol import Channel, ChannelClosed, ProtocolError
+
+    read_fd, write_fd = os.pipe()
+    with os.fdopen(read_fd, "rb") as reader:
+        channel = Channel(reader, write_fd)
+        os.write(write_fd, b"[" * 20_000 + b"\n")  # under a pipe buffer: no reader needed
+        with pytest.raises(ProtocolError, match="not a JSON message") as caught:
+            channel.receive()
+        assert not isinstance(caught.value, ChannelClosed)
+        channel.close()

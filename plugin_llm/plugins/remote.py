@@ -51,7 +51,7 @@ from typing import Any, Callable
 
 from .isolation import bounded, exact_str
 from .sandbox import SandboxUnavailable
-from .settings import NETWORK_HOST, NETWORK_NONE
+from .settings import ISOLATION_IN_PROCESS, ISOLATION_PROCESS, NETWORK_HOST, NETWORK_NONE
 from .protocol import (
     CallTimeout,
     Channel,
@@ -77,8 +77,6 @@ __all__ = [
 _log = logging.getLogger("plugin_llm.plugins")
 _output_log = logging.getLogger("plugin_llm.plugins.output")
 
-ISOLATION_PROCESS = "process"
-ISOLATION_IN_PROCESS = "in_process"
 
 #: Restarts in a row before the plugin is marked failed (a child that ran RESET_AFTER seconds resets the count).
 MAX_RESTARTS = 3
@@ -405,8 +403,7 @@ class RemotePlugin:
             _LIVE.add(self)
 
     def __repr__(self) -> str:
-        pid = self._child.pid if self._child is not None else None
-        return f"RemotePlugin(key={self.key!r}, pid={pid}, restarts={self.total_restarts})"
+        return f"RemotePlugin(key={self.key!r}, pid={self.pid}, restarts={self.total_restarts})"
 
     # --- description ------------------------------------------------------------------
 
@@ -784,23 +781,16 @@ class RemotePlugin:
                 plugin_id=self.key, config_key="")
         api, mode = params.get("api"), params.get("mode")
         llm = self._ctx.llm  # PluginLlm(plugin_id=<this key>), created by the host's PluginContext
-        if api == "complete":
-            messages = kw.pop("messages", None)
-            if mode == "async":
-                import asyncio
-
-                result = asyncio.run(llm.acomplete(messages, **kw))
-            else:
-                result = llm.complete(messages, **kw)
-        elif api == "structured":
-            if mode == "async":
-                import asyncio
-
-                result = asyncio.run(llm.acomplete_structured(**kw))
-            else:
-                result = llm.complete_structured(**kw)
-        else:
+        if api not in ("complete", "structured"):
             raise ValueError(f"unknown ctx.llm api {bounded(str(api), 40)!r}")
+        args = (kw.pop("messages", None),) if api == "complete" else ()
+        if mode == "async":  # the plugin awaited it: the host's async path, on this worker thread's own loop
+            import asyncio
+
+            method = llm.acomplete if api == "complete" else llm.acomplete_structured
+            result = asyncio.run(method(*args, **kw))
+        else:
+            result = (llm.complete if api == "complete" else llm.complete_structured)(*args, **kw)
         return _encode_result(result)
 
     def _describe_host_error(self, exc: BaseException) -> dict[str, Any]:

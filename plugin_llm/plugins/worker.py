@@ -81,6 +81,18 @@ def _signature(fn: Any) -> list[list[Any]] | None:
     return out
 
 
+def _resolved(value: Any) -> Any:
+    """``value``, or what it resolves to when the plugin's function was async (run on a fresh event loop)."""
+    if value is None or not inspect.isawaitable(value):
+        return value
+    import asyncio
+
+    async def _await() -> Any:
+        return await value
+
+    return asyncio.run(_await())
+
+
 # --- errors coming back from the host ---------------------------------------------------
 
 _EXCEPTIONS: dict[str, type] = {}
@@ -235,14 +247,7 @@ class _CliRunner:
                           "or call parser.set_defaults(func=...) in setup_fn)", file=err)
                     code = 2
                 else:
-                    result = handler(args)
-                    if result is not None and inspect.isawaitable(result):
-                        import asyncio
-
-                        async def _await() -> Any:
-                            return await result
-
-                        result = asyncio.run(_await())
+                    result = _resolved(handler(args))
                     code = result if isinstance(result, int) and not isinstance(result, bool) else 0
             except SystemExit as exc:  # argparse's --help and usage errors (the host exits the same way)
                 code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
@@ -454,15 +459,7 @@ class _Worker:
         make = lambda n: _HostCallable(self, n)  # noqa: E731
         args = decode_value(params.get("a") or [], make)
         kwargs = decode_value(params.get("k") or {}, make)
-        value = fn(*args, **kwargs)
-        if value is not None and inspect.isawaitable(value):
-            import asyncio
-
-            async def _await() -> Any:
-                return await value
-
-            value = asyncio.run(_await())
-        return encode_value(value)
+        return encode_value(_resolved(fn(*args, **kwargs)))
 
     def _load(self, params: dict[str, Any]) -> Any:
         if self._loaded:
@@ -517,14 +514,7 @@ class _Worker:
             if not callable(register):
                 return {"phase": "import", "not_callable": _type_name(register)}
             phase = "register"
-            result = register(RemoteContext(self, manifest, path))
-            if result is not None and inspect.isawaitable(result):
-                import asyncio
-
-                async def _await() -> Any:
-                    return await result
-
-                asyncio.run(_await())
+            _resolved(register(RemoteContext(self, manifest, path)))
         except BaseException as exc:
             return {"phase": phase, "error": describe_error(exc)}
         return {"phase": "done", "pid": os.getpid(), "protocol": PROTOCOL_VERSION}
