@@ -48,16 +48,25 @@ def test_a_pooled_key_refused_with_429_cools_and_the_retry_takes_the_next(hermes
     assert [line["attempts"] for line in audit_lines(hermes_home)] == [2, 1]
 
 
-def test_retry_after_is_honoured_for_a_single_key(hermes_home):
+def test_retry_after_is_honoured_for_a_single_key(hermes_home, monkeypatch):
+    import time
+    import types
+
+    from plugin_llm.transport import _transport
+
+    slept: list[float] = []
+
+    def sleep(seconds: float) -> None:  # the real wait, recorded: what the transport asked for, not a clock
+        slept.append(seconds)
+        time.sleep(seconds)
+
+    monkeypatch.setattr(_transport, "time", types.SimpleNamespace(sleep=sleep, monotonic=time.monotonic,
+                                                                  perf_counter=time.perf_counter))
     with FakeServer([Reply.error(429, "slow down", headers={"Retry-After": "1"})]) as fake:
         write_config(hermes_home, f"model:\n  provider: custom\n  model: gpt-4o\n  base_url: {fake.base_url}\n"
                                   "llm:\n  max_retries: 1\n")
-        import time
-
-        started = time.monotonic()
         assert PluginLlm("p").complete(USER).text == "ok"
-        waited = time.monotonic() - started
-    assert len(fake.requests) == 2 and waited >= 0.9  # the retry waited for the server's Retry-After
+    assert len(fake.requests) == 2 and slept == [pytest.approx(1.0)]  # the retry waited for the Retry-After
 
 
 def test_retry_after_beyond_the_deadline_fails_at_once(hermes_home):
