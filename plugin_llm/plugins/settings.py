@@ -244,13 +244,8 @@ def _network(value: Any, where: str, problems: list[str]) -> str:
     text = value.strip().lower() if isinstance(value, str) else None
     if text in NETWORK_VALUES:
         return text
-    import difflib
-
-    close = difflib.get_close_matches(text or "", NETWORK_VALUES, n=1, cutoff=0.5) if text else []
-    hint = f" (did you mean {close[0]!r}?)" if close else ""
-    shown = repr(value[:40]) if isinstance(value, str) else type(value).__name__
-    problems.append(f"{where}: unknown value {shown}{hint}; expected host or none; "
-                    "the plugin gets no network until it is fixed (the safer choice)")
+    _unknown_value(value, text, NETWORK_VALUES, where, problems,
+                   "expected host or none; the plugin gets no network until it is fixed (the safer choice)")
     return NETWORK_NONE
 
 
@@ -261,14 +256,19 @@ def _isolation(value: Any, where: str, problems: list[str]) -> str:
     text = value.strip().lower().replace("-", "_") if isinstance(value, str) else None
     if text in ISOLATION_VALUES:
         return text
+    _unknown_value(value, text, ISOLATION_VALUES, where, problems, "expected process or in_process; "
+                   "the plugin runs out of process until it is fixed (the safer choice)")
+    return ISOLATION_PROCESS
+
+
+def _unknown_value(value: Any, text: str | None, known, where: str, problems: list[str], fix: str) -> None:
+    """One problem line for a value of a closed set: what was found (bounded), a did-you-mean, the fix."""
     import difflib
 
-    close = difflib.get_close_matches(text or "", ISOLATION_VALUES, n=1, cutoff=0.5) if text else []
+    close = difflib.get_close_matches(text or "", known, n=1, cutoff=0.5) if text else []
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     shown = repr(value[:40]) if isinstance(value, str) else type(value).__name__
-    problems.append(f"{where}: unknown value {shown}{hint}; expected process or in_process; "
-                    "the plugin runs out of process until it is fixed (the safer choice)")
-    return ISOLATION_PROCESS
+    problems.append(f"{where}: unknown value {shown}{hint}; {fix}")
 
 
 def _limits(value: Any, where: str, problems: list[str]) -> Any:
