@@ -264,6 +264,45 @@ def test_max_concurrent_near_the_limit_is_exact_per_call(kind, tmp_path):
 
 
 # ----------------------------------------------------------------- cost: few store steps
+def test_a_lease_holds_concurrency_slots_for_the_calls_in_flight_not_for_the_calls_per_interval(kind, tmp_path):
+    """A plugin making one call at a time under a high max_concurrent holds a few slots, and stays
+    far from the limit (its renewals are not exact steps that hold up admissions)."""
+    k, url, prefix = kind
+    settings = parse(settings_text(k, url, prefix, "{max_concurrent: 1000, budget_usd: {day: 1000}}"))
+    for _ in range(200):
+        call(settings, tmp_path).settle(input_tokens=10, output_tokens=10)
+    book = limits.store_for(settings, tmp_path).lease_books()[PLUGIN]
+    lease = book.current
+    assert book.n > 8 and lease.held[0] <= 3 and not lease.near
+
+
+def test_the_keeper_makes_a_store_step_only_when_one_is_due(kind, tmp_path):
+    from plugin_llm.limits import leases
+
+    k, url, prefix = kind
+    settings = parse(settings_text(k, url, prefix, "{budget_usd: {day: 1000}, requests_per_minute: 100000000}"))
+    for _ in range(100):
+        call(settings, tmp_path).settle(input_tokens=10, output_tokens=10)
+    book = limits.store_for(settings, tmp_path).lease_books()[PLUGIN]
+    lease = book.current
+    assert not lease.near and book.n
+    assert book.max_interval == min(leases.MAX_RENEW_INTERVAL, book.slack / 2)
+    with book.io:  # the keeper skips this book meanwhile: nothing made up here reaches the store
+        saved = lease.stepped, lease.u_req
+        lease.stepped = time.monotonic()
+        assert not book._due(lease)  # far from every limit, stepped just now, room left: nothing to do
+        lease.stepped -= book.max_interval
+        assert book._due(lease)  # settled usage goes to the store at least every max_interval
+        lease.stepped = time.monotonic()
+        lease.u_req = lease.held[1] - lease.r[1] - book.n // 2 + 1  # less than half the slice of requests left
+        assert book._due(lease)
+        lease.u_req = saved[1]
+        lease.near = True
+        assert book._due(lease)  # near a limit: every keeper pass is an exact step
+        lease.near = False
+        lease.stepped = saved[0]
+
+
 def test_a_busy_plugin_needs_few_store_steps_and_async_calls_no_worker_thread(kind, tmp_path, monkeypatch):
     k, url, prefix = kind
     settings = parse(settings_text(k, url, prefix, "{budget_usd: {day: 1000}, tokens_per_minute: 100000000}"))

@@ -187,3 +187,24 @@ plugins:
         ("error", 'limits.prices."custom/mystery-1"', "b"),
     }
     assert limits.check_limits(parse("")[0], provider="custom", model="m") == []
+
+
+def test_input_bound_counts_every_part_of_a_message_besides_role_and_content():
+    plain = input_token_bound([{"role": "assistant", "content": "ok"}])
+    named = input_token_bound([{"role": "assistant", "name": "n" * 300}])  # no content: the name still counts
+    assert named >= plain + 300 - len("ok")
+    calls = [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "a" * 400}}]
+    assert input_token_bound([{"role": "assistant", "content": "ok", "tool_calls": calls}]) >= plain + 400
+    assert input_token_bound([{"content": "ok"}]) == plain  # a message without a role costs no more
+
+
+class _Message(dict):
+    pass
+
+
+def test_input_bound_of_a_mapping_that_is_not_a_dict_is_that_of_the_same_dict():
+    from types import MappingProxyType
+
+    message = {"role": "user", "content": "héllo", "name": "n"}
+    assert input_token_bound([MappingProxyType(message)]) == input_token_bound([message]) \
+        == input_token_bound([_Message(message)])

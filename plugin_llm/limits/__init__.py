@@ -32,6 +32,7 @@ show|reset``), :mod:`plugin_llm.limits.views` for their text and rows and the
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
@@ -40,7 +41,16 @@ from typing import Any, Iterable, Mapping
 
 from plugin_llm.limits import leases
 from plugin_llm.limits.checks import check_limits
-from plugin_llm.limits.pricing import Estimate, Price, actual_cost_nano, find_price, input_token_bound, worst_case
+from plugin_llm.limits.pricing import (
+    Estimate,
+    Price,
+    actual_cost_nano,
+    find_price,
+    input_token_bound,
+    operator_cost,
+    output_token_bound,
+    worst_case,
+)
 from plugin_llm.limits.settings import (
     NANO,
     NO_LIMITS,
@@ -98,6 +108,7 @@ __all__ = [
     "input_token_bound",
     "worst_case",
     "actual_cost_nano",
+    "operator_cost",
     "iso_utc",
 ]
 
@@ -247,8 +258,6 @@ def store_for(settings: LimitSettings, home: Path | str) -> LimitStore:
 
 
 _LAST: tuple[LimitSettings, Any, LimitStore] | None = None  # the last lookup: nearly every call repeats it
-#: the lease book of the last call admitted in memory, with the settings, home and plugin it is for
-_LAST_BOOK: tuple[LimitSettings, Any, str, Any] | None = None
 
 
 def _remember(settings: LimitSettings, home: Any, store: LimitStore) -> None:
@@ -258,11 +267,11 @@ def _remember(settings: LimitSettings, home: Any, store: LimitStore) -> None:
 
 def close_stores() -> None:
     """Close every open store (tests, shutdown)."""
-    global _LAST, _LAST_BOOK
+    global _LAST, _LAST_PLAN
     with _STORES_LOCK:
         stores = list(_STORES.values())
         _STORES.clear()
-        _LAST = _LAST_BOOK = None
+        _LAST = _LAST_PLAN = None
     for store in stores:
         try:
             store.close()
@@ -287,85 +296,125 @@ def _refuse(plugin_id: str, limit: str, key: str, reason: str) -> PluginLlmLimit
     return PluginLlmLimitError(Denial(plugin_id=plugin_id, limit=limit, config_key=key, reason=reason))
 
 
-class _Call:
-    """One request's admission inputs, worked out once (the async path may finish it on a thread)."""
+class _Plan:
+    """What admitting a request needs that does not depend on its messages, worked out once per
+    config (``settings`` object), home, plugin, route and ``max_tokens``: the plugin's limits, a
+    refusal that needs no store (broken limits, a budget on an unpriced model), the price and
+    output bound, and this process's lease book once it exists."""
 
-    __slots__ = ("settings", "home", "plugin_id", "limits", "estimate", "deadline", "now", "store")
+    __slots__ = ("settings", "home", "plugin_id", "provider", "model", "max_tokens", "limits", "refusal", "price",
+                 "output_tokens", "output_nano", "book")
 
-    def __init__(self, settings, home, plugin_id, limits, estimate, deadline, now, store) -> None:
-        self.settings, self.home, self.plugin_id, self.limits = settings, home, plugin_id, limits
-        self.estimate, self.deadline, self.now, self.store = estimate, deadline, now, store
+    def __init__(self, settings: LimitSettings, home: Any, plugin_id: str, provider: str, model: str,
+                 max_tokens: int | None) -> None:
+        self.settings, self.home, self.plugin_id = settings, home, plugin_id
+        self.provider, self.model, self.max_tokens = provider, model, max_tokens
+        self.limits = limits = settings.for_plugin(plugin_id)
+        self.refusal: tuple[str, str, str] | None = None
+        self.price = price = find_price(provider, model, settings.prices) if limits.has_budget else None
+        self.output_tokens = output_token_bound(price, max_tokens, settings)
+        self.output_nano = None if price is None else self.output_tokens * price.output_nano
+        self.book: leases.LeaseBook | None = None
+        if limits.error is not None:
+            self.refusal = ("config", limits.error_key or limits.source, limits.error)
+        elif limits.has_budget and price is None:
+            name = f"{provider}/{model}"
+            key = f'limits.prices."{name}"'
+            self.refusal = ("price", key, (
+                f"plugin '{plugin_id}' has a budget ({limits.source}.budget_usd) but the model {name} has no known "
+                f"price, so its cost cannot be counted; set {key}: {{input_per_mtok: ..., output_per_mtok: ...}} "
+                "(US dollars per million tokens) in config.yaml to allow it"))
 
+    def cost(self, input_tokens: int) -> int | None:
+        """The request's worst-case cost in nano-dollars (None: unpriced, and no budget needs it);
+        the same number as :func:`worst_case`'s."""
+        if self.output_nano is None:
+            return None
+        return math.ceil(input_tokens * self.price.input_nano + self.output_nano)
 
-def _estimate(settings: LimitSettings, plugin_id: str, limits: PluginLimits, messages, provider: str, model: str,
-              max_tokens: int | None, extra) -> Estimate:
-    """The request's worst case; refuses a limited plugin whose limits are broken or whose budget
-    cannot price the model."""
-    if limits.error is not None:
-        raise _refuse(plugin_id, "config", limits.error_key or limits.source, limits.error)
-    estimate = worst_case(messages, provider=provider, model=model, max_tokens=max_tokens, settings=settings,
-                          extra=extra, need_price=limits.has_budget)
-    if limits.has_budget and estimate.cost_nano is None:
-        name = f"{provider}/{model}"
-        key = f'limits.prices."{name}"'
-        raise _refuse(plugin_id, "price", key, (
-            f"plugin '{plugin_id}' has a budget ({limits.source}.budget_usd) but the model {name} has no known price, "
-            f"so its cost cannot be counted; set {key}: {{input_per_mtok: ..., output_per_mtok: ...}} "
-            "(US dollars per million tokens) in config.yaml to allow it"))
-    return estimate
+    def refuse(self) -> PluginLlmLimitError:
+        return _refuse(self.plugin_id, *self.refusal)
 
-
-def _fast(settings: LimitSettings, home: Path | str, plugin_id: str, limits: PluginLimits, e: Estimate,
-          deadline: float, now: float, store: LimitStore | None) -> Ticket | None:
-    """The call admitted in memory under this process's lease, or None (the store must decide).
-    Never waits for the store: safe on an event loop. (Plain arguments, no object built: this is
-    the path of nearly every call of a busy plugin.)"""
-    global _LAST_BOOK
-    if not leases.ENABLED:
-        return None
-    last = _LAST_BOOK
-    if (store is None and last is not None and last[0] is settings and last[1] is home and last[2] == plugin_id
-            and not last[3].closed):
-        book = last[3]  # the same plugin as the last call under the same config: no store or book lookup
-    else:
+    def lease_book(self, store: LimitStore | None) -> leases.LeaseBook | None:
+        """This process's lease book of the plugin in its store (``store``: a test's own), None when
+        there is none yet (the store path creates it) or the store does not lease."""
         explicit = store is not None
-        if store is None:
+        if not explicit:
             try:
-                store = store_for(settings, home)
+                store = store_for(self.settings, self.home)
             except Exception:  # noqa: BLE001 - opening is retried, and reported, on the store path
                 return None
         if not store.supports_leases:
             return None
         books = store.__dict__.get("_lease_books")
-        book = books.get(plugin_id) if books else None
+        book = books.get(self.plugin_id) if books else None
+        if not explicit:
+            self.book = book
+        return book
+
+
+_PLANS: dict[tuple[Any, ...], _Plan] = {}
+_LAST_PLAN: _Plan | None = None  # nearly every call repeats the last one: compared field by field, nothing built
+
+
+def _plan(settings: LimitSettings, home: Any, plugin_id: str, provider: str, model: str, max_tokens: Any) -> _Plan:
+    global _LAST_PLAN
+    last = _LAST_PLAN
+    if (last is not None and last.settings is settings and last.home is home and last.plugin_id == plugin_id
+            and last.provider == provider and last.model == model and last.max_tokens == max_tokens
+            and type(max_tokens) is type(last.max_tokens)):
+        return last
+    if type(max_tokens) is not int or max_tokens <= 0:  # what output_token_bound ignores is not part of the key
+        max_tokens = (max_tokens if isinstance(max_tokens, int) and not isinstance(max_tokens, bool)
+                      and max_tokens > 0 else None)
+    key = (id(settings), id(home), plugin_id, provider, model, max_tokens)
+    plan = _PLANS.get(key)
+    if plan is None or plan.settings is not settings or plan.home is not home:  # (the plan keeps both alive)
+        plan = _Plan(settings, home, plugin_id, provider, model, max_tokens)
+        if len(_PLANS) >= 1024:  # bounded: a config reload leaves the old plans behind
+            _PLANS.clear()
+        _PLANS[key] = plan
+    _LAST_PLAN = plan
+    return plan
+
+
+def _fast(plan: _Plan, input_tokens: int, cost: int | None, deadline: float, now: float,
+          store: LimitStore | None = None):
+    """The call admitted in memory under this process's lease, or None (the store must decide).
+    Never waits for the store: safe on an event loop. (Plain arguments, no object built but the
+    ticket: this is the path of nearly every call of a busy plugin.)"""
+    if not leases.ENABLED:
+        return None
+    book = plan.book if store is None else None
+    if book is None or book.closed:
+        book = plan.lease_book(store)
         if book is None:
             return None
-        if not explicit:
-            _LAST_BOOK = (settings, home, plugin_id, book)
-    expiry = now + max(0.0, deadline - time.monotonic()) + settings.reservation_grace
-    got = book.try_fast(limits, e.tokens, e.cost_nano or 0, expiry, now)
-    return None if got is None else Ticket(got[0], got[1], e)
+    expiry = now + max(0.0, deadline - time.monotonic()) + plan.settings.reservation_grace
+    return book.try_fast(plan.limits, input_tokens, plan.output_tokens, cost, plan.price, expiry, now)
 
 
-def _admit_store(call: _Call) -> Ticket:
+def _admit_store(plan: _Plan, input_tokens: int, cost: int | None, deadline: float, now: float,
+                 store: LimitStore | None) -> Ticket:
     """Admission with a store step (a lease step, or one reservation for a store without leases),
     bounded by the deadline and ``limits.store_timeout``; ``on_store_error`` on failure."""
-    settings, plugin_id, estimate = call.settings, call.plugin_id, call.estimate
-    remaining = call.deadline - time.monotonic()
+    settings, plugin_id = plan.settings, plan.plugin_id
+    estimate = Estimate(input_tokens, plan.output_tokens, cost, plan.price)
+    remaining = deadline - time.monotonic()
     timeout = max(0.0, min(settings.store_timeout, remaining))
     ttl = max(0.0, remaining) + settings.reservation_grace
     try:
         try:
-            store = call.store or store_for(settings, call.home)
+            store = store or store_for(settings, plan.home)
             if store.supports_leases and leases.ENABLED:
                 book = leases.book_for(store, plugin_id, settings.reservation_grace, settings.store_timeout)
-                result = book.admit(call.limits, estimate.tokens, estimate.cost_nano or 0, call.now + ttl, call.now,
+                result = book.admit(plan.limits, input_tokens, plan.output_tokens, cost, plan.price, now + ttl, now,
                                     timeout=timeout)
                 if isinstance(result, Denial):
                     raise PluginLlmLimitError(result)
-                return Ticket(result[0], result[1], estimate)
-            reservation = Reservation(cost_nano=estimate.cost_nano or 0, tokens=estimate.tokens, ttl=ttl)
-            result = store.admit(plugin_id, reservation, call.limits, call.now, timeout=timeout)
+                return result
+            reservation = Reservation(cost_nano=cost or 0, tokens=estimate.tokens, ttl=ttl)
+            result = store.admit(plugin_id, reservation, plan.limits, now, timeout=timeout)
         except (StoreError, PluginLlmLimitError):
             raise
         except Exception as exc:  # a defect in a store: logged with its traceback, then treated as a store failure
@@ -408,13 +457,16 @@ def admit(
     this process's lease (:mod:`plugin_llm.limits.leases`), with the same
     decisions and guarantees.
     """
-    limits = settings.for_plugin(plugin_id)
-    if limits.empty:
+    plan = _plan(settings, home, plugin_id, provider, model, max_tokens)
+    if plan.limits.empty:
         return UNLIMITED
-    estimate = _estimate(settings, plugin_id, limits, messages, provider, model, max_tokens, extra)
+    if plan.refusal is not None:
+        raise plan.refuse()
+    input_tokens = input_token_bound(messages, extra)
+    cost = plan.cost(input_tokens)
     now = time.time() if now is None else now
-    return (_fast(settings, home, plugin_id, limits, estimate, deadline, now, store)
-            or _admit_store(_Call(settings, home, plugin_id, limits, estimate, deadline, now, store)))
+    return (_fast(plan, input_tokens, cost, deadline, now, store)
+            or _admit_store(plan, input_tokens, cost, deadline, now, store))
 
 
 def admit_in_memory(settings: LimitSettings, home: Path | str, plugin_id: str, messages: Iterable[Mapping[str, Any]],
@@ -425,11 +477,19 @@ def admit_in_memory(settings: LimitSettings, home: Path | str, plugin_id: str, m
     store must decide: call :func:`admit` / :func:`aadmit` with the same arguments. Raises
     :class:`PluginLlmLimitError` for a refusal no store is needed for (broken limits, a budget on an
     unpriced model). Positional arguments: this is the gateway's path for nearly every limited call."""
-    limits = settings.for_plugin(plugin_id)
-    if limits.empty:
+    plan = _plan(settings, home, plugin_id, provider, model, max_tokens)
+    if plan.limits.empty:
         return UNLIMITED
-    estimate = _estimate(settings, plugin_id, limits, messages, provider, model, max_tokens, extra)
-    return _fast(settings, home, plugin_id, limits, estimate, deadline, time.time(), None)
+    if plan.refusal is not None:
+        raise plan.refuse()
+    input_tokens = input_token_bound(messages, extra)
+    output_nano = plan.output_nano  # plan.cost(), inlined: this is the path of nearly every limited call
+    cost = None if output_nano is None else math.ceil(input_tokens * plan.price.input_nano + output_nano)
+    book, now = plan.book, time.time()
+    if book is None or book.closed or not leases.ENABLED:
+        return _fast(plan, input_tokens, cost, deadline, now)
+    return book.try_fast(plan.limits, input_tokens, plan.output_tokens, cost, plan.price,
+                         now + max(0.0, deadline - time.monotonic()) + plan.settings.reservation_grace, now)
 
 
 async def aadmit(settings: LimitSettings, home: Path | str, plugin_id: str, *, messages: Iterable[Mapping[str, Any]],
@@ -438,17 +498,20 @@ async def aadmit(settings: LimitSettings, home: Path | str, plugin_id: str, *, m
     """Async twin of :func:`admit` (same arguments). A call the lease admits in memory returns at
     once; a store step runs in a worker thread, so a Redis that is slow to answer holds this call
     only, never the event loop. Unlimited plugins return at once."""
-    limits = settings.for_plugin(plugin_id)
-    if limits.empty:
+    plan = _plan(settings, home, plugin_id, provider, model, max_tokens)
+    if plan.limits.empty:
         return UNLIMITED
-    estimate = _estimate(settings, plugin_id, limits, messages, provider, model, max_tokens, extra)
+    if plan.refusal is not None:
+        raise plan.refuse()
+    input_tokens = input_token_bound(messages, extra)
+    cost = plan.cost(input_tokens)
     now = time.time() if now is None else now
-    ticket = _fast(settings, home, plugin_id, limits, estimate, deadline, now, store)
+    ticket = _fast(plan, input_tokens, cost, deadline, now, store)
     if ticket is not None:
         return ticket
     import asyncio
 
-    return await asyncio.to_thread(_admit_store, _Call(settings, home, plugin_id, limits, estimate, deadline, now, store))
+    return await asyncio.to_thread(_admit_store, plan, input_tokens, cost, deadline, now, store)
 
 
 def snapshot(settings: LimitSettings, home: Path | str, plugin_id: str, *, now: float | None = None,

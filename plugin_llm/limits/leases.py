@@ -11,10 +11,13 @@ thread and machine sees that headroom as taken: totals never exceed a limit.
 Per store and plugin, this process keeps one :class:`LeaseBook`. A call is
 admitted *in memory* (a lock, a few additions) when the current lease has
 room for its worst case; settlement is in memory too (the reservation leaves
-the lease, the actual usage waits in it). A background keeper thread, every
-:data:`RENEW_INTERVAL`, hands the lease's settled usage to the store and
-resizes it in one atomic step (:class:`~plugin_llm.limits.store.LeaseOp`),
-and gives an idle lease back after :data:`IDLE_RETURN`. A call the lease
+the lease, the actual usage waits in it). A background keeper thread looks
+at each active lease every :data:`RENEW_INTERVAL` and, when a step is due,
+hands the lease's settled usage to the store and resizes it in one atomic
+step (:class:`~plugin_llm.limits.store.LeaseOp`): at once near a limit or
+when less than half the slice is left, else at least every
+:data:`MAX_RENEW_INTERVAL`; it gives an idle lease back after
+:data:`IDLE_RETURN`. A call the lease
 has no room for makes that step itself, synchronously, asking for its own
 reservation -- the store then decides exactly as for a single call (same
 numbers, same :class:`Denial`), with the other processes' leases counting as
@@ -55,7 +58,6 @@ grace) that the next renewal closes. A forked child starts with no leases.
 from __future__ import annotations
 
 import atexit
-import itertools
 import logging
 import os
 import threading
@@ -63,20 +65,26 @@ import time
 import weakref
 from typing import TYPE_CHECKING
 
+from plugin_llm.limits.pricing import Estimate, actual_cost_nano
+from plugin_llm.limits.settings import NANO
 from plugin_llm.limits.store import Buckets, Denial, LeaseGrant, LeaseOp, StoreError, buckets_at, new_reservation_id
 
 if TYPE_CHECKING:
     from plugin_llm.limits.settings import PluginLimits
     from plugin_llm.limits.store import LimitStore
 
-__all__ = ["LeaseBook", "Lease", "book_for", "LeasedCall", "ENABLED", "RENEW_INTERVAL", "IDLE_RETURN", "BUSY_WINDOW", "MAX_CALLS"]
+__all__ = ["LeaseBook", "Lease", "book_for", "LeasedTicket", "ENABLED", "RENEW_INTERVAL", "MAX_RENEW_INTERVAL", "IDLE_RETURN", "BUSY_WINDOW", "MAX_CALLS"]
 
 _log = logging.getLogger("plugin_llm.limits")
 
 #: False: every admission is one store step, as before leases (bench_limits.py's "per call" rows)
 ENABLED = True
-#: how often the keeper settles and resizes an active lease (seconds)
+#: how often the keeper looks at an active lease (seconds); a store step is made only when one is due
 RENEW_INTERVAL = 0.05
+#: the longest a lease far from every limit goes without a store step: its settled usage reaches the
+#: store at least this often (what a crash can leave uncounted: the usage of calls that finished this
+#: long before it); never more than half the admission slack (see the module docstring)
+MAX_RENEW_INTERVAL = 0.25
 #: a lease with nothing in flight and no admission for this long is given back
 IDLE_RETURN = 1.0
 #: two store round trips of a plugin this close together make it busy (lease slices grow)
@@ -85,20 +93,73 @@ BUSY_WINDOW = 1.0
 MAX_CALLS = 1024
 _MAX_SLACK = 2.0
 _ZERO = (0, 0, 0, 0)
-_keys = itertools.count(1)
 
 
-class LeasedCall:
-    """The admission of one call under a lease: what :class:`~plugin_llm.limits.Ticket` reads of an
-    :class:`~plugin_llm.limits.store.Admission` (same attribute names), as a plain slotted object --
-    the in-memory path makes one per call, and a frozen dataclass costs several times more to build."""
+class LeasedTicket:
+    """A call admitted under a lease: :class:`~plugin_llm.limits.Ticket`'s interface, settled in
+    memory (the reservation leaves the lease, the actual usage waits in it for the keeper).
 
-    __slots__ = ("plugin_id", "reservation_id", "cost_nano", "tokens", "buckets", "expires_at")
+    The in-memory path's one object per call: it is also the lease's record of the call in
+    flight (``Lease.inflight``), so admission builds nothing else. ``settle`` or ``release``
+    exactly once (decided under the book's lock); later calls do nothing."""
 
-    def __init__(self, plugin_id: str, reservation_id: int, cost_nano: int, tokens: int, buckets: Buckets,
+    __slots__ = ("lease", "input_tokens", "output_tokens", "cost", "price", "expires_at", "done")
+
+    metered = True
+    store_error = None
+
+    def __init__(self, lease: "Lease", input_tokens: int, output_tokens: int, cost: int | None, price,
                  expires_at: float) -> None:
-        self.plugin_id, self.reservation_id, self.cost_nano = plugin_id, reservation_id, cost_nano
-        self.tokens, self.buckets, self.expires_at = tokens, buckets, expires_at
+        self.lease, self.input_tokens, self.output_tokens = lease, input_tokens, output_tokens
+        self.cost, self.price, self.expires_at, self.done = cost, price, expires_at, False
+
+    @property
+    def tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+    @property
+    def cost_nano(self) -> int:
+        """What the call holds of the lease's money (0 when it is unpriced: no budget to count against)."""
+        return self.cost or 0
+
+    @property
+    def plugin_id(self) -> str:
+        return self.lease.book.plugin_id
+
+    @property
+    def estimate(self) -> Estimate:
+        return Estimate(self.input_tokens, self.output_tokens, self.cost, self.price)
+
+    def settle(self, usage=None, *, cost_usd: float | None = None, input_tokens: int | None = None,
+               output_tokens: int | None = None) -> None:
+        """As :meth:`Ticket.settle <plugin_llm.limits.Ticket.settle>`: the actual usage, in memory."""
+        if self.done:
+            return
+        if usage is not None:
+            cost_usd = usage.cost_usd if cost_usd is None else cost_usd
+            input_tokens = usage.input_tokens if input_tokens is None else input_tokens
+            output_tokens = usage.output_tokens if output_tokens is None else output_tokens
+        ins = input_tokens if type(input_tokens) is int and input_tokens >= 0 else max(0, int(input_tokens or 0))
+        outs = output_tokens if type(output_tokens) is int and output_tokens >= 0 else max(0, int(output_tokens or 0))
+        if ins == 0 and outs == 0 and cost_usd is None:  # nothing reported: charged its worst case
+            self.lease.finish(self, self.cost or 0, self.input_tokens + self.output_tokens)
+        else:
+            self.lease.finish(self, actual_cost_nano(self.price, cost_usd, ins, outs), ins + outs)
+
+    def release(self) -> None:
+        """Drop the reservation (the request still counts in its minute)."""
+        if not self.done:
+            self.lease.finish(self, 0, 0)
+
+    async def asettle(self, usage=None, **numbers) -> None:
+        self.settle(usage, **numbers)
+
+    async def arelease(self) -> None:
+        self.release()
+
+    def audit_fields(self) -> dict:
+        return {"limits.reserved_usd": (self.cost or 0) / NANO,
+                "limits.reserved_tokens": self.input_tokens + self.output_tokens}
 
 
 class Lease:
@@ -106,7 +167,8 @@ class Lease:
     and the usage of finished calls not yet handed to the store (``u_*``)."""
 
     __slots__ = ("book", "id", "buckets", "t0", "t1", "limits", "capped", "held", "expires", "latest", "r",
-                 "u_req", "u_tok", "u_nano", "inflight", "renewing", "admitted", "last_used", "dead", "near")
+                 "u_req", "u_tok", "u_nano", "inflight", "renewing", "admitted", "last_used", "dead", "near",
+                 "stepped", "peak")
 
     def __init__(self, book: "LeaseBook", buckets: Buckets, limits: "PluginLimits") -> None:
         self.book = book
@@ -121,27 +183,35 @@ class Lease:
         self.latest = 0.0  # the latest expiry of a call admitted under this lease
         self.r = [0, 0, 0, 0]  # slots, requests, tokens, nano held by calls in flight
         self.u_req = self.u_tok = self.u_nano = 0
-        self.inflight: dict[int, tuple[int, int, float]] = {}  # key -> (tokens, nano, expiry)
+        self.inflight: set[LeasedTicket] = set()  # the calls admitted under it, not finished yet
         self.renewing = False
         self.admitted = 0  # admissions since the last renewal
         self.last_used = time.monotonic()
         self.dead = False
         self.near = True  # until a step shows otherwise
+        self.stepped = float("-inf")  # time.monotonic() of its last store step
+        self.peak = 0  # the most calls in flight at once since its last store step
 
-    def settle_later(self, admission: "LeasedCall", cost_nano: int, tokens: int) -> None:
-        """A call admitted under this lease finished (``Ticket`` settles through this): in memory."""
+    def finish(self, ticket: LeasedTicket, cost_nano: int, tokens: int) -> None:
+        """A call admitted under this lease finished (its ticket settles through this): in memory."""
         book = self.book
         with book.lock:
-            entry = self.inflight.pop(admission.reservation_id, None)
-            if entry is not None:  # else it expired (and stopped counting); its usage counts all the same
+            if ticket.done:
+                return
+            ticket.done = True
+            try:
+                self.inflight.remove(ticket)
+            except KeyError:  # it expired (and stopped counting); its usage counts all the same
+                pass
+            else:
                 r = self.r
                 r[0] -= 1
                 r[1] -= 1
-                r[2] -= entry[0]
-                r[3] -= entry[1]
+                r[2] -= ticket.input_tokens + ticket.output_tokens
+                r[3] -= ticket.cost or 0
             self.u_req += 1  # a finished request counts in its minute, failed or not
-            self.u_tok += max(0, int(tokens))
-            self.u_nano += max(0, int(cost_nano))
+            self.u_tok += tokens  # (the ticket's own numbers: non-negative ints)
+            self.u_nano += cost_nano
             orphan = self.dead
             if orphan:  # given back already: the keeper applies this usage with a final step
                 self.dead = False
@@ -153,6 +223,12 @@ class Lease:
 
     def pending(self) -> bool:
         return bool(self.u_req or self.u_tok or self.u_nano)
+
+
+def _slots(n: int, peak: int) -> int:
+    """The spare concurrency slots a lease wants: twice the most calls in flight at once lately
+    (calls in flight, not calls per interval, use slots), at most the slice of ``n`` calls."""
+    return min(n, max(1, 2 * peak))
 
 
 def _capped(limits: "PluginLimits") -> tuple[bool, bool, bool, bool]:
@@ -169,6 +245,7 @@ class LeaseBook:
         self.plugin_id = plugin_id
         self.timeout = timeout  # limits.store_timeout: the keeper's bound per store step
         self.slack = min(_MAX_SLACK, max(0.0, grace) / 4)
+        self.max_interval = max(RENEW_INTERVAL, min(MAX_RENEW_INTERVAL, self.slack / 2))
         self.lock = threading.Lock()  # in-memory state only: never held across a store call
         self.io = threading.Lock()  # one store step of this book at a time
         self.current: Lease | None = None
@@ -180,11 +257,14 @@ class LeaseBook:
         _BOOKS.add(self)
 
     # -- the caller's side
-    def try_fast(self, limits: "PluginLimits", tokens: int, nano: int, call_expiry: float, now: float) -> tuple[Lease, LeasedCall] | None:
-        """Admit in memory when the current lease has room; None when the store must decide."""
+    def try_fast(self, limits: "PluginLimits", input_tokens: int, output_tokens: int, cost: int | None, price,
+                 call_expiry: float, now: float) -> LeasedTicket | None:
+        """Admit in memory when the current lease has room; None when the store must decide.
+        (``cost`` is the worst case in nano-dollars, None when unpriced; ``price`` settles it.)"""
         lease = self.current
         if lease is None or lease.renewing or self.n == 0:
             return None
+        tokens, nano = input_tokens + output_tokens, cost or 0
         with self.lock:
             lease = self.current
             if (lease is None or lease.renewing or self.n == 0 or lease.limits is not limits
@@ -195,41 +275,48 @@ class LeaseBook:
                     or (capped[2] and r[2] + lease.u_tok + tokens > held[2])
                     or (capped[3] and r[3] + lease.u_nano + nano > held[3])):
                 return None
+            ticket = LeasedTicket(lease, input_tokens, output_tokens, cost, price, call_expiry)
             r[0] += 1  # _take(), inlined: this is the path of nearly every call of a busy plugin
             r[1] += 1
             r[2] += tokens
             r[3] += nano
+            if r[0] > lease.peak:
+                lease.peak = r[0]
             lease.admitted += 1
             lease.last_used = time.monotonic()
             if call_expiry > lease.latest:
                 lease.latest = call_expiry
-            key = next(_keys)
-            lease.inflight[key] = (tokens, nano, call_expiry)
-        return lease, LeasedCall(self.plugin_id, key, nano, tokens, lease.buckets, call_expiry)
+            lease.inflight.add(ticket)
+        return ticket
 
     @staticmethod
-    def _take(lease: Lease, tokens: int, nano: int, call_expiry: float) -> None:
+    def _take(lease: Lease, ticket: LeasedTicket, tokens: int, nano: int) -> None:
         r = lease.r
         r[0] += 1
         r[1] += 1
         r[2] += tokens
         r[3] += nano
+        if r[0] > lease.peak:
+            lease.peak = r[0]
         lease.admitted += 1
         lease.last_used = time.monotonic()
-        if call_expiry > lease.latest:
-            lease.latest = call_expiry
+        if ticket.expires_at > lease.latest:
+            lease.latest = ticket.expires_at
+        lease.inflight.add(ticket)
 
-    def admit(self, limits: "PluginLimits", tokens: int, nano: int, call_expiry: float, now: float, *,
-              timeout: float) -> tuple[Lease, LeasedCall] | Denial:
+    def admit(self, limits: "PluginLimits", input_tokens: int, output_tokens: int, cost: int | None, price,
+              call_expiry: float, now: float, *, timeout: float) -> LeasedTicket | Denial:
         """Admit with a store step (the lease had no room, or none exists): exact, may raise StoreError."""
         start = time.monotonic()
         if not self.io.acquire(timeout=max(0.0, timeout)):
             raise StoreError(f"the {self.store.name} limits store is busy (waited {timeout:.2f}s for this "
                              f"process's other calls of plugin '{self.plugin_id}')")
         try:
-            got = self.try_fast(limits, tokens, nano, call_expiry, now)  # a step made meanwhile may have made room
+            # a step made meanwhile may have made room
+            got = self.try_fast(limits, input_tokens, output_tokens, cost, price, call_expiry, now)
             if got is not None:
                 return got
+            tokens, nano = input_tokens + output_tokens, cost or 0
             retire = None
             with self.lock:
                 if 0 <= now - self.last_sync < BUSY_WINDOW:
@@ -251,11 +338,10 @@ class LeaseBook:
                                 ask=ask, limits=limits, now=now, call_expiry=call_expiry)
             if isinstance(result, Denial):
                 return result
+            ticket = LeasedTicket(lease, input_tokens, output_tokens, cost, price, call_expiry)
             with self.lock:
-                self._take(lease, tokens, nano, call_expiry)
-                key = next(_keys)
-                lease.inflight[key] = (tokens, nano, call_expiry)
-            return lease, LeasedCall(self.plugin_id, key, nano, tokens, lease.buckets, call_expiry)
+                self._take(lease, ticket, tokens, nano)
+            return ticket
         finally:
             self.io.release()
 
@@ -267,16 +353,17 @@ class LeaseBook:
         limits = lease.limits if limits is None else limits
         with self.lock:
             r = lease.r
-            expired = [k for k, (_, _, e) in lease.inflight.items() if e <= now]
-            for k in expired:  # stopped counting in the store: no longer held
-                tok, nano, _ = lease.inflight.pop(k)
+            expired = [t for t in lease.inflight if t.expires_at <= now]
+            for t in expired:  # stopped counting in the store: no longer held
+                lease.inflight.remove(t)
                 r[0] -= 1
                 r[1] -= 1
-                r[2] -= tok
-                r[3] -= nano
+                r[2] -= t.input_tokens + t.output_tokens
+                r[3] -= t.cost or 0
             settled = (lease.u_req, lease.u_tok, lease.u_nano)
             n = 0 if give_back or lease is not self.current else self.n
-            target = (n, n, n * self.want_tok, n * self.want_nano) if n else _ZERO
+            target = (_slots(n, lease.peak), n, n * self.want_tok, n * self.want_nano) if n else _ZERO
+            lease.peak = r[0]
             freeze = give_back or lease.near or any(ask)
             if freeze:  # exact: hold only the calls in flight (+ this call + the slice); admissions wait
                 keep = (r[0], r[1], r[2], r[3])
@@ -299,6 +386,7 @@ class LeaseBook:
             raise
         with self.lock:
             lease.renewing = False
+            lease.stepped = time.monotonic()
             lease.u_req -= settled[0]
             lease.u_tok -= settled[1]
             lease.u_nano -= settled[2]
@@ -306,8 +394,9 @@ class LeaseBook:
                 lease.held, lease.expires = keep, keep_expires
                 return result
             lease.held, lease.expires = result.held, result.expires
-            # the store granted less than asked somewhere: near that limit, so steps stay exact
-            lease.near = any(c and w and held - k - a < w
+            # the store granted less than half the slice somewhere (it grants at most 1/LEASE_SHARE of
+            # what is free): near that limit, so steps stay exact
+            lease.near = any(c and w and 2 * (held - k - a) < w
                              for c, w, held, k, a in zip(lease.capped, want, result.held, keep, ask))
             if limits is not lease.limits:
                 lease.limits, lease.capped = limits, _capped(limits)
@@ -340,19 +429,33 @@ class LeaseBook:
                     self._step(lease, give_back=True, timeout=timeout)
                 if lease.dead:
                     self.n = 0
-            elif lease.admitted or lease.pending():
+            elif (lease.admitted or lease.pending()) and self._due(lease):
                 if self.n:  # hold about two renewal intervals' worth of calls
                     self.n = min(MAX_CALLS, max(self.n, 2 * lease.admitted))
                 self._step(lease, give_back=False, timeout=timeout)
         finally:
             self.io.release()
 
+    def _due(self, lease: Lease) -> bool:
+        """Whether an active lease needs its store step now: it is near a limit (exact steps), it
+        has not had one for ``max_interval``, or under some limit less than half the slice is left
+        (so that calls keep finding room in memory). Else the step waits: far from every limit,
+        what it would do -- hand settled usage over, top the slice up -- is not needed yet."""
+        n = self.n
+        if lease.near or not n or time.monotonic() - lease.stepped >= self.max_interval:
+            return True
+        with self.lock:
+            held, r, c = lease.held, lease.r, lease.capped
+            return ((c[0] and 2 * (held[0] - r[0]) < _slots(n, lease.peak)) or (c[1] and 2 * (held[1] - r[1] - lease.u_req) < n)
+                    or (c[2] and 2 * (held[2] - r[2] - lease.u_tok) < n * self.want_tok)
+                    or (c[3] and 2 * (held[3] - r[3] - lease.u_nano) < n * self.want_nano))
+
     def _spare(self, lease: Lease) -> bool:
         """Whether giving ``lease`` back needs a store step (else it is marked done here)."""
         with self.lock:
             r = lease.r
             if lease.pending() or lease.held != (r[0], r[1], r[2], r[3]) or any(
-                    e <= time.time() for _, _, e in lease.inflight.values()):
+                    t.expires_at <= time.time() for t in lease.inflight):
                 return True
             if not any(r):  # holds nothing: the store has no row left
                 lease.dead = True

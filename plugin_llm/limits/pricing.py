@@ -30,7 +30,7 @@ from typing import Any, Iterable, Mapping
 
 from plugin_llm.limits.settings import NANO, LimitSettings, OperatorPrice
 
-__all__ = ["Price", "Estimate", "find_price", "input_token_bound", "worst_case", "actual_cost_nano", "price_map"]
+__all__ = ["Price", "Estimate", "find_price", "input_token_bound", "worst_case", "output_token_bound", "operator_cost", "actual_cost_nano", "price_map"]
 
 _PRICE_MAP = "model_prices_and_context_window_backup.json"
 #: per-message framing (role, separators) of the chat templates in use, generously
@@ -41,6 +41,7 @@ _IMAGE_TOKENS = 2_000
 _INPUT_PRICE = re.compile(r"^(input_cost_per_token(_above_\d+k_tokens)?|cache_creation_input_token_cost(_above_\d+k_tokens)?)$")
 _OUTPUT_PRICE = re.compile(r"^output_cost_per_token(_above_\d+k_tokens)?$")
 _FREE_PROVIDERS = frozenset({"local"})
+_PLAIN_KEYS = frozenset({"role", "content"})  # what a message's per-message overhead covers
 _UNPRICED_PROVIDERS = frozenset({"custom"})
 
 
@@ -192,14 +193,29 @@ def input_token_bound(messages: Iterable[Mapping[str, Any]], extra: Iterable[Any
         if type(message) is not dict and not isinstance(message, _AbcMapping):  # (typing.Mapping's check is slow)
             total += _MESSAGE_OVERHEAD + _json_bytes(message)
             continue
-        total += _MESSAGE_OVERHEAD + _content_tokens(message.get("content"))
+        content = message.get("content")
+        if type(content) is str and content.isascii():  # the usual message: one ASCII text
+            total += _MESSAGE_OVERHEAD + len(content)
+        else:
+            total += _MESSAGE_OVERHEAD + _content_tokens(content)
+        if message.keys() <= _PLAIN_KEYS:
+            continue
         for key, value in message.items():
-            if key not in ("role", "content") and value is not None:
+            if key not in _PLAIN_KEYS and value is not None:
                 total += _json_bytes(value)
     for value in extra:
         if value is not None:
             total += _json_bytes(value)
     return total
+
+
+def output_token_bound(price: Price | None, max_tokens: Any, settings: LimitSettings) -> int:
+    """The most output tokens a request can use: ``max_tokens``, else the model's limit, else the default."""
+    if isinstance(max_tokens, int) and not isinstance(max_tokens, bool) and max_tokens > 0:
+        return max_tokens
+    if price is not None and price.max_output_tokens:
+        return price.max_output_tokens
+    return settings.default_max_output_tokens
 
 
 def worst_case(
@@ -214,17 +230,28 @@ def worst_case(
 ) -> Estimate:
     """The most one request can use: input bound + output limit, priced when a price is known."""
     price = find_price(provider, model, settings.prices) if need_price else None
-    if isinstance(max_tokens, int) and not isinstance(max_tokens, bool) and max_tokens > 0:
-        output = max_tokens
-    elif price is not None and price.max_output_tokens:
-        output = price.max_output_tokens
-    else:
-        output = settings.default_max_output_tokens
+    output = output_token_bound(price, max_tokens, settings)
     input_tokens = input_token_bound(messages, extra)
     cost = None
     if price is not None:
         cost = math.ceil(input_tokens * price.input_nano + output * price.output_nano)
     return Estimate(input_tokens, output, cost, price)
+
+
+def operator_cost(provider: str, model: str, prices: Mapping[str, OperatorPrice]) -> Any:
+    """The operator's price of ``provider/model`` (``limits.prices``) as the transport's cost function
+    (``TransportRequest.cost``): US dollars of a reply's tokens, exactly what a budget is charged;
+    None when the operator set no price for it. One function per price, reused."""
+    price = find_price(provider, model, prices)
+    return _cost_function(price) if price is not None and price.operator else None
+
+
+@functools.lru_cache(maxsize=256)
+def _cost_function(price: Price) -> Any:
+    def cost(route: Any, response: Any, prompt: int, completion: int, cache_read: int = 0, cache_write: int = 0) -> float:
+        return actual_cost_nano(price, None, prompt, completion) / NANO
+
+    return cost
 
 
 def actual_cost_nano(price: Price | None, cost_usd: float | None, input_tokens: int, output_tokens: int) -> int:
