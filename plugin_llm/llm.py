@@ -19,7 +19,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Generator
+from typing import Any, Callable, Generator, NoReturn
 
 from plugin_llm import limits, structured
 from plugin_llm.call_options import FORBIDDEN, check_options
@@ -780,14 +780,10 @@ class PluginLlm:
         delivered), ``abandoned`` when the consumer closes or drops it (the
         flow is closed at the delta it was waiting at: ``GeneratorExit``).
         """
-        ticket = yield from self._admit_limits(call, admitted, messages, messages, params, tally)
-        request = TransportRequest(
-            route=admitted.route,
-            messages=messages,
-            keys=key_source(admitted.config.home, admitted.route.provider, admitted.route.profile),
-            deadline=admitted.deadline,
-            params=params,
-        )
+        ticket = self._limits_in_memory(call, admitted, messages, messages, params, tally)
+        if ticket is None:
+            ticket = yield from self._limits_store_step(call, admitted, messages, messages, params, tally)
+        request = _transport_request(admitted, messages, params)
         failure: BaseException | None = None
         try:
             progress.stream = yield StreamOpen(request)
@@ -811,7 +807,7 @@ class PluginLlm:
             failure = None
             raise error
         progress.partial = False
-        if admitted.config.limits.prices:
+        if not response.priced and admitted.config.limits.prices:
             response = _operator_priced(admitted, response)
         ticket.settle(response.usage)
         tally.add(response)
@@ -1031,35 +1027,50 @@ class PluginLlm:
             return
         raise PluginLlmConfigError(self._required_message(config, reason, sent=False))
 
-    def _admit_limits(self, call: _Call, admitted: _Admitted, audit_messages, messages, params, tally: "_Tally"):
-        """Reserve this request's worst case under the plugin's limits (issue: budgets and rate limits).
-
-        A refusal is the call's outcome (status ``quota``, with the deciding
-        limit), before anything is sent. A plugin without limits costs one
-        dict lookup and no yield; a call its lease admits in memory (nearly
-        every call of a busy plugin) no yield either: only a store step goes
-        through the shell (``limits.admit`` / ``aadmit`` off the event loop).
-        """
+    def _limits_in_memory(self, call: _Call, admitted: _Admitted, audit_messages, messages, params,
+                          tally: "_Tally") -> "limits.Ticket | None":
+        """Admission under the plugin's limits without a store step (issue: budgets and rate limits):
+        the ticket of an unlimited plugin (one dict lookup) or of a call this process's lease admits
+        in memory (nearly every call of a busy plugin), else None: the store must decide
+        (:meth:`_limits_store_step`). A refusal is the call's outcome (status ``quota``, with the
+        deciding limit), audited, before anything is sent. Not a generator: nothing to yield."""
         settings = admitted.config.limits
         if settings.for_plugin(call.plugin_id).empty:
             return limits.UNLIMITED
         route = admitted.route
-        home, max_tokens = admitted.config.home, params.get("max_tokens")
-        extra = (params.get("tools"), params.get("response_format"))
-        failure: BaseException | None = None
+        failure: limits.PluginLlmLimitError | None = None
         try:
-            ticket = limits.admit_in_memory(settings, home, call.plugin_id, messages, route.provider, route.model,
-                                            max_tokens, admitted.deadline, extra)
-            if ticket is None:
-                ticket = yield _LimitStep(settings, home, call.plugin_id, {
-                    "messages": messages, "provider": route.provider, "model": route.model,
-                    "max_tokens": max_tokens, "deadline": admitted.deadline, "extra": extra,
-                })
+            ticket = limits.admit_in_memory(settings, admitted.config.home, call.plugin_id, messages, route.provider,
+                                            route.model, params.get("max_tokens"), admitted.deadline,
+                                            (params.get("tools"), params.get("response_format")))
         except limits.PluginLlmLimitError as exc:
             failure = exc
-        if failure is None:
+        if failure is not None:  # audited outside the except block: nothing chained
+            self._limits_refused(call, admitted, audit_messages, tally, failure)
+        if ticket is not None:
             tally.add_limits(ticket.audit_fields())
-            return ticket
+        return ticket
+
+    def _limits_store_step(self, call: _Call, admitted: _Admitted, audit_messages, messages, params, tally: "_Tally"):
+        """Admission with a store step, through the shell (``limits.admit``, or ``aadmit`` off the event loop)."""
+        route = admitted.route
+        failure: limits.PluginLlmLimitError | None = None
+        try:
+            ticket = yield _LimitStep(admitted.config.limits, admitted.config.home, call.plugin_id, {
+                "messages": messages, "provider": route.provider, "model": route.model,
+                "max_tokens": params.get("max_tokens"), "deadline": admitted.deadline,
+                "extra": (params.get("tools"), params.get("response_format")),
+            })
+        except limits.PluginLlmLimitError as exc:
+            failure = exc
+        if failure is not None:
+            self._limits_refused(call, admitted, audit_messages, tally, failure)
+        tally.add_limits(ticket.audit_fields())
+        return ticket
+
+    def _limits_refused(self, call: _Call, admitted: _Admitted, audit_messages, tally: "_Tally",
+                        failure: "limits.PluginLlmLimitError") -> NoReturn:
+        """Audit a refusal under the limits (status ``quota``, the deciding limit and key) and raise it."""
         tally.add_limits(failure.denial.audit_fields())  # decision "denied", the deciding limit and key
         if tally.schema is not None:
             tally.validation = "none"
@@ -1070,14 +1081,10 @@ class PluginLlm:
         """Admit under the limits, yield one transport request, settle; audit and raise whatever it
         ends in other than a usable response."""
         messages = messages if messages is not None else audit_messages
-        ticket = yield from self._admit_limits(call, admitted, audit_messages, messages, params, tally)
-        request = TransportRequest(
-            route=admitted.route,
-            messages=messages,
-            keys=key_source(admitted.config.home, admitted.route.provider, admitted.route.profile),
-            deadline=admitted.deadline,
-            params=params,
-        )
+        ticket = self._limits_in_memory(call, admitted, audit_messages, messages, params, tally)
+        if ticket is None:
+            ticket = yield from self._limits_store_step(call, admitted, audit_messages, messages, params, tally)
+        request = _transport_request(admitted, messages, params)
         failure: BaseException | None = None
         try:
             response = yield request
@@ -1085,7 +1092,7 @@ class PluginLlm:
         except BaseException as exc:  # noqa: BLE001 - every transport outcome is audited, then raised
             failure = exc
         if failure is None:
-            if admitted.config.limits.prices:
+            if not response.priced and admitted.config.limits.prices:
                 response = _operator_priced(admitted, response)
             ticket.settle(response.usage)  # queued: no store round trip on the caller's path
             return response
@@ -1331,9 +1338,25 @@ class _Tally:
             self.anomalies.append(anomaly[:200] if isinstance(anomaly, str) else f"a {type(anomaly).__name__}")
 
 
+def _transport_request(admitted: _Admitted, messages: list, params: dict) -> TransportRequest:
+    """The transport request of one provider request, with the operator's price of the route when
+    ``limits.prices`` has one (the transport then reports that cost: ``TransportResponse.priced``)."""
+    route, config = admitted.route, admitted.config
+    prices = config.limits.prices
+    return TransportRequest(
+        route=route,
+        messages=messages,
+        keys=key_source(config.home, route.provider, route.profile),
+        deadline=admitted.deadline,
+        params=params,
+        cost=limits.operator_cost(route.provider, route.model, prices) if prices else None,
+    )
+
+
 def _operator_priced(admitted: _Admitted, response: TransportResponse) -> TransportResponse:
     """The response with its cost at the operator's price (``limits.prices``) when one is set for
-    the route's model: it wins over litellm's price map, for the result, the audit and the budget."""
+    the route's model: it wins over litellm's price map, for the result, the audit and the budget.
+    (For a transport that did not apply ``TransportRequest.cost`` itself: ``priced`` is False.)"""
     route = admitted.route
     price = limits.find_price(route.provider, route.model, admitted.config.limits.prices)
     if price is None or not price.operator:

@@ -1,7 +1,7 @@
 """What a limited call costs the caller's books: the operator's price applied exactly (result,
 audit record, budget), tickets settled exactly once however many threads race, and the in-memory
 (lease) path reporting and settling like the store path. Guards for the cheaper code paths of
-issue 11's cost targets (``_operator_priced``/``_with_field``, ``Ticket``, ``LeasedCall``)."""
+issue 11's cost targets (``_operator_priced``/``_with_field``, ``Ticket``, ``LeasedTicket``)."""
 
 from __future__ import annotations
 
@@ -126,7 +126,7 @@ def test_a_ticket_settled_by_many_threads_at_once_counts_once(hermes_home, monke
     for _ in range(40):  # a busy plugin: with leases, the later tickets come from memory
         _admit(settings, hermes_home).settle(input_tokens=10, output_tokens=10)
     ticket = _admit(settings, hermes_home)
-    assert isinstance(ticket._admission, leases.LeasedCall) is leased
+    assert isinstance(ticket, leases.LeasedTicket) is leased
     gate = threading.Barrier(16)
 
     def settle() -> None:
@@ -156,7 +156,7 @@ def test_a_call_admitted_in_memory_reports_and_settles_like_one_the_store_admitt
     monkeypatch.setattr(LocalStore, "lease", lambda self, *a, **kw: steps.append(1) or real(self, *a, **kw))
     settings = _settings(hermes_home, "        budget_usd: {day: 10}\n        tokens_per_minute: 10000000\n")
     tickets = [_admit(settings, hermes_home) for _ in range(40)]
-    assert all(isinstance(t._admission, leases.LeasedCall) for t in tickets)
+    assert all(isinstance(t, leases.LeasedTicket) for t in tickets)
     assert len(steps) < 20  # most of them were admitted in memory
     for ticket in (tickets[0], tickets[-1]):  # a store step's and an in-memory admission's
         fields = ticket.audit_fields()
@@ -165,11 +165,11 @@ def test_a_call_admitted_in_memory_reports_and_settles_like_one_the_store_admitt
     for ticket in tickets:
         ticket.settle(input_tokens=5, output_tokens=5)
     per_call = math.ceil(5 * (IN_PRICE * NANO / 1e6) + 5 * (OUT_PRICE * NANO / 1e6))
-    old_book = tickets[-1]._store.book
+    old_book = tickets[-1].lease.book
     assert spent_nano(hermes_home) == 40 * per_call  # spent_nano closed the stores, and their lease books
     assert old_book.closed
     again = _admit(settings, hermes_home)  # a new store and book, not the closed one remembered from before
-    assert again._store.book is not old_book and not again._store.book.closed
+    assert again.lease.book is not old_book and not again.lease.book.closed
     again.settle(input_tokens=5, output_tokens=5)
     assert spent_nano(hermes_home) == 41 * per_call
 
@@ -196,3 +196,61 @@ def test_admit_in_memory_never_waits_for_the_store_and_refuses_what_needs_no_sto
     with pytest.raises(limits.PluginLlmLimitError) as refused:
         limits.admit_in_memory(settings, hermes_home, "capped", USER, "custom", "unpriced", 100, time.monotonic() + 10)
     assert refused.value.denial.limit == "price" and 'limits.prices."custom/unpriced"' in str(refused.value)
+
+
+def test_the_gateways_transport_applies_the_operator_price_and_another_transport_gets_it_applied(hermes_home):
+    """``TransportRequest.cost`` is the operator's price: the litellm transport reports it
+    (``priced``); a transport that ignores it is priced by the gateway, to the same number."""
+    seen = []
+
+    class Own:  # a host's own transport: answers the provider's cost, knows nothing of prices
+        def complete(self, request):
+            seen.append(request)
+            usage = PluginLlmUsage(input_tokens=1234, output_tokens=567, total_tokens=1801, cost_usd=0.5)
+            return TransportResponse(text="own", message={"role": "assistant", "content": "own"}, model="m",
+                                     usage=usage, attempts=1, provider_seconds=0.001)
+
+    reply = Reply(content="priced", usage=USAGE, finish_reason="stop")
+    with FakeServer(default=reply) as server:
+        configure(hermes_home, server.base_url)
+        own = PluginLlm("capped", transport=Own()).complete(USER, max_tokens=900)
+        from plugin_llm.transport import LitellmTransport
+
+        ours = LitellmTransport().complete(seen[0])
+    assert seen[0].cost is not None and seen[0].cost(None, None, 1234, 567) == EXPECTED_NANO / NANO
+    assert ours.priced and ours.usage.cost_usd == EXPECTED_NANO / NANO
+    assert own.usage.cost_usd == EXPECTED_NANO / NANO
+    assert spent_nano(hermes_home) == EXPECTED_NANO
+    write_config(hermes_home, "model:\n  provider: custom\n  model: m\n  base_url: http://127.0.0.1:9/v1\n")
+    PluginLlm("capped", transport=Own()).complete(USER)
+    assert seen[-1].cost is None  # no limits.prices: the transport's own price map decides
+
+
+def test_an_operator_price_for_the_embedded_local_model_is_its_cost(hermes_home):
+    write_config(hermes_home, (
+        "model:\n  provider: local\n  model: local-echo-1\n"
+        "limits:\n  prices:\n    local/local-echo-1: {input_per_mtok: 1.0, output_per_mtok: 2.0}\n"))
+    result = PluginLlm("p").complete(USER)
+    usage = result.usage
+    expected = math.ceil(usage.input_tokens * (1.0 * NANO / 1e6) + usage.output_tokens * (2.0 * NANO / 1e6))
+    assert usage.input_tokens > 0 and usage.cost_usd == expected / NANO
+    write_config(hermes_home, "model:\n  provider: local\n  model: local-echo-1\n")
+    assert PluginLlm("p").complete(USER).usage.cost_usd == 0.0  # no price set: the local model is free
+
+
+def test_the_plan_of_a_call_follows_its_max_tokens_and_a_reloaded_config(hermes_home):
+    settings = _settings(hermes_home, "        tokens_per_minute: 10000000\n")
+    tokens = [limits.admit(settings, hermes_home, "capped", messages=USER, provider="custom", model="m",
+                           max_tokens=n, deadline=time.monotonic() + 10).estimate.output_tokens
+              for n in (100, 200, 100, True, 0, None)]
+    assert tokens[:3] == [100, 200, 100]
+    assert tokens[3:] == [settings.default_max_output_tokens] * 3  # not a token count: the default bound
+    # the six calls above are still in flight
+    raised = _settings(hermes_home, "        tokens_per_minute: 10000000\n        max_concurrent: 7\n")
+    assert raised is not settings
+    limits.admit(raised, hermes_home, "capped", messages=USER, provider="custom", model="m", max_tokens=100,
+                 deadline=time.monotonic() + 10)
+    with pytest.raises(limits.PluginLlmLimitError) as refused:  # the new config's cap, not the old plan's limits
+        limits.admit(raised, hermes_home, "capped", messages=USER, provider="custom", model="m", max_tokens=100,
+                     deadline=time.monotonic() + 10)
+    assert refused.value.denial.limit == "max_concurrent"

@@ -135,8 +135,9 @@ def _count(value: Any, name: str, anomalies: list[str]) -> int:
     return value
 
 
-def usage(route: Route, response: Any, anomalies: list[str], cost: CostFn) -> PluginLlmUsage:
-    """The reply's token counts (clamped, anomalies recorded) and its cost by ``cost``."""
+def usage(route: Route, response: Any, anomalies: list[str], cost: CostFn, *, operator: bool = False) -> PluginLlmUsage:
+    """The reply's token counts (clamped, anomalies recorded) and its cost by ``cost`` (the embedded
+    ``local`` model is free unless ``cost`` is the operator's own price)."""
     reported = field(response, "usage")
     prompt = _count(field(reported, "prompt_tokens"), "prompt_tokens", anomalies)
     completion = _count(field(reported, "completion_tokens"), "completion_tokens", anomalies)
@@ -145,7 +146,8 @@ def usage(route: Route, response: Any, anomalies: list[str], cost: CostFn) -> Pl
     cache_read = _count(field(details, "cached_tokens"), "prompt_tokens_details.cached_tokens", anomalies) \
         or _count(field(reported, "cache_read_input_tokens"), "cache_read_input_tokens", anomalies)
     cache_write = _count(field(reported, "cache_creation_input_tokens"), "cache_creation_input_tokens", anomalies)
-    usd = 0.0 if route.provider == "local" else cost(route, response, prompt, completion, cache_read, cache_write)
+    usd = 0.0 if route.provider == "local" and not operator else cost(route, response, prompt, completion, cache_read,
+                                                                       cache_write)
     if usd is not None and not (math.isfinite(usd) and 0 <= usd < 1e9):
         anomalies.append("the computed cost was out of range; recorded as unknown")
         usd = None

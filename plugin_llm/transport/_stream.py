@@ -351,7 +351,9 @@ class _Base:
         if estimated:
             prompt, completion = self._estimate(self.request.messages, text)
             reported = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
-        usage = reply_usage(self.route, {"usage": reported}, anomalies, self._cost)
+        operator = self.request.cost is not None
+        usage = reply_usage(self.route, {"usage": reported}, anomalies, self.request.cost or self._cost,
+                            operator=operator)
         if estimated:
             import dataclasses
 
@@ -362,7 +364,7 @@ class _Base:
         return TransportResponse(
             text=text, message={"role": "assistant", "content": text}, model=model, usage=usage,
             attempts=self.attempts, provider_seconds=self.provider_seconds, finish_reason=chunks.finish,
-            anomalies=tuple(anomalies),
+            anomalies=tuple(anomalies), priced=operator,
         )
 
 

@@ -217,7 +217,10 @@ class LitellmTransport:
                 {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
                 for call_id, name, arguments in reply.tool_calls
             ]
-        if isinstance(fast, _fastpath.FastRoute):
+        operator = request.cost is not None
+        if operator:
+            cost = request.cost
+        elif isinstance(fast, _fastpath.FastRoute):
             cost = fast.cost
         else:
             cost = functools.partial(_fallback.cost, litellm)
@@ -225,11 +228,12 @@ class LitellmTransport:
             text=reply.text,
             message=message,
             model=reply.model,
-            usage=usage(route, response, anomalies, cost),
+            usage=usage(route, response, anomalies, cost, operator=operator),
             attempts=state.attempts,
             provider_seconds=state.provider_seconds,
             finish_reason=reply.finish_reason,
             anomalies=tuple(anomalies),
+            priced=operator,
         )
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 from plugin_llm.routing import Route
 from plugin_llm.types import PluginLlmUsage
@@ -48,6 +48,9 @@ class TransportRequest:
     keys: KeySource
     deadline: float  # time.monotonic() value
     params: dict[str, Any] = field(default_factory=dict)  # temperature, max_tokens, response_format, tools
+    #: the operator's price of the route (``limits.prices``), a ``CostFn``: when set, the reply's cost is
+    #: what it says, not the price map's (and the transport answers ``priced=True``)
+    cost: Callable[..., float | None] | None = None
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,9 @@ class TransportResponse:
     #: what was wrong with the reply but survivable (a clamped token count, a
     #: non-string model name): short, bounded sentences, never the raw values
     anomalies: tuple[str, ...] = ()
+    #: the usage's cost is the request's ``cost`` (a transport that ignores ``cost`` leaves this
+    #: False, and the gateway applies the operator's price itself)
+    priced: bool = False
 
 
 @dataclass
