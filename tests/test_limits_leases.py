@@ -264,14 +264,19 @@ def test_max_concurrent_near_the_limit_is_exact_per_call(kind, tmp_path):
 
 
 # ----------------------------------------------------------------- cost: few store steps
+def busy_book(kind, home, block: str, calls: int):
+    """The lease book of a plugin with limits ``block`` after ``calls`` calls one after another."""
+    k, url, prefix = kind
+    settings = parse(settings_text(k, url, prefix, block))
+    for _ in range(calls):
+        call(settings, home).settle(input_tokens=10, output_tokens=10)
+    return limits.store_for(settings, home).lease_books()[PLUGIN]
+
+
 def test_a_lease_holds_concurrency_slots_for_the_calls_in_flight_not_for_the_calls_per_interval(kind, tmp_path):
     """A plugin making one call at a time under a high max_concurrent holds a few slots, and stays
     far from the limit (its renewals are not exact steps that hold up admissions)."""
-    k, url, prefix = kind
-    settings = parse(settings_text(k, url, prefix, "{max_concurrent: 1000, budget_usd: {day: 1000}}"))
-    for _ in range(200):
-        call(settings, tmp_path).settle(input_tokens=10, output_tokens=10)
-    book = limits.store_for(settings, tmp_path).lease_books()[PLUGIN]
+    book = busy_book(kind, tmp_path, "{max_concurrent: 1000, budget_usd: {day: 1000}}", 200)
     lease = book.current
     assert book.n > 8 and lease.held[0] <= 3 and not lease.near
 
@@ -279,11 +284,7 @@ def test_a_lease_holds_concurrency_slots_for_the_calls_in_flight_not_for_the_cal
 def test_the_keeper_makes_a_store_step_only_when_one_is_due(kind, tmp_path):
     from plugin_llm.limits import leases
 
-    k, url, prefix = kind
-    settings = parse(settings_text(k, url, prefix, "{budget_usd: {day: 1000}, requests_per_minute: 100000000}"))
-    for _ in range(100):
-        call(settings, tmp_path).settle(input_tokens=10, output_tokens=10)
-    book = limits.store_for(settings, tmp_path).lease_books()[PLUGIN]
+    book = busy_book(kind, tmp_path, "{budget_usd: {day: 1000}, requests_per_minute: 100000000}", 100)
     lease = book.current
     assert not lease.near and book.n
     assert book.max_interval == min(leases.MAX_RENEW_INTERVAL, book.slack / 2)
