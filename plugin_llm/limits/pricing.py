@@ -128,7 +128,8 @@ def _map_price(provider: str, model: str) -> Price | None:
     return None
 
 
-_found: dict[tuple[str, str], tuple[Mapping[str, OperatorPrice], Price | None]] = {}
+#: (provider, model) -> (the prices it was looked up in, its price, the operator's cost function or None)
+_found: dict[tuple[str, str], tuple[Mapping[str, OperatorPrice], Price | None, Any]] = {}
 
 
 def find_price(provider: str, model: str, prices: Mapping[str, OperatorPrice]) -> Price | None:
@@ -140,7 +141,7 @@ def find_price(provider: str, model: str, prices: Mapping[str, OperatorPrice]) -
     price = _find_price(provider, model, prices)
     if len(_found) >= 1024:
         _found.clear()
-    _found[(provider, model)] = (prices, price)
+    _found[(provider, model)] = (prices, price, _cost_function(price))
     return price
 
 
@@ -242,14 +243,19 @@ def operator_cost(provider: str, model: str, prices: Mapping[str, OperatorPrice]
     """The operator's price of ``provider/model`` (``limits.prices``) as the transport's cost function
     (``TransportRequest.cost``): US dollars of a reply's tokens, exactly what a budget is charged;
     None when the operator set no price for it. One function per price, reused."""
-    price = find_price(provider, model, prices)
-    return _cost_function(price) if price is not None and price.operator else None
+    hit = _found.get((provider, model))
+    if hit is not None and hit[0] is prices:
+        return hit[2]
+    return _cost_function(find_price(provider, model, prices))
 
 
-@functools.lru_cache(maxsize=256)
-def _cost_function(price: Price) -> Any:
+def _cost_function(price: Price | None) -> Any:
+    if price is None or not price.operator:
+        return None
+    in_nano, out_nano = price.input_nano, price.output_nano
+
     def cost(route: Any, response: Any, prompt: int, completion: int, cache_read: int = 0, cache_write: int = 0) -> float:
-        return actual_cost_nano(price, None, prompt, completion) / NANO
+        return math.ceil(max(0, prompt) * in_nano + max(0, completion) * out_nano) / NANO  # actual_cost_nano's
 
     return cost
 
