@@ -401,3 +401,38 @@ def test_a_redis_killed_under_a_busy_lease_follows_on_store_error_within_the_dea
     finally:
         limits.close_stores()
         server.kill()
+
+
+def test_a_burst_of_calls_waiting_for_a_cold_plugins_store_step_is_covered_by_one_slice(kind, tmp_path, monkeypatch):
+    k, url, prefix = kind
+    settings = parse(settings_text(k, url, prefix, "{budget_usd: {day: 1000}, requests_per_minute: 100000000}"))
+    call(settings, tmp_path).settle(input_tokens=10, output_tokens=10)  # quiet so far: an exact step
+    store = limits.store_for(settings, tmp_path)
+    book = store.lease_books()[PLUGIN]
+    steps = []
+    real = store.lease
+    monkeypatch.setattr(store, "lease", lambda *a, **kw: steps.append(1) or real(*a, **kw))
+    tickets, errors = [], []
+
+    def one() -> None:
+        try:
+            tickets.append(call(settings, tmp_path))
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    def burst() -> None:
+        with book.io:  # a store step in progress: the burst queues behind it
+            pool = [threading.Thread(target=one) for _ in range(20)]
+            for t in pool:
+                t.start()
+            while book.waiting < 20:
+                time.sleep(0.001)
+        for t in pool:
+            t.join()
+
+    run_bounded(burst, 30)
+    assert errors == [] and len(tickets) == 20
+    assert len(steps) <= 2  # the first waiter's step holds a slice for all of them (doubling needed ~6)
+    for ticket in tickets:
+        ticket.settle(input_tokens=10, output_tokens=10)
+    assert limits.snapshot(settings, tmp_path, PLUGIN).counters.day_spent == 21 * (10 * 1000 + 10 * 4000)

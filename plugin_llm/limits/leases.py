@@ -24,9 +24,12 @@ numbers, same :class:`Denial`), with the other processes' leases counting as
 in flight.
 
 Sizing: a plugin is *busy* when it needed the store twice within
-:data:`BUSY_WINDOW`; only then does a lease hold more than its calls in
-flight, and only then are calls admitted in memory. The slice doubles each
-time a busy plugin runs out (up to :data:`MAX_CALLS` calls' worth) and the
+:data:`BUSY_WINDOW`, or when calls wait for its store step; only then does
+a lease hold more than its calls in flight, and only then are calls
+admitted in memory. The slice doubles each time a busy plugin runs out (and
+covers the calls waiting for the step at once, so a burst of concurrent
+calls on a cold plugin costs one or two steps; up to :data:`MAX_CALLS`
+calls' worth) and the
 store grants at most 1/``LEASE_SHARE`` of what is still free under each
 limit, so near a limit leases shrink to exact per-call reservations, and a
 quiet plugin (a call every few seconds) is metered per call as before.
@@ -253,6 +256,7 @@ class LeaseBook:
         self.n = 0  # calls' worth wanted beyond the calls in flight (0: exact per call)
         self.last_sync = float("-inf")
         self.want_tok = self.want_nano = 0  # worst case of the last call, to size the slice
+        self.waiting = 0  # calls waiting for this book's store step (``io``)
         self.closed = False
         _BOOKS.add(self)
 
@@ -308,7 +312,14 @@ class LeaseBook:
               call_expiry: float, now: float, *, timeout: float) -> LeasedTicket | Denial:
         """Admit with a store step (the lease had no room, or none exists): exact, may raise StoreError."""
         start = time.monotonic()
-        if not self.io.acquire(timeout=max(0.0, timeout)):
+        with self.lock:
+            self.waiting += 1
+        try:
+            acquired = self.io.acquire(timeout=max(0.0, timeout))
+        finally:
+            with self.lock:
+                self.waiting -= 1
+        if not acquired:
             raise StoreError(f"the {self.store.name} limits store is busy (waited {timeout:.2f}s for this "
                              f"process's other calls of plugin '{self.plugin_id}')")
         try:
@@ -319,7 +330,9 @@ class LeaseBook:
             tokens, nano = input_tokens + output_tokens, cost or 0
             retire = None
             with self.lock:
-                if 0 <= now - self.last_sync < BUSY_WINDOW:
+                if self.waiting:  # other calls wait for this step: busy, and the slice covers them at once
+                    self.n = min(MAX_CALLS, max(self.n * 2, 2 * self.waiting))
+                elif 0 <= now - self.last_sync < BUSY_WINDOW:
                     self.n = min(MAX_CALLS, max(1, self.n * 2))
                 else:
                     self.n = 0  # quiet: exact per-call reservations
@@ -496,6 +509,7 @@ class LeaseBook:
         self.current = None
         self.retiring = []
         self.n = 0
+        self.waiting = 0
         self.last_sync = float("-inf")
 
 
