@@ -16,7 +16,8 @@ a busy plugin's calls admitted in memory under this process's lease).
    one unlimited ``complete``'s wall time and CPU time.
 2. Of which admission + settlement through the facade (``limits.admit`` and
    ``settle``) around real calls, and back to back (warm caches).
-3. 64 concurrent async calls: calls/s and CPU per call, limits off vs on.
+3. 64 concurrent async calls: calls/s and CPU per call, limits off vs on, for
+   a plugin whose lease was just given back (cold) and one that stays busy.
 
 CPU time, not wall time, where it can be: the machine is shared and noisy.
 Targets: ``local`` adds under 2% to a call, ``redis`` under 5% on loopback.
@@ -179,7 +180,7 @@ def limits_threads_cpu() -> float:
     return total
 
 
-def quiesce(vs: list[Variant], keep: Variant) -> None:
+def quiesce(vs: list[Variant], keep: Variant | None) -> None:
     """Give back the leases of every variant but ``keep``: the lease keeper then has nothing of
     theirs to renew while ``keep`` is measured (its CPU would be counted against ``keep``)."""
     from plugin_llm import limits
@@ -262,8 +263,11 @@ def bench_sync(vs: list[Variant], rounds: int, calls: int) -> dict[str, dict[str
     return out
 
 
-def bench_async(vs: list[Variant], calls: int, concurrency: int, repeats: int) -> dict[str, tuple[float, float]]:
-    """Per variant: calls/s and CPU µs per call of ``calls`` acomplete calls at ``concurrency`` (limits in the pipeline)."""
+def bench_async(vs: list[Variant], calls: int, concurrency: int, repeats: int) -> dict[str, dict[str, tuple[float, float]]]:
+    """Per variant, calls/s and CPU µs per call of ``calls`` acomplete calls at ``concurrency``
+    (limits in the pipeline), medians of interleaved repeats: ``cold``, the first run after every
+    lease was given back (what a burst on an idle plugin pays: its ramp-up), and ``warm``, a run
+    right after it (a plugin that stays busy)."""
 
     async def run(v: Variant) -> tuple[float, float]:
         sem = asyncio.Semaphore(concurrency)
@@ -276,20 +280,23 @@ def bench_async(vs: list[Variant], calls: int, concurrency: int, repeats: int) -
         await asyncio.gather(*(bounded() for _ in range(calls)))
         return time.perf_counter() - t0, time.process_time() - c0
 
-    async def main() -> dict[str, list[tuple[float, float]]]:
+    async def main() -> dict[str, dict[str, list[tuple[float, float]]]]:
         for v in vs:
             with v:
-                await run(v)  # warm-up
-        out: dict[str, list[tuple[float, float]]] = {v.name: [] for v in vs}
+                await run(v)  # warm-up: pools, lazy imports
+        out = {v.name: {"cold": [], "warm": []} for v in vs}
         for _ in range(repeats):
             for v in vs:
                 with v:
-                    out[v.name].append(await run(v))
+                    quiesce(vs, None)  # every lease given back: v starts cold
+                    out[v.name]["cold"].append(await run(v))
+                    out[v.name]["warm"].append(await run(v))
         return out
 
-    results = asyncio.run(main())
-    return {name: (calls / statistics.median(w for w, _ in rs), statistics.median(c for _, c in rs) / calls * 1e6)
-            for name, rs in results.items()}
+    def summary(rs: list[tuple[float, float]]) -> tuple[float, float]:
+        return calls / statistics.median(w for w, _ in rs), statistics.median(c for _, c in rs) / calls * 1e6
+
+    return {name: {k: summary(rs) for k, rs in row.items()} for name, row in asyncio.run(main()).items()}
 
 
 TARGETS = {"local": 2.0, "redis": 5.0}
@@ -342,11 +349,15 @@ def main() -> None:
 
         print(f"\n== async: {calls} calls at concurrency 64, median of {repeats} ==")
         thr = bench_async(vs, calls, 64, repeats)
-        off_rate, off_cpu = thr[vs[0].name]
-        for v in vs:
-            rate, cpu = thr[v.name]
-            rel = "" if v.store is None else f"   ({(rate / off_rate - 1) * 100:+.1f}% calls/s, {(cpu / off_cpu - 1) * 100:+.1f}% CPU vs off)"
-            print(f"  {v.name:<18} {rate:9.1f} calls/s {cpu:8.0f} µs CPU/call{rel}")
+        for state in ("cold", "warm"):
+            print(f"  {state}:" + (" the first run after the leases were given back (a burst on an idle plugin)"
+                                    if state == "cold" else " the run right after it (a plugin that stays busy)"))
+            off_rate, off_cpu = thr[vs[0].name][state]
+            for v in vs:
+                rate, cpu = thr[v.name][state]
+                rel = "" if v.store is None else (f"   ({(rate / off_rate - 1) * 100:+.1f}% calls/s, "
+                                                  f"{(cpu / off_cpu - 1) * 100:+.1f}% CPU vs off)")
+                print(f"    {v.name:<18} {rate:9.1f} calls/s {cpu:8.0f} µs CPU/call{rel}")
         from plugin_llm import limits
 
         limits.close_stores()  # give leases back while the stores are still up
