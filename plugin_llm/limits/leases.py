@@ -265,9 +265,6 @@ class LeaseBook:
                  call_expiry: float, now: float) -> LeasedTicket | None:
         """Admit in memory when the current lease has room; None when the store must decide.
         (``cost`` is the worst case in nano-dollars, None when unpriced; ``price`` settles it.)"""
-        lease = self.current
-        if lease is None or lease.renewing or self.n == 0:
-            return None
         tokens, nano = input_tokens + output_tokens, cost or 0
         with self.lock:
             lease = self.current
