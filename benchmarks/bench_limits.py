@@ -9,11 +9,14 @@ the same call ``bench_gateway.py`` measures). Each store is measured twice:
 a busy plugin's calls admitted in memory under this process's lease).
 
 1. What limits add to a whole ``complete`` (the targets are checked on
-   this): calls of a limited plugin (budget, rates, max_concurrent and an
-   operator price) and of an unlimited one alternate one by one; the
+   this): calls of a limited plugin (budget, rates, max_concurrent) and of
+   an unlimited one, both on the same model with the operator's price set
+   (a budget on a custom endpoint needs one), alternate one by one; the
    difference of their CPU time, plus the limits threads' CPU (lease keeper,
    settlement flusher), per call, median of interleaved blocks, as a share of
-   one unlimited ``complete``'s wall time and CPU time.
+   one unlimited ``complete``'s wall time and CPU time. What the operator's
+   price itself adds to any call of the model, limited or not, is printed
+   on its own line.
 2. Of which admission + settlement through the facade (``limits.admit`` and
    ``settle``) around real calls, and back to back (warm caches).
 3. 64 concurrent async calls: calls/s and CPU per call, limits off vs on, for
@@ -87,15 +90,21 @@ class redis_process:
             self.tmp.cleanup()
 
 
-def config_text(base_url: str, store: str | None, redis_url: str | None) -> str:
+def config_text(base_url: str, store: str | None, redis_url: str | None, priced: bool = True) -> str:
+    """The benchmark's config: the local model as a custom endpoint, with the operator's price for it
+    (``priced``: a budget needs one), and the plugin's limits when a ``store`` is given."""
     text = f"model:\n  provider: custom\n  model: local-echo-1\n  base_url: {base_url}\n"
+    if store is None and not priced:
+        return text
+    text += "limits:\n"
+    if priced:
+        text += '  prices:\n    "custom/local-echo-1": {input_per_mtok: 0.15, output_per_mtok: 0.60}\n'
     if store is None:
         return text
-    text += f"limits:\n  store: {store}\n"
+    text += f"  store: {store}\n"
     if redis_url:
         text += f"  redis_url: {redis_url}\n"
-    text += ('  prices:\n    "custom/local-echo-1": {input_per_mtok: 0.15, output_per_mtok: 0.60}\n'
-             "plugins:\n  entries:\n    bench:\n      limits:\n"
+    text += ("plugins:\n  entries:\n    bench:\n      limits:\n"
              "        budget_usd: {day: 100000, month: 1000000}\n"
              "        requests_per_minute: 100000000\n        tokens_per_minute: 1000000000000\n"
              "        max_concurrent: 1000\n")
@@ -118,10 +127,11 @@ def limit_settings(text: str):
 class Variant:
     """One way of running a limited call: the store (None = no limits) and leases on or off."""
 
-    def __init__(self, name: str, store: str | None, lease: bool, base_url: str, redis_url: str | None) -> None:
+    def __init__(self, name: str, store: str | None, lease: bool, base_url: str, redis_url: str | None,
+                 priced: bool = True) -> None:
         self.name, self.store, self.lease = name, store, lease
         self.home = Path(tempfile.mkdtemp(prefix="bench-limits-"))
-        text = config_text(base_url, store, redis_url if store == "redis" else None)
+        text = config_text(base_url, store, redis_url if store == "redis" else None, priced)
         if store == "redis":  # each variant its own keys
             text = text.replace("  redis_url:", f"  redis_key_prefix: bench{uuid.uuid4().hex[:8]}\n  redis_url:")
         (self.home / "config.yaml").write_text(text)
@@ -229,10 +239,10 @@ def in_pipeline(v: Variant, off: Variant, calls: int) -> float:
     return (with_limits - without + limits_threads_cpu() - bg0) / calls
 
 
-def bench_sync(vs: list[Variant], rounds: int, calls: int) -> dict[str, dict[str, float]]:
+def bench_sync(vs: list[Variant], bare: Variant, rounds: int, calls: int) -> dict[str, dict[str, float]]:
     """Per variant, medians of interleaved rounds: what limits add to a whole call, admission +
-    settlement CPU in context and back to back, and whole limited calls' CPU; plus a plain
-    complete's wall and CPU time."""
+    settlement CPU in context and back to back; what the operator's price alone adds (``vs[0]``
+    against ``bare``, a config without ``limits.prices``); a plain complete's wall and CPU time."""
     off = vs[0]
     for v in vs:  # warm-up: pools, lazy imports, the price map, the SQLite file, the script cache, leases
         with v:
@@ -242,6 +252,7 @@ def bench_sync(vs: list[Variant], rounds: int, calls: int) -> dict[str, dict[str
     rows = {v.name: {"pipeline": [], "context": [], "pair": []} for v in vs}
     off_cpu: list[float] = []
     wall: list[float] = []
+    pricing: list[float] = []
     for _ in range(rounds):
         for v in vs:
             with v:
@@ -252,6 +263,7 @@ def bench_sync(vs: list[Variant], rounds: int, calls: int) -> dict[str, dict[str
                     rows[v.name]["pipeline"].append(in_pipeline(v, off, calls))
                 rows[v.name]["context"].append(in_context(v, off, calls))
                 rows[v.name]["pair"].append(cpu_per_call(v.pair, calls * 4))
+        pricing.append(in_pipeline(off, bare, calls))
         t0, c0 = time.perf_counter(), time.process_time()
         for _ in range(calls):
             off.llm.complete(MESSAGES)
@@ -259,7 +271,7 @@ def bench_sync(vs: list[Variant], rounds: int, calls: int) -> dict[str, dict[str
         off_cpu.append((time.process_time() - c0) / calls)
     med = lambda xs: statistics.median(xs) * 1e6  # noqa: E731
     out = {name: {k: med(xs) for k, xs in row.items() if xs} for name, row in rows.items()}
-    out["_complete"] = {"wall": med(wall), "cpu": med(off_cpu)}
+    out["_complete"] = {"wall": med(wall), "cpu": med(off_cpu), "pricing": med(pricing)}
     return out
 
 
@@ -313,12 +325,14 @@ def main() -> None:
         print(f"server: {server.base_url}   redis: {redis_url or 'redis-server not installed, skipped'}   "
               f"python {sys.version.split()[0]}   cores: {os.cpu_count()}   load: {os.getloadavg()[0]:.2f}")
         vs = variants(server.base_url, redis_url)
+        bare = Variant("no limits, no prices", None, True, server.base_url, None, priced=False)
         print(f"\n== sync: medians of {rounds} interleaved rounds of {block}-call blocks; CPU = this process ==")
-        sync = bench_sync(vs, rounds, block)
+        sync = bench_sync(vs, bare, rounds, block)
         base = sync["_complete"]
         print(f"  PluginLlm.complete, limits off: {base['wall']:.0f} µs wall, {base['cpu']:.0f} µs CPU per call")
-        print("  what limits add to a whole call (limited and unlimited calls alternating one by one; the "
-              "difference of their CPU + the limits threads' CPU):")
+        print("  what limits add to a whole call (calls of a plugin with limits and of one without, both on the "
+              "same operator-priced model, alternating one by one; the difference of their CPU + the limits "
+              "threads' CPU):")
         print(f"    {'variant':<18} {'CPU µs':>8} {'% of call wall':>15} {'% of call CPU':>14}   target")
         for v in vs[1:]:
             row = sync[v.name]
@@ -327,6 +341,8 @@ def main() -> None:
             mark = f"< {target:.0f}%  " + ("met" if share < target else "missed") if v.lease else "(before leases)"
             print(f"    {v.name:<18} {row['pipeline']:8.1f} {share:14.2f}% {row['pipeline'] / base['cpu'] * 100:13.2f}%"
                   f"   {mark}")
+        print(f"  the operator's price alone (limits.prices set, no limits: any plugin calling a priced model, "
+              f"vs no prices): {base['pricing']:.1f} µs = {base['pricing'] / base['wall'] * 100:.2f}% of a call")
         print("  of which admission + settlement through the facade, in context (CPU of the caller in "
               "admit/settle + the limits threads' CPU, at the pace of real calls):")
         print(f"    {'variant':<18} {'CPU µs':>8} {'% of call wall':>15} {'net µs':>7} {'net % wall':>10}")
@@ -361,7 +377,7 @@ def main() -> None:
         from plugin_llm import limits
 
         limits.close_stores()  # give leases back while the stores are still up
-        for v in vs:
+        for v in (*vs, bare):
             shutil.rmtree(v.home, ignore_errors=True)
 
 
