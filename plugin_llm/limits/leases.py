@@ -14,9 +14,9 @@ room for its worst case; settlement is in memory too (the reservation leaves
 the lease, the actual usage waits in it). A background keeper thread looks
 at each active lease every :data:`RENEW_INTERVAL` and, when a step is due,
 hands the lease's settled usage to the store and resizes it in one atomic
-step (:class:`~plugin_llm.limits.store.LeaseOp`): at once near a limit or
-when less than half the slice is left, else at least every
-:data:`MAX_RENEW_INTERVAL`; it gives an idle lease back after
+step (:class:`~plugin_llm.limits.store.LeaseOp`): on that pass near a limit
+or when less than half the slice is left, else at least every
+:data:`MAX_RENEW_INTERVAL` (rounded up to a pass); it gives an idle lease back after
 :data:`IDLE_RETURN`. A call the lease
 has no room for makes that step itself, synchronously, asking for its own
 reservation -- the store then decides exactly as for a single call (same
@@ -82,11 +82,14 @@ _log = logging.getLogger("plugin_llm.limits")
 
 #: False: every admission is one store step, as before leases (bench_limits.py's "per call" rows)
 ENABLED = True
-#: how often the keeper looks at an active lease (seconds); a store step is made only when one is due
-RENEW_INTERVAL = 0.05
+#: how often the keeper looks at an active lease (seconds); a store step is made only when one is due.
+#: (Each pass costs the keeper a thread wake-up, ~50-100 us of CPU: at 50 ms that was ~3 us per call of
+#: a busy plugin, see benchmarks/bench_limits.py.)
+RENEW_INTERVAL = 0.1
 #: the longest a lease far from every limit goes without a store step: its settled usage reaches the
-#: store at least this often (what a crash can leave uncounted: the usage of calls that finished this
-#: long before it); never more than half the admission slack (see the module docstring)
+#: store at least this often, rounded up to a keeper pass (what a crash can leave uncounted: the usage
+#: of calls that finished this long before it); never more than half the admission slack (see the
+#: module docstring)
 MAX_RENEW_INTERVAL = 0.25
 #: a lease with nothing in flight and no admission for this long is given back
 IDLE_RETURN = 1.0
