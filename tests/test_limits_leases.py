@@ -412,6 +412,7 @@ def test_a_burst_of_calls_waiting_for_a_cold_plugins_store_step_is_covered_by_on
     book = store.lease_books()[PLUGIN]
     steps = []  # the burst's own store steps (not the keeper's)
     real = store.lease
+
     def counted(*a, **kw):
         if not threading.current_thread().name.startswith("plugin-llm-limits"):
             steps.append(1)
