@@ -443,3 +443,49 @@ def test_a_burst_of_calls_waiting_for_a_cold_plugins_store_step_is_covered_by_on
     for ticket in tickets:
         ticket.settle(input_tokens=10, output_tokens=10)
     assert limits.snapshot(settings, tmp_path, PLUGIN).counters.day_spent == 21 * (10 * 1000 + 10 * 4000)
+
+
+def test_async_calls_of_a_cold_plugin_wait_for_one_store_step_not_a_thread_each(kind, tmp_path, monkeypatch):
+    k, url, prefix = kind
+    settings = parse(settings_text(k, url, prefix, "{budget_usd: {day: 1000}, requests_per_minute: 100000000}"))
+    hops = []
+    to_thread = asyncio.to_thread
+    monkeypatch.setattr(asyncio, "to_thread", lambda *a, **kw: hops.append(1) or to_thread(*a, **kw))
+
+    async def main() -> None:
+        tickets = await asyncio.gather(*(
+            limits.aadmit(settings, tmp_path, PLUGIN, messages=MESSAGES, provider="custom", model="m", max_tokens=100,
+                          deadline=time.monotonic() + 10) for _ in range(30)))
+        for ticket in tickets:
+            await ticket.asettle(input_tokens=10, output_tokens=10)
+
+    run_bounded(lambda: asyncio.run(main()), 30)
+    assert len(hops) < 10  # the calls wait on the loop for a store step in progress (a thread hop each before: 30)
+    assert limits.snapshot(settings, tmp_path, PLUGIN).counters.day_spent == 30 * (10 * 1000 + 10 * 4000)
+
+
+def test_async_tasks_hammering_one_budget_through_aadmit_never_overspend(kind, tmp_path):
+    k, url, prefix = kind
+    per_call = worst_nano(parse(settings_text(k, url, prefix, "{budget_usd: {day: 1000}}")), tmp_path)
+    fits = 12
+    settings = parse(settings_text(k, url, prefix, "{budget_usd: {day: %r}}" % ((fits + 0.5) * per_call / NANO)))
+    admitted, refused = [], []
+
+    async def task() -> None:
+        for _ in range(3):
+            try:
+                ticket = await limits.aadmit(settings, tmp_path, PLUGIN, messages=MESSAGES, provider="custom",
+                                             model="m", max_tokens=100, deadline=time.monotonic() + 10)
+            except PluginLlmLimitError as exc:
+                refused.append(exc.limit)
+                continue
+            await asyncio.sleep(0.005)  # the provider call
+            settle_worst(ticket, settings)
+            admitted.append(1)
+
+    async def main() -> None:
+        await asyncio.gather(*(task() for _ in range(24)))
+
+    run_bounded(lambda: asyncio.run(main()), 60)
+    assert len(admitted) == fits and set(refused) == {"budget_usd.day"}
+    assert limits.snapshot(settings, tmp_path, PLUGIN).counters.day_spent == fits * per_call

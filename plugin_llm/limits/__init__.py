@@ -37,7 +37,7 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from plugin_llm.limits import leases
 from plugin_llm.limits.checks import check_limits
@@ -303,7 +303,7 @@ class _Plan:
     output bound, and this process's lease book once it exists."""
 
     __slots__ = ("settings", "home", "plugin_id", "provider", "model", "max_tokens", "limits", "refusal", "price",
-                 "output_tokens", "output_nano", "book")
+                 "output_tokens", "output_nano", "book", "astep")
 
     def __init__(self, settings: LimitSettings, home: Any, plugin_id: str, provider: str, model: str,
                  max_tokens: int | None) -> None:
@@ -315,6 +315,7 @@ class _Plan:
         self.output_tokens = output_token_bound(price, max_tokens, settings)
         self.output_nano = None if price is None else self.output_tokens * price.output_nano
         self.book: leases.LeaseBook | None = None
+        self.astep: _AsyncStep | None = None  # the store step an async call of this plan is making
         if limits.error is not None:
             self.refusal = ("config", limits.error_key or limits.source, limits.error)
         elif limits.has_budget and price is None:
@@ -351,6 +352,17 @@ class _Plan:
         if not explicit:
             self.book = book
         return book
+
+
+class _AsyncStep:
+    """A store step an async call is making in a worker thread: the other calls of the same plan on
+    the same event loop wait for it (no thread of their own) and then look in memory again; the
+    step's slice is sized for them too (``waiting``, changed on that loop only)."""
+
+    __slots__ = ("loop", "done", "waiting")
+
+    def __init__(self, loop: Any) -> None:
+        self.loop, self.done, self.waiting = loop, loop.create_future(), 0
 
 
 _PLANS: dict[tuple[Any, ...], _Plan] = {}
@@ -395,7 +407,7 @@ def _fast(plan: _Plan, input_tokens: int, cost: int | None, deadline: float, now
 
 
 def _admit_store(plan: _Plan, input_tokens: int, cost: int | None, deadline: float, now: float,
-                 store: LimitStore | None) -> Ticket:
+                 store: LimitStore | None, also_waiting: "Callable[[], int] | None" = None) -> Ticket:
     """Admission with a store step (a lease step, or one reservation for a store without leases),
     bounded by the deadline and ``limits.store_timeout``; ``on_store_error`` on failure."""
     settings, plugin_id = plan.settings, plan.plugin_id
@@ -409,7 +421,7 @@ def _admit_store(plan: _Plan, input_tokens: int, cost: int | None, deadline: flo
             if store.supports_leases and leases.ENABLED:
                 book = leases.book_for(store, plugin_id, settings.reservation_grace, settings.store_timeout)
                 result = book.admit(plan.limits, input_tokens, plan.output_tokens, cost, plan.price, now + ttl, now,
-                                    timeout=timeout)
+                                    timeout=timeout, also_waiting=also_waiting)
                 if isinstance(result, Denial):
                     raise PluginLlmLimitError(result)
                 return result
@@ -497,7 +509,9 @@ async def aadmit(settings: LimitSettings, home: Path | str, plugin_id: str, *, m
                  now: float | None = None, store: LimitStore | None = None) -> Ticket:
     """Async twin of :func:`admit` (same arguments). A call the lease admits in memory returns at
     once; a store step runs in a worker thread, so a Redis that is slow to answer holds this call
-    only, never the event loop. Unlimited plugins return at once."""
+    only, never the event loop. While one call of a plan makes its step, the others on the same
+    loop wait for it (within their own deadline) and look in memory again: a burst on a cold plugin
+    costs one thread hop, not one per call. Unlimited plugins return at once."""
     plan = _plan(settings, home, plugin_id, provider, model, max_tokens)
     if plan.limits.empty:
         return UNLIMITED
@@ -505,13 +519,42 @@ async def aadmit(settings: LimitSettings, home: Path | str, plugin_id: str, *, m
         raise plan.refuse()
     input_tokens = input_token_bound(messages, extra)
     cost = plan.cost(input_tokens)
-    now = time.time() if now is None else now
+    explicit_now, now = now, time.time() if now is None else now
     ticket = _fast(plan, input_tokens, cost, deadline, now, store)
     if ticket is not None:
         return ticket
     import asyncio
 
-    return await asyncio.to_thread(_admit_store, plan, input_tokens, cost, deadline, now, store)
+    loop = asyncio.get_running_loop()
+    while store is None:  # another call's step in progress: wait for it, then look in memory again
+        pending = plan.astep
+        if pending is None or pending.loop is not loop or pending.done.done():
+            break
+        pending.waiting += 1
+        try:  # (asyncio.wait neither raises on a timeout nor cancels the step)
+            await asyncio.wait((pending.done,), timeout=max(0.0, min(plan.settings.store_timeout,
+                                                                     deadline - time.monotonic())))
+        finally:
+            pending.waiting -= 1
+        if not pending.done.done():
+            break  # out of time to wait: this call's own step decides (within what is left)
+        now = time.time() if explicit_now is None else now
+        ticket = _fast(plan, input_tokens, cost, deadline, now, store)
+        if ticket is not None:
+            return ticket
+        book = plan.book
+        if book is None or not book.n:  # exact per-call steps (quiet, or near a limit): waiting gains nothing
+            break
+    step = _AsyncStep(loop)
+    if store is None:
+        plan.astep = step
+    try:
+        return await asyncio.to_thread(_admit_store, plan, input_tokens, cost, deadline, now, store,
+                                       lambda: step.waiting)
+    finally:
+        step.done.set_result(None)
+        if plan.astep is step:
+            plan.astep = None
 
 
 def snapshot(settings: LimitSettings, home: Path | str, plugin_id: str, *, now: float | None = None,

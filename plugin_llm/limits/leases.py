@@ -66,7 +66,7 @@ import os
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from plugin_llm.limits.pricing import Estimate, actual_cost_nano
 from plugin_llm.limits.settings import NANO
@@ -309,8 +309,10 @@ class LeaseBook:
         lease.inflight.add(ticket)
 
     def admit(self, limits: "PluginLimits", input_tokens: int, output_tokens: int, cost: int | None, price,
-              call_expiry: float, now: float, *, timeout: float) -> LeasedTicket | Denial:
-        """Admit with a store step (the lease had no room, or none exists): exact, may raise StoreError."""
+              call_expiry: float, now: float, *, timeout: float,
+              also_waiting: "Callable[[], int] | None" = None) -> LeasedTicket | Denial:
+        """Admit with a store step (the lease had no room, or none exists): exact, may raise StoreError.
+        ``also_waiting``: how many other calls wait for this step elsewhere (async calls on a loop)."""
         start = time.monotonic()
         with self.lock:
             self.waiting += 1
@@ -330,8 +332,9 @@ class LeaseBook:
             tokens, nano = input_tokens + output_tokens, cost or 0
             retire = None
             with self.lock:
-                if self.waiting:  # other calls wait for this step: busy, and the slice covers them at once
-                    self.n = min(MAX_CALLS, max(self.n * 2, 2 * self.waiting))
+                waiting = self.waiting + (also_waiting() if also_waiting is not None else 0)
+                if waiting:  # other calls wait for this step: busy, and the slice covers them at once
+                    self.n = min(MAX_CALLS, max(self.n * 2, 2 * waiting))
                 elif 0 <= now - self.last_sync < BUSY_WINDOW:
                     self.n = min(MAX_CALLS, max(1, self.n * 2))
                 else:
