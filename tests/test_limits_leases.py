@@ -445,9 +445,11 @@ def test_a_burst_of_calls_waiting_for_a_cold_plugins_store_step_is_covered_by_on
     assert limits.snapshot(settings, tmp_path, PLUGIN).counters.day_spent == 21 * (10 * 1000 + 10 * 4000)
 
 
-def test_async_calls_of_a_cold_plugin_wait_for_one_store_step_not_a_thread_each(kind, tmp_path, monkeypatch):
+@pytest.mark.parametrize("block", ["{budget_usd: {day: 1000}, requests_per_minute: 100000000}",
+                                   "{budget_usd: {day: 1000}, max_concurrent: 1000}"], ids=["rates", "slots"])
+def test_async_calls_of_a_cold_plugin_wait_for_one_store_step_not_a_thread_each(kind, tmp_path, monkeypatch, block):
     k, url, prefix = kind
-    settings = parse(settings_text(k, url, prefix, "{budget_usd: {day: 1000}, requests_per_minute: 100000000}"))
+    settings = parse(settings_text(k, url, prefix, block))
     hops = []
     to_thread = asyncio.to_thread
     monkeypatch.setattr(asyncio, "to_thread", lambda *a, **kw: hops.append(1) or to_thread(*a, **kw))

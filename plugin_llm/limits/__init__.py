@@ -549,6 +549,7 @@ async def aadmit(settings: LimitSettings, home: Path | str, plugin_id: str, *, m
     if store is None:
         plan.astep = step
     try:
+        await asyncio.sleep(0)  # the calls ready on this loop look first: the step is sized for the waiters
         return await asyncio.to_thread(_admit_store, plan, input_tokens, cost, deadline, now, store,
                                        lambda: step.waiting)
     finally:

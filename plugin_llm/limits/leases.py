@@ -347,6 +347,8 @@ class LeaseBook:
                     self.retiring.append(retire)
                 if lease is None:
                     lease = self.current = Lease(self, buckets_at(now), limits)
+                if waiting:  # they will be in flight together: slots for all of them
+                    lease.peak = max(lease.peak, lease.r[0] + waiting + 1)
             if retire is not None:  # its spare headroom must not count against the new lease
                 self._step(retire, give_back=True, timeout=timeout - (time.monotonic() - start))
             ask = (1, 1, tokens, nano)
