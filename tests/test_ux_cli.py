@@ -151,11 +151,14 @@ def _pty_run(home: Path, args: list[str], keys: list[bytes], env: dict[str, str]
     return pty_dialog(home, args, [(b"you>", key) for key in keys], env=env)
 
 
-def pty_dialog(home: Path, args: list[str], steps: list[tuple[Any, bytes]],
+def pty_dialog(home: Path, args: list[str], steps: list[tuple[Any, "bytes | tuple[bytes, bytes]"]],
                env: dict[str, str] | None = None) -> tuple[int, str]:
     """Run the CLI on a pseudo-terminal: for each (expected, reply), wait until the output since
     the last reply contains ``expected`` (or until ``expected()`` is true), then type ``reply``.
-    The whole transcript is returned."""
+    A reply ``(text, keys)`` types ``text``, waits for its echo, then types ``keys``: on a loaded
+    machine typeahead can reach the terminal before the line editor is ready and be dropped, so
+    text that is not echoed within 3 s is typed again (and a final Ctrl-D that ends nothing is
+    sent again). The whole transcript is returned."""
     import pty
     import select
     import time
@@ -170,6 +173,8 @@ def pty_dialog(home: Path, args: list[str], steps: list[tuple[Any, bytes]],
         os.execve(sys.executable, [sys.executable, "-m", "plugin_llm.cli.main", *args], full)
     out, since = b"", 0
     pending = list(steps)
+    typed: tuple[bytes, bytes, float] | None = None  # text typed and not echoed yet, the keys after it, when
+    last_ctrl_d = None
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         ready, _, _ = select.select([fd], [], [], 0.2)
@@ -181,9 +186,30 @@ def pty_dialog(home: Path, args: list[str], steps: list[tuple[Any, bytes]],
             if not chunk:
                 break
             out += chunk
-        if pending and (pending[0][0]() if callable(pending[0][0]) else pending[0][0] in out[since:]):
+        now = time.monotonic()
+        if typed is not None:
+            text, keys, at = typed
+            if text[-4:] in out[since:]:  # echoed: the line editor has it
+                os.write(fd, keys)
+                typed = None
+            elif now - at > 3:
+                os.write(fd, text)
+                typed = (text, keys, now)
+        elif pending and (pending[0][0]() if callable(pending[0][0]) else pending[0][0] in out[since:]):
             since = len(out)
-            os.write(fd, pending.pop(0)[1])
+            reply = pending.pop(0)[1]
+            if isinstance(reply, tuple):
+                os.write(fd, reply[0])
+                typed = (reply[0], reply[1], now)
+            else:
+                os.write(fd, reply)
+                last_ctrl_d = now if reply == b"\x04" else None
+        elif not pending and last_ctrl_d is not None and now - last_ctrl_d > 3:
+            try:
+                os.write(fd, b"\x04")
+            except OSError:
+                break
+            last_ctrl_d = now
     done, status = os.waitpid(pid, os.WNOHANG)
     if not done:  # still running after the deadline: stop it (the test fails on its exit status)
         os.kill(pid, 9)
@@ -197,8 +223,8 @@ def test_chat_line_editing_history_ctrl_c_and_ctrl_d(hermes_home: Path):
     # each reply is typed at a fresh prompt: the text that precedes it, then "you> " (a readline
     # redisplay of the line being edited does not match)
     steps = [
-        (b"to leave.\r\nyou> ", b"helo\x1b[Dl\r"),       # left arrow then a correction: the model gets "hello"
-        (b"word)\r\nyou> ", b"something to discard\x03"),  # Ctrl-C: the line is cancelled, the session goes on
+        (b"to leave.\r\nyou> ", (b"helo", b"\x1b[Dl\r")),       # left arrow then a correction: the model gets "hello"
+        (b"word)\r\nyou> ", (b"something to discard", b"\x03")),  # Ctrl-C: the line is cancelled, the session goes on
         (b"leaves)\r\nyou> ", b"\x04"),                    # Ctrl-D on an empty line: leave
     ]
     code, out = pty_dialog(hermes_home, ["chat"], steps)
