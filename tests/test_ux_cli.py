@@ -151,6 +151,10 @@ def _pty_run(home: Path, args: list[str], keys: list[bytes], env: dict[str, str]
     return pty_dialog(home, args, [(b"you>", key) for key in keys], env=env)
 
 
+#: polls of 0.2 s with no output after which typed input that was not taken is typed again
+QUIET_POLLS = 15
+
+
 def pty_dialog(home: Path, args: list[str], steps: list[tuple[Any, "bytes | tuple[bytes, bytes]"]],
                env: dict[str, str] | None = None) -> tuple[int, str]:
     """Run the CLI on a pseudo-terminal: for each (expected, reply), wait until the output since
@@ -173,11 +177,13 @@ def pty_dialog(home: Path, args: list[str], steps: list[tuple[Any, "bytes | tupl
         os.execve(sys.executable, [sys.executable, "-m", "plugin_llm.cli.main", *args], full)
     out, since = b"", 0
     pending = list(steps)
-    typed: tuple[bytes, bytes, float] | None = None  # text typed and not echoed yet, the keys after it, when
-    last_ctrl_d = None
+    retype: bytes | None = None  # typed and not taken yet (no echo, or a final Ctrl-D that ended nothing)
+    keys = b""  # typed once the text in ``retype`` is echoed
+    quiet = 0  # polls with no output since the last write
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         ready, _, _ = select.select([fd], [], [], 0.2)
+        quiet = 0 if ready else quiet + 1
         if ready:
             try:
                 chunk = os.read(fd, 4096)
@@ -186,30 +192,23 @@ def pty_dialog(home: Path, args: list[str], steps: list[tuple[Any, "bytes | tupl
             if not chunk:
                 break
             out += chunk
-        now = time.monotonic()
-        if typed is not None:
-            text, keys, at = typed
-            if text[-4:] in out[since:]:  # echoed: the line editor has it
-                os.write(fd, keys)
-                typed = None
-            elif now - at > 3:
-                os.write(fd, text)
-                typed = (text, keys, now)
-        elif pending and (pending[0][0]() if callable(pending[0][0]) else pending[0][0] in out[since:]):
-            since = len(out)
-            reply = pending.pop(0)[1]
-            if isinstance(reply, tuple):
-                os.write(fd, reply[0])
-                typed = (reply[0], reply[1], now)
-            else:
-                os.write(fd, reply)
-                last_ctrl_d = now if reply == b"\x04" else None
-        elif not pending and last_ctrl_d is not None and now - last_ctrl_d > 3:
+        if retype is not None and retype != b"\x04" and retype[-4:] in out[since:]:  # echoed: the editor has it
+            os.write(fd, keys)
+            retype = None
+        elif retype is not None and quiet >= QUIET_POLLS:
             try:
-                os.write(fd, b"\x04")
+                os.write(fd, retype)
             except OSError:
                 break
-            last_ctrl_d = now
+            quiet = 0
+        elif retype is None and pending and (
+                pending[0][0]() if callable(pending[0][0]) else pending[0][0] in out[since:]):
+            since = len(out)
+            reply = pending.pop(0)[1]
+            text, keys = reply if isinstance(reply, tuple) else (reply, b"")
+            os.write(fd, text)
+            quiet = 0
+            retype = text if isinstance(reply, tuple) or (reply == b"\x04" and not pending) else None
     done, status = os.waitpid(pid, os.WNOHANG)
     if not done:  # still running after the deadline: stop it (the test fails on its exit status)
         os.kill(pid, 9)

@@ -390,6 +390,19 @@ def _plan(settings: LimitSettings, home: Any, plugin_id: str, provider: str, mod
     return plan
 
 
+def _prepare(settings: LimitSettings, home: Any, plugin_id: str, messages, provider: str, model: str,
+             max_tokens: Any, extra) -> tuple[_Plan, int, int | None] | None:
+    """The request's plan, input bound and worst-case cost; None for a plugin without limits.
+    Raises the refusal that needs no store (broken limits, a budget on an unpriced model)."""
+    plan = _plan(settings, home, plugin_id, provider, model, max_tokens)
+    if plan.limits.empty:
+        return None
+    if plan.refusal is not None:
+        raise plan.refuse()
+    input_tokens = input_token_bound(messages, extra)
+    return plan, input_tokens, plan.cost(input_tokens)
+
+
 def _fast(plan: _Plan, input_tokens: int, cost: int | None, deadline: float, now: float,
           store: LimitStore | None = None):
     """The call admitted in memory under this process's lease, or None (the store must decide).
@@ -469,13 +482,10 @@ def admit(
     this process's lease (:mod:`plugin_llm.limits.leases`), with the same
     decisions and guarantees.
     """
-    plan = _plan(settings, home, plugin_id, provider, model, max_tokens)
-    if plan.limits.empty:
+    prepared = _prepare(settings, home, plugin_id, messages, provider, model, max_tokens, extra)
+    if prepared is None:
         return UNLIMITED
-    if plan.refusal is not None:
-        raise plan.refuse()
-    input_tokens = input_token_bound(messages, extra)
-    cost = plan.cost(input_tokens)
+    plan, input_tokens, cost = prepared
     now = time.time() if now is None else now
     return (_fast(plan, input_tokens, cost, deadline, now, store)
             or _admit_store(plan, input_tokens, cost, deadline, now, store))
@@ -489,13 +499,13 @@ def admit_in_memory(settings: LimitSettings, home: Path | str, plugin_id: str, m
     store must decide: call :func:`admit` / :func:`aadmit` with the same arguments. Raises
     :class:`PluginLlmLimitError` for a refusal no store is needed for (broken limits, a budget on an
     unpriced model). Positional arguments: this is the gateway's path for nearly every limited call."""
-    plan = _plan(settings, home, plugin_id, provider, model, max_tokens)
-    if plan.limits.empty:
+    plan = _plan(settings, home, plugin_id, provider, model, max_tokens)  # _prepare(), inlined: the path of
+    if plan.limits.empty:  # nearly every limited call
         return UNLIMITED
     if plan.refusal is not None:
         raise plan.refuse()
     input_tokens = input_token_bound(messages, extra)
-    output_nano = plan.output_nano  # plan.cost(), inlined: this is the path of nearly every limited call
+    output_nano = plan.output_nano
     cost = None if output_nano is None else math.ceil(input_tokens * plan.price.input_nano + output_nano)
     book, now = plan.book, time.time()
     if book is None or book.closed or not leases.ENABLED:
@@ -512,13 +522,10 @@ async def aadmit(settings: LimitSettings, home: Path | str, plugin_id: str, *, m
     only, never the event loop. While one call of a plan makes its step, the others on the same
     loop wait for it (within their own deadline) and look in memory again: a burst on a cold plugin
     costs one thread hop, not one per call. Unlimited plugins return at once."""
-    plan = _plan(settings, home, plugin_id, provider, model, max_tokens)
-    if plan.limits.empty:
+    prepared = _prepare(settings, home, plugin_id, messages, provider, model, max_tokens, extra)
+    if prepared is None:
         return UNLIMITED
-    if plan.refusal is not None:
-        raise plan.refuse()
-    input_tokens = input_token_bound(messages, extra)
-    cost = plan.cost(input_tokens)
+    plan, input_tokens, cost = prepared
     explicit_now, now = now, time.time() if now is None else now
     ticket = _fast(plan, input_tokens, cost, deadline, now, store)
     if ticket is not None:

@@ -419,12 +419,16 @@ class LeaseBook:
             if limits is not lease.limits:
                 lease.limits, lease.capped = limits, _capped(limits)
             if give_back and not any(keep) and not lease.pending():
-                lease.dead = True  # the store deleted the row
-                if lease is self.current:
-                    self.current = None
-                if lease in self.retiring:
-                    self.retiring.remove(lease)
+                self._drop(lease)  # the store deleted the row
         return result
+
+    def _drop(self, lease: Lease) -> None:
+        """Forget a lease the store holds nothing of (the lock is held)."""
+        lease.dead = True
+        if lease is self.current:
+            self.current = None
+        if lease in self.retiring:
+            self.retiring.remove(lease)
 
     # -- the keeper's side
     def active(self) -> bool:
@@ -476,11 +480,7 @@ class LeaseBook:
                     t.expires_at <= time.time() for t in lease.inflight):
                 return True
             if not any(r):  # holds nothing: the store has no row left
-                lease.dead = True
-                if lease is self.current:
-                    self.current = None
-                if lease in self.retiring:
-                    self.retiring.remove(lease)
+                self._drop(lease)
             return False
 
     def flush_closed(self) -> None:

@@ -74,6 +74,20 @@ ALTER TABLE reservations ADD COLUMN requests INTEGER NOT NULL DEFAULT 1;
 # Only calls in flight are rows of `reservations`, so a plugin's rows are found by the primary
 # key's prefix with no second index (every index is one more page written per transaction).
 # `admit` and `settle` never hold a row: their triggers act, then RAISE(IGNORE) the insert.
+#: what the lease trigger decides against, from the plugin's rows: the other reservations in flight
+#: (o_*: slots, and requests, tokens and nano-dollars in this minute, day and month) and the usage
+#: already settled in the same windows (u_*); once for the check, once for the grant
+_TOTALS = """FROM (SELECT COALESCE(SUM(slots), 0) AS o_slots,
+          COALESCE(SUM(CASE WHEN minute = NEW.minute THEN requests END), 0) AS o_req,
+          COALESCE(SUM(CASE WHEN minute = NEW.minute THEN tokens END), 0) AS o_tok,
+          COALESCE(SUM(CASE WHEN day = NEW.day THEN nano END), 0) AS o_day,
+          COALESCE(SUM(CASE WHEN month = NEW.month THEN nano END), 0) AS o_mon
+     FROM reservations WHERE plugin = NEW.plugin AND id <> NEW.id),
+    (SELECT COALESCE((SELECT requests FROM spend WHERE plugin = NEW.plugin AND bucket = 'min:' || NEW.minute), 0) AS u_req,
+          COALESCE((SELECT tokens FROM spend WHERE plugin = NEW.plugin AND bucket = 'min:' || NEW.minute), 0) AS u_tok,
+          COALESCE((SELECT nano FROM spend WHERE plugin = NEW.plugin AND bucket = 'day:' || NEW.day), 0) AS u_day,
+          COALESCE((SELECT nano FROM spend WHERE plugin = NEW.plugin AND bucket = 'mon:' || NEW.month), 0) AS u_mon)"""
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS spend (
     plugin TEXT NOT NULL, bucket TEXT NOT NULL,
@@ -159,16 +173,7 @@ CREATE TRIGGER IF NOT EXISTS lease_request BEFORE INSERT ON lease BEGIN
       WHEN NEW.budget_month IS NOT NULL AND u_mon + o_mon + NEW.k_nano + NEW.a_nano > NEW.budget_month
         THEN RAISE(ABORT, 'limit:5')
     END
-    FROM (SELECT COALESCE(SUM(slots), 0) AS o_slots,
-          COALESCE(SUM(CASE WHEN minute = NEW.minute THEN requests END), 0) AS o_req,
-          COALESCE(SUM(CASE WHEN minute = NEW.minute THEN tokens END), 0) AS o_tok,
-          COALESCE(SUM(CASE WHEN day = NEW.day THEN nano END), 0) AS o_day,
-          COALESCE(SUM(CASE WHEN month = NEW.month THEN nano END), 0) AS o_mon
-     FROM reservations WHERE plugin = NEW.plugin AND id <> NEW.id),
-    (SELECT COALESCE((SELECT requests FROM spend WHERE plugin = NEW.plugin AND bucket = 'min:' || NEW.minute), 0) AS u_req,
-          COALESCE((SELECT tokens FROM spend WHERE plugin = NEW.plugin AND bucket = 'min:' || NEW.minute), 0) AS u_tok,
-          COALESCE((SELECT nano FROM spend WHERE plugin = NEW.plugin AND bucket = 'day:' || NEW.day), 0) AS u_day,
-          COALESCE((SELECT nano FROM spend WHERE plugin = NEW.plugin AND bucket = 'mon:' || NEW.month), 0) AS u_mon) WHERE NEW.a_slots > 0;
+    @TOTALS@ WHERE NEW.a_slots > 0;
   INSERT OR REPLACE INTO reservations (plugin, id, expires, nano, tokens, minute, day, month, slots, requests)
     SELECT NEW.plugin, NEW.id, NEW.expires,
       NEW.k_nano + NEW.a_nano + MAX(0, MIN(NEW.w_nano,
@@ -182,21 +187,12 @@ CREATE TRIGGER IF NOT EXISTS lease_request BEFORE INSERT ON lease BEGIN
         COALESCE(NEW.max_concurrent - o_slots - NEW.k_slots - NEW.a_slots, 0) / @SHARE@)),
       NEW.k_req + NEW.a_req + MAX(0, MIN(NEW.w_req,
         COALESCE(NEW.requests_per_minute - u_req - o_req - NEW.k_req - NEW.a_req, 0) / @SHARE@))
-    FROM (SELECT COALESCE(SUM(slots), 0) AS o_slots,
-          COALESCE(SUM(CASE WHEN minute = NEW.minute THEN requests END), 0) AS o_req,
-          COALESCE(SUM(CASE WHEN minute = NEW.minute THEN tokens END), 0) AS o_tok,
-          COALESCE(SUM(CASE WHEN day = NEW.day THEN nano END), 0) AS o_day,
-          COALESCE(SUM(CASE WHEN month = NEW.month THEN nano END), 0) AS o_mon
-     FROM reservations WHERE plugin = NEW.plugin AND id <> NEW.id),
-    (SELECT COALESCE((SELECT requests FROM spend WHERE plugin = NEW.plugin AND bucket = 'min:' || NEW.minute), 0) AS u_req,
-          COALESCE((SELECT tokens FROM spend WHERE plugin = NEW.plugin AND bucket = 'min:' || NEW.minute), 0) AS u_tok,
-          COALESCE((SELECT nano FROM spend WHERE plugin = NEW.plugin AND bucket = 'day:' || NEW.day), 0) AS u_day,
-          COALESCE((SELECT nano FROM spend WHERE plugin = NEW.plugin AND bucket = 'mon:' || NEW.month), 0) AS u_mon);
+    @TOTALS@;
   DELETE FROM reservations WHERE plugin = NEW.plugin AND id = NEW.id
     AND slots = 0 AND requests = 0 AND tokens = 0 AND nano = 0;
   SELECT RAISE(IGNORE);
 END;
-""".replace("@SHARE@", str(LEASE_SHARE))
+""".replace("@TOTALS@", _TOTALS).replace("@SHARE@", str(LEASE_SHARE))
 
 _ADMIT = "INSERT INTO admit VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 #: the finished request in the buckets it was admitted in: cost to day and month, one request and its tokens to the minute

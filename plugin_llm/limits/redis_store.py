@@ -395,6 +395,23 @@ class RedisStore(LimitStore):
             raise StoreError(f"the Redis limits store ({self._display}) refused the script: {_reason(reply, self._secret)}")
         return reply
 
+    def _with_queued(self, script: str, plugin_id: str, b: Any, args: list[Any], timeout: float) -> Any:
+        """Run ``script`` for the plugin's buckets in one round trip, after the queued settlements (they
+        ride along, in order, before it); its reply, or StoreError when Redis refused it."""
+        queued = self._queue.take()
+        try:
+            replies = self._run_scripts([*queued, (script, self._keys(plugin_id, b.minute, b.day, b.month), args)],
+                                        timeout)
+        except StoreError as exc:
+            if queued:
+                self._lost(queued, exc)
+            raise
+        self._settled(replies, len(queued))
+        reply = replies[-1]
+        if isinstance(reply, Exception):
+            raise StoreError(f"the Redis limits store ({self._display}) refused the script: {_reason(reply, self._secret)}")
+        return reply
+
     def _settled(self, replies: list, count: int) -> None:
         for reply in replies[:count]:
             if isinstance(reply, Exception):
@@ -421,17 +438,7 @@ class RedisStore(LimitStore):
                 limits.budget_day_nano, limits.budget_month_nano)
         args = [repr(now), repr(expires), rid, int(reservation.cost_nano), int(reservation.tokens), b.minute, b.day, b.month,
                 *(-1 if c is None else int(c) for c in caps)]
-        queued = self._queue.take()  # settlements ride along in the same round trip, before the admission
-        try:
-            replies = self._run_scripts([*queued, (ADMIT_LUA, self._keys(plugin_id, b.minute, b.day, b.month), args)], timeout)
-        except StoreError as exc:
-            if queued:
-                self._lost(queued, exc)
-            raise
-        self._settled(replies, len(queued))
-        reply = replies[-1]
-        if isinstance(reply, Exception):
-            raise StoreError(f"the Redis limits store ({self._display}) refused the script: {_reason(reply, self._secret)}")
+        reply = self._with_queued(ADMIT_LUA, plugin_id, b, args, timeout)
         if int(reply[0]) == 1:
             return Admission(plugin_id, rid, reservation.cost_nano, reservation.tokens, b, expires)
         earliest = float(reply[4])
@@ -444,18 +451,7 @@ class RedisStore(LimitStore):
                 limits.budget_day_nano, limits.budget_month_nano)
         args = [repr(op.now), repr(op.expires), op.lease_id, b.minute, b.day, b.month, *op.settled, *op.keep, *op.ask,
                 *op.want, *(-1 if c is None else int(c) for c in caps), repr(op.keep_expires)]
-        queued = self._queue.take()  # per-call settlements ride along, as with an admission
-        try:
-            replies = self._run_scripts([*queued, (LEASE_LUA, self._keys(plugin_id, b.minute, b.day, b.month), args)],
-                                        timeout)
-        except StoreError as exc:
-            if queued:
-                self._lost(queued, exc)
-            raise
-        self._settled(replies, len(queued))
-        reply = replies[-1]
-        if isinstance(reply, Exception):
-            raise StoreError(f"the Redis limits store ({self._display}) refused the script: {_reason(reply, self._secret)}")
+        reply = self._with_queued(LEASE_LUA, plugin_id, b, args, timeout)
         if int(reply[0]) == 1:
             held = (int(reply[1]), int(reply[2]), int(reply[3]), int(reply[4]))
             return LeaseGrant(held, op.expires if any(held) else op.keep_expires)
