@@ -301,8 +301,44 @@ def test_the_keeper_makes_a_store_step_only_when_one_is_due(kind, tmp_path):
         lease.u_req = saved[1]
         lease.near = True
         assert book._due(lease)  # near a limit: every keeper pass is an exact step
+        assert book.next_pass(time.monotonic()) == 0.0  # ... and the keeper looks on every pass
         lease.near = False
         lease.stepped = saved[0]
+
+
+def test_the_keeper_sleeps_until_a_step_is_due_and_the_admission_at_half_the_slice_wakes_it(kind, tmp_path,
+                                                                                           monkeypatch):
+    from plugin_llm.limits import leases
+
+    woken = []
+
+    class Recorder(type(leases._WAKE)):
+        def set(self) -> None:
+            woken.append(1)
+            super().set()
+
+    monkeypatch.setattr(leases, "_WAKE", Recorder())
+    k, url, prefix = kind
+    settings = parse(settings_text(k, url, prefix, "{budget_usd: {day: 1000}, requests_per_minute: 100000000}"))
+    for _ in range(100):
+        call(settings, tmp_path).settle(input_tokens=10, output_tokens=10)
+    book = limits.store_for(settings, tmp_path).lease_books()[PLUGIN]
+    with book.io:  # the keeper skips this book meanwhile
+        lease = book.current
+        book._step(lease, give_back=False, timeout=5.0)
+        assert lease.alarm == book.n // 2 > 1 and lease.admitted == 0
+        woken.clear()  # (the 100 calls woke it on their way)
+        wait = book.next_pass(time.monotonic())
+        assert 0.5 < wait <= leases.IDLE_RETURN  # nothing admitted since the step: only the idle deadline
+        tickets = [call(settings, tmp_path)]
+        assert 0 < book.next_pass(time.monotonic()) <= book.max_interval  # usage to hand over: due by time
+        tickets += [call(settings, tmp_path) for _ in range(lease.alarm - 2)]
+        assert woken == [] and lease.admitted == lease.alarm - 1
+        tickets.append(call(settings, tmp_path))  # half the slice: the keeper is woken, and looks on every pass
+        assert woken == [1] and book.next_pass(time.monotonic()) == 0.0
+        assert all(type(t) is leases.LeasedTicket for t in tickets)
+        for t in tickets:
+            t.release()
 
 
 def test_a_busy_plugin_needs_few_store_steps_and_async_calls_no_worker_thread(kind, tmp_path, monkeypatch):

@@ -11,12 +11,12 @@ thread and machine sees that headroom as taken: totals never exceed a limit.
 Per store and plugin, this process keeps one :class:`LeaseBook`. A call is
 admitted *in memory* (a lock, a few additions) when the current lease has
 room for its worst case; settlement is in memory too (the reservation leaves
-the lease, the actual usage waits in it). A background keeper thread looks
-at each active lease every :data:`RENEW_INTERVAL` and, when a step is due,
-hands the lease's settled usage to the store and resizes it in one atomic
-step (:class:`~plugin_llm.limits.store.LeaseOp`): on that pass near a limit
-or when less than half the slice is left, else at least every
-:data:`MAX_RENEW_INTERVAL` (rounded up to a pass); it gives an idle lease back after
+the lease, the actual usage waits in it). A background keeper thread hands
+the lease's settled usage to the store and resizes it in one atomic step
+(:class:`~plugin_llm.limits.store.LeaseOp`) when one is due: near a limit on
+every pass (every :data:`RENEW_INTERVAL`), else when the admission that uses
+half the slice wakes it, and at the latest :data:`MAX_RENEW_INTERVAL` after
+the last step; it sleeps in between, and gives an idle lease back after
 :data:`IDLE_RETURN`. A call the lease
 has no room for makes that step itself, synchronously, asking for its own
 reservation -- the store then decides exactly as for a single call (same
@@ -82,14 +82,13 @@ _log = logging.getLogger("plugin_llm.limits")
 
 #: False: every admission is one store step, as before leases (bench_limits.py's "per call" rows)
 ENABLED = True
-#: how often the keeper looks at an active lease (seconds); a store step is made only when one is due.
-#: (Each pass costs the keeper a thread wake-up, ~50-100 us of CPU: at 50 ms that was ~3 us per call of
-#: a busy plugin, see benchmarks/bench_limits.py.)
+#: the keeper's passes are at least this far apart (seconds), but for an admission's alarm; near a
+#: limit, in exact mode and while leases retire it looks on every pass. (A pass costs a thread
+#: wake-up, 25-80 us of CPU on a loaded machine: see benchmarks/bench_limits.py.)
 RENEW_INTERVAL = 0.1
 #: the longest a lease far from every limit goes without a store step: its settled usage reaches the
-#: store at least this often, rounded up to a keeper pass (what a crash can leave uncounted: the usage
-#: of calls that finished this long before it); never more than half the admission slack (see the
-#: module docstring)
+#: store at least this often (what a crash can leave uncounted: the usage of calls that finished this
+#: long before it); never more than half the admission slack (see the module docstring)
 MAX_RENEW_INTERVAL = 0.25
 #: a lease with nothing in flight and no admission for this long is given back
 IDLE_RETURN = 1.0
@@ -173,8 +172,8 @@ class Lease:
     and the usage of finished calls not yet handed to the store (``u_*``)."""
 
     __slots__ = ("book", "id", "buckets", "t0", "t1", "limits", "capped", "held", "expires", "latest", "r",
-                 "u_req", "u_tok", "u_nano", "inflight", "renewing", "admitted", "last_used", "dead", "near",
-                 "stepped", "peak")
+                 "u_req", "u_tok", "u_nano", "inflight", "renewing", "admitted", "alarm", "last_used", "dead",
+                 "near", "stepped", "peak")
 
     def __init__(self, book: "LeaseBook", buckets: Buckets, limits: "PluginLimits") -> None:
         self.book = book
@@ -192,6 +191,7 @@ class Lease:
         self.inflight: set[LeasedTicket] = set()  # the calls admitted under it, not finished yet
         self.renewing = False
         self.admitted = 0  # admissions since the last renewal
+        self.alarm = 0  # the admission (counted in ``admitted``) that wakes the keeper: half the slice used
         self.last_used = time.monotonic()
         self.dead = False
         self.near = True  # until a step shows otherwise
@@ -287,10 +287,13 @@ class LeaseBook:
             if r[0] > lease.peak:
                 lease.peak = r[0]
             lease.admitted += 1
+            alarm = lease.admitted == lease.alarm
             lease.last_used = time.monotonic()
             if call_expiry > lease.latest:
                 lease.latest = call_expiry
             lease.inflight.add(ticket)
+        if alarm:  # about half the slice is used: the keeper looks now rather than at its next deadline
+            _WAKE.set()
         return ticket
 
     @staticmethod
@@ -416,6 +419,7 @@ class LeaseBook:
             # what is free): near that limit, so steps stay exact
             lease.near = any(c and w and 2 * (held - k - a) < w
                              for c, w, held, k, a in zip(lease.capped, want, result.held, keep, ask))
+            lease.alarm = self.n // 2 if self.n and not lease.near else 0
             if limits is not lease.limits:
                 lease.limits, lease.capped = limits, _capped(limits)
             if give_back and not any(keep) and not lease.pending():
@@ -457,6 +461,20 @@ class LeaseBook:
                 self._step(lease, give_back=False, timeout=timeout)
         finally:
             self.io.release()
+
+    def next_pass(self, now: float) -> float:
+        """Seconds until this book needs a keeper pass (0: on the next one). A lease far from every
+        limit needs one when its step is due by time (``max_interval`` after the last one, if there
+        is usage to hand over) or when it is idle; the admission at half its slice wakes the keeper
+        sooner (``alarm``). Near a limit, in exact mode, after that alarm and while leases retire,
+        the keeper looks on every pass (:data:`RENEW_INTERVAL`)."""
+        lease = self.current
+        if lease is None or self.retiring or lease.near or not self.n or (lease.alarm and lease.admitted >= lease.alarm):
+            return 0.0
+        due = lease.last_used + IDLE_RETURN
+        if lease.admitted or lease.pending():
+            due = min(due, lease.stepped + self.max_interval)
+        return due - now
 
     def _due(self, lease: Lease) -> bool:
         """Whether an active lease needs its store step now: it is near a limit (exact steps), it
@@ -550,14 +568,23 @@ def _start_keeper() -> None:
 
 
 def _keep() -> None:
-    logged = float("-inf")
+    """The keeper: a pass over the active books when one of them needs it (``next_pass``), at most
+    one per :data:`RENEW_INTERVAL` unless an admission's alarm wakes it. (It used to look every
+    RENEW_INTERVAL: a thread wake-up costs 25-80 us of CPU on a loaded 2-core machine, ~1 us per
+    call of a busy plugin, for passes that mostly had nothing to do.)"""
+    logged = last = float("-inf")
     while True:
         books = [b for b in list(_BOOKS) if b.active() and not b.closed]
         if not books:
             _WAKE.wait(1.0)
             _WAKE.clear()
             continue
-        time.sleep(RENEW_INTERVAL)
+        now = time.monotonic()
+        delay = max(last + RENEW_INTERVAL - now, min(b.next_pass(now) for b in books))
+        if delay > 0:
+            _WAKE.wait(min(delay, IDLE_RETURN))
+        _WAKE.clear()
+        last = time.monotonic()
         for book in books:
             try:
                 book.tick()
