@@ -273,6 +273,52 @@ def busy_book(kind, home, block: str, calls: int):
     return limits.store_for(settings, home).lease_books()[PLUGIN]
 
 
+def test_a_leases_room_is_what_it_holds_less_its_calls_in_flight_and_their_usage_at_every_point(kind, tmp_path):
+    """Admissions and settlements in memory change ``room`` by the numbers that store steps work it
+    out from afresh: whatever mix of calls, releases, expired calls and steps, it never drifts."""
+    import random
+
+    from plugin_llm.limits import leases
+
+    k, url, prefix = kind
+    settings = parse(settings_text(k, url, prefix, "{max_concurrent: 50, requests_per_minute: 100000, "
+                                                   "tokens_per_minute: 100000000, budget_usd: {day: 1000}}"))
+    rng = random.Random(7)
+    book = None
+    open_tickets = []
+
+    def check() -> None:
+        with book.lock:
+            lease = book.current
+            r, h = lease.in_flight(), lease.held
+            assert lease.room == [h[0] - r[0], h[1] - r[1] - lease.u_req, h[2] - r[2] - lease.u_tok,
+                                  h[3] - r[3] - lease.u_nano]
+
+    for i in range(400):
+        action = rng.random()
+        if not open_tickets or (action < 0.5 and len(open_tickets) < 30):
+            open_tickets.append(call(settings, tmp_path))
+        elif action < 0.8:
+            open_tickets.pop(rng.randrange(len(open_tickets))).settle(
+                input_tokens=rng.randrange(0, 30), output_tokens=rng.randrange(0, 100))
+        elif action < 0.9:
+            open_tickets.pop(rng.randrange(len(open_tickets))).release()
+        else:
+            ticket = open_tickets[rng.randrange(len(open_tickets))]
+            if type(ticket) is leases.LeasedTicket:
+                ticket.expires_at = 0.0  # it expires: the next step stops counting it (its usage counts)
+            with book.io:
+                book._step(book.current, give_back=False, timeout=5.0)
+        if book is None:
+            book = limits.store_for(settings, tmp_path).lease_books()[PLUGIN]
+        if book.current is not None:
+            check()
+    assert sum(type(t) is leases.LeasedTicket for t in open_tickets) > 5  # most were admitted in memory
+    for ticket in open_tickets:
+        ticket.release()
+    check()
+
+
 def test_a_lease_holds_concurrency_slots_for_the_calls_in_flight_not_for_the_calls_per_interval(kind, tmp_path):
     """A plugin making one call at a time under a high max_concurrent holds a few slots, and stays
     far from the limit (its renewals are not exact steps that hold up admissions)."""
@@ -291,14 +337,14 @@ def test_the_keeper_makes_a_store_step_only_when_one_is_due(kind, tmp_path):
     with book.io:  # the keeper skips this book meanwhile: nothing made up here reaches the store
         book._step(lease, give_back=False, timeout=5.0)  # topped up to its slice just now
         assert not lease.near
-        saved = lease.stepped, lease.u_req
+        saved = lease.stepped, lease.room[1]
         assert not book._due(lease)  # far from every limit, stepped just now, room left: nothing to do
         lease.stepped -= book.max_interval
         assert book._due(lease)  # settled usage goes to the store at least every max_interval
         lease.stepped = time.monotonic()
-        lease.u_req = lease.held[1] - lease.r[1] - book.n // 2 + 1  # less than half the slice of requests left
+        lease.room[1] = book.n // 2 - 1  # less than half the slice of requests left
         assert book._due(lease)
-        lease.u_req = saved[1]
+        lease.room[1] = saved[1]
         lease.near = True
         assert book._due(lease)  # near a limit: every keeper pass is an exact step
         assert book.next_pass(time.monotonic()) == 0.0  # ... and the keeper looks on every pass

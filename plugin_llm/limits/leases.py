@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import math
 import os
 import threading
 import time
@@ -98,6 +99,8 @@ BUSY_WINDOW = 1.0
 MAX_CALLS = 1024
 _MAX_SLACK = 2.0
 _ZERO = (0, 0, 0, 0)
+_BIG = 1 << 62  # the room under a limit the plugin does not have
+_CLOSED = float("-inf")  # Lease.admit_until of a lease that admits nothing in memory
 
 
 class LeasedTicket:
@@ -146,15 +149,50 @@ class LeasedTicket:
             output_tokens = usage.output_tokens if output_tokens is None else output_tokens
         ins = input_tokens if type(input_tokens) is int and input_tokens >= 0 else max(0, int(input_tokens or 0))
         outs = output_tokens if type(output_tokens) is int and output_tokens >= 0 else max(0, int(output_tokens or 0))
+        price = self.price
         if ins == 0 and outs == 0 and cost_usd is None:  # nothing reported: charged its worst case
-            self.lease.finish(self, self.cost or 0, self.input_tokens + self.output_tokens)
+            self._finish(self.cost or 0, self.input_tokens + self.output_tokens)
+        elif price is not None and price.operator:  # actual_cost_nano's first case, inlined (the usual one)
+            self._finish(math.ceil(ins * price.input_nano + outs * price.output_nano), ins + outs)
         else:
-            self.lease.finish(self, actual_cost_nano(self.price, cost_usd, ins, outs), ins + outs)
+            self._finish(actual_cost_nano(price, cost_usd, ins, outs), ins + outs)
 
     def release(self) -> None:
         """Drop the reservation (the request still counts in its minute)."""
         if not self.done:
-            self.lease.finish(self, 0, 0)
+            self._finish(0, 0)
+
+    def _finish(self, cost_nano: int, tokens: int) -> None:
+        """The call finished: its reservation leaves the lease's ``room`` and ``inflight``, its usage
+        waits in ``u_*`` for the keeper."""
+        lease = self.lease
+        book = lease.book
+        with book.lock:
+            if self.done:
+                return
+            self.done = True
+            lease.u_req += 1  # a finished request counts in its minute, failed or not
+            lease.u_tok += tokens  # (the ticket's own numbers: non-negative ints)
+            lease.u_nano += cost_nano
+            room = lease.room
+            try:
+                lease.inflight.remove(self)
+            except KeyError:  # it expired (and stopped counting); its usage counts all the same
+                room[1] -= 1
+                room[2] -= tokens
+                room[3] -= cost_nano
+            else:
+                room[0] += 1
+                room[2] += self.input_tokens + self.output_tokens - tokens
+                room[3] += (self.cost or 0) - cost_nano
+            orphan = lease.dead
+            if orphan:  # given back already: the keeper applies this usage with a final step
+                lease.dead = False
+                book.retiring.append(lease)
+        if book.closed:
+            book.flush_closed()
+        elif orphan:
+            book.wake()
 
     async def asettle(self, usage=None, **numbers) -> None:
         self.settle(usage, **numbers)
@@ -168,12 +206,15 @@ class LeasedTicket:
 
 
 class Lease:
-    """One lease row: what the store holds (``held``), what calls in flight hold of it (``r``),
-    and the usage of finished calls not yet handed to the store (``u_*``)."""
+    """One lease row: what the store holds (``held``), the calls in flight under it
+    (``inflight``), the usage of finished calls not yet handed to the store (``u_*``), and what
+    admissions in memory may still take (``room``: ``held`` less the calls in flight and that
+    usage, per limit; :data:`_BIG` where the plugin has no limit) until ``admit_until`` (the
+    latest call expiry it covers; :data:`_CLOSED` while a step holds admissions up)."""
 
-    __slots__ = ("book", "id", "buckets", "t0", "t1", "limits", "capped", "held", "expires", "latest", "r",
-                 "u_req", "u_tok", "u_nano", "inflight", "renewing", "admitted", "alarm", "last_used", "dead",
-                 "near", "stepped", "peak")
+    __slots__ = ("book", "id", "buckets", "t0", "t1", "limits", "capped", "held", "expires", "latest", "room",
+                 "admit_until", "u_req", "u_tok", "u_nano", "inflight", "renewing", "admitted", "alarm",
+                 "last_used", "dead", "near", "stepped", "peak")
 
     def __init__(self, book: "LeaseBook", buckets: Buckets, limits: "PluginLimits") -> None:
         self.book = book
@@ -186,46 +227,27 @@ class Lease:
         self.held = _ZERO
         self.expires = 0.0
         self.latest = 0.0  # the latest expiry of a call admitted under this lease
-        self.r = [0, 0, 0, 0]  # slots, requests, tokens, nano held by calls in flight
+        self.room = [0, 0, 0, 0]  # slots, requests, tokens, nano
+        self.admit_until = _CLOSED
         self.u_req = self.u_tok = self.u_nano = 0
         self.inflight: set[LeasedTicket] = set()  # the calls admitted under it, not finished yet
         self.renewing = False
         self.admitted = 0  # admissions since the last renewal
         self.alarm = 0  # the admission (counted in ``admitted``) that wakes the keeper: half the slice used
-        self.last_used = time.monotonic()
+        self.last_used = time.monotonic()  # of the last admission, as the keeper saw it (updated by steps)
         self.dead = False
         self.near = True  # until a step shows otherwise
         self.stepped = float("-inf")  # time.monotonic() of its last store step
         self.peak = 0  # the most calls in flight at once since its last store step
 
-    def finish(self, ticket: LeasedTicket, cost_nano: int, tokens: int) -> None:
-        """A call admitted under this lease finished (its ticket settles through this): in memory."""
-        book = self.book
-        with book.lock:
-            if ticket.done:
-                return
-            ticket.done = True
-            try:
-                self.inflight.remove(ticket)
-            except KeyError:  # it expired (and stopped counting); its usage counts all the same
-                pass
-            else:
-                r = self.r
-                r[0] -= 1
-                r[1] -= 1
-                r[2] -= ticket.input_tokens + ticket.output_tokens
-                r[3] -= ticket.cost or 0
-            self.u_req += 1  # a finished request counts in its minute, failed or not
-            self.u_tok += tokens  # (the ticket's own numbers: non-negative ints)
-            self.u_nano += cost_nano
-            orphan = self.dead
-            if orphan:  # given back already: the keeper applies this usage with a final step
-                self.dead = False
-                book.retiring.append(self)
-        if book.closed:
-            book.flush_closed()
-        elif orphan:
-            book.wake()
+    def in_flight(self) -> tuple[int, int, int, int]:
+        """Slots, requests, tokens and nano-dollars the calls in flight hold (the lock is held)."""
+        tokens = nano = 0
+        for t in self.inflight:
+            tokens += t.input_tokens + t.output_tokens
+            nano += t.cost or 0
+        n = len(self.inflight)
+        return (n, n, tokens, nano)
 
     def pending(self) -> bool:
         return bool(self.u_req or self.u_tok or self.u_nano)
@@ -245,6 +267,9 @@ def _capped(limits: "PluginLimits") -> tuple[bool, bool, bool, bool]:
 
 class LeaseBook:
     """This process's leases of one plugin in one store (see the module docstring)."""
+
+    __slots__ = ("store", "plugin_id", "timeout", "slack", "max_interval", "lock", "io", "current", "retiring", "n",
+                 "last_sync", "want_tok", "want_nano", "waiting", "closed", "__weakref__")
 
     def __init__(self, store: "LimitStore", plugin_id: str, grace: float, timeout: float) -> None:
         self.store = store
@@ -271,45 +296,28 @@ class LeaseBook:
         tokens, nano = input_tokens + output_tokens, cost or 0
         with self.lock:
             lease = self.current
-            if (lease is None or lease.renewing or self.n == 0 or lease.limits is not limits
-                    or not lease.t0 <= now < lease.t1 or call_expiry - self.slack > lease.expires):
+            if (lease is None or lease.limits is not limits or call_expiry > lease.admit_until
+                    or not lease.t0 <= now < lease.t1):
                 return None
-            held, r, capped = lease.held, lease.r, lease.capped
-            if ((capped[0] and r[0] + 1 > held[0]) or (capped[1] and r[1] + lease.u_req + 1 > held[1])
-                    or (capped[2] and r[2] + lease.u_tok + tokens > held[2])
-                    or (capped[3] and r[3] + lease.u_nano + nano > held[3])):
+            room = lease.room
+            if room[0] < 1 or room[1] < 1 or room[2] < tokens or room[3] < nano:
                 return None
+            room[0] -= 1
+            room[1] -= 1
+            room[2] -= tokens
+            room[3] -= nano
             ticket = LeasedTicket(lease, input_tokens, output_tokens, cost, price, call_expiry)
-            r[0] += 1  # _take(), inlined: this is the path of nearly every call of a busy plugin
-            r[1] += 1
-            r[2] += tokens
-            r[3] += nano
-            if r[0] > lease.peak:
-                lease.peak = r[0]
-            lease.admitted += 1
-            alarm = lease.admitted == lease.alarm
-            lease.last_used = time.monotonic()
+            inflight = lease.inflight
+            inflight.add(ticket)
+            if len(inflight) > lease.peak:
+                lease.peak = len(inflight)
             if call_expiry > lease.latest:
                 lease.latest = call_expiry
-            lease.inflight.add(ticket)
+            lease.admitted += 1
+            alarm = lease.admitted == lease.alarm
         if alarm:  # about half the slice is used: the keeper looks now rather than at its next deadline
             _WAKE.set()
         return ticket
-
-    @staticmethod
-    def _take(lease: Lease, ticket: LeasedTicket, tokens: int, nano: int) -> None:
-        r = lease.r
-        r[0] += 1
-        r[1] += 1
-        r[2] += tokens
-        r[3] += nano
-        if r[0] > lease.peak:
-            lease.peak = r[0]
-        lease.admitted += 1
-        lease.last_used = time.monotonic()
-        if ticket.expires_at > lease.latest:
-            lease.latest = ticket.expires_at
-        lease.inflight.add(ticket)
 
     def admit(self, limits: "PluginLimits", input_tokens: int, output_tokens: int, cost: int | None, price,
               call_expiry: float, now: float, *, timeout: float,
@@ -351,51 +359,47 @@ class LeaseBook:
                 if lease is None:
                     lease = self.current = Lease(self, buckets_at(now), limits)
                 if waiting:  # they will be in flight together: slots for all of them
-                    lease.peak = max(lease.peak, lease.r[0] + waiting + 1)
+                    lease.peak = max(lease.peak, len(lease.inflight) + waiting + 1)
             if retire is not None:  # its spare headroom must not count against the new lease
                 self._step(retire, give_back=True, timeout=timeout - (time.monotonic() - start))
-            ask = (1, 1, tokens, nano)
-            result = self._step(lease, give_back=False, timeout=timeout - (time.monotonic() - start),
-                                ask=ask, limits=limits, now=now, call_expiry=call_expiry)
-            if isinstance(result, Denial):
-                return result
             ticket = LeasedTicket(lease, input_tokens, output_tokens, cost, price, call_expiry)
-            with self.lock:
-                self._take(lease, ticket, tokens, nano)
-            return ticket
+            result = self._step(lease, give_back=False, timeout=timeout - (time.monotonic() - start),
+                                ask=(1, 1, tokens, nano), limits=limits, now=now, call_expiry=call_expiry,
+                                ticket=ticket)
+            return result if isinstance(result, Denial) else ticket
         finally:
             self.io.release()
 
     # -- one store step (the io lock is held)
     def _step(self, lease: Lease, *, give_back: bool, timeout: float, ask: tuple[int, int, int, int] = _ZERO,
               limits: "PluginLimits | None" = None, now: float | None = None,
-              call_expiry: float = 0.0) -> LeaseGrant | Denial:
+              call_expiry: float = 0.0, ticket: LeasedTicket | None = None) -> LeaseGrant | Denial:
+        """Hand the settled usage to the store and resize ``lease`` in one store step; with ``ask``,
+        the reservation of the call ``ticket`` too, which is admitted under the lease before any
+        other call can take the room granted for it."""
         now = time.time() if now is None else now
         limits = lease.limits if limits is None else limits
         with self.lock:
-            r = lease.r
-            expired = [t for t in lease.inflight if t.expires_at <= now]
-            for t in expired:  # stopped counting in the store: no longer held
-                lease.inflight.remove(t)
-                r[0] -= 1
-                r[1] -= 1
-                r[2] -= t.input_tokens + t.output_tokens
-                r[3] -= t.cost or 0
+            inflight = lease.inflight
+            for t in [t for t in inflight if t.expires_at <= now]:  # stopped counting in the store: no longer held
+                inflight.remove(t)
+            r = lease.in_flight()
             settled = (lease.u_req, lease.u_tok, lease.u_nano)
             n = 0 if give_back or lease is not self.current else self.n
             target = (_slots(n, lease.peak), n, n * self.want_tok, n * self.want_nano) if n else _ZERO
             lease.peak = r[0]
-            freeze = give_back or lease.near or any(ask)
-            if freeze:  # exact: hold only the calls in flight (+ this call + the slice); admissions wait
-                keep = (r[0], r[1], r[2], r[3])
-                want = target
+            if give_back or lease.near or any(ask):  # exact: hold only the calls in flight (+ this call + the
+                keep, want = r, target  # slice); admissions wait
                 lease.renewing = True
+                lease.admit_until = _CLOSED
             else:  # far from every limit: keep what is held (less what settles), top the spare up to the
                 # slice; admissions go on meanwhile, within what is held now, which the step never shrinks
                 h, c = lease.held, lease.capped
                 keep = (max(r[0], h[0]) if c[0] else r[0], max(r[1], h[1] - settled[0]) if c[1] else r[1],
                         max(r[2], h[2] - settled[1]) if c[2] else r[2], max(r[3], h[3] - settled[2]) if c[3] else r[3])
                 want = tuple(max(0, t - (k - x)) for t, k, x in zip(target, keep, r))
+            if lease.admitted:
+                lease.last_used = time.monotonic()
             lease.admitted = 0
         keep_expires = max(lease.latest, now)
         op = LeaseOp(lease.id, lease.buckets, now, max(keep_expires, call_expiry), keep_expires, settled, keep, ask, want)
@@ -404,6 +408,7 @@ class LeaseBook:
         except BaseException:
             with self.lock:
                 lease.renewing = False  # nothing known to be applied: the usage is sent again next time
+                self._reopen(lease)
             raise
         with self.lock:
             lease.renewing = False
@@ -413,6 +418,7 @@ class LeaseBook:
             lease.u_nano -= settled[2]
             if isinstance(result, Denial):
                 lease.held, lease.expires = keep, keep_expires
+                self._reopen(lease)
                 return result
             lease.held, lease.expires = result.held, result.expires
             # the store granted less than half the slice somewhere (it grants at most 1/LEASE_SHARE of
@@ -422,13 +428,30 @@ class LeaseBook:
             lease.alarm = self.n // 2 if self.n and not lease.near else 0
             if limits is not lease.limits:
                 lease.limits, lease.capped = limits, _capped(limits)
+            if ticket is not None:  # the asking call: in flight under the lease
+                lease.inflight.add(ticket)
+                lease.peak = max(lease.peak, len(lease.inflight))
+                lease.latest = max(lease.latest, ticket.expires_at)
+                lease.admitted += 1
+                lease.last_used = time.monotonic()
+            self._reopen(lease)
             if give_back and not any(keep) and not lease.pending():
                 self._drop(lease)  # the store deleted the row
         return result
 
+    def _reopen(self, lease: Lease) -> None:
+        """Work ``room`` out afresh from what the store holds, and admit in memory again unless
+        the book is in exact mode (the lock is held)."""
+        r, h, c = lease.in_flight(), lease.held, lease.capped
+        lease.room = [h[0] - r[0] if c[0] else _BIG, h[1] - r[1] - lease.u_req if c[1] else _BIG,
+                      h[2] - r[2] - lease.u_tok if c[2] else _BIG, h[3] - r[3] - lease.u_nano if c[3] else _BIG]
+        open_ = self.n and not lease.renewing and not lease.dead
+        lease.admit_until = lease.expires + self.slack if open_ else _CLOSED
+
     def _drop(self, lease: Lease) -> None:
         """Forget a lease the store holds nothing of (the lock is held)."""
         lease.dead = True
+        lease.admit_until = _CLOSED
         if lease is self.current:
             self.current = None
         if lease in self.retiring:
@@ -450,7 +473,8 @@ class LeaseBook:
             lease = self.current
             if lease is None:
                 return
-            if time.monotonic() - lease.last_used >= IDLE_RETURN:  # idle: give back all but the calls in flight
+            if not lease.admitted and time.monotonic() - lease.last_used >= IDLE_RETURN:  # idle: give back all
+                # but the calls in flight
                 if self._spare(lease):
                     self._step(lease, give_back=True, timeout=timeout)
                 if lease.dead:
@@ -485,17 +509,15 @@ class LeaseBook:
         if lease.near or not n or time.monotonic() - lease.stepped >= self.max_interval:
             return True
         with self.lock:
-            held, r, c = lease.held, lease.r, lease.capped
-            return ((c[0] and 2 * (held[0] - r[0]) < _slots(n, lease.peak)) or (c[1] and 2 * (held[1] - r[1] - lease.u_req) < n)
-                    or (c[2] and 2 * (held[2] - r[2] - lease.u_tok) < n * self.want_tok)
-                    or (c[3] and 2 * (held[3] - r[3] - lease.u_nano) < n * self.want_nano))
+            room, c = lease.room, lease.capped
+            return ((c[0] and 2 * room[0] < _slots(n, lease.peak)) or (c[1] and 2 * room[1] < n)
+                    or (c[2] and 2 * room[2] < n * self.want_tok) or (c[3] and 2 * room[3] < n * self.want_nano))
 
     def _spare(self, lease: Lease) -> bool:
         """Whether giving ``lease`` back needs a store step (else it is marked done here)."""
         with self.lock:
-            r = lease.r
-            if lease.pending() or lease.held != (r[0], r[1], r[2], r[3]) or any(
-                    t.expires_at <= time.time() for t in lease.inflight):
+            r = lease.in_flight()
+            if lease.pending() or lease.held != r or any(t.expires_at <= time.time() for t in lease.inflight):
                 return True
             if not any(r):  # holds nothing: the store has no row left
                 self._drop(lease)

@@ -197,6 +197,8 @@ def input_token_bound(messages: Iterable[Mapping[str, Any]], extra: Iterable[Any
         content = message.get("content")
         if type(content) is str and content.isascii():  # the usual message: one ASCII text
             total += _MESSAGE_OVERHEAD + len(content)
+            if len(message) == 2 and "role" in message:  # and a role, nothing else (cheaper than the keys view)
+                continue
         else:
             total += _MESSAGE_OVERHEAD + _content_tokens(content)
         if message.keys() <= _PLAIN_KEYS:
