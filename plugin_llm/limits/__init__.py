@@ -303,7 +303,7 @@ class _Plan:
     output bound, and this process's lease book once it exists."""
 
     __slots__ = ("settings", "home", "plugin_id", "provider", "model", "max_tokens", "limits", "refusal", "price",
-                 "output_tokens", "output_nano", "book", "astep")
+                 "output_tokens", "output_nano", "grace", "book", "astep")
 
     def __init__(self, settings: LimitSettings, home: Any, plugin_id: str, provider: str, model: str,
                  max_tokens: int | None) -> None:
@@ -314,6 +314,7 @@ class _Plan:
         self.price = price = find_price(provider, model, settings.prices) if limits.has_budget else None
         self.output_tokens = output_token_bound(price, max_tokens, settings)
         self.output_nano = None if price is None else self.output_tokens * price.output_nano
+        self.grace = settings.reservation_grace
         self.book: leases.LeaseBook | None = None
         self.astep: _AsyncStep | None = None  # the store step an async call of this plan is making
         if limits.error is not None:
@@ -415,7 +416,7 @@ def _fast(plan: _Plan, input_tokens: int, cost: int | None, deadline: float, now
         book = plan.lease_book(store)
         if book is None:
             return None
-    expiry = now + max(0.0, deadline - time.monotonic()) + plan.settings.reservation_grace
+    expiry = now + max(0.0, deadline - time.monotonic()) + plan.grace
     return book.try_fast(plan.limits, input_tokens, plan.output_tokens, cost, plan.price, expiry, now)
 
 
@@ -499,8 +500,12 @@ def admit_in_memory(settings: LimitSettings, home: Path | str, plugin_id: str, m
     store must decide: call :func:`admit` / :func:`aadmit` with the same arguments. Raises
     :class:`PluginLlmLimitError` for a refusal no store is needed for (broken limits, a budget on an
     unpriced model). Positional arguments: this is the gateway's path for nearly every limited call."""
-    plan = _plan(settings, home, plugin_id, provider, model, max_tokens)  # _prepare(), inlined: the path of
-    if plan.limits.empty:  # nearly every limited call
+    plan = _LAST_PLAN  # _plan() and _prepare(), inlined: the path of nearly every limited call
+    if (plan is None or plan.settings is not settings or plan.home is not home or plan.plugin_id != plugin_id
+            or plan.provider != provider or plan.model != model or plan.max_tokens != max_tokens
+            or type(max_tokens) is not type(plan.max_tokens)):
+        plan = _plan(settings, home, plugin_id, provider, model, max_tokens)
+    if plan.limits.empty:
         return UNLIMITED
     if plan.refusal is not None:
         raise plan.refuse()
@@ -510,8 +515,9 @@ def admit_in_memory(settings: LimitSettings, home: Path | str, plugin_id: str, m
     book, now = plan.book, time.time()
     if book is None or book.closed or not leases.ENABLED:
         return _fast(plan, input_tokens, cost, deadline, now)
+    left = deadline - time.monotonic()
     return book.try_fast(plan.limits, input_tokens, plan.output_tokens, cost, plan.price,
-                         now + max(0.0, deadline - time.monotonic()) + plan.settings.reservation_grace, now)
+                         now + (left if left > 0.0 else 0.0) + plan.grace, now)
 
 
 async def aadmit(settings: LimitSettings, home: Path | str, plugin_id: str, *, messages: Iterable[Mapping[str, Any]],

@@ -118,8 +118,13 @@ class LeasedTicket:
 
     def __init__(self, lease: "Lease", input_tokens: int, output_tokens: int, cost: int | None, price,
                  expires_at: float) -> None:
-        self.lease, self.input_tokens, self.output_tokens = lease, input_tokens, output_tokens
-        self.cost, self.price, self.expires_at, self.done = cost, price, expires_at, False
+        self.lease = lease
+        self.input_tokens = input_tokens
+        self.output_tokens = output_tokens
+        self.cost = cost
+        self.price = price
+        self.expires_at = expires_at
+        self.done = False
 
     @property
     def tokens(self) -> int:
@@ -151,20 +156,12 @@ class LeasedTicket:
         outs = output_tokens if type(output_tokens) is int and output_tokens >= 0 else max(0, int(output_tokens or 0))
         price = self.price
         if ins == 0 and outs == 0 and cost_usd is None:  # nothing reported: charged its worst case
-            self._finish(self.cost or 0, self.input_tokens + self.output_tokens)
+            nano, tokens = self.cost or 0, self.input_tokens + self.output_tokens
         elif price is not None and price.operator:  # actual_cost_nano's first case, inlined (the usual one)
-            self._finish(math.ceil(ins * price.input_nano + outs * price.output_nano), ins + outs)
+            nano, tokens = math.ceil(ins * price.input_nano + outs * price.output_nano), ins + outs
         else:
-            self._finish(actual_cost_nano(price, cost_usd, ins, outs), ins + outs)
-
-    def release(self) -> None:
-        """Drop the reservation (the request still counts in its minute)."""
-        if not self.done:
-            self._finish(0, 0)
-
-    def _finish(self, cost_nano: int, tokens: int) -> None:
-        """The call finished: its reservation leaves the lease's ``room`` and ``inflight``, its usage
-        waits in ``u_*`` for the keeper."""
+            nano, tokens = actual_cost_nano(price, cost_usd, ins, outs), ins + outs
+        # the reservation leaves the lease's room and calls in flight; the usage waits in u_* for the keeper
         lease = self.lease
         book = lease.book
         with book.lock:
@@ -172,19 +169,19 @@ class LeasedTicket:
                 return
             self.done = True
             lease.u_req += 1  # a finished request counts in its minute, failed or not
-            lease.u_tok += tokens  # (the ticket's own numbers: non-negative ints)
-            lease.u_nano += cost_nano
+            lease.u_tok += tokens  # (non-negative ints)
+            lease.u_nano += nano
             room = lease.room
             try:
                 lease.inflight.remove(self)
             except KeyError:  # it expired (and stopped counting); its usage counts all the same
                 room[1] -= 1
                 room[2] -= tokens
-                room[3] -= cost_nano
+                room[3] -= nano
             else:
                 room[0] += 1
                 room[2] += self.input_tokens + self.output_tokens - tokens
-                room[3] += (self.cost or 0) - cost_nano
+                room[3] += (self.cost or 0) - nano
             orphan = lease.dead
             if orphan:  # given back already: the keeper applies this usage with a final step
                 lease.dead = False
@@ -193,6 +190,11 @@ class LeasedTicket:
             book.flush_closed()
         elif orphan:
             book.wake()
+
+    def release(self) -> None:
+        """Drop the reservation (the request still counts in its minute)."""
+        if not self.done:
+            self.settle(cost_usd=0.0, input_tokens=0, output_tokens=0)
 
     async def asettle(self, usage=None, **numbers) -> None:
         self.settle(usage, **numbers)
