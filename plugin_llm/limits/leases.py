@@ -214,9 +214,10 @@ class Lease:
     usage, per limit; :data:`_BIG` where the plugin has no limit) until ``admit_until`` (the
     latest call expiry it covers; :data:`_CLOSED` while a step holds admissions up)."""
 
-    __slots__ = ("book", "id", "buckets", "t0", "t1", "limits", "capped", "held", "expires", "latest", "room",
-                 "admit_until", "u_req", "u_tok", "u_nano", "inflight", "renewing", "admitted", "alarm",
-                 "last_used", "dead", "near", "stepped", "peak")
+    # (what admission and settlement touch first: next to each other in memory)
+    __slots__ = ("limits", "admit_until", "t0", "t1", "room", "inflight", "peak", "latest", "admitted", "alarm",
+                 "u_req", "u_tok", "u_nano", "dead", "book", "id", "buckets", "capped", "held", "expires",
+                 "renewing", "last_used", "near", "stepped")
 
     def __init__(self, book: "LeaseBook", buckets: Buckets, limits: "PluginLimits") -> None:
         self.book = book
@@ -270,8 +271,8 @@ def _capped(limits: "PluginLimits") -> tuple[bool, bool, bool, bool]:
 class LeaseBook:
     """This process's leases of one plugin in one store (see the module docstring)."""
 
-    __slots__ = ("store", "plugin_id", "timeout", "slack", "max_interval", "lock", "io", "current", "retiring", "n",
-                 "last_sync", "want_tok", "want_nano", "waiting", "closed", "__weakref__")
+    __slots__ = ("lock", "current", "closed", "store", "plugin_id", "timeout", "slack", "max_interval", "io",
+                 "retiring", "n", "last_sync", "want_tok", "want_nano", "waiting", "__weakref__")
 
     def __init__(self, store: "LimitStore", plugin_id: str, grace: float, timeout: float) -> None:
         self.store = store
