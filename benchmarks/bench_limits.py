@@ -271,6 +271,10 @@ def bench_sync(vs: list[Variant], bare: Variant, rounds: int, calls: int) -> dic
         off_cpu.append((time.process_time() - c0) / calls)
     med = lambda xs: statistics.median(xs) * 1e6  # noqa: E731
     out = {name: {k: med(xs) for k, xs in row.items() if xs} for name, row in rows.items()}
+    for name, row in rows.items():  # the spread of the headline numbers over the rounds
+        if len(row["pipeline"]) >= 4:
+            q = statistics.quantiles(row["pipeline"], n=4)
+            out[name]["pipeline_iqr"] = (q[0] * 1e6, q[2] * 1e6)
     out["_complete"] = {"wall": med(wall), "cpu": med(off_cpu), "pricing": med(pricing)}
     return out
 
@@ -318,7 +322,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer rounds (a smoke run)")
     args = parser.parse_args()
-    rounds, block, calls, repeats = (6, 100, 256, 3) if args.quick else (20, 150, 1024, 5)
+    rounds, block, calls, repeats = (6, 100, 256, 3) if args.quick else (40, 150, 1024, 5)
 
     with server_process() as server, redis_process() as redis:
         redis_url = redis.url if redis else None
@@ -333,14 +337,15 @@ def main() -> None:
         print("  what limits add to a whole call (calls of a plugin with limits and of one without, both on the "
               "same operator-priced model, alternating one by one; the difference of their CPU + the limits "
               "threads' CPU):")
-        print(f"    {'variant':<18} {'CPU µs':>8} {'% of call wall':>15} {'% of call CPU':>14}   target")
+        print(f"    {'variant':<18} {'CPU µs':>8} {'(IQR of rounds)':>16} {'% of call wall':>15} {'% of call CPU':>14}   target")
         for v in vs[1:]:
             row = sync[v.name]
             target = TARGETS[v.store]
             share = row["pipeline"] / base["wall"] * 100
             mark = f"< {target:.0f}%  " + ("met" if share < target else "missed") if v.lease else "(before leases)"
-            print(f"    {v.name:<18} {row['pipeline']:8.1f} {share:14.2f}% {row['pipeline'] / base['cpu'] * 100:13.2f}%"
-                  f"   {mark}")
+            lo, hi = row.get("pipeline_iqr", (float("nan"),) * 2)
+            print(f"    {v.name:<18} {row['pipeline']:8.1f} {f'({lo:.1f}-{hi:.1f})':>16} {share:14.2f}% "
+                  f"{row['pipeline'] / base['cpu'] * 100:13.2f}%   {mark}")
         print(f"  the operator's price alone (limits.prices set, no limits: any plugin calling a priced model, "
               f"vs no prices): {base['pricing']:.1f} µs = {base['pricing'] / base['wall'] * 100:.2f}% of a call")
         print("  of which admission + settlement through the facade, in context (CPU of the caller in "
