@@ -500,12 +500,8 @@ def admit_in_memory(settings: LimitSettings, home: Path | str, plugin_id: str, m
     store must decide: call :func:`admit` / :func:`aadmit` with the same arguments. Raises
     :class:`PluginLlmLimitError` for a refusal no store is needed for (broken limits, a budget on an
     unpriced model). Positional arguments: this is the gateway's path for nearly every limited call."""
-    plan = _LAST_PLAN  # _plan() and _prepare(), inlined: the path of nearly every limited call
-    if (plan is None or plan.settings is not settings or plan.home is not home or plan.plugin_id != plugin_id
-            or plan.provider != provider or plan.model != model or plan.max_tokens != max_tokens
-            or type(max_tokens) is not type(plan.max_tokens)):
-        plan = _plan(settings, home, plugin_id, provider, model, max_tokens)
-    if plan.limits.empty:
+    plan = _plan(settings, home, plugin_id, provider, model, max_tokens)  # _prepare(), inlined: the path of
+    if plan.limits.empty:  # nearly every limited call
         return UNLIMITED
     if plan.refusal is not None:
         raise plan.refuse()
@@ -515,9 +511,8 @@ def admit_in_memory(settings: LimitSettings, home: Path | str, plugin_id: str, m
     book, now = plan.book, time.time()
     if book is None or book.closed or not leases.ENABLED:
         return _fast(plan, input_tokens, cost, deadline, now)
-    left = deadline - time.monotonic()
     return book.try_fast(plan.limits, input_tokens, plan.output_tokens, cost, plan.price,
-                         now + (left if left > 0.0 else 0.0) + plan.grace, now)
+                         now + max(0.0, deadline - time.monotonic()) + plan.grace, now)
 
 
 async def aadmit(settings: LimitSettings, home: Path | str, plugin_id: str, *, messages: Iterable[Mapping[str, Any]],
