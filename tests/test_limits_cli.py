@@ -8,7 +8,7 @@ import pytest
 
 from plugin_llm import PluginLlm, PluginLlmQuotaError, limits
 from plugin_llm.cli.main import main
-from tests.conftest import write_config
+from tests.conftest import audit_lines, write_config
 
 CONFIG = ("limits:\n  store: local\nplugins:\n  enabled: [capped]\n  entries:\n    capped:\n      limits:\n"
           "        requests_per_minute: 2\n        budget_usd: {day: 1.0}\n")
@@ -93,3 +93,39 @@ def test_audit_stats_shows_spend_against_budget(hermes_home, capsys):
     assert main(["audit", "stats", "--json"]) == 0
     budgets = json.loads(capsys.readouterr().out)["budgets"]
     assert budgets["capped"]["day"]["spent_usd"] == pytest.approx(13e-6) and budgets["capped"]["day"]["budget_usd"] == 1.0
+
+
+_SPENDER = ("import threading, time\n\n"
+            "def register(ctx):\n"
+            "    def spend(raw):\n"
+            "        threading.Thread(target=time.sleep, args=(60,), name='plugin-stray').start()\n"
+            "        return ctx.llm.complete([{'role': 'user', 'content': 'hi'}], max_tokens=20).text\n"
+            "    ctx.register_command('spend', spend)\n")
+
+
+def test_a_cli_call_that_ends_with_a_stray_thread_still_counts_its_usage(hermes_home):
+    """The CLI ends with os._exit when a non-daemon thread is left (a plugin's, litellm's logging
+    worker): the call's usage must reach the store all the same, and nothing stays in flight."""
+    from tests.plugin_fixtures import write_plugin
+    from tests.test_hardening_plugins import _cli
+
+    write_plugin(hermes_home / "plugins", "spender", _SPENDER)
+    write_config(hermes_home, "limits:\n  prices:\n    local/local-echo-1: {input_per_mtok: 1000, output_per_mtok: 1000}\n"
+                 "plugins:\n  enabled: [spender]\n  entries:\n    spender:\n      limits:\n"
+                 "        budget_usd: {day: 5}\n        max_concurrent: 1\n")
+    for _ in range(2):  # max_concurrent 1: the second call is refused if the first stays in flight
+        ran = _cli(hermes_home, "run", "spend")
+        assert ran.returncode == 0, ran.stderr
+    settings = limits.parse_limit_settings(*_sections(hermes_home))[0]
+    snap = limits.snapshot(settings, hermes_home, "spender")
+    assert snap.counters.in_flight == 0
+    cost = sum(r["cost_usd"] for r in audit_lines(hermes_home))
+    assert cost > 0 and snap.counters.day_spent == round(cost * limits.NANO)
+    assert snap.counters.day_reserved == 0
+
+
+def _sections(home):
+    import yaml
+
+    data = yaml.safe_load((home / "config.yaml").read_text())
+    return data.get("limits"), data.get("plugins")

@@ -17,9 +17,11 @@ traceback. Colour only on a terminal, never with ``NO_COLOR`` set.
 
 As the process's entry point (``main()`` without ``argv``: the console script,
 ``python -m plugin_llm``), the process ends when the command is done, even if a
-plugin left a non-daemon thread running: output is flushed, the audit logs are
-closed (no write is cut short), logging is shut down and the process exits with
-``os._exit`` (``atexit`` handlers do not run in that case).
+plugin left a non-daemon thread running (litellm's logging worker is one): output
+is flushed, the limits stores are closed (leases given back, settlements applied:
+the calls' usage is counted), the audit logs are closed (no write is cut short),
+logging is shut down and the process exits with ``os._exit`` (``atexit`` handlers
+do not run in that case).
 """
 
 from __future__ import annotations
@@ -332,6 +334,7 @@ def _exit_if_threads_remain(code: int) -> None:
     logging.getLogger("plugin_llm").debug(
         "exiting with %d non-daemon thread(s) still running: %s", len(stray), ", ".join(t.name[:60] for t in stray[:5]))
     _flush_streams()
+    _close_limit_stores()
     _close_audit_logs()
     try:
         logging.shutdown()
@@ -347,6 +350,14 @@ def _flush_streams() -> None:
             stream.flush()
         except Exception:  # e.g. a closed pipe
             pass
+
+
+def _close_limit_stores() -> None:
+    """What the limits layer does at exit: give leases back and apply queued settlements
+    (a few seconds at most); what a store cannot take expires by the crash rule."""
+    limits = sys.modules.get("plugin_llm.limits")  # not imported: no call was metered
+    if limits is not None:
+        limits.close_stores()
 
 
 def _close_audit_logs() -> None:

@@ -253,10 +253,9 @@ _UNITS = {
 def _describe(d: Denial) -> str:
     what, fmt = _UNITS.get(d.limit, ("", str))
     head = f"plugin '{d.plugin_id}' is over its {d.limit} limit ({d.config_key} = {fmt(d.cap) if d.cap is not None else '?'})"
-    if d.limit == "max_concurrent":
-        body = f"{d.in_flight} {what} already"
-    elif d.limit == "requests_per_minute":
-        body = f"{d.used + d.in_flight} {what} already"
+    if d.limit in ("max_concurrent", "requests_per_minute"):
+        n = d.in_flight if d.limit == "max_concurrent" else d.used + d.in_flight
+        body = f"{n} {what if n != 1 else what.replace('s ', ' ', 1)} already"
     else:
         body = f"{fmt(d.used)} settled + {fmt(d.in_flight)} in flight {what}, this call may use up to {fmt(d.requested)}"
     if d.cap == 0:
