@@ -73,6 +73,28 @@ def test_settlement_replaces_the_reservation_with_the_actual_cost(hermes_home):
     assert snap["spent_usd"]["day"] == pytest.approx(13e-6) and snap["reserved_usd"]["day"] == 0
 
 
+@pytest.mark.parametrize("calls", [1, 40], ids=["per call", "under a lease"])
+def test_a_reply_without_usage_is_charged_its_reservation_never_free(hermes_home, calls):
+    """The transport reads a reply with no ``usage`` as 0 tokens at $0.0: unknown, so the
+    call is charged its worst case, and a budget still stops a provider that never reports usage."""
+    no_usage = {"id": "x", "object": "chat.completion", "created": 1, "model": "m",
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}]}
+    with FakeServer(default=Reply(body=no_usage)) as server:
+        configure(hermes_home, server.base_url, "        budget_usd: {day: 1.0}\n")
+        llm = PluginLlm("capped")
+        admitted = 0
+        with pytest.raises(PluginLlmQuotaError):
+            for _ in range(calls + 400):  # each call reserves (and is charged) about $0.0042
+                llm.complete(USER, max_tokens=2000)
+                admitted += 1
+                if admitted == calls:
+                    limits.close_stores()
+                    snap = snapshot(hermes_home)
+                    reserved = sum(r["limits.reserved_usd"] for r in audit_lines(hermes_home))
+                    assert snap["in_flight"] == 0 and snap["spent_usd"]["day"] == pytest.approx(reserved)
+    assert admitted < 1.0 / 0.004
+
+
 def test_a_failed_call_releases_its_reservation(hermes_home):
     with FakeServer(default=Reply.error(400, "bad request")) as server:
         configure(hermes_home, server.base_url, "        budget_usd: {day: 1.0}\n        max_concurrent: 1\n")

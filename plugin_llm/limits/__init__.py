@@ -158,8 +158,8 @@ class Ticket:
                output_tokens: int | None = None) -> None:
         """Replace the reservation by what the request used (a ``PluginLlmUsage`` or the numbers).
 
-        A request that succeeded but reports neither tokens nor a cost is
-        charged its reservation (the worst case): unknown is never free."""
+        A request that succeeded but reports neither tokens nor a positive cost
+        is charged its reservation (the worst case): unknown is never free."""
         once = self._once  # _finish(), inlined: this runs once per limited call
         if not once:
             return
@@ -172,7 +172,7 @@ class Ticket:
             input_tokens = usage.input_tokens if input_tokens is None else input_tokens
             output_tokens = usage.output_tokens if output_tokens is None else output_tokens
         ins, outs = max(0, int(input_tokens or 0)), max(0, int(output_tokens or 0))
-        if ins == 0 and outs == 0 and cost_usd is None:
+        if ins == 0 and outs == 0 and not (cost_usd is not None and cost_usd > 0):
             self._apply(admission, admission.cost_nano, admission.tokens)
             return
         cost_nano = actual_cost_nano(self._price, cost_usd, ins, outs)

@@ -145,7 +145,8 @@ class LeasedTicket:
 
     def settle(self, usage=None, *, cost_usd: float | None = None, input_tokens: int | None = None,
                output_tokens: int | None = None) -> None:
-        """As :meth:`Ticket.settle <plugin_llm.limits.Ticket.settle>`: the actual usage, in memory."""
+        """As :meth:`Ticket.settle <plugin_llm.limits.Ticket.settle>`: the actual usage, in memory
+        (a reply that reports no tokens and no positive cost is charged its worst case)."""
         if self.done:
             return
         if usage is not None:
@@ -155,13 +156,21 @@ class LeasedTicket:
         ins = input_tokens if type(input_tokens) is int and input_tokens >= 0 else max(0, int(input_tokens or 0))
         outs = output_tokens if type(output_tokens) is int and output_tokens >= 0 else max(0, int(output_tokens or 0))
         price = self.price
-        if ins == 0 and outs == 0 and cost_usd is None:  # nothing reported: charged its worst case
-            nano, tokens = self.cost or 0, self.input_tokens + self.output_tokens
+        if ins == 0 and outs == 0 and not (cost_usd is not None and cost_usd > 0):  # nothing reported: its worst case
+            self._finish(self.input_tokens + self.output_tokens, self.cost or 0)
         elif price is not None and price.operator:  # actual_cost_nano's first case, inlined (the usual one)
-            nano, tokens = math.ceil(ins * price.input_nano + outs * price.output_nano), ins + outs
+            self._finish(ins + outs, math.ceil(ins * price.input_nano + outs * price.output_nano))
         else:
-            nano, tokens = actual_cost_nano(price, cost_usd, ins, outs), ins + outs
-        # the reservation leaves the lease's room and calls in flight; the usage waits in u_* for the keeper
+            self._finish(ins + outs, actual_cost_nano(price, cost_usd, ins, outs))
+
+    def release(self) -> None:
+        """Drop the reservation (the request still counts in its minute)."""
+        if not self.done:
+            self._finish(0, 0)
+
+    def _finish(self, tokens: int, nano: int) -> None:
+        """The reservation leaves the lease's room and calls in flight; the usage waits in ``u_*``
+        for the keeper. Exactly once, decided under the book's lock."""
         lease = self.lease
         book = lease.book
         with book.lock:
@@ -190,11 +199,6 @@ class LeasedTicket:
             book.flush_closed()
         elif orphan:
             book.wake()
-
-    def release(self) -> None:
-        """Drop the reservation (the request still counts in its minute)."""
-        if not self.done:
-            self.settle(cost_usd=0.0, input_tokens=0, output_tokens=0)
 
     async def asettle(self, usage=None, **numbers) -> None:
         self.settle(usage, **numbers)
