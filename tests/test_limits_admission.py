@@ -182,18 +182,57 @@ def test_a_success_without_any_usage_is_charged_its_reservation(kind, tmp_path):
     assert (c.day_spent, c.minute_tokens) == (ticket.estimate.cost_nano, ticket.estimate.tokens)
 
 
-def test_a_store_defect_is_treated_as_a_store_failure(tmp_path, caplog):
+@pytest.mark.parametrize("on_store_error", ["deny", "allow"])
+def test_a_store_defect_refuses_the_call_even_when_store_errors_allow_it(tmp_path, caplog, on_store_error):
+    """``allow`` is for a store that is down or slow; a defect must never admit a call unmetered."""
     class Broken(limits.LimitStore):
         def admit(self, *a, **k):
             raise KeyError("bug")
 
         settle = counters = reset = admit
 
-    settings = settings_for("local", None, "{max_concurrent: 1}")
+    settings = settings_for("local", None, "{max_concurrent: 1}", extra=f"  on_store_error: {on_store_error}\n")
     with pytest.raises(PluginLlmLimitError) as caught:
         call(settings, tmp_path, store=Broken())
     assert caught.value.limit == "store" and "KeyError" in str(caught.value)
+    assert "whatever limits.on_store_error says" in str(caught.value)
     assert "failed unexpectedly" in caplog.text
+
+
+@pytest.mark.parametrize("on_store_error", ["deny", "allow"])
+def test_a_huge_max_tokens_is_refused_by_the_limit_not_by_an_overflow(kind, tmp_path, on_store_error):
+    """A max_tokens the gateway accepts (< 2**63) reserves at most MAX_CALL_TOKENS tokens and
+    MAX_CALL_NANO nano-dollars: still over every cap an operator can set, and no 64-bit overflow
+    in a store (which read as a store failure: unmetered under ``allow``)."""
+    extra = f"  on_store_error: {on_store_error}\n"
+    budget = settings_for(*kind, "{budget_usd: {day: 1.0}}", extra)
+    with pytest.raises(PluginLlmLimitError) as caught:
+        call(budget, tmp_path, max_tokens=2**62)
+    assert (caught.value.limit, caught.value.resets_at) == ("budget_usd.day", None)  # alone over the cap
+    rpm = settings_for(*kind, "{requests_per_minute: 2}", extra)  # no budget: only the token count is huge
+    tickets = [call(rpm, tmp_path, max_tokens=2**63 - 1) for _ in range(2)]
+    assert all(t.metered and t.store_error is None for t in tickets)
+    assert tickets[0].estimate.tokens <= 2 * limits.MAX_CALL_TOKENS
+    with pytest.raises(PluginLlmLimitError) as caught:
+        call(rpm, tmp_path, max_tokens=2**63 - 1)
+    assert caught.value.limit == "requests_per_minute"
+
+
+def test_usage_counters_saturate_instead_of_overflowing(kind, tmp_path):
+    """A provider may report any cost (the transport accepts up to $1e9 a call): settled usage is
+    clamped per call (MAX_CALL_NANO) and the stores' counters saturate at MAX_TOTAL, far from a
+    64-bit overflow (a store failure on every later step: the plugin unmetered under ``allow``)."""
+    settings = settings_for(*kind, "{requests_per_minute: 1000000}", "  on_store_error: allow\n")
+    calls = limits.MAX_TOTAL // limits.MAX_CALL_NANO + 50
+    for _ in range(calls):
+        ticket = call(settings, tmp_path)
+        assert ticket.metered
+        ticket.settle(cost_usd=9e8, input_tokens=2**62, output_tokens=7)
+    limits.close_stores()
+    c = limits.snapshot(settings, tmp_path, PLUGIN).counters
+    assert c.day_spent == c.month_spent == limits.MAX_TOTAL
+    assert (c.minute_requests, c.minute_tokens) == (calls, calls * (limits.MAX_CALL_TOKENS + 7))
+    assert call(settings, tmp_path).metered  # still metered
 
 
 def test_views_show_each_plugin_with_usage_or_the_store_error(kind, tmp_path):

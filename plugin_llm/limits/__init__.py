@@ -52,6 +52,9 @@ from plugin_llm.limits.pricing import (
     worst_case,
 )
 from plugin_llm.limits.settings import (
+    MAX_CALL_NANO,
+    MAX_CALL_TOKENS,
+    MAX_TOTAL,
     NANO,
     NO_LIMITS,
     LimitIssue,
@@ -99,6 +102,9 @@ __all__ = [
     "NO_LIMITS",
     "LIMIT_NAMES",
     "NANO",
+    "MAX_CALL_TOKENS",
+    "MAX_CALL_NANO",
+    "MAX_TOTAL",
     "parse_limit_settings",
     "check_limits",
     "limits_path",
@@ -171,7 +177,8 @@ class Ticket:
             cost_usd = usage.cost_usd if cost_usd is None else cost_usd
             input_tokens = usage.input_tokens if input_tokens is None else input_tokens
             output_tokens = usage.output_tokens if output_tokens is None else output_tokens
-        ins, outs = max(0, int(input_tokens or 0)), max(0, int(output_tokens or 0))
+        ins = min(MAX_CALL_TOKENS, max(0, int(input_tokens or 0)))
+        outs = min(MAX_CALL_TOKENS, max(0, int(output_tokens or 0)))
         if ins == 0 and outs == 0 and not (cost_usd is not None and cost_usd > 0):
             self._apply(admission, admission.cost_nano, admission.tokens)
             return
@@ -312,7 +319,7 @@ class _Plan:
         self.limits = limits = settings.for_plugin(plugin_id)
         self.refusal: tuple[str, str, str] | None = None
         self.price = price = find_price(provider, model, settings.prices) if limits.has_budget else None
-        self.output_tokens = output_token_bound(price, max_tokens, settings)
+        self.output_tokens = min(MAX_CALL_TOKENS, output_token_bound(price, max_tokens, settings))
         self.output_nano = None if price is None else self.output_tokens * price.output_nano
         self.grace = settings.reservation_grace
         self.book: leases.LeaseBook | None = None
@@ -332,7 +339,7 @@ class _Plan:
         the same number as :func:`worst_case`'s."""
         if self.output_nano is None:
             return None
-        return math.ceil(input_tokens * self.price.input_nano + self.output_nano)
+        return min(MAX_CALL_NANO, math.ceil(input_tokens * self.price.input_nano + self.output_nano))
 
     def refuse(self) -> PluginLlmLimitError:
         return _refuse(self.plugin_id, *self.refusal)
@@ -400,7 +407,7 @@ def _prepare(settings: LimitSettings, home: Any, plugin_id: str, messages, provi
         return None
     if plan.refusal is not None:
         raise plan.refuse()
-    input_tokens = input_token_bound(messages, extra)
+    input_tokens = min(MAX_CALL_TOKENS, input_token_bound(messages, extra))
     return plan, input_tokens, plan.cost(input_tokens)
 
 
@@ -443,9 +450,13 @@ def _admit_store(plan: _Plan, input_tokens: int, cost: int | None, deadline: flo
             result = store.admit(plugin_id, reservation, plan.limits, now, timeout=timeout)
         except (StoreError, PluginLlmLimitError):
             raise
-        except Exception as exc:  # a defect in a store: logged with its traceback, then treated as a store failure
+        except Exception as exc:  # a defect, not an outage: logged with its traceback and refused, even under
+            # on_store_error: allow (which is for a store that is down or slow), so no defect admits a call unmetered
             log.exception("limits: the %s store failed unexpectedly", settings.store)
-            raise StoreError(f"the {settings.store} limits store failed unexpectedly ({type(exc).__name__})") from None
+            raise _refuse(plugin_id, "store", "limits.on_store_error", (
+                f"call of plugin '{plugin_id}' refused: the {settings.store} limits store failed unexpectedly "
+                f"({type(exc).__name__}, logged with its traceback); such a failure refuses the call whatever "
+                "limits.on_store_error says")) from None
     except StoreError as exc:
         if settings.on_store_error == "allow":
             _warn_unmetered(plugin_id, exc)
@@ -505,9 +516,10 @@ def admit_in_memory(settings: LimitSettings, home: Path | str, plugin_id: str, m
         return UNLIMITED
     if plan.refusal is not None:
         raise plan.refuse()
-    input_tokens = input_token_bound(messages, extra)
+    input_tokens = min(MAX_CALL_TOKENS, input_token_bound(messages, extra))
     output_nano = plan.output_nano
-    cost = None if output_nano is None else math.ceil(input_tokens * plan.price.input_nano + output_nano)
+    cost = None if output_nano is None else min(MAX_CALL_NANO, math.ceil(input_tokens * plan.price.input_nano
+                                                                         + output_nano))
     book, now = plan.book, time.time()
     if book is None or book.closed or not leases.ENABLED:
         return _fast(plan, input_tokens, cost, deadline, now)

@@ -70,7 +70,7 @@ import weakref
 from typing import TYPE_CHECKING, Callable
 
 from plugin_llm.limits.pricing import Estimate, actual_cost_nano
-from plugin_llm.limits.settings import NANO
+from plugin_llm.limits.settings import MAX_CALL_NANO, MAX_CALL_TOKENS, MAX_TOTAL, NANO
 from plugin_llm.limits.store import Buckets, Denial, LeaseGrant, LeaseOp, StoreError, buckets_at, new_reservation_id
 
 if TYPE_CHECKING:
@@ -153,13 +153,15 @@ class LeasedTicket:
             cost_usd = usage.cost_usd if cost_usd is None else cost_usd
             input_tokens = usage.input_tokens if input_tokens is None else input_tokens
             output_tokens = usage.output_tokens if output_tokens is None else output_tokens
-        ins = input_tokens if type(input_tokens) is int and input_tokens >= 0 else max(0, int(input_tokens or 0))
-        outs = output_tokens if type(output_tokens) is int and output_tokens >= 0 else max(0, int(output_tokens or 0))
+        ins = (input_tokens if type(input_tokens) is int and 0 <= input_tokens <= MAX_CALL_TOKENS
+               else min(MAX_CALL_TOKENS, max(0, int(input_tokens or 0))))
+        outs = (output_tokens if type(output_tokens) is int and 0 <= output_tokens <= MAX_CALL_TOKENS
+                else min(MAX_CALL_TOKENS, max(0, int(output_tokens or 0))))
         price = self.price
         if ins == 0 and outs == 0 and not (cost_usd is not None and cost_usd > 0):  # nothing reported: its worst case
             self._finish(self.input_tokens + self.output_tokens, self.cost or 0)
         elif price is not None and price.operator:  # actual_cost_nano's first case, inlined (the usual one)
-            self._finish(ins + outs, math.ceil(ins * price.input_nano + outs * price.output_nano))
+            self._finish(ins + outs, min(MAX_CALL_NANO, math.ceil(ins * price.input_nano + outs * price.output_nano)))
         else:
             self._finish(ins + outs, actual_cost_nano(price, cost_usd, ins, outs))
 
@@ -391,7 +393,7 @@ class LeaseBook:
             for t in [t for t in inflight if t.expires_at <= now]:  # stopped counting in the store: no longer held
                 inflight.remove(t)
             r = lease.in_flight()
-            settled = (lease.u_req, lease.u_tok, lease.u_nano)
+            settled = (min(MAX_TOTAL, lease.u_req), min(MAX_TOTAL, lease.u_tok), min(MAX_TOTAL, lease.u_nano))
             n = 0 if give_back or lease is not self.current else self.n
             target = (_slots(n, lease.peak), n, n * self.want_tok, n * self.want_nano) if n else _ZERO
             lease.peak = r[0]

@@ -37,7 +37,7 @@ import time
 import weakref
 from pathlib import Path
 
-from plugin_llm.limits.settings import PluginLimits
+from plugin_llm.limits.settings import MAX_TOTAL, PluginLimits
 from plugin_llm.limits.store import (
     LIMIT_NAMES,
     Admission,
@@ -58,14 +58,15 @@ from plugin_llm.limits.store import (
 __all__ = ["LocalStore", "DB_NAME", "SCHEMA_VERSION"]
 
 DB_NAME = "limits.sqlite3"
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 #: the request tables hold no rows: a schema older than this version is upgraded by recreating them
 _REQUEST_TABLES = """
 DROP TRIGGER IF EXISTS admit_request; DROP TABLE IF EXISTS admit;
 DROP TRIGGER IF EXISTS settle_request; DROP TABLE IF EXISTS settle;
 DROP TRIGGER IF EXISTS lease_request; DROP TABLE IF EXISTS lease;
 """
-#: version 3 gave a reservation a number of calls in flight and of requests (a lease holds several)
+#: version 3 gave a reservation a number of calls in flight and of requests (a lease holds several);
+#: version 4 saturates the usage counters at MAX_TOTAL (the triggers only: recreated)
 _V3_COLUMNS = """
 ALTER TABLE reservations ADD COLUMN slots INTEGER NOT NULL DEFAULT 1;
 ALTER TABLE reservations ADD COLUMN requests INTEGER NOT NULL DEFAULT 1;
@@ -139,8 +140,8 @@ CREATE TRIGGER IF NOT EXISTS settle_request BEFORE INSERT ON settle BEGIN
     (NEW.plugin, 'day:' || NEW.day, NEW.nano, 0, 0),
     (NEW.plugin, 'mon:' || NEW.month, NEW.nano, 0, 0),
     (NEW.plugin, 'min:' || NEW.minute, 0, 1, NEW.tokens)
-    ON CONFLICT (plugin, bucket) DO UPDATE SET
-      nano = nano + excluded.nano, requests = requests + excluded.requests, tokens = tokens + excluded.tokens;
+    ON CONFLICT (plugin, bucket) DO UPDATE SET nano = MIN(nano + excluded.nano, @MAX@),
+      requests = MIN(requests + excluded.requests, @MAX@), tokens = MIN(tokens + excluded.tokens, @MAX@);
   SELECT RAISE(IGNORE);
 END;
 
@@ -158,8 +159,8 @@ CREATE TRIGGER IF NOT EXISTS lease_request BEFORE INSERT ON lease BEGIN
     (NEW.plugin, 'day:' || NEW.day, NEW.s_nano, 0, 0),
     (NEW.plugin, 'mon:' || NEW.month, NEW.s_nano, 0, 0),
     (NEW.plugin, 'min:' || NEW.minute, 0, NEW.s_req, NEW.s_tok)) WHERE NEW.s_req + NEW.s_tok + NEW.s_nano > 0
-    ON CONFLICT (plugin, bucket) DO UPDATE SET
-      nano = nano + excluded.nano, requests = requests + excluded.requests, tokens = tokens + excluded.tokens;
+    ON CONFLICT (plugin, bucket) DO UPDATE SET nano = MIN(nano + excluded.nano, @MAX@),
+      requests = MIN(requests + excluded.requests, @MAX@), tokens = MIN(tokens + excluded.tokens, @MAX@);
   DELETE FROM reservations WHERE plugin = NEW.plugin AND expires <= NEW.now;
   SELECT CASE
       WHEN NEW.max_concurrent IS NOT NULL AND o_slots + NEW.k_slots + NEW.a_slots > NEW.max_concurrent
@@ -192,7 +193,7 @@ CREATE TRIGGER IF NOT EXISTS lease_request BEFORE INSERT ON lease BEGIN
     AND slots = 0 AND requests = 0 AND tokens = 0 AND nano = 0;
   SELECT RAISE(IGNORE);
 END;
-""".replace("@TOTALS@", _TOTALS).replace("@SHARE@", str(LEASE_SHARE))
+""".replace("@TOTALS@", _TOTALS).replace("@SHARE@", str(LEASE_SHARE)).replace("@MAX@", str(MAX_TOTAL))
 
 _ADMIT = "INSERT INTO admit VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 #: the finished request in the buckets it was admitted in: cost to day and month, one request and its tokens to the minute

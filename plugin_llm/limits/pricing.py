@@ -28,7 +28,7 @@ from pathlib import Path
 from collections.abc import Mapping as _AbcMapping
 from typing import Any, Iterable, Mapping
 
-from plugin_llm.limits.settings import NANO, LimitSettings, OperatorPrice
+from plugin_llm.limits.settings import MAX_CALL_NANO, NANO, LimitSettings, OperatorPrice
 
 __all__ = ["Price", "Estimate", "find_price", "input_token_bound", "worst_case", "output_token_bound", "operator_cost", "actual_cost_nano", "price_map"]
 
@@ -264,12 +264,14 @@ def _cost_function(price: Price | None) -> Any:
 
 def actual_cost_nano(price: Price | None, cost_usd: float | None, input_tokens: int, output_tokens: int) -> int:
     """What a finished request cost: the operator's price if set, else the provider-reported cost
-    (litellm's, exact per tier), else the tokens at the (worst-case) map price; 0 when nothing is known."""
+    (litellm's, exact per tier), else the tokens at the (worst-case) map price; 0 when nothing is known.
+    At most :data:`~plugin_llm.limits.settings.MAX_CALL_NANO`."""
     tokens_cost = None
     if price is not None:
-        tokens_cost = math.ceil(max(0, input_tokens) * price.input_nano + max(0, output_tokens) * price.output_nano)
+        tokens_cost = min(MAX_CALL_NANO, math.ceil(max(0, input_tokens) * price.input_nano
+                                                   + max(0, output_tokens) * price.output_nano))
         if price.operator:
             return tokens_cost
     if isinstance(cost_usd, (int, float)) and not isinstance(cost_usd, bool) and math.isfinite(cost_usd) and cost_usd >= 0:
-        return math.ceil(cost_usd * NANO)
+        return min(MAX_CALL_NANO, math.ceil(cost_usd * NANO))
     return tokens_cost or 0

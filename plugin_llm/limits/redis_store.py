@@ -33,7 +33,7 @@ import re
 import threading
 from typing import Any
 
-from plugin_llm.limits.settings import PluginLimits, redact_url
+from plugin_llm.limits.settings import MAX_TOTAL, PluginLimits, redact_url
 from plugin_llm.limits.store import (
     Admission,
     Counters,
@@ -126,15 +126,15 @@ return {1}
 #: Returns {1, slots, requests, tokens, nano, expires} or {0, limit, used, held, earliest}.
 LEASE_LUA = _PARSE_LUA + """
 local now, id = tonumber(ARGV[1]), ARGV[3]
-local sreq, stok, snano = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
+local sreq, stok, snano = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])  -- (added as the exact strings)
 if snano > 0 then
-  redis.call('INCRBY', KEYS[4], snano)
+  if redis.call('INCRBY', KEYS[4], ARGV[9]) > @MAX@ then redis.call('SET', KEYS[4], '@MAX@') end
   redis.call('EXPIRE', KEYS[4], @TTL_DAY@)
-  redis.call('INCRBY', KEYS[5], snano)
+  if redis.call('INCRBY', KEYS[5], ARGV[9]) > @MAX@ then redis.call('SET', KEYS[5], '@MAX@') end
   redis.call('EXPIRE', KEYS[5], @TTL_MONTH@)
 end
-if sreq > 0 then redis.call('HINCRBY', KEYS[3], 'r', sreq) end
-if stok > 0 then redis.call('HINCRBY', KEYS[3], 't', stok) end
+if sreq > 0 and redis.call('HINCRBY', KEYS[3], 'r', ARGV[7]) > @MAX@ then redis.call('HSET', KEYS[3], 'r', '@MAX@') end
+if stok > 0 and redis.call('HINCRBY', KEYS[3], 't', ARGV[8]) > @MAX@ then redis.call('HSET', KEYS[3], 't', '@MAX@') end
 if sreq > 0 or stok > 0 then redis.call('EXPIRE', KEYS[3], @TTL_MINUTE@) end
 local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)
 if #expired > 0 then
@@ -202,26 +202,25 @@ end
 store(h, ARGV[2])
 return {1, h[1], h[2], h[3], h[4]}
 """.replace("@TTL_DAY@", str(_TTL_DAY)).replace("@TTL_MONTH@", str(_TTL_MONTH)).replace(
-    "@TTL_MINUTE@", str(_TTL_MINUTE)).replace("@SHARE@", str(LEASE_SHARE))
+    "@TTL_MINUTE@", str(_TTL_MINUTE)).replace("@SHARE@", str(LEASE_SHARE)).replace("@MAX@", str(MAX_TOTAL))
 
 #: KEYS: res, resv, minute, day, month; ARGV: id, cost, tokens
 SETTLE_LUA = """
 redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('HDEL', KEYS[2], ARGV[1])
 local cost, tokens = tonumber(ARGV[2]), tonumber(ARGV[3])
-if cost > 0 then
-  redis.call('INCRBY', KEYS[4], ARGV[2])
+if cost > 0 then  -- the usage counters saturate at MAX_TOTAL (never near INCRBY's overflow)
+  if redis.call('INCRBY', KEYS[4], ARGV[2]) > @MAX@ then redis.call('SET', KEYS[4], '@MAX@') end
   redis.call('EXPIRE', KEYS[4], @TTL_DAY@)
-  redis.call('INCRBY', KEYS[5], ARGV[2])
+  if redis.call('INCRBY', KEYS[5], ARGV[2]) > @MAX@ then redis.call('SET', KEYS[5], '@MAX@') end
   redis.call('EXPIRE', KEYS[5], @TTL_MONTH@)
 end
 redis.call('HINCRBY', KEYS[3], 'r', 1)
-if tokens > 0 then
-  redis.call('HINCRBY', KEYS[3], 't', ARGV[3])
-end
+if tokens > 0 and redis.call('HINCRBY', KEYS[3], 't', ARGV[3]) > @MAX@ then redis.call('HSET', KEYS[3], 't', '@MAX@') end
 redis.call('EXPIRE', KEYS[3], @TTL_MINUTE@)
 return 1
-""".replace("@TTL_DAY@", str(_TTL_DAY)).replace("@TTL_MONTH@", str(_TTL_MONTH)).replace("@TTL_MINUTE@", str(_TTL_MINUTE))
+""".replace("@TTL_DAY@", str(_TTL_DAY)).replace("@TTL_MONTH@", str(_TTL_MONTH)).replace(
+    "@TTL_MINUTE@", str(_TTL_MINUTE)).replace("@MAX@", str(MAX_TOTAL))
 
 #: KEYS: res, resv, minute, day, month; ARGV: now -> the counters, read-only
 READ_LUA = _PARSE_LUA + """

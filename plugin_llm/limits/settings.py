@@ -53,6 +53,9 @@ from typing import Any, Mapping
 from urllib.parse import urlsplit, urlunsplit
 
 __all__ = [
+    "MAX_CALL_TOKENS",
+    "MAX_CALL_NANO",
+    "MAX_TOTAL",
     "ERROR",
     "WARNING",
     "STORES",
@@ -90,6 +93,14 @@ PRICE_KEYS = ("input_per_mtok", "output_per_mtok", "max_output_tokens")
 NANO = 1_000_000_000
 _MAX_USD = 1_000_000.0  # far above any sane cap, far below 2**53 nano-dollars
 _MAX_COUNT = 10**12
+#: the most one call reserves or settles (tokens, nano-dollars), whatever its ``max_tokens`` or its
+#: provider reports: above every limit an operator can set (``_MAX_COUNT``, ``_MAX_USD``), so a
+#: clamped call is still refused by any cap, and small enough that thousands add up in a store's
+#: signed 64-bit counters without overflowing them
+MAX_CALL_TOKENS = 2**40
+MAX_CALL_NANO = 2**50
+#: where the stores' counters (a window's usage, a lease step's settled usage) saturate
+MAX_TOTAL = 2**61
 _SAFE_PREFIX = re.compile(r"^[A-Za-z0-9_.:\-]{1,64}$")
 
 
