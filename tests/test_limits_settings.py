@@ -106,6 +106,24 @@ def test_redis_url_password_never_shows():
     assert issues and all("hunter2-canary" not in str(i) for i in issues)
 
 
+@pytest.mark.parametrize("line, path", [
+    ("store_timeout: 1.0e+10", "limits.store_timeout"),  # a lock wait the OS refuses: every keeper pass failed
+    ("reservation_grace: 1.0e+12", "limits.reservation_grace"),  # resets past the year 9999
+    ("redis_url: 'redis://:hunter2-canary@127.0.0.1:99999/0'", "limits.redis_url"),
+    ("redis_url: 'redis://127.0.0.1:6379x/0'", "limits.redis_url"),
+])
+def test_absurd_timeouts_and_bad_redis_ports_are_errors_when_parsed(line, path):
+    settings, issues = parse(f"limits:\n  {line}\nplugins:\n  entries:\n    p: {{limits: {{max_concurrent: 2}}}}\n")
+    assert [(i.severity, i.path) for i in issues] == [("error", path)]
+    assert "hunter2-canary" not in str(issues[0]) and settings.for_plugin("p").error  # fail closed
+    assert "at most" in str(issues[0]) or "1 to 65535" in str(issues[0])
+
+
+def test_a_reset_time_past_the_year_9999_is_still_said():
+    assert limits.iso_utc(1e30) == limits.iso_utc(float("nan")) == "9999-12-31T23:59:59Z"
+    assert limits.iso_utc(0) == "1970-01-01T00:00:00Z"
+
+
 def test_operator_prices_parse_and_a_bad_price_leaves_the_model_unpriced():
     settings, issues = parse("""
 limits:

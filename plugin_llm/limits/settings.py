@@ -135,8 +135,12 @@ def redact_url(url: str) -> str:
     except ValueError:
         return "<unparseable url>"
     host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
+    try:
+        port = parts.port
+    except ValueError:  # out of range, or not a number
+        port = "<bad port>"
+    if port is not None:
+        host = f"{host}:{port}"
     if parts.username or parts.password:
         host = f"***@{host}"
     return urlunsplit((parts.scheme, host, parts.path, "", ""))
@@ -275,9 +279,16 @@ def _count(value: Any, what: str) -> int:
     return value
 
 
-def _seconds(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise _Bad(f"expected a positive number of seconds, got {_show(value)}")
+#: the most a call may wait for the store, and the longest a dead process's reservation may count
+#: past its call's deadline (beyond these, a typo: 2e10 for 20)
+_MAX_SECONDS = {"store_timeout": 60.0, "reservation_grace": 86_400.0}
+
+
+def _seconds(value: Any, key: str) -> float:
+    top = _MAX_SECONDS[key]
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0
+            or value > top):
+        raise _Bad(f"expected a number of seconds above 0 and at most {top:,.0f}, got {_show(value)}")
     return float(value)
 
 
@@ -409,13 +420,18 @@ def parse_limit_settings(section: Any, plugins: Any) -> tuple[LimitSettings, lis
             elif key == "redis_url":
                 if not isinstance(value, str) or not value.strip().lower().startswith(("redis://", "rediss://", "unix://")):
                     raise _Bad("expected a URL such as redis://127.0.0.1:6379/0 (rediss:// for TLS, unix:// for a socket)")
+                try:
+                    urlsplit(value.strip()).port
+                except ValueError:
+                    raise _Bad(f"{redact_url(value.strip())} has no valid port: write a number from 1 to 65535 "
+                               "after the host, as in redis://127.0.0.1:6379/0") from None
                 values[key] = value.strip()
             elif key == "redis_key_prefix":
                 if not isinstance(value, str) or not _SAFE_PREFIX.match(value):
                     raise _Bad(f"expected 1-64 letters, digits or _ . : -, got {_show(value)}")
                 values[key] = value
             elif key in ("store_timeout", "reservation_grace"):
-                values[key] = _seconds(value)
+                values[key] = _seconds(value, key)
             elif key == "default_max_output_tokens":
                 values[key] = _count(value, "tokens") or LimitSettings.default_max_output_tokens
         except _Bad as exc:

@@ -182,8 +182,15 @@ class _Ids:
 new_reservation_id = _Ids()
 
 
+_LAST_SECOND = 253402300799.0  # 9999-12-31T23:59:59Z, the last instant ISO 8601 with four digits can say
+
+
 def iso_utc(ts: float | None) -> str | None:
-    return None if ts is None else datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    """``ts`` (Unix seconds) as ``YYYY-MM-DDTHH:MM:SSZ``; instants past the year 9999 as its last second."""
+    if ts is None:
+        return None
+    ts = min(ts, _LAST_SECOND) if ts == ts else _LAST_SECOND
+    return datetime.fromtimestamp(max(ts, 0.0), timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass(frozen=True)
