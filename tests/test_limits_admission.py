@@ -268,3 +268,72 @@ def test_views_show_a_broken_store_per_plugin(tmp_path):
     assert row.snapshot is None and "not a database" in row.error
     assert "usage unknown" in "\n".join(views.format_rows([row]))
     limits.close_stores()
+
+
+def _hold_the_local_store(home, seconds: float | None = None):
+    """Another process's writer holding the local store's lock (released after ``seconds``)."""
+    import sqlite3
+    import threading
+
+    other = sqlite3.connect(home / "limits.sqlite3", isolation_level=None, check_same_thread=False)
+    other.execute("BEGIN IMMEDIATE")
+    if seconds is not None:
+        threading.Timer(seconds, lambda: (other.execute("COMMIT"), other.close())).start()
+    return other
+
+
+def test_an_async_call_cancelled_during_its_store_step_leaks_no_reservation(tmp_path):
+    settings = settings_for("local", None, "{max_concurrent: 1}")
+    call(settings, tmp_path).release()  # the database exists
+    limits.close_stores()  # no lease left: the next call makes a store step
+    _hold_the_local_store(tmp_path, 0.5)  # the step waits for the lock, then admits
+
+    async def main():
+        with pytest.raises(asyncio.TimeoutError):  # the caller gives up while the step runs
+            await asyncio.wait_for(limits.aadmit(settings, tmp_path, PLUGIN, messages=MESSAGES, provider="custom",
+                                                 model="m", max_tokens=10, deadline=time.monotonic() + 20), 0.1)
+        for _ in range(200):  # until the step's thread is done (its ticket released on the loop)
+            await asyncio.sleep(0.05)
+            if limits.snapshot(settings, tmp_path, PLUGIN).counters.in_flight == 0:
+                break
+        ticket = await limits.aadmit(settings, tmp_path, PLUGIN, messages=MESSAGES, provider="custom", model="m",
+                                     max_tokens=10, deadline=time.monotonic() + 20)
+        ticket.release()  # max_concurrent 1: admitted, so nothing was left in flight
+
+    run_bounded(lambda: asyncio.run(main()), 30)
+
+
+def test_async_calls_waiting_for_a_hung_store_wait_store_timeout_all_told(tmp_path, monkeypatch):
+    """A call that waits for another call's store step, then makes its own, gets only what is left
+    of ``limits.store_timeout``: refused within it, as the README says, not after k times it."""
+    from plugin_llm.limits import leases
+
+    settings = settings_for("local", None, "{requests_per_minute: 1000}", "  store_timeout: 0.3\n")
+    call(settings, tmp_path).release()
+    limits.close_stores()
+    held = _hold_the_local_store(tmp_path)  # hung for the whole test
+    timeouts: list[float] = []
+    admit = leases.LeaseBook.admit
+
+    def recording(self, *args, timeout, **kw):
+        timeouts.append(timeout)
+        return admit(self, *args, timeout=timeout, **kw)
+
+    monkeypatch.setattr(leases.LeaseBook, "admit", recording)
+
+    async def one():
+        with pytest.raises(PluginLlmLimitError) as caught:
+            await limits.aadmit(settings, tmp_path, PLUGIN, messages=MESSAGES, provider="custom", model="m",
+                                max_tokens=10, deadline=time.monotonic() + 20)
+        return caught.value.limit
+
+    async def main():
+        return await asyncio.gather(*(one() for _ in range(4)))
+
+    try:
+        assert run_bounded(lambda: asyncio.run(main()), 30) == ["store"] * 4
+    finally:
+        held.close()
+    first, *waiters = sorted(timeouts, reverse=True)
+    assert first == pytest.approx(0.3, abs=0.05)
+    assert waiters and all(t < 0.15 for t in waiters)  # they waited >= 0.3 s for the first step already

@@ -31,6 +31,7 @@ show|reset``), :mod:`plugin_llm.limits.views` for their text and rows and the
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import math
 import os
@@ -428,13 +429,16 @@ def _fast(plan: _Plan, input_tokens: int, cost: int | None, deadline: float, now
 
 
 def _admit_store(plan: _Plan, input_tokens: int, cost: int | None, deadline: float, now: float,
-                 store: LimitStore | None, also_waiting: "Callable[[], int] | None" = None) -> Ticket:
+                 store: LimitStore | None, also_waiting: "Callable[[], int] | None" = None,
+                 wait_until: float = math.inf) -> Ticket:
     """Admission with a store step (a lease step, or one reservation for a store without leases),
-    bounded by the deadline and ``limits.store_timeout``; ``on_store_error`` on failure."""
+    bounded by the deadline, ``limits.store_timeout`` and ``wait_until`` (``time.monotonic()``:
+    the end of an async call's whole wait for the store); ``on_store_error`` on failure."""
     settings, plugin_id = plan.settings, plan.plugin_id
     estimate = Estimate(input_tokens, plan.output_tokens, cost, plan.price)
-    remaining = deadline - time.monotonic()
-    timeout = max(0.0, min(settings.store_timeout, remaining))
+    started = time.monotonic()
+    remaining = deadline - started
+    timeout = max(0.0, min(settings.store_timeout, remaining, wait_until - started))
     ttl = max(0.0, remaining) + settings.reservation_grace
     try:
         try:
@@ -533,7 +537,8 @@ async def aadmit(settings: LimitSettings, home: Path | str, plugin_id: str, *, m
     """Async twin of :func:`admit` (same arguments). A call the lease admits in memory returns at
     once; a store step runs in a worker thread, so a Redis that is slow to answer holds this call
     only, never the event loop. While one call of a plan makes its step, the others on the same
-    loop wait for it (within their own deadline) and look in memory again: a burst on a cold plugin
+    loop wait for it and look in memory again (within their deadline and, waits included,
+    ``limits.store_timeout``): a burst on a cold plugin
     costs one thread hop, not one per call. Unlimited plugins return at once."""
     prepared = _prepare(settings, home, plugin_id, messages, provider, model, max_tokens, extra)
     if prepared is None:
@@ -546,14 +551,14 @@ async def aadmit(settings: LimitSettings, home: Path | str, plugin_id: str, *, m
     import asyncio
 
     loop = asyncio.get_running_loop()
+    wait_until = min(deadline, time.monotonic() + plan.settings.store_timeout)  # all told, waits included
     while store is None:  # another call's step in progress: wait for it, then look in memory again
         pending = plan.astep
         if pending is None or pending.loop is not loop or pending.done.done():
             break
         pending.waiting += 1
         try:  # (asyncio.wait neither raises on a timeout nor cancels the step)
-            await asyncio.wait((pending.done,), timeout=max(0.0, min(plan.settings.store_timeout,
-                                                                     deadline - time.monotonic())))
+            await asyncio.wait((pending.done,), timeout=max(0.0, wait_until - time.monotonic()))
         finally:
             pending.waiting -= 1
         if not pending.done.done():
@@ -570,12 +575,23 @@ async def aadmit(settings: LimitSettings, home: Path | str, plugin_id: str, *, m
         plan.astep = step
     try:
         await asyncio.sleep(0)  # the calls ready on this loop look first: the step is sized for the waiters
-        return await asyncio.to_thread(_admit_store, plan, input_tokens, cost, deadline, now, store,
-                                       lambda: step.waiting)
+        work = loop.run_in_executor(None, contextvars.copy_context().run, _admit_store, plan, input_tokens, cost,
+                                    deadline, now, store, lambda: step.waiting, wait_until)  # (asyncio.to_thread's)
+        try:
+            return await asyncio.shield(work)
+        except asyncio.CancelledError:  # the thread goes on: the ticket it may still get is released
+            work.add_done_callback(_release_unclaimed)
+            raise
     finally:
         step.done.set_result(None)
         if plan.astep is step:
             plan.astep = None
+
+
+def _release_unclaimed(work: Any) -> None:
+    """The ticket of a store step whose async call was cancelled meanwhile: nobody will settle it."""
+    if not work.cancelled() and work.exception() is None:
+        work.result().release()
 
 
 def snapshot(settings: LimitSettings, home: Path | str, plugin_id: str, *, now: float | None = None,
