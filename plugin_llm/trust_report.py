@@ -52,6 +52,7 @@ __all__ = [
     "effective_policy",
     "effective_policies",
     "check_plugins",
+    "limit_parse_issues",
     "explain",
     "yaml_snippet",
     "entry_key",
@@ -125,6 +126,26 @@ class ConfigView:
 
     def line(self, *keys: Any) -> int | None:
         return self.lines.get(tuple(keys))
+
+    def line_of_path(self, path: str) -> int | None:
+        """The line of a dotted config path (``plugins.entries."image_gen/openai".limits.budget_usd.day``):
+        that of its longest prefix written in the file, e.g. the block's when the key itself is missing.
+        A key is matched exactly first, then ignoring case and surrounding blanks (``limits.prices``
+        paths carry the model name lower-cased)."""
+        keys = _path_keys(path)
+        folded: dict[tuple[str, ...], int] | None = None
+        for end in range(len(keys), 0, -1):
+            line = self.lines.get(keys[:end])
+            if line is not None:
+                return line
+            if folded is None:
+                folded = {}
+                for written, at in self.lines.items():
+                    folded.setdefault(tuple(str(k).strip().lower() for k in written), at)
+            line = folded.get(tuple(k.strip().lower() for k in keys[:end]))
+            if line is not None:
+                return line
+        return None
 
     def source(self, *keys: Any, default: str = _DEFAULT_FLAG) -> str:
         line = self.line(*keys)
@@ -351,6 +372,26 @@ def _path(*keys: Any) -> str:
         else:
             parts.append(str(key))
     return ".".join(parts)
+
+
+#: one segment of a dotted path: a double-quoted key (``"image_gen/openai"``) or a plain one
+_PATH_SEGMENT = re.compile(r'"((?:[^"\\]|\\.)*)"(?=\.|$)|([^.]+)')
+
+
+def _path_keys(path: str) -> tuple[str, ...]:
+    """``plugins.entries."image_gen/openai".limits`` -> ``("plugins", "entries", "image_gen/openai", "limits")``:
+    the key tuple of a dotted path as :func:`_path` and :func:`plugin_llm.limits.limits_path` write it."""
+    keys: list[str] = []
+    for match in _PATH_SEGMENT.finditer(path):
+        quoted, plain = match.groups()
+        if plain is not None:
+            keys.append(plain)
+            continue
+        try:
+            keys.append(json.loads(f'"{quoted}"'))
+        except ValueError:  # quoted without JSON escapes: the text between the quotes
+            keys.append(quoted)
+    return tuple(keys)
 
 
 def _entries(raw: Mapping[str, Any]) -> Mapping[Any, Any]:
@@ -712,21 +753,32 @@ def check_plugins(
 
 
 def _limit_findings(view: ConfigView) -> list[Finding]:
-    """The limits blocks under ``plugins.entries`` (parse problems) and what the limits mean for the
-    routes (a budget on an unpriced model, a token limit below one call, ...), as trust findings."""
+    """Every parse problem of the limits (the ``limits:`` section, ``limits.defaults``, ``limits.prices``
+    and the blocks under ``plugins.entries``) and what the limits mean for the routes (a budget on an
+    unpriced model, a token limit below one call, ...), as trust findings, each with its line.
+
+    An error in the ``limits:`` section or in ``limits.defaults`` refuses the calls of many plugins
+    at once, so it is an error here too (``trust check`` exits 1), not just a config warning."""
     if view.error is not None:
         return []
-    from plugin_llm.limits import check_limits, parse_limit_settings
+    from plugin_llm.limits import check_limits
 
     raw = view.config.raw
-    _, issues = parse_limit_settings(raw.get("limits"), raw.get("plugins"))
-    issues = [i for i in issues if i.path.startswith("plugins.")]  # limits.* parse problems are config warnings
+    issues = limit_parse_issues(raw)
     route_provider = view.config.model.provider  # an unqualified model override stays on the route's provider
     models = {pid: [m if "/" in m else f"{route_provider}/{m}" for m in policy.allowed_models or () if m != "*"]
               for pid, policy in view.config.trust.items()}
     issues += check_limits(view.config.limits, provider=view.config.model.provider, model=view.config.model.model,
                            plugin_models=models)
-    return [Finding(i.severity, i.path, i.problem, i.fix, plugin_id=i.plugin_id) for i in issues]
+    return [Finding(i.severity, i.path, i.problem, i.fix, view.line_of_path(i.path), i.plugin_id) for i in issues]
+
+
+def limit_parse_issues(raw: Mapping[str, Any]) -> list[Any]:
+    """The :class:`plugin_llm.limits.LimitIssue` values parsing the limits of ``raw`` (a parsed
+    config.yaml) gives: what the gateway logs as config warnings and folds into refusals."""
+    from plugin_llm.limits import parse_limit_settings
+
+    return parse_limit_settings(raw.get("limits"), raw.get("plugins"))[1]
 
 
 # ------------------------------------------------------------------ explain

@@ -55,7 +55,7 @@ def test_reset_is_audited_first_and_lets_the_plugin_call_again(hermes_home, caps
 
 
 def test_reset_and_show_refuse_what_makes_no_sense_in_one_line(hermes_home, capsys):
-    write_config(hermes_home, CONFIG)
+    write_config(hermes_home, CONFIG + "    unlimited: {}\n")  # a known plugin without limits
     assert main(["limits", "reset", "unlimited"]) == 2
     assert "has no limits" in capsys.readouterr().err
     write_config(hermes_home, "limits:\n  store: redis\n  redis_url: redis://127.0.0.1:1/0\n  store_timeout: 0.5\n"

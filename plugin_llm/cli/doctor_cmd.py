@@ -216,8 +216,12 @@ def _config(view: Any) -> list[Check]:
     out = [Check(OK, "config", f"{view.path} parses")]
     from plugin_llm.plugins.settings import settings_from_raw
 
-    # the plugins: section is `trust check`'s; everything else the gateway warned about is listed here
-    problems = [w for w in view.config.warnings if not w.startswith("plugins")]
+    # the plugins: section and every limits problem are `trust check`'s (the trust line counts them, a
+    # FAIL for an error: it refuses calls); everything else the gateway warned about is listed here
+    from plugin_llm.trust_report import limit_parse_issues
+
+    limits = {str(issue) for issue in limit_parse_issues(view.config.raw)}
+    problems = [w for w in view.config.warnings if not w.startswith("plugins") and w not in limits]
     problems += [p for p in settings_from_raw(view.config.raw).problems if not p.startswith("plugins")]
     for problem in problems:
         # a non-boolean audit.required already fails closed: a FAIL, so it is fixed rather than lived with

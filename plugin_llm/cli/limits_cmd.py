@@ -6,12 +6,21 @@ that window resets. ``reset PLUGIN`` forgets the plugin's settled usage in the
 current windows (for an operator who raised a cap mid-window); it is written
 to the audit log first, and nothing is reset when that write fails. In-flight
 reservations are kept: those calls are still running.
+
+A PLUGIN that names no plugin (not under ``plugins.entries`` or
+``plugins.enabled``, not installed) is refused with a "did you mean", so a
+typo neither shows ``limits.defaults`` nor resets (and audits) nothing.
+``show`` exits 1 when a store did not answer or a shown plugin's limits are
+broken (its calls are refused; its row says why).
 """
 
 from __future__ import annotations
 
 import argparse
-from typing import Any
+import difflib
+import logging
+from pathlib import Path
+from typing import Any, Mapping
 
 from plugin_llm.cli._common import add_home_argument, dumps_json, home_from, printable
 from plugin_llm.cli.main import CliError
@@ -47,17 +56,78 @@ def _config(args: argparse.Namespace) -> Any:
 
 
 def _plugins(config: Any, wanted: str | None) -> list[str]:
+    """The plugin ``wanted`` names (refused when no plugin has that key), or every plugin with limits."""
     if wanted is not None:
         key = wanted.strip()
         if not key:
             raise CliError("the plugin key must not be empty")
+        _known_or_refused(config, key)
         return [key]
     settings = config.limits
     keys = set(settings.plugins)
     if not settings.defaults.empty:  # limits.defaults governs every enabled plugin without a block
-        enabled = (config.raw.get("plugins") or {}).get("enabled") if isinstance(config.raw.get("plugins"), dict) else None
-        keys.update(k for k in enabled or () if isinstance(k, str))
+        keys.update(_enabled(config))
     return sorted(keys)
+
+
+def _section(config: Any, key: str) -> Any:
+    plugins = config.raw.get("plugins")
+    return plugins.get(key) if isinstance(plugins, Mapping) else None
+
+
+def _enabled(config: Any) -> list[str]:
+    return [k.strip() for k in _section(config, "enabled") or () if isinstance(k, str) and k.strip()]
+
+
+def _installed(home: Path) -> dict[str, str]:
+    """``{key: manifest name}`` of the plugins discovery finds (nothing is loaded); its warnings about
+    broken manifests are `plugins list`'s to report, not this command's."""
+    from plugin_llm.cli.main import debug_enabled
+    from plugin_llm.trust_report import installed_plugins
+
+    logger = logging.getLogger("plugin_llm.plugins")
+
+    def quiet(record: logging.LogRecord) -> bool:  # discovery logs under plugin_llm.plugins
+        return False
+
+    if not debug_enabled():
+        logger.addFilter(quiet)
+    try:
+        return installed_plugins(home)
+    except Exception:  # noqa: BLE001 - an unreadable plugins directory: the configured names still count
+        return {}
+    finally:
+        logger.removeFilter(quiet)
+
+
+def _known_or_refused(config: Any, name: str) -> None:
+    """Refuse a name no plugin has: a typo would show ``limits.defaults`` or reset (and audit) nothing.
+
+    Known: a key under ``plugins.entries``, a name in ``plugins.enabled``, an installed plugin.
+    (The store's rows are not consulted: the stores have no listing of their plugins.)
+    """
+    entries = _section(config, "entries")
+    configured = [str(k) for k in entries] if isinstance(entries, Mapping) else []
+    if name in configured or name in _enabled(config):
+        return
+    installed = _installed(config.home)
+    if name in installed:
+        return
+    from plugin_llm.trust_report import resolve_plugin_id
+
+    known = sorted({*configured, *_enabled(config), *installed})
+    resolved, _ = resolve_plugin_id(name, installed, configured)  # a manifest name or bare leaf -> its key
+    close = [resolved] if resolved != name else difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    hint = f" (did you mean '{printable(close[0], 100)}'?)" if close else ""
+    limited = _plugins(config, None)
+    if not limited:
+        have = f"no plugin has limits in {config.path}"
+    elif len(limited) <= 20:
+        have = "plugins with limits: " + ", ".join(printable(k, 100) for k in limited)
+    else:
+        have = f"{len(limited)} plugins have limits (see plugin-llm limits show)"
+    raise CliError(f"unknown plugin '{printable(name, 100)}'{hint}: it is not under plugins.entries or "
+                   f"plugins.enabled in {config.path} and no installed plugin has that key; {have}")
 
 
 def run_show(args: argparse.Namespace) -> int:
@@ -72,7 +142,8 @@ def run_show(args: argparse.Namespace) -> int:
     else:
         for line in views.format_rows(rows):
             print(printable(line, limit=2000))
-    return 1 if any(row.error for row in rows) else 0
+    # 1 when a store did not answer, or a plugin's limits are broken (its calls are refused: the row says why)
+    return 1 if any(row.error or row.limits.error for row in rows) else 0
 
 
 def run_reset(args: argparse.Namespace) -> int:

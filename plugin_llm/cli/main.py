@@ -228,10 +228,12 @@ def _main(argv: list[str]) -> int:
     parser = _build_parser(selected if selected in known else None)
     if _wants_help(argv, selected):
         _help_epilog_plugins(parser)
-    args = parser.parse_args(argv)
+    args, extras = parser.parse_known_args(argv)
+    if extras:  # said by the parser of the (sub)command they were given to, with its usage line
+        _parser_of(parser, args).error(f"unrecognized arguments: {' '.join(extras)}")
     _set_debug(bool(getattr(args, "debug", False)))
-    if not getattr(args, "func", None):
-        parser.print_help()
+    if not getattr(args, "func", None):  # `plugin-llm`, or a command without its action: `plugin-llm limits`
+        _parser_of(parser, args).print_help()
         return 0 if selected is None else 2
     closed = _config_closed(args)
     if closed is not None and args.command in _REFUSE_ON_BROKEN_CONFIG:
@@ -243,6 +245,19 @@ def _main(argv: list[str]) -> int:
     if not said:  # once: unless the command's own error already said it
         _error(_clean(closed))
     return 2 if code in (0, 1) else code
+
+
+def _parser_of(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The deepest parser ``args`` went through: ``limits show``'s for ``plugin-llm limits show ...``."""
+    while True:
+        chosen = None
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                chosen = action.choices.get(getattr(args, action.dest, None) or "")
+                break
+        if chosen is None:
+            return parser
+        parser = chosen
 
 
 def _run(args: argparse.Namespace) -> tuple[int, bool]:
