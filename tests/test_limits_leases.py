@@ -458,6 +458,37 @@ def test_a_forked_child_does_not_use_its_parents_lease(tmp_path):
     limits.close_stores()
 
 
+def test_a_forked_child_runs_its_own_keeper_and_its_usage_reaches_the_store(tmp_path):
+    """The child inherits the parent's books (forgotten) but not its keeper thread: without one,
+    a busy child's settled usage stayed in memory, and was lost at its os._exit."""
+    import sqlite3
+
+    limits.close_stores()
+    settings = parse(settings_text("local", None, "", "{budget_usd: {day: 1000}}"))
+    for _ in range(30):  # the parent's book and plan exist before the fork
+        call(settings, tmp_path).settle(input_tokens=1, output_tokens=1)
+    limits.store_for(settings, tmp_path).return_leases(None, timeout=5)  # the book stays
+    spent = lambda: sqlite3.connect(tmp_path / "limits.sqlite3").execute(  # noqa: E731 - read, no give-back
+        "SELECT COALESCE(SUM(nano), 0) FROM spend WHERE bucket LIKE 'day:%'").fetchone()[0]
+    before = spent()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 1
+        try:
+            for _ in range(60):  # busy: admitted in memory under the child's lease
+                call(settings, tmp_path).settle(input_tokens=1, output_tokens=1)
+            for _ in range(100):  # the keeper hands the usage over within a pass or two
+                if spent() == before + 60 * 5000:
+                    code = 0
+                    break
+                time.sleep(0.05)
+        finally:
+            os._exit(code)  # no atexit handler: only the keeper can have handed the usage over
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert spent() == before + 60 * 5000
+
+
 def test_a_redis_killed_under_a_busy_lease_follows_on_store_error_within_the_deadline(tmp_path):
     from tests.redis_server import RedisServer, _free_port
 

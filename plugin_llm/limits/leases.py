@@ -577,6 +577,8 @@ def book_for(store: "LimitStore", plugin_id: str, grace: float, timeout: float) 
             if book is None:
                 book = books[plugin_id] = LeaseBook(store, plugin_id, grace, timeout)
         book.wake()
+    else:
+        _start_keeper()  # (a pid check) a forked child has its parent's books but no keeper yet
     return book
 
 
