@@ -25,6 +25,7 @@ import yaml
 
 from plugin_llm import limits
 from plugin_llm.limits import NANO, PluginLlmLimitError, parse_limit_settings
+from plugin_llm.limits import leases
 from plugin_llm.limits.local import LocalStore
 from plugin_llm.limits.redis_store import RedisStore
 from tests.bounded import run_bounded
@@ -489,7 +490,7 @@ def test_a_forked_child_runs_its_own_keeper_and_its_usage_reaches_the_store(tmp_
     assert spent() == before + 60 * 5000
 
 
-def test_a_redis_killed_under_a_busy_lease_follows_on_store_error_within_the_deadline(tmp_path):
+def test_a_redis_killed_under_a_busy_lease_follows_on_store_error_within_the_deadline(tmp_path, caplog):
     from tests.redis_server import RedisServer, _free_port
 
     server = RedisServer(_free_port(), tmp_path)
@@ -515,9 +516,30 @@ def test_a_redis_killed_under_a_busy_lease_follows_on_store_error_within_the_dea
         covered, refused = run_bounded(until_refused, 20)  # each store step bounded by the 0.4 s deadline
         assert refused.limit == "store" and refused.config_key == "limits.on_store_error"
         assert covered <= 1024  # never more than one slice
+        assert "Connection refused.;" not in str(refused) and "plugin-llm doctor" in str(refused)
+        caplog.clear()
+        leases._give_back_at_exit()  # what the atexit handler does, the store down: one line, no traceback
+        [record] = [r for r in caplog.records if "not given back at exit" in r.getMessage()]
+        assert record.levelname == "WARNING" and record.exc_info is None
     finally:
         limits.close_stores()
         server.kill()
+
+
+def test_a_lease_no_store_step_ever_granted_is_dropped_at_exit_without_a_store_call(tmp_path, caplog):
+    from tests.redis_server import _free_port
+
+    limits.close_stores()
+    settings = parse(settings_text("redis", f"redis://127.0.0.1:{_free_port()}/0", "t" + uuid.uuid4().hex[:12],
+                                   "{requests_per_minute: 100}", "  store_timeout: 0.5\n"))
+    with pytest.raises(PluginLlmLimitError) as refused:  # nothing listens there: refused (deny)
+        call(settings, tmp_path)
+    assert refused.value.limit == "store"
+    [book] = limits.store_for(settings, tmp_path).lease_books().values()
+    caplog.clear()
+    leases._give_back_at_exit()
+    assert book.current is None and not caplog.records  # nothing held, nothing said
+    limits.close_stores()
 
 
 def test_a_burst_of_calls_waiting_for_a_cold_plugins_store_step_is_covered_by_one_slice(kind, tmp_path, monkeypatch):

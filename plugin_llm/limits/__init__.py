@@ -466,8 +466,9 @@ def _admit_store(plan: _Plan, input_tokens: int, cost: int | None, deadline: flo
             _warn_unmetered(plugin_id, exc)
             return Ticket(None, None, estimate, store_error=str(exc))
         raise _refuse(plugin_id, "store", "limits.on_store_error", (
-            f"call of plugin '{plugin_id}' refused: {exc}; limits.on_store_error is deny (fail closed), "
-            "so calls of plugins with limits are refused until the store answers")) from None
+            f"call of plugin '{plugin_id}' refused: {str(exc).rstrip('.')}; limits.on_store_error is deny (fail "
+            "closed), so calls of plugins with limits are refused until the store answers (plugin-llm doctor "
+            "checks it)")) from None
     if isinstance(result, Denial):
         raise PluginLlmLimitError(result)
     return Ticket(store, result, estimate)

@@ -547,6 +547,9 @@ class LeaseBook:
         try:
             with self.lock:
                 leases = [*self.retiring, *([self.current] if self.current is not None else [])]
+                for lease in [x for x in leases if x.stepped == float("-inf") and not x.inflight and not x.pending()]:
+                    leases.remove(lease)  # no step of it ever succeeded: nothing to give back, nothing to hand over
+                    self._drop(lease)
             for lease in leases:
                 self._step(lease, give_back=True, timeout=timeout)
         finally:
@@ -655,6 +658,9 @@ def _give_back_at_exit() -> None:
         if not book.closed:
             try:
                 book.give_back(2.0)
+            except StoreError as exc:  # the store is down: one line, the leases expire by the crash rule
+                _log.warning("limits: leases of plugin '%s' not given back at exit (they expire): %s",
+                             book.plugin_id, exc)
             except Exception:  # noqa: BLE001 - at exit, log and go
                 _log.exception("limits: leases of plugin '%s' not given back at exit (they expire)", book.plugin_id)
 
