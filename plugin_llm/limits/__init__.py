@@ -13,7 +13,7 @@ repairs are requests of their own, each with its real messages)::
 
 A plugin without limits costs one dict lookup and gets :data:`UNLIMITED`.
 A busy plugin's calls are admitted and settled in memory under a lease
-(:mod:`plugin_llm.limits.leases`): same decisions, a store step every ~50 ms
+(:mod:`plugin_llm.limits.leases`): same decisions, a store step every 100-250 ms
 instead of one per call. The gateway's flow first calls
 :func:`admit_in_memory` (never waits; ``None`` when the store must decide)
 and hands only store steps to its sync/async shell (``admit``/``aadmit``).
@@ -128,7 +128,7 @@ class Ticket:
     ``audit_fields()`` are the fields to add to the call's audit record.
     Settlement never raises and costs the caller no store round trip: under
     a lease it is in memory (the lease keeper hands it to the store within
-    ~50 ms); otherwise it is queued and applied with this process's next
+    250 ms); otherwise it is queued and applied with this process's next
     admission (or by a background flush a few ms later); until then the
     reservation, never less than the actual, keeps counting. A store failure is logged, and the
     reservation then counts until it expires (the call's deadline plus the
