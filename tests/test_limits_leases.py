@@ -29,7 +29,7 @@ from plugin_llm.limits import leases
 from plugin_llm.limits.local import LocalStore
 from plugin_llm.limits.redis_store import RedisStore
 from tests.bounded import run_bounded
-from tests.redis_server import redis_server  # noqa: F401  (fixture)
+from tests.redis_server import own_redis_server, redis_server  # noqa: F401  (fixtures)
 
 REPO = Path(__file__).resolve().parents[1]
 PLUGIN = "my-plugin"
@@ -629,3 +629,29 @@ def test_async_tasks_hammering_one_budget_through_aadmit_never_overspend(kind, t
     run_bounded(lambda: asyncio.run(main()), 60)
     assert len(admitted) == fits and set(refused) == {"budget_usd.day"}
     assert limits.snapshot(settings, tmp_path, PLUGIN).counters.day_spent == fits * per_call
+
+
+def test_a_lease_step_that_times_out_after_redis_ran_it_counts_the_usage_once(own_redis_server, tmp_path):
+    """A hung Redis runs a step after the client gave up on it (SIGSTOP, then SIGCONT: the request
+    waited in the socket). The step is sent again, with the same usage: Redis keeps what the lease
+    settled in all (in its row, then in a tombstone once the row is gone) and adds only what it lacks."""
+    from plugin_llm.limits.store import StoreError
+
+    limits.close_stores()
+    settings = parse(settings_text("redis", own_redis_server.url, "t" + uuid.uuid4().hex[:12],
+                                   "{budget_usd: {day: 10}}", "  store_timeout: 0.3\n"))
+    ticket = call(settings, tmp_path)
+    [book] = limits.store_for(settings, tmp_path).lease_books().values()
+    own_redis_server.pause()
+    try:
+        ticket.settle(input_tokens=1000, output_tokens=500)  # 1000 * 1000 + 500 * 4000 nano-dollars
+        for _ in range(2):  # (the keeper may try too, meanwhile: each try is one more copy in Redis's socket)
+            with pytest.raises(StoreError):
+                book.give_back(0.3)
+    finally:
+        own_redis_server.resume()
+    limits.close_stores()  # gives the lease back: the step is sent once more
+    c = limits.snapshot(settings, tmp_path, PLUGIN).counters
+    assert (c.day_spent, c.minute_requests, c.minute_tokens) == (3_000_000, 1, 1500)
+    assert (c.in_flight, c.day_reserved) == (0, 0)
+    limits.close_stores()

@@ -223,7 +223,7 @@ class Lease:
     # (what admission and settlement touch first: next to each other in memory)
     __slots__ = ("limits", "admit_until", "t0", "t1", "room", "inflight", "peak", "latest", "admitted", "alarm",
                  "u_req", "u_tok", "u_nano", "dead", "book", "id", "buckets", "capped", "held", "expires",
-                 "renewing", "last_used", "near", "stepped")
+                 "renewing", "last_used", "near", "stepped", "sent")
 
     def __init__(self, book: "LeaseBook", buckets: Buckets, limits: "PluginLimits") -> None:
         self.book = book
@@ -247,6 +247,7 @@ class Lease:
         self.dead = False
         self.near = True  # until a step shows otherwise
         self.stepped = float("-inf")  # time.monotonic() of its last store step
+        self.sent = [0, 0, 0]  # requests, tokens, nano its steps are known to have settled (LeaseOp.applied)
         self.peak = 0  # the most calls in flight at once since its last store step
 
     def in_flight(self) -> tuple[int, int, int, int]:
@@ -411,7 +412,8 @@ class LeaseBook:
                 lease.last_used = time.monotonic()
             lease.admitted = 0
         keep_expires = max(lease.latest, now)
-        op = LeaseOp(lease.id, lease.buckets, now, max(keep_expires, call_expiry), keep_expires, settled, keep, ask, want)
+        op = LeaseOp(lease.id, lease.buckets, now, max(keep_expires, call_expiry), keep_expires, settled, keep, ask, want,
+                     tuple(lease.sent))
         try:
             result = self.store.lease(self.plugin_id, op, limits, timeout=max(0.0, timeout))
         except BaseException:
@@ -425,6 +427,7 @@ class LeaseBook:
             lease.u_req -= settled[0]
             lease.u_tok -= settled[1]
             lease.u_nano -= settled[2]
+            lease.sent = [a + b for a, b in zip(lease.sent, settled)]
             if isinstance(result, Denial):
                 lease.held, lease.expires = keep, keep_expires
                 self._reopen(lease)

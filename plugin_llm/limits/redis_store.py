@@ -63,16 +63,25 @@ _MAX_IDLE = 64  # idle connections kept for reuse
 #: ARGV: now, expires, id, cost, tokens, minute, day, month, then the caps in LIMIT_NAMES order (-1 = none)
 _PARSE_LUA = """
 local function parse(v)
-  -- "cost tokens minute day month" (one call) or "... slots requests" (a lease)
+  -- "cost tokens minute day month" (one call) or "... slots requests" (a lease), then for a lease
+  -- " requests tokens nano" its steps have settled so far (LeaseOp.applied + settled)
   local c, t, mi, d, mo, rest = string.match(v, '^(%d+) (%d+) (%S+) (%S+) (%S+)(.*)$')
   if not c then return nil end
   local s, r = 1, 1
   if rest ~= '' then
-    local s2, r2 = string.match(rest, '^ (%d+) (%d+)$')
+    local s2, r2, more = string.match(rest, '^ (%d+) (%d+)(.*)$')
     if not s2 then return nil end
     s, r = tonumber(s2), tonumber(r2)
+    if more ~= '' and not string.match(more, '^ %d+ %d+ %d+$') then return nil end
   end
   return tonumber(c), tonumber(t), mi, d, mo, s, r
+end
+local function applied(v)
+  local ar, at, an = string.match(v or '', ' (%d+) (%d+) (%d+)$')
+  if not ar or not string.match(v, '^%d+ %d+ %S+ %S+ %S+ %d+ %d+ ') then
+    return 0, 0, 0
+  end
+  return tonumber(ar), tonumber(at), tonumber(an)
 end
 """
 
@@ -120,21 +129,33 @@ redis.call('ZADD', KEYS[1], ARGV[2], ARGV[3])
 redis.call('HSET', KEYS[2], ARGV[3], ARGV[4] .. ' ' .. ARGV[5] .. ' ' .. ARGV[6] .. ' ' .. ARGV[7] .. ' ' .. ARGV[8])
 return {1}
 """.replace("@TTL_MINUTE@", str(_TTL_MINUTE))
-#: KEYS: res, resv, minute, day, month (of the lease's buckets)
-#: ARGV: now, expires, id, minute, day, month, settled requests/tokens/nano (7-9), keep (10-13), ask (14-17),
+#: KEYS: res, resv, minute, day, month (of the lease's buckets), the lease's tombstone
+#: ARGV: now, expires, id, minute, day, month, what the lease has settled in all, its steps so far and this one
+#: (LeaseOp.applied + settled: requests/tokens/nano, 7-9; the script adds what the store lacks), keep (10-13), ask (14-17),
 #: want (18-21) in DIMS order, the caps in LIMIT_NAMES order (22-26, -1 = none), keep_expires (27).
 #: Returns {1, slots, requests, tokens, nano, expires} or {0, limit, used, held, earliest}.
 LEASE_LUA = _PARSE_LUA + """
 local now, id = tonumber(ARGV[1]), ARGV[3]
-local sreq, stok, snano = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])  -- (added as the exact strings)
+-- what this lease's steps settled so far, as this store counted them (the row, or its tombstone once the
+-- row is gone): a step that timed out after it ran here is sent again, and only the rest is added
+local ar, at, an = applied(redis.call('HGET', KEYS[2], id) or redis.call('GET', KEYS[6]))
+local treq, ttok, tnano = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])  -- (<= MAX_TOTAL: exact)
+local sreq, stok, snano = math.max(0, treq - ar), math.max(0, ttok - at), math.max(0, tnano - an)
+local settled_in_all = math.max(treq, ar) + math.max(ttok, at) + math.max(tnano, an) > 0
+local total = string.format(' %d %d %d', math.max(treq, ar), math.max(ttok, at), math.max(tnano, an))
 if snano > 0 then
-  if redis.call('INCRBY', KEYS[4], ARGV[9]) > @MAX@ then redis.call('SET', KEYS[4], '@MAX@') end
+  local add = string.format('%d', snano)
+  if redis.call('INCRBY', KEYS[4], add) > @MAX@ then redis.call('SET', KEYS[4], '@MAX@') end
   redis.call('EXPIRE', KEYS[4], @TTL_DAY@)
-  if redis.call('INCRBY', KEYS[5], ARGV[9]) > @MAX@ then redis.call('SET', KEYS[5], '@MAX@') end
+  if redis.call('INCRBY', KEYS[5], add) > @MAX@ then redis.call('SET', KEYS[5], '@MAX@') end
   redis.call('EXPIRE', KEYS[5], @TTL_MONTH@)
 end
-if sreq > 0 and redis.call('HINCRBY', KEYS[3], 'r', ARGV[7]) > @MAX@ then redis.call('HSET', KEYS[3], 'r', '@MAX@') end
-if stok > 0 and redis.call('HINCRBY', KEYS[3], 't', ARGV[8]) > @MAX@ then redis.call('HSET', KEYS[3], 't', '@MAX@') end
+if sreq > 0 and redis.call('HINCRBY', KEYS[3], 'r', string.format('%d', sreq)) > @MAX@ then
+  redis.call('HSET', KEYS[3], 'r', '@MAX@')
+end
+if stok > 0 and redis.call('HINCRBY', KEYS[3], 't', string.format('%d', stok)) > @MAX@ then
+  redis.call('HSET', KEYS[3], 't', '@MAX@')
+end
 if sreq > 0 or stok > 0 then redis.call('EXPIRE', KEYS[3], @TTL_MINUTE@) end
 local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)
 if #expired > 0 then
@@ -165,12 +186,14 @@ local want = {tonumber(ARGV[18]), tonumber(ARGV[19]), tonumber(ARGV[20]), tonumb
 local caps = {tonumber(ARGV[22]), tonumber(ARGV[23]), tonumber(ARGV[24]), tonumber(ARGV[25]), tonumber(ARGV[26])}
 local dim = {1, 2, 3, 4, 4}  -- limit -> lease dimension (the day and the month budgets share nano)
 local function store(h, expires)
-  if h[1] + h[2] + h[3] + h[4] == 0 then
+  if h[1] + h[2] + h[3] + h[4] == 0 then  -- nothing held: the row goes, what it settled stays a while
     redis.call('ZREM', KEYS[1], id)
     redis.call('HDEL', KEYS[2], id)
+    if settled_in_all then redis.call('SET', KEYS[6], '0 0 x x x 0 0' .. total, 'EX', @TTL_MINUTE@) end
   else
     redis.call('ZADD', KEYS[1], expires, id)
-    redis.call('HSET', KEYS[2], id, string.format('%d %d %s %s %s %d %d', h[4], h[3], ARGV[4], ARGV[5], ARGV[6], h[1], h[2]))
+    redis.call('HSET', KEYS[2], id,
+               string.format('%d %d %s %s %s %d %d', h[4], h[3], ARGV[4], ARGV[5], ARGV[6], h[1], h[2]) .. total)
   end
 end
 if ask[1] > 0 then
@@ -394,13 +417,14 @@ class RedisStore(LimitStore):
             raise StoreError(f"the Redis limits store ({self._display}) refused the script: {_reason(reply, self._secret)}")
         return reply
 
-    def _with_queued(self, script: str, plugin_id: str, b: Any, args: list[Any], timeout: float) -> Any:
-        """Run ``script`` for the plugin's buckets in one round trip, after the queued settlements (they
-        ride along, in order, before it); its reply, or StoreError when Redis refused it."""
+    def _with_queued(self, script: str, plugin_id: str, b: Any, args: list[Any], timeout: float,
+                     more_keys: tuple[str, ...] = ()) -> Any:
+        """Run ``script`` for the plugin's buckets (and ``more_keys``) in one round trip, after the queued
+        settlements (they ride along, in order, before it); its reply, or StoreError when Redis refused it."""
         queued = self._queue.take()
+        keys = [*self._keys(plugin_id, b.minute, b.day, b.month), *more_keys]
         try:
-            replies = self._run_scripts([*queued, (script, self._keys(plugin_id, b.minute, b.day, b.month), args)],
-                                        timeout)
+            replies = self._run_scripts([*queued, (script, keys, args)], timeout)
         except StoreError as exc:
             if queued:
                 self._lost(queued, exc)
@@ -424,8 +448,11 @@ class RedisStore(LimitStore):
         else:
             self._queue.put_back(items)
 
+    def _prefix(self, plugin_id: str) -> str:
+        return f"{self.prefix}:{{{_key_id(plugin_id)}}}"  # one hash tag: every key of a plugin in one slot
+
     def _keys(self, plugin_id: str, minute: str, day: str, month: str) -> list[str]:
-        p = f"{self.prefix}:{{{_key_id(plugin_id)}}}"
+        p = self._prefix(plugin_id)
         return [f"{p}:res", f"{p}:resv", f"{p}:mi:{minute}", f"{p}:d:{day}", f"{p}:mo:{month}"]
 
     def admit(self, plugin_id: str, reservation: Reservation, limits: PluginLimits, now: float, *,
@@ -448,9 +475,10 @@ class RedisStore(LimitStore):
         b = op.buckets
         caps = (limits.max_concurrent, limits.requests_per_minute, limits.tokens_per_minute,
                 limits.budget_day_nano, limits.budget_month_nano)
-        args = [repr(op.now), repr(op.expires), op.lease_id, b.minute, b.day, b.month, *op.settled, *op.keep, *op.ask,
+        total = (min(MAX_TOTAL, a + s) for a, s in zip(op.applied, op.settled))
+        args = [repr(op.now), repr(op.expires), op.lease_id, b.minute, b.day, b.month, *total, *op.keep, *op.ask,
                 *op.want, *(-1 if c is None else int(c) for c in caps), repr(op.keep_expires)]
-        reply = self._with_queued(LEASE_LUA, plugin_id, b, args, timeout)
+        reply = self._with_queued(LEASE_LUA, plugin_id, b, args, timeout, (f"{self._prefix(plugin_id)}:lt:{op.lease_id}",))
         if int(reply[0]) == 1:
             held = (int(reply[1]), int(reply[2]), int(reply[3]), int(reply[4]))
             return LeaseGrant(held, op.expires if any(held) else op.keep_expires)

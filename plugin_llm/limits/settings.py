@@ -99,8 +99,9 @@ _MAX_COUNT = 10**12
 #: signed 64-bit counters without overflowing them
 MAX_CALL_TOKENS = 2**40
 MAX_CALL_NANO = 2**50
-#: where the stores' counters (a window's usage, a lease step's settled usage) saturate
-MAX_TOTAL = 2**61
+#: where the stores' counters (a window's usage, what a lease has settled) saturate: the largest integer
+#: Redis's Lua numbers (doubles) hold exactly, and far from SQLite's 64-bit overflow
+MAX_TOTAL = 2**53 - 1
 _SAFE_PREFIX = re.compile(r"^[A-Za-z0-9_.:\-]{1,64}$")
 
 

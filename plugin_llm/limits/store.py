@@ -100,6 +100,11 @@ class LeaseOp:
     free under that limit (0 for a dimension without a limit). ``keep`` (calls in flight
     under the lease) is held unconditionally. A row left holding nothing is deleted.
     Vectors are in :data:`DIMS` order; ``settled`` is (requests, tokens, nano).
+
+    ``applied`` is what the lease's earlier steps are known to have settled (the same three
+    numbers, since the lease began): a store whose step can time out after it was applied (Redis)
+    keeps the lease's total and adds only what it lacks of ``applied + settled``, so the usage a
+    failed step sends again is counted once.
     """
 
     lease_id: str
@@ -111,6 +116,7 @@ class LeaseOp:
     keep: tuple[int, int, int, int]
     ask: tuple[int, int, int, int]
     want: tuple[int, int, int, int]
+    applied: tuple[int, int, int] = (0, 0, 0)
 
 
 @dataclass(frozen=True)
