@@ -182,6 +182,20 @@ def test_a_success_without_any_usage_is_charged_its_reservation(kind, tmp_path):
     assert (c.day_spent, c.minute_tokens) == (ticket.estimate.cost_nano, ticket.estimate.tokens)
 
 
+@pytest.mark.parametrize("leased", [True, False], ids=["lease", "per call"])
+def test_settling_garbage_numbers_never_raises_and_charges_the_worst_case(kind, tmp_path, monkeypatch, leased):
+    from plugin_llm.limits import leases
+
+    monkeypatch.setattr(leases, "ENABLED", leased)
+    settings = settings_for(*kind, "{budget_usd: {day: 1.0}, tokens_per_minute: 100000}")
+    ticket = call(settings, tmp_path)
+    assert isinstance(ticket, leases.LeasedTicket) is leased
+    ticket.settle(input_tokens="many", output_tokens=float("nan"), cost_usd="free")  # a host's own transport
+    limits.close_stores()
+    c = limits.snapshot(settings, tmp_path, PLUGIN).counters
+    assert (c.day_spent, c.minute_tokens) == (ticket.estimate.cost_nano, ticket.estimate.tokens)
+
+
 @pytest.mark.parametrize("on_store_error", ["deny", "allow"])
 def test_a_store_defect_refuses_the_call_even_when_store_errors_allow_it(tmp_path, caplog, on_store_error):
     """``allow`` is for a store that is down or slow; a defect must never admit a call unmetered."""

@@ -50,6 +50,8 @@ from plugin_llm.limits.pricing import (
     input_token_bound,
     operator_cost,
     output_token_bound,
+    reports_a_cost,
+    usage_count,
     worst_case,
 )
 from plugin_llm.limits.settings import (
@@ -178,9 +180,8 @@ class Ticket:
             cost_usd = usage.cost_usd if cost_usd is None else cost_usd
             input_tokens = usage.input_tokens if input_tokens is None else input_tokens
             output_tokens = usage.output_tokens if output_tokens is None else output_tokens
-        ins = min(MAX_CALL_TOKENS, max(0, int(input_tokens or 0)))
-        outs = min(MAX_CALL_TOKENS, max(0, int(output_tokens or 0)))
-        if ins == 0 and outs == 0 and not (cost_usd is not None and cost_usd > 0):
+        ins, outs = usage_count(input_tokens), usage_count(output_tokens)
+        if ins == 0 and outs == 0 and not reports_a_cost(cost_usd):
             self._apply(admission, admission.cost_nano, admission.tokens)
             return
         cost_nano = actual_cost_nano(self._price, cost_usd, ins, outs)

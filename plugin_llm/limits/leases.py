@@ -69,7 +69,7 @@ import time
 import weakref
 from typing import TYPE_CHECKING, Callable
 
-from plugin_llm.limits.pricing import Estimate, actual_cost_nano
+from plugin_llm.limits.pricing import Estimate, actual_cost_nano, reports_a_cost, usage_count
 from plugin_llm.limits.settings import MAX_CALL_NANO, MAX_CALL_TOKENS, MAX_TOTAL, NANO
 from plugin_llm.limits.store import Buckets, Denial, LeaseGrant, LeaseOp, StoreError, buckets_at, new_reservation_id
 
@@ -154,11 +154,11 @@ class LeasedTicket:
             input_tokens = usage.input_tokens if input_tokens is None else input_tokens
             output_tokens = usage.output_tokens if output_tokens is None else output_tokens
         ins = (input_tokens if type(input_tokens) is int and 0 <= input_tokens <= MAX_CALL_TOKENS
-               else min(MAX_CALL_TOKENS, max(0, int(input_tokens or 0))))
+               else usage_count(input_tokens))
         outs = (output_tokens if type(output_tokens) is int and 0 <= output_tokens <= MAX_CALL_TOKENS
-                else min(MAX_CALL_TOKENS, max(0, int(output_tokens or 0))))
+                else usage_count(output_tokens))
         price = self.price
-        if ins == 0 and outs == 0 and not (cost_usd is not None and cost_usd > 0):  # nothing reported: its worst case
+        if ins == 0 and outs == 0 and not reports_a_cost(cost_usd):  # nothing reported: its worst case
             self._finish(self.input_tokens + self.output_tokens, self.cost or 0)
         elif price is not None and price.operator:  # actual_cost_nano's first case, inlined (the usual one)
             self._finish(ins + outs, min(MAX_CALL_NANO, math.ceil(ins * price.input_nano + outs * price.output_nano)))

@@ -28,9 +28,10 @@ from pathlib import Path
 from collections.abc import Mapping as _AbcMapping
 from typing import Any, Iterable, Mapping
 
-from plugin_llm.limits.settings import MAX_CALL_NANO, NANO, LimitSettings, OperatorPrice
+from plugin_llm.limits.settings import MAX_CALL_NANO, MAX_CALL_TOKENS, NANO, LimitSettings, OperatorPrice
 
-__all__ = ["Price", "Estimate", "find_price", "input_token_bound", "worst_case", "output_token_bound", "operator_cost", "actual_cost_nano", "price_map"]
+__all__ = ["Price", "Estimate", "find_price", "input_token_bound", "worst_case", "output_token_bound", "operator_cost",
+           "actual_cost_nano", "reports_a_cost", "usage_count", "price_map"]
 
 _PRICE_MAP = "model_prices_and_context_window_backup.json"
 #: per-message framing (role, separators) of the chat templates in use, generously
@@ -260,6 +261,24 @@ def _cost_function(price: Price | None) -> Any:
         return math.ceil(max(0, prompt) * in_nano + max(0, completion) * out_nano) / NANO  # actual_cost_nano's
 
     return cost
+
+
+def usage_count(value: object) -> int:
+    """A reported token count as a store counts it: a whole number from 0 to MAX_CALL_TOKENS (what is
+    not a finite number counts 0, as a reply that reports nothing)."""
+    if type(value) is int:
+        return min(MAX_CALL_TOKENS, max(0, value))
+    try:
+        return min(MAX_CALL_TOKENS, max(0, int(value or 0)))
+    except (TypeError, ValueError, OverflowError):
+        return 0
+
+
+def reports_a_cost(cost_usd: object) -> bool:
+    """Whether a reply's ``cost_usd`` says it cost something (a positive finite number; 0.0 is what a
+    transport reports for a reply without usage, and no cost is unknown, never free)."""
+    return (isinstance(cost_usd, (int, float)) and not isinstance(cost_usd, bool) and math.isfinite(cost_usd)
+            and cost_usd > 0)
 
 
 def actual_cost_nano(price: Price | None, cost_usd: float | None, input_tokens: int, output_tokens: int) -> int:
