@@ -800,7 +800,7 @@ class PluginLlm:
         except BaseException as exc:  # noqa: BLE001 - every transport outcome is audited, then raised
             failure = exc
         if failure is not None:
-            ticket.release()
+            _settle_failed(ticket, failure, replied=progress.stream is not None)
             if progress.stream is not None:
                 progress.stream.close()
             error = self._request_failed(call, admitted, tally, messages, failure)
@@ -809,17 +809,22 @@ class PluginLlm:
         progress.partial = False
         if not response.priced and admitted.config.limits.prices:
             response = _operator_priced(admitted, response)
-        ticket.settle(response.usage)
+        # a stream whose provider sent no usage has it estimated from the text, which can fall short
+        # (hidden reasoning tokens, another tokenizer): the limits charge the reservation instead
+        ticket.settle(None if response.usage.estimated else response.usage)
         tally.add(response)
         result = self._result(call, admitted.route, response, tally.usage)
         self._audit_outcome(call, admitted, "ok", messages=messages, response=response, tally=tally)
         return result
 
     def _stream_abandoned(self, call, admitted, tally, messages, ticket, progress: StreamProgress) -> None:
-        """The record of a stream its consumer closed or dropped before its end."""
-        ticket.release()
+        """The record of a stream its consumer closed or dropped before its end (charged its
+        reservation once the provider began to answer: what it billed is unknown)."""
         stream = progress.stream
-        if stream is not None:
+        if stream is None:
+            ticket.release()
+        else:
+            ticket.settle()
             stream.close()
             tally.attempts += _whole(getattr(stream, "attempts", 1), 1)
             tally.provider_seconds += _seconds(getattr(stream, "provider_seconds", 0.0))
@@ -1086,6 +1091,7 @@ class PluginLlm:
             ticket = yield from self._limits_store_step(call, admitted, audit_messages, messages, params, tally)
         request = _transport_request(admitted, messages, params)
         failure: BaseException | None = None
+        response = None
         try:
             response = yield request
             response = self._checked_response(response, admitted.route, tally)
@@ -1096,7 +1102,7 @@ class PluginLlm:
                 response = _operator_priced(admitted, response)
             ticket.settle(response.usage)  # queued: no store round trip on the caller's path
             return response
-        ticket.release()
+        _settle_failed(ticket, failure, replied=response is not None)
         error = self._request_failed(call, admitted, tally, audit_messages, failure)
         failure = None  # not kept in this frame: the transport's exception may hold a key in its frames
         raise error
@@ -1336,6 +1342,17 @@ class _Tally:
             if len(self.anomalies) >= _MAX_ANOMALIES:
                 return
             self.anomalies.append(anomaly[:200] if isinstance(anomaly, str) else f"a {type(anomaly).__name__}")
+
+
+def _settle_failed(ticket: "limits.Ticket", failure: BaseException, *, replied: bool) -> None:
+    """A request that ended in no usable reply: released when the provider refused it (an error
+    reply, no connection: nothing billed), else charged its reservation, the worst case -- a reply
+    came but was unusable, or a stream was cut short, or the request timed out or was cancelled
+    while out: the provider may have billed it, and how much is unknown."""
+    if replied or isinstance(failure, PluginLlmTimeoutError) or not isinstance(failure, Exception):
+        ticket.settle()
+    else:
+        ticket.release()
 
 
 def _transport_request(admitted: _Admitted, messages: list, params: dict) -> TransportRequest:

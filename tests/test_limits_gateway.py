@@ -200,3 +200,66 @@ def test_threads_hammering_one_budget_never_overspend_it(hermes_home):
     spent = sum(line["cost_usd"] for line in lines if line["status"] == "ok")
     assert spent <= cap
     assert sum(1 for line in lines if line["status"] == "ok") == len(server.requests)
+
+
+def _charged(home) -> tuple[int, float]:
+    limits.close_stores()
+    snap = snapshot(home)
+    assert snap["in_flight"] == 0
+    return snap["minute"]["tokens"], snap["spent_usd"]["day"]
+
+
+def _reserved(home) -> tuple[int, float]:
+    lines = audit_lines(home)
+    return sum(r["limits.reserved_tokens"] for r in lines), sum(r["limits.reserved_usd"] for r in lines)
+
+
+def test_a_stream_abandoned_after_the_provider_answered_is_charged_its_reservation(hermes_home):
+    """The provider bills what it generated; how much is unknown once the consumer stops reading
+    (before the usage chunk): charged the worst case, so breaking out early is never free."""
+    with FakeServer() as server:
+        configure(hermes_home, server.base_url, "        tokens_per_minute: 100000\n        budget_usd: {day: 1.0}\n")
+        llm = PluginLlm("capped")
+        for _ in range(3):
+            with llm.stream(USER, max_tokens=50) as stream:
+                for _delta in stream:
+                    break
+    assert [r["status"] for r in audit_lines(hermes_home)] == ["abandoned"] * 3
+    tokens, usd = _reserved(hermes_home)
+    assert _charged(hermes_home) == (tokens, pytest.approx(usd)) and tokens > 0
+
+
+def test_a_stream_without_reported_usage_is_charged_its_reservation_not_an_estimate(hermes_home):
+    with FakeServer(default=Reply(usage=None)) as server:
+        configure(hermes_home, server.base_url, "        budget_usd: {day: 1.0}\n")
+        with PluginLlm("capped").stream(USER, max_tokens=1000) as stream:
+            text = "".join(stream)
+        result = stream.result
+    assert text == "ok" and result.usage.estimated  # what the result says: litellm's estimate from the text
+    tokens, usd = _reserved(hermes_home)
+    assert tokens > 1000 and _charged(hermes_home) == (tokens, pytest.approx(usd))
+
+
+def test_a_request_that_timed_out_is_charged_its_reservation(hermes_home):
+    from plugin_llm import PluginLlmTimeoutError
+
+    with FakeServer(default=Reply(delay=1.0)) as server:  # the provider may bill what it went on to generate
+        configure(hermes_home, server.base_url, "        budget_usd: {day: 1.0}\n")
+        with pytest.raises(PluginLlmTimeoutError):
+            PluginLlm("capped").complete(USER, max_tokens=100, timeout=0.3)
+    tokens, usd = _reserved(hermes_home)
+    assert _charged(hermes_home) == (tokens, pytest.approx(usd)) and tokens > 100
+
+
+def test_a_stream_the_provider_cuts_short_is_charged_its_reservation(hermes_home):
+    from tests.stream_server import Stream, StreamServer
+
+    with StreamServer(default=Stream(pieces=["x" * 40] * 5, cut_after=3)) as server:
+        configure(hermes_home, server.base_url, "        tokens_per_minute: 100000\n")
+        delivered = []
+        with pytest.raises(Exception) as caught:
+            for delta in PluginLlm("capped").stream(USER, max_tokens=500):
+                delivered.append(delta)
+    assert delivered and not isinstance(caught.value, PluginLlmQuotaError)
+    tokens, _ = _reserved(hermes_home)
+    assert _charged(hermes_home)[0] == tokens > 500
