@@ -194,6 +194,28 @@ def test_errors_map_to_their_status_with_the_in_process_message(hermes_home, cus
     assert statuses == ["provider_error", "timeout", "denied", "denied", "ok", "quota"]
 
 
+def test_a_max_concurrent_refusal_says_retry_after_one_second_not_at_the_latest_slot(hermes_home, custom_route):
+    """A slot frees when any call in flight ends: Retry-After 1, with the latest time in the body."""
+    import threading
+
+    with FakeServer(default=Reply(delay=1.0)) as upstream:
+        custom_route(upstream.base_url, extra="plugins:\n  entries:\n    capped:\n      limits:\n"
+                                              "        max_concurrent: 1\n")
+        with ServiceServer(hermes_home) as service:
+            auth = service.auth(service.token("capped"))
+            slow = threading.Thread(target=httpx.post, args=(service.url + COMPLETE,),
+                                    kwargs={"headers": auth, "json": {"messages": USER}, "timeout": 30})
+            slow.start()
+            for _ in range(200):  # until the slow call is in flight (the upstream has it)
+                if upstream.requests:
+                    break
+                threading.Event().wait(0.02)
+            refused = httpx.post(service.url + COMPLETE, headers=auth, json={"messages": USER})
+            slow.join(30)
+    assert refused.status_code == 429 and refused.json()["error"]["limit"] == "max_concurrent"
+    assert refused.headers["retry-after"] == "1" and refused.json()["error"]["resets_at"] is not None
+
+
 def test_a_schema_error_is_422_with_the_errors_and_the_text(hermes_home, custom_route):
     with FakeServer(default=Reply.json('{"vendor": 1}')) as upstream:
         custom_route(upstream.base_url)

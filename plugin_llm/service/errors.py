@@ -93,6 +93,8 @@ def error_for(exc: BaseException, fields: frozenset[str] | set[str] = frozenset(
     if isinstance(exc, PluginLlmQuotaError):
         resets_at = getattr(exc, "resets_at", None)
         retry = _retry_after(resets_at)
+        if retry is not None and getattr(exc, "limit", None) == "max_concurrent":
+            retry = "1"  # a slot frees when any call in flight ends; resets_at is only the latest it can be
         return ApiError(429, "PluginLlmQuotaError" if name == "PluginLlmLimitError" else name, message, "quota_exceeded",
                         extra={"limit": getattr(exc, "limit", None), "config_key": getattr(exc, "config_key", None),
                                "resets_at": resets_at if retry is not None else None},
