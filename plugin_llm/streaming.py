@@ -67,9 +67,13 @@ _Flow = Generator[Any, Any, Any]
 
 
 class _Driver:
-    """Runs one stream's pipeline generator: performs its steps, stops at each delta."""
+    """Runs one stream's pipeline generator: performs its steps, stops at each delta.
 
-    __slots__ = ("flow", "perform", "prepare", "result", "done", "text", "progress", "loop", "__weakref__")
+    ``lock`` is held while the generator runs (``send``, ``throw``, ``close``), never while a step
+    is performed: ``close()`` from another thread than the reader's waits for the pipeline to reach
+    its next step, then closes it there (the reader's step then ends the stream quietly)."""
+
+    __slots__ = ("flow", "perform", "prepare", "result", "done", "text", "progress", "loop", "lock", "__weakref__")
 
     def __init__(self, flow: _Flow, perform: Callable[[Any], Any], progress: StreamProgress,
                  prepare: Callable[[], Any] | None = None) -> None:
@@ -81,23 +85,27 @@ class _Driver:
         self.text: list[str] = []
         self.progress = progress
         self.loop: asyncio.AbstractEventLoop | None = None
+        self.lock = threading.Lock()
 
     @property
     def call_id(self) -> str | None:
         return self.progress.call_id
 
     def _step(self, value: Any, failure: BaseException | None) -> Any:
-        try:
-            if failure is not None:
-                return self.flow.throw(failure)
-            return self.flow.send(value)
-        except StopIteration as end:
-            self.done = True
-            self.result = end.value
-            return None
-        except BaseException:
-            self.done = True
-            raise
+        with self.lock:
+            if self.done:  # closed by another thread while this one performed the step: nothing to say
+                return None
+            try:
+                if failure is not None:
+                    return self.flow.throw(failure)
+                return self.flow.send(value)
+            except StopIteration as end:
+                self.done = True
+                self.result = end.value
+                return None
+            except BaseException:
+                self.done = True
+                raise
 
     def next_sync(self) -> str | None:
         """The next delta, or None at the end (the result is then set)."""
@@ -144,8 +152,10 @@ class _Driver:
         """Close the pipeline where it stands: it records the stream as abandoned (once)."""
         if self.done:
             return
-        self.done = True
-        self.flow.close()
+        with self.lock:
+            if not self.done:
+                self.done = True
+                self.flow.close()
 
 
 def _abandon_later(driver: _Driver) -> None:

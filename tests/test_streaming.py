@@ -293,7 +293,7 @@ def test_a_quota_denial_raises_before_anything_is_sent(hermes_home):
     assert [line["status"] for line in audit_lines(hermes_home)] == ["ok", "quota"]
 
 
-def test_an_abandoned_stream_releases_its_reservation(hermes_home):
+def test_an_abandoned_stream_frees_its_slot(hermes_home):
     with StreamServer(default=Stream(pieces=["a1", " b2", " c3"])) as fake:
         write_config(hermes_home, (
             f"model:\n  provider: custom\n  model: gpt-4o\n  base_url: {fake.base_url}\n"
@@ -304,6 +304,52 @@ def test_an_abandoned_stream_releases_its_reservation(hermes_home):
             with llm.stream(USER) as stream:
                 next(stream)
     assert [line["status"] for line in audit_lines(hermes_home)] == ["abandoned"] * 3
+
+
+def test_close_from_another_thread_ends_the_stream_once_whatever_the_reader_is_doing(hermes_home):
+    """A "stop" button on another thread: close() may come while the reader's thread runs the
+    pipeline. It waits for the pipeline's next step and closes it there: no error for either
+    thread, one record per stream, and (max_concurrent 1) the slot is free for the next stream."""
+    import random
+    import sys
+    import threading
+
+    with StreamServer(default=Stream(pieces=["x"] * 2000)) as fake:
+        write_config(hermes_home, (
+            f"model:\n  provider: custom\n  model: gpt-4o\n  base_url: {fake.base_url}\n"
+            "plugins:\n  entries:\n    writer:\n      limits:\n        max_concurrent: 1\n"))
+        llm = PluginLlm("writer")
+        rng = random.Random(7)
+        errors: list[str] = []
+        interval = sys.getswitchinterval()
+        sys.setswitchinterval(1e-5)  # switch threads often: the close lands inside the pipeline's code
+        try:
+            for _ in range(25):
+                stream = llm.stream(USER, max_tokens=4000)
+                delay = rng.random() * 0.01
+
+                def stop(stream=stream, delay=delay) -> None:
+                    threading.Event().wait(delay)
+                    try:
+                        stream.close()
+                    except Exception as exc:  # noqa: BLE001 - what the test looks for
+                        errors.append(f"close: {type(exc).__name__}: {exc}")
+
+                closer = threading.Thread(target=stop)
+                closer.start()
+                try:
+                    for _delta in stream:
+                        pass
+                except Exception as exc:  # noqa: BLE001 - what the test looks for
+                    errors.append(f"reader: {type(exc).__name__}: {exc}")
+                closer.join(10)
+                assert stream.finished
+        finally:
+            sys.setswitchinterval(interval)
+    assert errors == []
+    records = audit_lines(hermes_home)
+    assert len(records) == 25 and len({r["call_id"] for r in records}) == 25
+    assert {r["status"] for r in records} <= {"abandoned", "ok"}
 
 
 def test_tools_are_refused_for_streams(server):
