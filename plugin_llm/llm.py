@@ -899,6 +899,11 @@ class PluginLlm:
             if tally.audited:
                 raise
             failure = exc
+        audit_messages = messages if messages is not None else tally.audit_messages
+        if isinstance(failure, GeneratorExit):  # closed before it got far (a stream's consumer left during its
+            failure = None  # admission): the stream's own record of that
+            self._audit_outcome(call, admitted, "abandoned", messages=audit_messages, response=None, tally=tally)
+            raise GeneratorExit
         if isinstance(failure, PluginLlmError) or not isinstance(failure, Exception):
             error, cause = failure, None  # a gateway error (or a cancellation): audited with its own status
         else:
@@ -909,7 +914,6 @@ class PluginLlm:
             )
             cause = type(failure).__name__
         failure = None
-        audit_messages = messages if messages is not None else tally.audit_messages
         self._audit_outcome(call, admitted, _status_for(error), messages=audit_messages, response=None, tally=tally,
                             error=error, cause=cause)
         raise error

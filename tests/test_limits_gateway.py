@@ -263,3 +263,36 @@ def test_a_stream_the_provider_cuts_short_is_charged_its_reservation(hermes_home
     assert delivered and not isinstance(caught.value, PluginLlmQuotaError)
     tokens, _ = _reserved(hermes_home)
     assert _charged(hermes_home)[0] == tokens > 500
+
+
+def test_an_async_stream_cancelled_while_it_waits_for_the_store_is_recorded_as_abandoned(hermes_home):
+    from tests.test_limits_admission import _hold_the_local_store
+
+    with FakeServer() as server:
+        configure(hermes_home, server.base_url, "        max_concurrent: 1\n")
+        llm = PluginLlm("capped")
+        llm.complete(USER)  # the store exists
+        limits.close_stores()  # no lease: the next call makes a store step
+        held = _hold_the_local_store(hermes_home)
+
+        async def main():
+            async def consume():
+                async with llm.astream(USER, max_tokens=20) as stream:
+                    async for _delta in stream:
+                        pass
+
+            task = asyncio.create_task(consume())
+            for _ in range(20):  # until it waits for the store step (on a worker thread)
+                await asyncio.sleep(0.01)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            held.close()  # the step's thread ends (its ticket is released)
+
+        try:
+            asyncio.run(main())
+        finally:
+            held.close()
+        assert len(server.requests) == 1
+    last = audit_lines(hermes_home)[-1]
+    assert (last["status"], last["error.type"], last.get("stream")) == ("abandoned", None, True)
