@@ -655,3 +655,25 @@ def test_a_lease_step_that_times_out_after_redis_ran_it_counts_the_usage_once(ow
     assert (c.day_spent, c.minute_requests, c.minute_tokens) == (3_000_000, 1, 1500)
     assert (c.in_flight, c.day_reserved) == (0, 0)
     limits.close_stores()
+
+
+def test_a_lease_whose_row_another_process_purged_counts_its_usage_once(kind, tmp_path):
+    """Another process's step purges a lease row that expired (a frozen process, a small grace): the
+    lease's next step must add only what it had not handed over yet (Redis keeps the lease's counted
+    total in a key of its own, which outlives the row)."""
+    kind, url, prefix = kind
+    settings = parse(settings_text(kind, url, prefix, "{budget_usd: {day: 1000}}"))
+    for _ in range(40):
+        call(settings, tmp_path).settle(input_tokens=1000, output_tokens=0)  # 1000 * 1000 nano each
+    pending = call(settings, tmp_path)  # in flight: the lease's row stays
+    [book] = limits.store_for(settings, tmp_path).lease_books().values()
+    book.give_back(5)  # the 40 calls handed over; the row holds the call in flight
+    other = plain_store(kind, tmp_path, url, prefix)
+    later = time.time() + 3600  # when the row has expired: the other process's admission purges it
+    other.settle(other.admit(PLUGIN, limits.Reservation(0, 0, 30.0), settings.for_plugin(PLUGIN), later, timeout=5),
+                 0, 0, timeout=5)
+    pending.settle(input_tokens=1000, output_tokens=0)
+    book.give_back(5)
+    c = other.counters(PLUGIN, time.time(), timeout=5)
+    assert c.day_spent == 41 * 1000 * 1000
+    other.close()

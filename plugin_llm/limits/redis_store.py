@@ -63,25 +63,16 @@ _MAX_IDLE = 64  # idle connections kept for reuse
 #: ARGV: now, expires, id, cost, tokens, minute, day, month, then the caps in LIMIT_NAMES order (-1 = none)
 _PARSE_LUA = """
 local function parse(v)
-  -- "cost tokens minute day month" (one call) or "... slots requests" (a lease), then for a lease
-  -- " requests tokens nano" its steps have settled so far (LeaseOp.applied + settled)
+  -- "cost tokens minute day month" (one call) or "... slots requests" (a lease)
   local c, t, mi, d, mo, rest = string.match(v, '^(%d+) (%d+) (%S+) (%S+) (%S+)(.*)$')
   if not c then return nil end
   local s, r = 1, 1
   if rest ~= '' then
-    local s2, r2, more = string.match(rest, '^ (%d+) (%d+)(.*)$')
+    local s2, r2 = string.match(rest, '^ (%d+) (%d+)$')
     if not s2 then return nil end
     s, r = tonumber(s2), tonumber(r2)
-    if more ~= '' and not string.match(more, '^ %d+ %d+ %d+$') then return nil end
   end
   return tonumber(c), tonumber(t), mi, d, mo, s, r
-end
-local function applied(v)
-  local ar, at, an = string.match(v or '', ' (%d+) (%d+) (%d+)$')
-  if not ar or not string.match(v, '^%d+ %d+ %S+ %S+ %S+ %d+ %d+ ') then
-    return 0, 0, 0
-  end
-  return tonumber(ar), tonumber(at), tonumber(an)
 end
 """
 
@@ -129,20 +120,29 @@ redis.call('ZADD', KEYS[1], ARGV[2], ARGV[3])
 redis.call('HSET', KEYS[2], ARGV[3], ARGV[4] .. ' ' .. ARGV[5] .. ' ' .. ARGV[6] .. ' ' .. ARGV[7] .. ' ' .. ARGV[8])
 return {1}
 """.replace("@TTL_MINUTE@", str(_TTL_MINUTE))
-#: KEYS: res, resv, minute, day, month (of the lease's buckets), the lease's tombstone
+#: KEYS: res, resv, minute, day, month (of the lease's buckets), the lease's settled total
 #: ARGV: now, expires, id, minute, day, month, what the lease has settled in all, its steps so far and this one
 #: (LeaseOp.applied + settled: requests/tokens/nano, 7-9; the script adds what the store lacks), keep (10-13), ask (14-17),
 #: want (18-21) in DIMS order, the caps in LIMIT_NAMES order (22-26, -1 = none), keep_expires (27).
 #: Returns {1, slots, requests, tokens, nano, expires} or {0, limit, used, held, earliest}.
 LEASE_LUA = _PARSE_LUA + """
 local now, id = tonumber(ARGV[1]), ARGV[3]
--- what this lease's steps settled so far, as this store counted them (the row, or its tombstone once the
--- row is gone): a step that timed out after it ran here is sent again, and only the rest is added
-local ar, at, an = applied(redis.call('HGET', KEYS[2], id) or redis.call('GET', KEYS[6]))
+-- what this lease's steps settled so far, as this store counted them (a key of its own, which outlives the
+-- lease's row: another process may purge that row once it expires): a step that timed out after it ran
+-- here is sent again, and only what is not counted yet is added
+local ar, at, an = 0, 0, 0
+local counted = redis.call('GET', KEYS[6])
+if counted then
+  local r2, t2, n2 = string.match(counted, '^(%d+) (%d+) (%d+)$')
+  if r2 then ar, at, an = tonumber(r2), tonumber(t2), tonumber(n2) end
+end
 local treq, ttok, tnano = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])  -- (<= MAX_TOTAL: exact)
 local sreq, stok, snano = math.max(0, treq - ar), math.max(0, ttok - at), math.max(0, tnano - an)
-local settled_in_all = math.max(treq, ar) + math.max(ttok, at) + math.max(tnano, an) > 0
-local total = string.format(' %d %d %d', math.max(treq, ar), math.max(ttok, at), math.max(tnano, an))
+if treq + ttok + tnano > 0 then  -- kept (each step) until the lease, and a retry of its last step, cannot come back
+  local ttl = math.ceil(math.max(tonumber(ARGV[2]), tonumber(ARGV[27])) - now) + @TTL_MINUTE@
+  redis.call('SET', KEYS[6], string.format('%d %d %d', math.max(treq, ar), math.max(ttok, at), math.max(tnano, an)),
+             'EX', math.max(@TTL_MINUTE@, ttl))
+end
 if snano > 0 then
   local add = string.format('%d', snano)
   if redis.call('INCRBY', KEYS[4], add) > @MAX@ then redis.call('SET', KEYS[4], '@MAX@') end
@@ -186,14 +186,12 @@ local want = {tonumber(ARGV[18]), tonumber(ARGV[19]), tonumber(ARGV[20]), tonumb
 local caps = {tonumber(ARGV[22]), tonumber(ARGV[23]), tonumber(ARGV[24]), tonumber(ARGV[25]), tonumber(ARGV[26])}
 local dim = {1, 2, 3, 4, 4}  -- limit -> lease dimension (the day and the month budgets share nano)
 local function store(h, expires)
-  if h[1] + h[2] + h[3] + h[4] == 0 then  -- nothing held: the row goes, what it settled stays a while
+  if h[1] + h[2] + h[3] + h[4] == 0 then
     redis.call('ZREM', KEYS[1], id)
     redis.call('HDEL', KEYS[2], id)
-    if settled_in_all then redis.call('SET', KEYS[6], '0 0 x x x 0 0' .. total, 'EX', @TTL_MINUTE@) end
   else
     redis.call('ZADD', KEYS[1], expires, id)
-    redis.call('HSET', KEYS[2], id,
-               string.format('%d %d %s %s %s %d %d', h[4], h[3], ARGV[4], ARGV[5], ARGV[6], h[1], h[2]) .. total)
+    redis.call('HSET', KEYS[2], id, string.format('%d %d %s %s %s %d %d', h[4], h[3], ARGV[4], ARGV[5], ARGV[6], h[1], h[2]))
   end
 end
 if ask[1] > 0 then
@@ -478,7 +476,8 @@ class RedisStore(LimitStore):
         total = (min(MAX_TOTAL, a + s) for a, s in zip(op.applied, op.settled))
         args = [repr(op.now), repr(op.expires), op.lease_id, b.minute, b.day, b.month, *total, *op.keep, *op.ask,
                 *op.want, *(-1 if c is None else int(c) for c in caps), repr(op.keep_expires)]
-        reply = self._with_queued(LEASE_LUA, plugin_id, b, args, timeout, (f"{self._prefix(plugin_id)}:lt:{op.lease_id}",))
+        counted = f"{self._prefix(plugin_id)}:lt:{op.lease_id}"  # what the lease settled in all, as counted here
+        reply = self._with_queued(LEASE_LUA, plugin_id, b, args, timeout, (counted,))
         if int(reply[0]) == 1:
             held = (int(reply[1]), int(reply[2]), int(reply[3]), int(reply[4]))
             return LeaseGrant(held, op.expires if any(held) else op.keep_expires)
