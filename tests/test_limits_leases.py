@@ -677,3 +677,23 @@ def test_a_lease_whose_row_another_process_purged_counts_its_usage_once(kind, tm
     c = other.counters(PLUGIN, time.time(), timeout=5)
     assert c.day_spent == 41 * 1000 * 1000
     other.close()
+
+
+def test_a_reloaded_grace_and_store_timeout_reach_the_lease_book(tmp_path):
+    """In-memory admissions may outlast the lease row by a slack of at most a quarter of the grace:
+    a reload that lowers the grace must lower the slack of the book that already exists."""
+    limits.close_stores()
+    before = parse(settings_text("local", None, "", "{requests_per_minute: 1000}"))
+    for _ in range(5):
+        call(before, tmp_path).settle(input_tokens=1, output_tokens=1)
+    [book] = limits.store_for(before, tmp_path).lease_books().values()
+    assert (book.slack, book.timeout) == (2.0, 2.0)
+    after = parse(settings_text("local", None, "", "{requests_per_minute: 1000}",
+                                "  reservation_grace: 0.5\n  store_timeout: 0.7\n"))
+    for _ in range(5):  # the first call after the reload makes a store step (the limits are new objects)
+        call(after, tmp_path, deadline=time.monotonic() + 0.2).settle(input_tokens=1, output_tokens=1)
+    assert limits.store_for(after, tmp_path).lease_books()[PLUGIN] is book
+    assert (book.slack, book.timeout) == (0.125, 0.7)
+    lease = book.current
+    assert lease.admit_until in (float("-inf"), lease.expires + 0.125)
+    limits.close_stores()

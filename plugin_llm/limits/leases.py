@@ -278,25 +278,35 @@ def _capped(limits: "PluginLimits") -> tuple[bool, bool, bool, bool]:
 class LeaseBook:
     """This process's leases of one plugin in one store (see the module docstring)."""
 
-    __slots__ = ("lock", "current", "closed", "store", "plugin_id", "timeout", "slack", "max_interval", "io",
+    __slots__ = ("lock", "current", "closed", "store", "plugin_id", "grace", "timeout", "slack", "max_interval", "io",
                  "retiring", "n", "last_sync", "want_tok", "want_nano", "waiting", "__weakref__")
 
     def __init__(self, store: "LimitStore", plugin_id: str, grace: float, timeout: float) -> None:
         self.store = store
         self.plugin_id = plugin_id
-        self.timeout = timeout  # limits.store_timeout: the keeper's bound per store step
-        self.slack = min(_MAX_SLACK, max(0.0, grace) / 4)
-        self.max_interval = max(RENEW_INTERVAL, min(MAX_RENEW_INTERVAL, self.slack / 2))
         self.lock = threading.Lock()  # in-memory state only: never held across a store call
         self.io = threading.Lock()  # one store step of this book at a time
         self.current: Lease | None = None
         self.retiring: list[Lease] = []  # leases of an earlier minute (or given back) still to finish
+        self.grace = self.timeout = self.slack = self.max_interval = 0.0
+        self.configure(grace, timeout)
         self.n = 0  # calls' worth wanted beyond the calls in flight (0: exact per call)
         self.last_sync = float("-inf")
         self.want_tok = self.want_nano = 0  # worst case of the last call, to size the slice
         self.waiting = 0  # calls waiting for this book's store step (``io``)
         self.closed = False
         _BOOKS.add(self)
+
+    def configure(self, grace: float, timeout: float) -> None:
+        """``limits.reservation_grace`` and ``limits.store_timeout`` as they are now (a reload may
+        change them): the slack of in-memory admissions stays within a quarter of the grace."""
+        with self.lock:
+            self.grace, self.timeout = grace, timeout  # timeout: the keeper's bound per store step
+            self.slack = min(_MAX_SLACK, max(0.0, grace) / 4)
+            self.max_interval = max(RENEW_INTERVAL, min(MAX_RENEW_INTERVAL, self.slack / 2))
+            for lease in (self.current, *self.retiring):
+                if lease is not None and lease.admit_until != _CLOSED:
+                    lease.admit_until = lease.expires + self.slack
 
     # -- the caller's side
     def try_fast(self, limits: "PluginLimits", input_tokens: int, output_tokens: int, cost: int | None, price,
@@ -307,7 +317,7 @@ class LeaseBook:
         with self.lock:
             lease = self.current
             if (lease is None or lease.limits is not limits or call_expiry > lease.admit_until
-                    or not lease.t0 <= now < lease.t1):
+                    or not lease.t0 <= now < lease.t1 or now >= lease.expires):  # (the row may be gone)
                 return None
             room = lease.room
             if room[0] < 1 or room[1] < 1 or room[2] < tokens or room[3] < nano:
@@ -585,6 +595,8 @@ def book_for(store: "LimitStore", plugin_id: str, grace: float, timeout: float) 
         book.wake()
     else:
         _start_keeper()  # (a pid check) a forked child has its parent's books but no keeper yet
+        if book.grace != grace or book.timeout != timeout:  # a config reload changed them
+            book.configure(grace, timeout)
     return book
 
 
