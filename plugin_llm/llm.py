@@ -865,6 +865,8 @@ class PluginLlm:
         }
         max_repairs = admitted.config.llm.structured_repair_attempts
         for repair in range(max_repairs + 1):
+            if repair:  # a repair is a request of its own: admitted under the limits as they are now
+                admitted = _with_current_limits(admitted, self._config.current())
             response = yield from self._provider_call(call, admitted, first_messages, params, tally, messages=messages)
             tally.add(response)
             reply = structured.parse_reply(response.text or "", schema)
@@ -1346,6 +1348,14 @@ class _Tally:
             if len(self.anomalies) >= _MAX_ANOMALIES:
                 return
             self.anomalies.append(anomaly[:200] if isinstance(anomaly, str) else f"a {type(anomaly).__name__}")
+
+
+def _with_current_limits(admitted: _Admitted, config: HostConfig) -> _Admitted:
+    """``admitted`` with the limits of ``config`` (a reload since the call began may have lowered a
+    cap); its trust decision and route stay the call's."""
+    if config.limits is admitted.config.limits or config.home != admitted.config.home:
+        return admitted
+    return dataclasses.replace(admitted, config=dataclasses.replace(admitted.config, limits=config.limits))
 
 
 def _settle_failed(ticket: "limits.Ticket", failure: BaseException, *, replied: bool) -> None:

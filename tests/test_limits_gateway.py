@@ -296,3 +296,33 @@ def test_an_async_stream_cancelled_while_it_waits_for_the_store_is_recorded_as_a
         assert len(server.requests) == 1
     last = audit_lines(hermes_home)[-1]
     assert (last["status"], last["error.type"], last.get("stream")) == ("abandoned", None, True)
+
+
+def test_a_structured_repair_after_a_reload_is_admitted_under_the_new_limits(hermes_home):
+    """A repair is a request of its own: a cap lowered while the first request was out applies to it."""
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    with FakeServer() as server:
+        configure(hermes_home, server.base_url, "        requests_per_minute: 100\n")
+        llm = PluginLlm("capped")
+        for _ in range(3):
+            llm.complete(USER)
+        server.push(Reply(content='{"n": "not a number"}', delay=0.6), Reply(content='{"n": 1}'))
+        outcome: dict = {}
+
+        def structured() -> None:
+            try:
+                outcome["parsed"] = llm.complete_structured(instructions="give n", input=[{"type": "text", "text": "n: x"}],
+                                                            json_schema=schema).parsed
+            except PluginLlmQuotaError as exc:
+                outcome["refused"] = exc.limit
+
+        worker = threading.Thread(target=structured)
+        worker.start()
+        for _ in range(100):  # until the first request is out
+            if len(server.requests) == 4:
+                break
+            threading.Event().wait(0.01)
+        configure(hermes_home, server.base_url, "        requests_per_minute: 4\n")  # 4 used already
+        worker.join(10)
+        assert len(server.requests) == 4  # the repair never reached the provider
+    assert outcome == {"refused": "requests_per_minute"}
