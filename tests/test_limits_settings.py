@@ -226,3 +226,29 @@ def test_input_bound_of_a_mapping_that_is_not_a_dict_is_that_of_the_same_dict():
     message = {"role": "user", "content": "héllo", "name": "n"}
     assert input_token_bound([MappingProxyType(message)]) == input_token_bound([message]) \
         == input_token_bound([_Message(message)])
+
+
+@pytest.mark.parametrize("url", [
+    "redis://:CANARY/SECRET@127.0.0.1:6398/0",  # urlsplit ends the host at the '/': SECRET@... was shown as the path
+    "redis://user:CANARY%2FSECRET@127.0.0.1:6398/0",
+    "rediss://:CANARY@SECRET@127.0.0.1:6398/0#x",
+    "redis://127.0.0.1:6398/0?password=CANARYSECRET",
+])
+def test_no_part_of_a_redis_password_is_ever_shown(url):
+    from plugin_llm.limits.settings import redact_url
+
+    shown = redact_url(url)
+    assert "CANARY" not in shown and "SECRET" not in shown and "127.0.0.1:6398" in shown
+    settings, issues = parse(f"limits: {{store: redis, redis_url: '{url}'}}")
+    assert "CANARY" not in repr(settings) + " ".join(map(str, issues)) and "SECRET" not in settings.redis_url_display
+    if "/SECRET" in url:  # not a URL redis-py can use: an error that says how to write it
+        assert "percent-encode" in str(issues[0])
+
+
+def test_a_redis_url_option_redis_py_does_not_take_is_a_store_error_not_a_traceback():
+    from plugin_llm.limits.redis_store import RedisStore
+    from plugin_llm.limits.store import StoreError
+
+    with pytest.raises(StoreError, match="limits.redis_url .* is not usable") as caught:
+        RedisStore("redis://:CANARY-pw@127.0.0.1:1/0?timeout=2", prefix="p")
+    assert "CANARY" not in str(caught.value)

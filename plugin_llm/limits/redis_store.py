@@ -33,7 +33,7 @@ import re
 import threading
 from typing import Any
 
-from plugin_llm.limits.settings import MAX_TOTAL, PluginLimits, redact_url
+from plugin_llm.limits.settings import MAX_TOTAL, PluginLimits, redact_url, url_secrets
 from plugin_llm.limits.store import (
     Admission,
     Counters,
@@ -294,9 +294,9 @@ def _pack_tail(keys: list[str], args: list[Any]) -> bytes:
     return b"".join([_bulk(k) for k in keys] + [_bulk(a) for a in args])
 
 
-def _reason(exc: BaseException, secret: str | None) -> str:
+def _reason(exc: BaseException, secrets: tuple[str, ...]) -> str:
     text = str(exc) or type(exc).__name__
-    if secret:
+    for secret in secrets:
         text = text.replace(secret, "***")
     return text if len(text) <= 200 else text[:197] + "..."
 
@@ -316,16 +316,16 @@ class RedisStore(LimitStore):
             raise StoreError("limits.store is redis but the redis package is not installed: pip install 'redis>=5'") from None
         self._redis = redis
         self._display = redact_url(url)
+        self._secret = url_secrets(url)
         try:
-            from urllib.parse import urlsplit
-
-            self._secret = urlsplit(url).password
             self._pool = redis.ConnectionPool.from_url(
                 url, socket_timeout=timeout, socket_connect_timeout=timeout,
                 retry=Retry(NoBackoff(), 0), retry_on_timeout=False, health_check_interval=0,
             )
-        except (ValueError, redis.RedisError) as exc:
-            raise StoreError(f"limits.redis_url ({self._display}) is not usable: {_reason(exc, None)}") from None
+            self._pool.make_connection()  # (not connected yet) the URL's options are the connection's
+        except (TypeError, ValueError, redis.RedisError) as exc:  # an option redis-py does not take, say
+            raise StoreError(f"limits.redis_url ({self._display}) is not usable: {_reason(exc, self._secret)}; "
+                             "fix it in config.yaml") from None
         self.prefix = prefix
         self._sha: dict[str, str] = {}
         self._queue = SettlementQueue(self._apply_queued, "redis", timeout)

@@ -50,7 +50,7 @@ import re
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Mapping
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 __all__ = [
     "MAX_CALL_TOKENS",
@@ -129,22 +129,38 @@ def limits_path(plugin_id: str | None, key: str = "") -> str:
     return f"{base}.{key}" if key else base
 
 
+def _userinfo(url: str) -> tuple[str, str, str | None]:
+    """``(scheme, the rest after '://' and any userinfo, the userinfo or None)``. The userinfo ends at
+    the last ``@``: a password may hold ``/``, ``?``, ``#`` or ``@`` (``urlsplit`` cuts it at ``/``)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return "", url, None
+    at = rest.rfind("@")
+    return (scheme, rest, None) if at < 0 else (scheme, rest[at + 1:], rest[:at])
+
+
+def url_secrets(url: str) -> tuple[str, ...]:
+    """What of ``url`` must never be shown: its userinfo's password (as written and percent-decoded)."""
+    from urllib.parse import parse_qsl, unquote
+
+    _, rest, userinfo = _userinfo(url)
+    found = [value for key, value in parse_qsl(rest.partition("?")[2].partition("#")[0]) if key == "password"]
+    if userinfo:
+        password = userinfo.partition(":")[2] or userinfo
+        found += [password, unquote(password), userinfo]
+    return tuple(dict.fromkeys(x for x in found if len(x) >= 3))
+
+
 def redact_url(url: str) -> str:
-    """``redis://:secret@host:6379/0`` -> ``redis://***@host:6379/0``: never show a password."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
+    """``redis://:secret@host:6379/0`` -> ``redis://***@host:6379/0``: never show a password (nor the
+    query or fragment, which may carry one)."""
+    scheme, rest, userinfo = _userinfo(url)
+    if not scheme:
         return "<unparseable url>"
-    host = parts.hostname or ""
-    try:
-        port = parts.port
-    except ValueError:  # out of range, or not a number
-        port = "<bad port>"
-    if port is not None:
-        host = f"{host}:{port}"
-    if parts.username or parts.password:
-        host = f"***@{host}"
-    return urlunsplit((parts.scheme, host, parts.path, "", ""))
+    for mark in "?#":
+        rest = rest.partition(mark)[0]
+    shown = f"{scheme}://{'***@' if userinfo is not None else ''}{rest}"
+    return shown if len(shown) <= 200 else shown[:197] + "..."
 
 
 @dataclass(frozen=True)
@@ -421,8 +437,12 @@ def parse_limit_settings(section: Any, plugins: Any) -> tuple[LimitSettings, lis
             elif key == "redis_url":
                 if not isinstance(value, str) or not value.strip().lower().startswith(("redis://", "rediss://", "unix://")):
                     raise _Bad("expected a URL such as redis://127.0.0.1:6379/0 (rediss:// for TLS, unix:// for a socket)")
+                userinfo = _userinfo(value.strip())[2]
+                if userinfo is not None and any(c in userinfo for c in "/?#"):
+                    raise _Bad(f"{redact_url(value.strip())}: its password holds '/', '?' or '#', which a URL "
+                               "cannot carry as they are; percent-encode them (%2F, %3F, %23)")
                 try:
-                    urlsplit(value.strip()).port
+                    urlsplit("redis://" + _userinfo(value.strip())[1]).port
                 except ValueError:
                     raise _Bad(f"{redact_url(value.strip())} has no valid port: write a number from 1 to 65535 "
                                "after the host, as in redis://127.0.0.1:6379/0") from None
