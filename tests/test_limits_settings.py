@@ -252,3 +252,21 @@ def test_a_redis_url_option_redis_py_does_not_take_is_a_store_error_not_a_traceb
     with pytest.raises(StoreError, match="limits.redis_url .* is not usable") as caught:
         RedisStore("redis://:CANARY-pw@127.0.0.1:1/0?timeout=2", prefix="p")
     assert "CANARY" not in str(caught.value)
+
+
+def test_hostile_keys_cannot_forge_lines_and_odd_keys_are_errors():
+    """A key with a newline (or a control, a bidi character) is JSON-escaped in every path, so no
+    config key can forge a line of CLI output; a key YAML reads as a number or a bool is an error."""
+    data = {"limits": {"prices": {"m\nOK    audit verify: chain intact": {"input_per_mtok": 1, "output_per_mtok": 1,
+                                                                           "bogus": 1}},
+                       "stor\u202e\x1b[2J": "local"},
+            "plugins": {"entries": {"p\nplugin-llm: error: forged": {"limits": {"requests_per_minut\n": 5}},
+                                    7: {"limits": {"requests_per_minute": 1}}}}}
+    settings, issues = parse_limit_settings(data["limits"], data["plugins"])
+    text = "\n".join(str(i) for i in issues) + repr(settings)
+    assert len(text.splitlines()) == len(issues)  # one line each: the newlines in the keys are escaped
+    assert "\x1b" not in text and "\u202e" not in text
+    [odd] = [i for i in issues if i.path == "plugins.entries.7"]
+    assert odd.severity == "error" and "quote the key" in odd.fix
+    settings, issues = parse("plugins:\n  entries:\n    007: {limits: {requests_per_minute: 1}}\n")
+    assert [i.path for i in issues] == ["plugins.entries.7"] and settings.for_plugin("7").requests_per_minute == 1

@@ -32,6 +32,7 @@ show|reset``), :mod:`plugin_llm.limits.views` for their text and rows and the
 from __future__ import annotations
 
 import contextvars
+import json
 import logging
 import math
 import os
@@ -329,8 +330,8 @@ class _Plan:
         if limits.error is not None:
             self.refusal = ("config", limits.error_key or limits.source, limits.error)
         elif limits.has_budget and price is None:
-            name = f"{provider}/{model}"
-            key = f'limits.prices."{name}"'
+            name = json.dumps(f"{provider}/{model}"[:100])  # (a model a plugin named: quoted, escaped, bounded)
+            key = f"limits.prices.{name}"
             self.refusal = ("price", key, (
                 f"plugin '{plugin_id}' has a budget ({limits.source}.budget_usd) but the model {name} has no known "
                 f"price, so its cost cannot be counted; set {key}: {{input_per_mtok: ..., output_per_mtok: ...}} "

@@ -11,10 +11,11 @@ map as JSON; never imports litellm or redis, never contacts a store.
 from __future__ import annotations
 
 import importlib.util
+import json
 from typing import Iterable, Mapping
 
 from plugin_llm.limits.pricing import find_price, input_token_bound
-from plugin_llm.limits.settings import ERROR, WARNING, LimitIssue, LimitSettings, PluginLimits
+from plugin_llm.limits.settings import ERROR, WARNING, LimitIssue, LimitSettings, PluginLimits, plugin_phrase
 
 __all__ = ["check_limits"]
 
@@ -30,7 +31,7 @@ def _model_name(provider: str | None, model: str) -> tuple[str, str]:
 def _plugin_findings(plugin_id: str | None, limits: PluginLimits, settings: LimitSettings,
                      models: Iterable[tuple[str, str]]) -> list[LimitIssue]:
     found: list[LimitIssue] = []
-    who = f"plugin '{plugin_id}'" if plugin_id is not None else "every plugin without its own limits block"
+    who = plugin_phrase(plugin_id) if plugin_id is not None else "every plugin without its own limits block"
     for key, value in (("requests_per_minute", limits.requests_per_minute), ("max_concurrent", limits.max_concurrent),
                        ("tokens_per_minute", limits.tokens_per_minute)):
         if value == 0:
@@ -44,10 +45,11 @@ def _plugin_findings(plugin_id: str | None, limits: PluginLimits, settings: Limi
         seen.add(name)
         price = find_price(provider, model, settings.prices)
         if limits.has_budget and price is None:
+            quoted = json.dumps(name[:100])
             found.append(LimitIssue(
-                ERROR, f'limits.prices."{name}"',
-                f"{who} has a budget ({limits.key('budget_usd')}) but {name} has no known price, so its calls are refused",
-                f'set limits.prices."{name}": {{input_per_mtok: ..., output_per_mtok: ...}} (US dollars per million tokens)',
+                ERROR, f"limits.prices.{quoted}",
+                f"{who} has a budget ({limits.key('budget_usd')}) but {quoted} has no known price, so its calls are refused",
+                f"set limits.prices.{quoted}: {{input_per_mtok: ..., output_per_mtok: ...}} (US dollars per million tokens)",
                 plugin_id))
         output = (price.max_output_tokens if price is not None and price.max_output_tokens else
                   settings.default_max_output_tokens)

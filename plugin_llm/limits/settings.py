@@ -45,6 +45,7 @@ a new day starts from zero while the month keeps every day's spend.
 from __future__ import annotations
 
 import difflib
+import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -119,8 +120,22 @@ class LimitIssue:
         return f"{self.path}: {self.problem}; {self.fix}"
 
 
+_PLAIN_KEY = re.compile(r"^[A-Za-z0-9_\-]{1,64}$")
+
+
+def path_key(key: str) -> str:
+    """A config key as a dotted path writes it: as it is when plain, else JSON-quoted (``"image_gen/openai"``;
+    a newline, a control or bidi character escaped, so no key can forge a line of output) and bounded."""
+    return key if _PLAIN_KEY.fullmatch(key) else json.dumps(key if len(key) <= 100 else key[:100] + "...")
+
+
 def _entry(plugin_id: str) -> str:
-    return plugin_id if plugin_id.replace("-", "").replace("_", "").isalnum() else f'"{plugin_id}"'
+    return path_key(plugin_id)
+
+
+def plugin_phrase(plugin_id: str) -> str:
+    """``plugin 'id'`` for messages (an odd id JSON-quoted and bounded, as in paths)."""
+    return f"plugin '{plugin_id}'" if _PLAIN_KEY.fullmatch(plugin_id) else f"plugin {path_key(plugin_id)}"
 
 
 def limits_path(plugin_id: str | None, key: str = "") -> str:
@@ -325,7 +340,7 @@ def _parse_plugin_block(block: Any, plugin_id: str | None) -> tuple[PluginLimits
     def fail(key: str, problem: str, fix: str) -> tuple[PluginLimits, list[LimitIssue]]:
         path = limits_path(plugin_id, key)
         issue = LimitIssue(ERROR, path, problem, fix, plugin_id)
-        who = f"plugin '{plugin_id}'" if plugin_id is not None else "every plugin without its own limits block"
+        who = plugin_phrase(plugin_id) if plugin_id is not None else "every plugin without its own limits block"
         message = f"{path} in config.yaml: {problem}; calls of {who} are refused until it is fixed ({fix})"
         return PluginLimits(source=source, error=message, error_key=path), [issue]
 
@@ -336,7 +351,7 @@ def _parse_plugin_block(block: Any, plugin_id: str | None) -> tuple[PluginLimits
     for raw_key, value in block.items():
         key = str(raw_key)
         if key not in PLUGIN_KEYS:
-            return fail(key, f"unknown limit{_did_you_mean(key, PLUGIN_KEYS)}",
+            return fail(path_key(key), f"unknown limit{_did_you_mean(key, PLUGIN_KEYS)}",
                         f"use one of {', '.join(PLUGIN_KEYS)}")
         try:
             if key == "budget_usd":
@@ -348,7 +363,7 @@ def _parse_plugin_block(block: Any, plugin_id: str | None) -> tuple[PluginLimits
                 for window, amount in value.items():
                     window = str(window)
                     if window not in BUDGET_WINDOWS:
-                        return fail(f"budget_usd.{window}", f"unknown budget window{_did_you_mean(window, BUDGET_WINDOWS)}",
+                        return fail(f"budget_usd.{path_key(window)}", f"unknown budget window{_did_you_mean(window, BUDGET_WINDOWS)}",
                                     "use day and/or month (calendar windows in UTC)")
                     try:
                         values[f"budget_{window}_nano"] = _money(amount)
@@ -376,14 +391,15 @@ def _parse_prices(raw: Any) -> tuple[dict[str, OperatorPrice], list[LimitIssue]]
     issues: list[LimitIssue] = []
     for raw_model, entry in raw.items():
         model = str(raw_model).strip().lower()
-        path = f'limits.prices."{model}"'
+        path = f"limits.prices.{json.dumps(model[:100])}"
         unpriced = "calls to this model are refused for plugins with a budget until it is fixed"
         if not isinstance(entry, Mapping):
             issues.append(LimitIssue(ERROR, path, f"expected a mapping with input_per_mtok and output_per_mtok, got {_show(entry)}", unpriced))
             continue
         unknown = [str(k) for k in entry if str(k) not in PRICE_KEYS]
         if unknown:
-            issues.append(LimitIssue(ERROR, f"{path}.{unknown[0]}", f"unknown key{_did_you_mean(unknown[0], PRICE_KEYS)}", unpriced))
+            issues.append(LimitIssue(ERROR, f"{path}.{path_key(unknown[0])}",
+                                     f"unknown key{_did_you_mean(unknown[0], PRICE_KEYS)}", unpriced))
             continue
         try:
             missing = [k for k in ("input_per_mtok", "output_per_mtok") if k not in entry]
@@ -412,7 +428,7 @@ def parse_limit_settings(section: Any, plugins: Any) -> tuple[LimitSettings, lis
 
     def host_error(key: str, problem: str, fix: str) -> None:
         nonlocal error
-        path = f"limits.{key}" if key else "limits"
+        path = f"limits.{path_key(key)}" if key else "limits"
         issues.append(LimitIssue(ERROR, path, problem, fix))
         if error is None:
             error = (path, f"{path} in config.yaml: {problem}; calls of every plugin with limits are refused "
@@ -448,7 +464,7 @@ def parse_limit_settings(section: Any, plugins: Any) -> tuple[LimitSettings, lis
                                "after the host, as in redis://127.0.0.1:6379/0") from None
                 values[key] = value.strip()
             elif key == "redis_key_prefix":
-                if not isinstance(value, str) or not _SAFE_PREFIX.match(value):
+                if not isinstance(value, str) or not _SAFE_PREFIX.fullmatch(value):
                     raise _Bad(f"expected 1-64 letters, digits or _ . : -, got {_show(value)}")
                 values[key] = value
             elif key in ("store_timeout", "reservation_grace"):
@@ -469,6 +485,12 @@ def parse_limit_settings(section: Any, plugins: Any) -> tuple[LimitSettings, lis
             if not isinstance(entry, Mapping) or entry.get("limits") is None:
                 continue  # no block of its own (a bare `limits:` too): limits.defaults apply
             plugin_id = str(raw_id)
+            if not isinstance(raw_id, str):  # `007:` is the int 7, `on:` is True: not the plugin that was meant
+                issues.append(LimitIssue(
+                    ERROR, f"plugins.entries.{path_key(plugin_id)}",
+                    f"the key is a YAML {type(raw_id).__name__}, not a plugin id: these limits apply to plugin "
+                    f"{path_key(plugin_id)}, and none to a plugin spelt otherwise (007, yes, null ...)",
+                    f"quote the key as the plugin's id is spelt, e.g. '{path_key(plugin_id)}':", plugin_id))
             limits, plugin_issues = _parse_plugin_block(entry.get("limits"), plugin_id)
             issues.extend(plugin_issues)
             per_plugin[plugin_id] = limits
