@@ -68,3 +68,16 @@ def test_try_refuses_a_config_that_does_not_parse(hermes_home, capsys):
     assert main(["try", "--as", "p", "hi"]) == 2
     err = capsys.readouterr().err
     assert "config.yaml:2:1" in err and "the trust gate is closed until it is fixed" in err
+
+
+def test_a_hostile_plugin_id_cannot_draw_on_the_terminal_in_try_or_audit(hermes_home, capsys):
+    """An id with an OSC title, a screen clear, a newline and a bidi override is printed escaped by
+    ``try`` and by ``audit tail`` / ``audit stats``, text and --json."""
+    hostile = "X\x1b]0;PWN\x07\x1b[2J\nFAKE: line\u202eevil"
+    assert main(["try", "--as", hostile, "hi"]) == 0
+    out = capsys.readouterr().out
+    for args in (["audit", "tail"], ["audit", "tail", "--json"], ["audit", "stats"], ["audit", "stats", "--json"]):
+        assert main(args) == 0
+        out += capsys.readouterr().out
+    assert "\x1b" not in out and "\u202e" not in out and "\x07" not in out
+    assert not any(line.startswith("FAKE") for line in out.splitlines())

@@ -21,15 +21,13 @@ import sys
 from pathlib import Path
 from typing import Any, Iterable, TextIO
 
-from plugin_llm.cli._common import printable
+from plugin_llm.cli._common import dumps_json, printable
+from plugin_llm.terminal_text import escape_unsafe
 from plugin_llm.cli.main import CliError
 
 __all__ = ["register", "run"]
 
 _ENVELOPE = frozenset({"schema", "seq", "prev_hash", "hash", "ts", "event", "kind"})
-# C0/C1 controls and Unicode line separators are shown escaped: a purpose can
-# never draw a fake line (or move the cursor) in the auditor's terminal.
-_CONTROL = {c: repr(chr(c))[1:-1] for c in itertools.chain(range(0x20), range(0x7F, 0xA0), (0x2028, 0x2029))}
 _ANCHOR = re.compile(r"([0-9]{1,19}):([0-9a-fA-F]{64})")
 _SHOWN = 40  # characters of a rejected value echoed back in an error
 
@@ -368,7 +366,7 @@ def _stats(args: argparse.Namespace, log_path: Path) -> int:
             "percentiles": "nearest-rank, over calls that were not denied",
             "budgets": budgets,
         }
-        print(json.dumps(doc, ensure_ascii=False, indent=2))
+        print(dumps_json(doc))
     elif not rows:
         print("no call records match")
     else:
@@ -476,7 +474,7 @@ def _verify(args: argparse.Namespace, log_path: Path) -> int:
     if args.json:
         doc = result.as_dict()
         doc["pubkey"] = key_source
-        print(json.dumps(doc, ensure_ascii=False, indent=2))
+        print(dumps_json(doc))
         return 0 if result.ok else 1
     for warning in result.warnings:
         print(f"warning: {_clean(str(warning))}")
@@ -644,7 +642,9 @@ def _pubkey(args: argparse.Namespace, log_path: Path) -> int:
 
 
 def _clean(text: Any) -> str:
-    return str(text).translate(_CONTROL)
+    """Record text for the auditor's terminal: controls, line separators, bidi and other invisible
+    characters shown escaped, so a purpose can never draw a fake line or reorder one."""
+    return escape_unsafe(text)
 
 
 def _short_ts(value: Any) -> str:
@@ -693,7 +693,7 @@ def format_record(record: dict[str, Any]) -> str:
 
 
 def _print_record(record: dict[str, Any], as_json: bool, out: TextIO) -> None:
-    out.write((json.dumps(record, ensure_ascii=False) if as_json else format_record(record)) + "\n")
+    out.write((dumps_json(record, indent=None) if as_json else format_record(record)) + "\n")
 
 
 def _print_stats(rows: list[Any], out: TextIO) -> None:

@@ -11,7 +11,7 @@ import argparse
 import json
 import sys
 
-from plugin_llm.cli._common import add_home_argument, dumps_json, find_audit_record, home_from, printable_text
+from plugin_llm.cli._common import add_home_argument, dumps_json, find_audit_record, home_from, printable, printable_text
 from plugin_llm.cli.main import CliError
 
 
@@ -93,9 +93,9 @@ def run(args: argparse.Namespace) -> int:
     print(printable_text(result.text))
     if hasattr(result, "parsed"):
         print(f"\nparsed ({result.content_type}): {dumps_json(result.parsed, indent=None)}")
-    print(f"\nroute:  {result.provider} / {result.model}")
+    print(f"\nroute:  {printable(result.provider)} / {printable(result.model)}")
     print(f"usage:  {u.input_tokens} in, {u.output_tokens} out, {u.total_tokens} total   cost: {cost}")
-    print(f"call:   {result.audit['call_id']}  (plugin {result.audit['plugin_id']})")
+    print(f"call:   {result.audit['call_id']}  (plugin {printable(result.audit['plugin_id'])})")
     print("audit:  " + (dumps_json(record, indent=None) if record else f"(no line found in {home / 'logs' / 'agent.log'})"))
     sys.stdout.flush()
     return 0
