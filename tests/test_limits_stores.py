@@ -564,3 +564,51 @@ def test_a_version_1_database_is_upgraded_in_place(tmp_path):
     store = LocalStore(path)
     assert admit(store, L(budget_day=1.0), R(0.5)).limit == "budget_usd.day"  # the spend survived the upgrade
     assert isinstance(admit(store, L(budget_day=1.0), R(0.2)), limits.Admission)
+
+
+def test_a_server_that_is_not_redis_or_a_tampered_file_is_a_store_error_not_a_traceback(tmp_path):
+    """Replies of the wrong shape (a proxy, another server on the port) and counts that are not
+    whole numbers (a hand-edited SQLite file) are store errors: refused or allowed as configured,
+    shown by limits show as the store not answering."""
+    import socket
+    import sqlite3
+    import threading
+
+    from plugin_llm.limits.store import StoreError
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+
+    def answer() -> None:  # every command answered "+OK"
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            with conn:
+                while conn.recv(65536):
+                    conn.sendall(b"+OK\r\n")
+
+    threading.Thread(target=answer, daemon=True).start()
+    try:
+        store = RedisStore(f"redis://127.0.0.1:{server.getsockname()[1]}/0", prefix="p")
+        with pytest.raises(StoreError, match="is limits.redis_url a Redis server"):
+            store.counters("p", time.time(), timeout=2)
+        for reply in (b"OK", 5, [1], [b"x", b"y"]):  # a Redis whose scripts answer something else
+            store._with_queued = store._script = lambda *a, reply=reply, **k: reply
+            with pytest.raises(StoreError, match="not a limits reply"):
+                store.counters("p", time.time(), timeout=2)
+            if reply != [1]:  # (an admission's own reply: admitted)
+                with pytest.raises(StoreError, match="not a limits reply"):
+                    store.admit("p", R(0.1), L(budget_day=1.0), time.time(), timeout=2)
+    finally:
+        server.close()
+    local = LocalStore(tmp_path / "limits.sqlite3")
+    local.settle(admit(local, L(budget_day=1.0), R(0.1)), 1000, 10, timeout=2)
+    db = sqlite3.connect(tmp_path / "limits.sqlite3")
+    db.execute("UPDATE spend SET nano = 'abc'")
+    db.commit()
+    db.close()
+    with pytest.raises(StoreError, match="not a whole number"):
+        local.counters(PLUGIN, T0, timeout=2)

@@ -355,10 +355,14 @@ class LocalStore(LimitStore):
     @staticmethod
     def _read(conn: sqlite3.Connection, plugin_id: str, now: float, b) -> Counters:
         row = conn.execute(_READ, (plugin_id, b.minute, b.day, b.month, now)).fetchone()
+        counts = [v or 0 for i, v in enumerate(row) if i != 1]
+        earliest = row[1]
+        if not all(type(v) is int for v in counts) or not (earliest is None or type(earliest) in (int, float)):
+            raise sqlite3.DatabaseError("a count that is not a whole number (the file was edited, or is corrupt)")
         return Counters(
-            in_flight=row[0], earliest_expiry=row[1], minute_requests_reserved=row[2], minute_tokens_reserved=row[3],
-            day_reserved=row[4], month_reserved=row[5], minute_requests=row[6] or 0, minute_tokens=row[7] or 0,
-            day_spent=row[8] or 0, month_spent=row[9] or 0,
+            in_flight=counts[0], earliest_expiry=earliest, minute_requests_reserved=counts[1],
+            minute_tokens_reserved=counts[2], day_reserved=counts[3], month_reserved=counts[4],
+            minute_requests=counts[5], minute_tokens=counts[6], day_spent=counts[7], month_spent=counts[8],
         )
 
     def admit(self, plugin_id: str, reservation: Reservation, limits: PluginLimits, now: float, *,

@@ -26,6 +26,7 @@ redis-py is imported when this store is first used, never at import time.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -398,10 +399,14 @@ class RedisStore(LimitStore):
                     replies[i] = reply
             self._give_back(conn)
             return replies
-        except (redis.RedisError, OSError) as exc:
+        except (redis.RedisError, OSError, AttributeError, IndexError, TypeError, ValueError) as exc:
             if conn is not None:
                 conn.disconnect()
-            error = StoreError(f"the Redis limits store ({self._display}) failed: {_reason(exc, self._secret)}")
+            if isinstance(exc, (redis.RedisError, OSError)):
+                error = StoreError(f"the Redis limits store ({self._display}) failed: {_reason(exc, self._secret)}")
+            else:  # what redis-py raises when the server does not speak Redis
+                error = StoreError(f"the Redis limits store ({self._display}) does not answer as a Redis server "
+                                   f"does ({type(exc).__name__}): is limits.redis_url a Redis server?")
             error.maybe_applied = sent
             raise error from None
         except BaseException:
@@ -446,6 +451,15 @@ class RedisStore(LimitStore):
         else:
             self._queue.put_back(items)
 
+    @contextlib.contextmanager
+    def _parsing(self, what: str):
+        """A reply that is not what the script returns (not a Redis, a proxy, a tampered script) is a store error."""
+        try:
+            yield
+        except (IndexError, KeyError, TypeError, ValueError, OverflowError) as exc:
+            raise StoreError(f"the Redis limits store ({self._display}) answered {what} with something that is "
+                             f"not a limits reply ({type(exc).__name__}): is limits.redis_url a Redis server?") from None
+
     def _prefix(self, plugin_id: str) -> str:
         return f"{self.prefix}:{{{_key_id(plugin_id)}}}"  # one hash tag: every key of a plugin in one slot
 
@@ -463,11 +477,12 @@ class RedisStore(LimitStore):
         args = [repr(now), repr(expires), rid, int(reservation.cost_nano), int(reservation.tokens), b.minute, b.day, b.month,
                 *(-1 if c is None else int(c) for c in caps)]
         reply = self._with_queued(ADMIT_LUA, plugin_id, b, args, timeout)
-        if int(reply[0]) == 1:
-            return Admission(plugin_id, rid, reservation.cost_nano, reservation.tokens, b, expires)
-        earliest = float(reply[4])
-        return deny(plugin_id, limits, int(reply[1]) - 1, int(reply[2]), int(reply[3]), reservation, b,
-                    earliest if earliest >= 0 else None)
+        with self._parsing("an admission"):
+            if int(reply[0]) == 1:
+                return Admission(plugin_id, rid, reservation.cost_nano, reservation.tokens, b, expires)
+            earliest = float(reply[4])
+            return deny(plugin_id, limits, int(reply[1]) - 1, int(reply[2]), int(reply[3]), reservation, b,
+                        earliest if earliest >= 0 else None)
 
     def lease(self, plugin_id: str, op: LeaseOp, limits: PluginLimits, *, timeout: float) -> LeaseGrant | Denial:
         b = op.buckets
@@ -478,13 +493,14 @@ class RedisStore(LimitStore):
                 *op.want, *(-1 if c is None else int(c) for c in caps), repr(op.keep_expires)]
         counted = f"{self._prefix(plugin_id)}:lt:{op.lease_id}"  # what the lease settled in all, as counted here
         reply = self._with_queued(LEASE_LUA, plugin_id, b, args, timeout, (counted,))
-        if int(reply[0]) == 1:
-            held = (int(reply[1]), int(reply[2]), int(reply[3]), int(reply[4]))
-            return LeaseGrant(held, op.expires if any(held) else op.keep_expires)
-        earliest = float(reply[4])
-        r = Reservation(cost_nano=op.ask[3], tokens=op.ask[2], ttl=0.0)
-        return deny(plugin_id, limits, int(reply[1]) - 1, int(reply[2]), int(reply[3]), r, b,
-                    earliest if earliest >= 0 else None)
+        with self._parsing("a lease step"):
+            if int(reply[0]) == 1:
+                held = (int(reply[1]), int(reply[2]), int(reply[3]), int(reply[4]))
+                return LeaseGrant(held, op.expires if any(held) else op.keep_expires)
+            earliest = float(reply[4])
+            r = Reservation(cost_nano=op.ask[3], tokens=op.ask[2], ttl=0.0)
+            return deny(plugin_id, limits, int(reply[1]) - 1, int(reply[2]), int(reply[3]), r, b,
+                        earliest if earliest >= 0 else None)
 
     def _settle_command(self, admission: Admission, cost_nano: int, tokens: int) -> tuple[str, list[str], list[Any]]:
         a, b = admission, admission.buckets
@@ -513,13 +529,14 @@ class RedisStore(LimitStore):
         self._queue.flush(timeout)
         b = buckets_at(now)
         r = self._script(READ_LUA, self._keys(plugin_id, b.minute, b.day, b.month), [repr(now), b.minute, b.day, b.month], timeout)
-        earliest = float(r[1])
-        return Counters(
-            in_flight=int(r[0]), earliest_expiry=earliest if earliest >= 0 else None,
-            minute_tokens_reserved=int(r[2]), day_reserved=int(r[3]), month_reserved=int(r[4]),
-            minute_requests_reserved=int(r[5]), minute_requests=int(r[6]), minute_tokens=int(r[7]),
-            day_spent=int(r[8]), month_spent=int(r[9]),
-        )
+        with self._parsing("a read"):
+            earliest = float(r[1])
+            return Counters(
+                in_flight=int(r[0]), earliest_expiry=earliest if earliest >= 0 else None,
+                minute_tokens_reserved=int(r[2]), day_reserved=int(r[3]), month_reserved=int(r[4]),
+                minute_requests_reserved=int(r[5]), minute_requests=int(r[6]), minute_tokens=int(r[7]),
+                day_spent=int(r[8]), month_spent=int(r[9]),
+            )
 
     def reset(self, plugin_id: str, now: float, *, timeout: float) -> None:
         self.return_leases(plugin_id, timeout=timeout)
