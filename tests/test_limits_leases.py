@@ -516,7 +516,7 @@ def test_a_redis_killed_under_a_busy_lease_follows_on_store_error_within_the_dea
         covered, refused = run_bounded(until_refused, 20)  # each store step bounded by the 0.4 s deadline
         assert refused.limit == "store" and refused.config_key == "limits.on_store_error"
         assert covered <= 1024  # never more than one slice
-        assert "Connection refused.;" not in str(refused) and "plugin-llm doctor" in str(refused)
+        assert "Connection refused.;" not in str(refused) and "plugin-llm limits show" in str(refused)
         caplog.clear()
         leases._give_back_at_exit()  # what the atexit handler does, the store down: one line, no traceback
         [record] = [r for r in caplog.records if "not given back at exit" in r.getMessage()]

@@ -121,13 +121,13 @@ def _known_or_refused(config: Any, name: str) -> None:
     hint = f" (did you mean '{printable(close[0], 100)}'?)" if close else ""
     limited = _plugins(config, None)
     if not limited:
-        have = f"no plugin has limits in {config.path}"
+        have = f"no plugin has limits in {printable(config.path)}"
     elif len(limited) <= 20:
         have = "plugins with limits: " + ", ".join(printable(k, 100) for k in limited)
     else:
         have = f"{len(limited)} plugins have limits (see plugin-llm limits show)"
     raise CliError(f"unknown plugin '{printable(name, 100)}'{hint}: it is not under plugins.entries or "
-                   f"plugins.enabled in {config.path} and no installed plugin has that key; {have}")
+                   f"plugins.enabled in {printable(config.path)} and no installed plugin has that key; {have}")
 
 
 def run_show(args: argparse.Namespace) -> int:
@@ -138,7 +138,7 @@ def run_show(args: argparse.Namespace) -> int:
     if args.json:
         print(dumps_json({"store": config.limits.store, "plugins": [row.as_dict() for row in rows]}))
     elif not rows:
-        print(f"No plugin has limits in {config.path} (see README: Budgets and rate limits).")
+        print(f"No plugin has limits in {printable(config.path)} (see README: Budgets and rate limits).")
     else:
         for line in views.format_rows(rows):
             print(printable(line, limit=2000))
@@ -155,7 +155,7 @@ def run_reset(args: argparse.Namespace) -> int:
     [plugin_id] = _plugins(config, args.plugin)
     settings = config.limits
     if settings.for_plugin(plugin_id).empty:
-        raise CliError(f"plugin {printable(plugin_id)!s} has no limits in {config.path}: nothing to reset")
+        raise CliError(f"plugin {printable(plugin_id)!s} has no limits in {printable(config.path)}: nothing to reset")
     try:
         before = limits.snapshot(settings, config.home, plugin_id)
     except limits.StoreError as exc:

@@ -469,8 +469,8 @@ def _admit_store(plan: _Plan, input_tokens: int, cost: int | None, deadline: flo
             return Ticket(None, None, estimate, store_error=str(exc))
         raise _refuse(plugin_id, "store", "limits.on_store_error", (
             f"call of plugin '{plugin_id}' refused: {str(exc).rstrip('.')}; limits.on_store_error is deny (fail "
-            "closed), so calls of plugins with limits are refused until the store answers (plugin-llm doctor "
-            "checks it)")) from None
+            "closed), so calls of plugins with limits are refused until the store answers (plugin-llm limits "
+            "show tries it)")) from None
     if isinstance(result, Denial):
         raise PluginLlmLimitError(result)
     return Ticket(store, result, estimate)
