@@ -195,3 +195,14 @@ def test_config_example_calls_no_entry_with_limits_the_same_as_no_entry():
         if "same as no entry" in line:
             key = line.split(":", 1)[0].strip().strip('"')
             assert not entries[key].get("limits"), line
+
+
+def test_a_key_with_a_newline_cannot_forge_a_line_of_trust_show_or_trust_check(hermes_home, capsys):
+    write_config(hermes_home, 'plugins:\n  entries:\n    "p\\nplugin-llm: error: forged":\n'
+                              '      limits: {requests_per_minut: 5}\n')
+    main(["trust", "show"])
+    main(["trust", "check"])
+    captured = capsys.readouterr()
+    lines = (captured.out + captured.err).splitlines()
+    assert lines and not any(line.startswith("plugin-llm: error: forged") for line in lines)
+    assert "Traceback" not in captured.err

@@ -180,7 +180,7 @@ def _render_finding(f: Any, view: Any, indent: str = "") -> list[str]:
     pad = indent + " " * 9
     fix = f.fix.replace("\n", "\n" + pad + "     ")
     return [
-        f"{indent}{f.severity:<8} {f.path}{_where(f.line, view)}",
+        f"{indent}{f.severity:<8} {printable(f.path, 400)}{_where(f.line, view)}",
         f"{pad}{f.problem}",
         f"{pad}fix: {fix}",
     ]
@@ -191,7 +191,7 @@ def _render_plugin(pt: Any, view: Any) -> list[str]:
 
     state = "installed" if pt.installed else "NOT INSTALLED"
     where = f", entry at {view.path.name} line {pt.entry_line}" if pt.entry_line is not None else ""
-    lines = [f"{pt.plugin_id}  ({state}{where})"]
+    lines = [f"{printable(pt.plugin_id, 200)}  ({state}{where})"]  # (escaped here: a line break in a key is data)
     if view.error is not None:
         lines.append("  fail closed: no overrides (config.yaml does not parse)")
         return lines
