@@ -129,10 +129,6 @@ def path_key(key: str) -> str:
     return key if _PLAIN_KEY.fullmatch(key) else json.dumps(key if len(key) <= 100 else key[:100] + "...")
 
 
-def _entry(plugin_id: str) -> str:
-    return path_key(plugin_id)
-
-
 def plugin_phrase(plugin_id: str) -> str:
     """``plugin 'id'`` for messages (an odd id JSON-quoted and bounded, as in paths)."""
     return f"plugin '{plugin_id}'" if _PLAIN_KEY.fullmatch(plugin_id) else f"plugin {path_key(plugin_id)}"
@@ -140,7 +136,7 @@ def plugin_phrase(plugin_id: str) -> str:
 
 def limits_path(plugin_id: str | None, key: str = "") -> str:
     """Dotted path of a limit key: ``plugins.entries.<id>.limits.<key>`` (``limits.defaults.<key>`` for None)."""
-    base = f"plugins.entries.{_entry(plugin_id)}.limits" if plugin_id is not None else "limits.defaults"
+    base = f"plugins.entries.{path_key(plugin_id)}.limits" if plugin_id is not None else "limits.defaults"
     return f"{base}.{key}" if key else base
 
 
