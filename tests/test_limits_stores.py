@@ -612,3 +612,42 @@ def test_a_server_that_is_not_redis_or_a_tampered_file_is_a_store_error_not_a_tr
     db.close()
     with pytest.raises(StoreError, match="not a whole number"):
         local.counters(PLUGIN, T0, timeout=2)
+
+
+def test_a_settlement_whose_reply_never_came_is_sent_again_and_counted_once(own_redis_server, monkeypatch):
+    """Sent, then no reply (a hung Redis, a connection reset): applied or not, nobody knows. It is
+    sent again as a retry, which Redis applies only while the reservation is still there."""
+    import redis as redis_py
+
+    from plugin_llm.limits.store import StoreError
+
+    store = RedisStore(own_redis_server.url, prefix=f"t{uuid.uuid4().hex[:8]}", timeout=0.3)
+    day = L(budget_day=10.0)
+    ran = admit(store, day, R(0.1))
+    own_redis_server.pause()  # the first attempt waits in the socket, and runs once Redis is back
+    try:
+        store.settle_later(ran, 1_000_000, 10)
+        with pytest.raises(StoreError):
+            store.flush(timeout=0.3)
+    finally:
+        own_redis_server.resume()
+    lost = admit(store, day, R(0.1))
+    real = store._send_and_read
+    calls = []
+
+    def reset_once(conn, commands, **kw):  # sent, then the connection reset: this one never ran
+        if not calls:
+            calls.append(1)
+            raise redis_py.exceptions.ConnectionError("Connection reset by peer")
+        return real(conn, commands, **kw)
+
+    monkeypatch.setattr(store, "_send_and_read", reset_once)
+    store.settle_later(lost, 2_000_000, 20)
+    for _ in range(3):
+        try:
+            store.flush(timeout=5)
+        except StoreError:
+            pass
+    c = store.counters(PLUGIN, T0, timeout=5)
+    assert (c.day_spent, c.minute_tokens, c.in_flight) == (3_000_000, 30, 0)
+    store.close()

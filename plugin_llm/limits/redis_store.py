@@ -226,9 +226,11 @@ return {1, h[1], h[2], h[3], h[4]}
 """.replace("@TTL_DAY@", str(_TTL_DAY)).replace("@TTL_MONTH@", str(_TTL_MONTH)).replace(
     "@TTL_MINUTE@", str(_TTL_MINUTE)).replace("@SHARE@", str(LEASE_SHARE)).replace("@MAX@", str(MAX_TOTAL))
 
-#: KEYS: res, resv, minute, day, month; ARGV: id, cost, tokens
+#: KEYS: res, resv, minute, day, month; ARGV: id, cost, tokens[, 1: a retry, applied only while the reservation is there]
 SETTLE_LUA = """
-redis.call('ZREM', KEYS[1], ARGV[1])
+if redis.call('ZREM', KEYS[1], ARGV[1]) == 0 and ARGV[4] == '1' then
+  return 0  -- sent again after a reply that never came: the reservation is gone, so it was applied (or expired)
+end
 redis.call('HDEL', KEYS[2], ARGV[1])
 local cost, tokens = tonumber(ARGV[2]), tonumber(ARGV[3])
 if cost > 0 then  -- the usage counters saturate at MAX_TOTAL (never near INCRBY's overflow)
@@ -445,11 +447,13 @@ class RedisStore(LimitStore):
                            _reason(reply, self._secret))
 
     def _lost(self, items: list, exc: StoreError) -> None:
-        if getattr(exc, "maybe_applied", True):  # sent: applied or not, nobody knows; never apply twice
-            _log.error("limits: %d settlement(s) may be lost with the Redis limits store (%s); their "
-                       "reservations count until they expire: %s", len(items), self._display, exc)
-        else:
-            self._queue.put_back(items)
+        """Settlements a failed round trip may not have applied go back to the queue. Those that were
+        sent (applied or not, nobody knows) are sent again as retries, which Redis applies only while
+        the reservation is still there: at most once (once it expired, as a reservation it counted)."""
+        if getattr(exc, "maybe_applied", True):
+            items = [(source, keys, [*args[:3], 1]) if source is SETTLE_LUA else (source, keys, args)
+                     for source, keys, args in items]
+        self._queue.put_back(items)
 
     @contextlib.contextmanager
     def _parsing(self, what: str):
