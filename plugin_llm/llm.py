@@ -1353,7 +1353,7 @@ class _Tally:
 def _with_current_limits(admitted: _Admitted, config: HostConfig) -> _Admitted:
     """``admitted`` with the limits of ``config`` (a reload since the call began may have lowered a
     cap); its trust decision and route stay the call's."""
-    if config.limits is admitted.config.limits or config.home != admitted.config.home:
+    if config.limits is admitted.config.limits:
         return admitted
     return dataclasses.replace(admitted, config=dataclasses.replace(admitted.config, limits=config.limits))
 

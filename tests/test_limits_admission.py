@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 import uuid
 
@@ -319,21 +320,29 @@ def test_an_async_call_cancelled_during_its_store_step_leaks_no_reservation(tmp_
 
 def test_async_calls_waiting_for_a_hung_store_wait_store_timeout_all_told(tmp_path, monkeypatch):
     """A call that waits for another call's store step, then makes its own, gets only what is left
-    of ``limits.store_timeout``: refused within it, as the README says, not after k times it."""
+    of ``limits.store_timeout``: refused within it, as the README says, not after k times it. Every
+    store step of an async call is bounded by the end of its whole wait, and a step whose wait is
+    over gets no time at all."""
     from plugin_llm.limits import leases
 
     settings = settings_for("local", None, "{requests_per_minute: 1000}", "  store_timeout: 0.3\n")
     call(settings, tmp_path).release()
     limits.close_stores()
     held = _hold_the_local_store(tmp_path)  # hung for the whole test
-    timeouts: list[float] = []
-    admit = leases.LeaseBook.admit
+    bounds: list[float] = []
+    steps: list[float] = []
+    admit_store, book_admit = limits._admit_store, leases.LeaseBook.admit
 
-    def recording(self, *args, timeout, **kw):
-        timeouts.append(timeout)
-        return admit(self, *args, timeout=timeout, **kw)
+    def recording_store(*args):
+        bounds.append(args[-1])  # wait_until: the end of the call's whole wait
+        return admit_store(*args)
 
-    monkeypatch.setattr(leases.LeaseBook, "admit", recording)
+    def recording_step(self, *args, timeout, **kw):
+        steps.append(timeout)
+        return book_admit(self, *args, timeout=timeout, **kw)
+
+    monkeypatch.setattr(limits, "_admit_store", recording_store)
+    monkeypatch.setattr(leases.LeaseBook, "admit", recording_step)
 
     async def one():
         with pytest.raises(PluginLlmLimitError) as caught:
@@ -346,8 +355,11 @@ def test_async_calls_waiting_for_a_hung_store_wait_store_timeout_all_told(tmp_pa
 
     try:
         assert run_bounded(lambda: asyncio.run(main()), 30) == ["store"] * 4
+        assert len(bounds) == 4 and all(math.isfinite(b) for b in bounds)  # each step is bounded
+        steps.clear()
+        plan = limits._plan(settings, tmp_path, PLUGIN, "custom", "m", 10)
+        with pytest.raises(PluginLlmLimitError) as caught:  # a step whose wait is over: no time left
+            admit_store(plan, 10, None, time.monotonic() + 20, time.time(), None, None, time.monotonic() - 1)
     finally:
         held.close()
-    first, *waiters = sorted(timeouts, reverse=True)
-    assert first == pytest.approx(0.3, abs=0.05)
-    assert waiters and all(t < 0.15 for t in waiters)  # they waited >= 0.3 s for the first step already
+    assert caught.value.limit == "store" and steps == [0.0]
