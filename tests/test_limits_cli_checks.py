@@ -94,6 +94,17 @@ def test_limit_findings_carry_their_config_line(hermes_home, capsys):
     assert 'plugins.entries."image_gen/openai".limits.budget_usd.day (config.yaml line 6)' in capsys.readouterr().out
 
 
+def test_trust_check_lists_every_problem_of_a_limits_block_with_its_line(hermes_home, capsys):
+    write_config(hermes_home, "plugins:\n  entries:\n    my-plugin:\n      limits:\n"
+                              "        requests_per_minut: 30\n        max_concurrent: 0.5\n"
+                              "        budget_usd: {day: -1}\n")
+    code, doc = check(capsys)
+    assert code == 1
+    found = {f["path"]: f["line"] for f in doc["findings"] if f["severity"] == "error"}
+    base = "plugins.entries.my-plugin.limits."
+    assert found == {base + "requests_per_minut": 5, base + "max_concurrent": 6, base + "budget_usd.day": 7}
+
+
 def test_a_path_maps_back_to_the_longest_prefix_with_a_line(hermes_home):
     from plugin_llm import trust_report as tr
 

@@ -69,6 +69,24 @@ def test_a_malformed_plugin_block_denies_the_plugin_with_one_error(block, path, 
                         model="local-echo-1", max_tokens=10, deadline=time.monotonic() + 5) is limits.UNLIMITED
 
 
+def test_every_problem_of_a_block_is_reported_and_the_calls_are_refused_with_the_first():
+    settings, issues = parse("plugins:\n  entries:\n    p:\n      limits:\n"
+                             "        requests_per_minut: 30\n        budget_usd: {dya: 1, day: -1, month: 2}\n"
+                             "        max_concurrent: 0.5\n        tokens_per_minute: 100\n")
+    base = "plugins.entries.p.limits."
+    assert [i.path for i in issues] == [base + "requests_per_minut", base + "budget_usd.dya", base + "budget_usd.day",
+                                        base + "max_concurrent"]
+    assert {i.severity for i in issues} == {"error"} and "did you mean 'day'" in str(issues[1])
+    with pytest.raises(PluginLlmLimitError) as caught:  # the whole block fails closed, the valid limits too
+        limits.admit(settings, "/nonexistent", "p", messages=[{"role": "user", "content": "hi"}],
+                     provider="local", model="local-echo-1", max_tokens=10, deadline=time.monotonic() + 5)
+    assert caught.value.config_key == base + "requests_per_minut"
+    assert "did you mean 'requests_per_minute'" in str(caught.value) and "and 3 more problems" in str(caught.value)
+    settings, issues = parse("limits:\n  defaults: {max_concurrent: -1, requests_per_minute: x}\n")
+    assert [i.path for i in issues] == ["limits.defaults.max_concurrent", "limits.defaults.requests_per_minute"]
+    assert "and 1 more problem in this block" in settings.for_plugin("anyone").error
+
+
 def test_a_host_section_error_denies_every_limited_plugin_but_not_unlimited_ones():
     settings, issues = parse("limits:\n  stor: redis\nplugins:\n  entries:\n    p: {limits: {max_concurrent: 2}}\n")
     assert [i.path for i in issues] == ["limits.stor"] and "did you mean 'store'" in str(issues[0])

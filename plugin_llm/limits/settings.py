@@ -327,28 +327,26 @@ def _choice(value: Any, choices: tuple[str, ...]) -> str:
 
 
 def _parse_plugin_block(block: Any, plugin_id: str | None) -> tuple[PluginLimits, list[LimitIssue]]:
-    """One ``limits:`` block -> PluginLimits; the first problem fails the whole block closed."""
+    """One ``limits:`` block -> PluginLimits. Every problem is reported (an operator fixes them in
+    one pass); any of them fails the whole block closed, its calls refused with the first."""
     source = limits_path(plugin_id)
     if block is None:
         return PluginLimits(source=source), []
     issues: list[LimitIssue] = []
 
-    def fail(key: str, problem: str, fix: str) -> tuple[PluginLimits, list[LimitIssue]]:
-        path = limits_path(plugin_id, key)
-        issue = LimitIssue(ERROR, path, problem, fix, plugin_id)
-        who = plugin_phrase(plugin_id) if plugin_id is not None else "every plugin without its own limits block"
-        message = f"{path} in config.yaml: {problem}; calls of {who} are refused until it is fixed ({fix})"
-        return PluginLimits(source=source, error=message, error_key=path), [issue]
+    def problem(key: str, what: str, fix: str) -> None:
+        issues.append(LimitIssue(ERROR, limits_path(plugin_id, key), what, fix, plugin_id))
 
-    if not isinstance(block, Mapping):
-        return fail("", f"expected a mapping of limits, got {type(block).__name__}",
-                    "write e.g. `limits: {budget_usd: {day: 1.0}, requests_per_minute: 30}`")
     values: dict[str, Any] = {}
+    if not isinstance(block, Mapping):
+        problem("", f"expected a mapping of limits, got {type(block).__name__}",
+                "write e.g. `limits: {budget_usd: {day: 1.0}, requests_per_minute: 30}`")
+        block = {}
     for raw_key, value in block.items():
         key = str(raw_key)
         if key not in PLUGIN_KEYS:
-            return fail(path_key(key), f"unknown limit{_did_you_mean(key, PLUGIN_KEYS)}",
-                        f"use one of {', '.join(PLUGIN_KEYS)}")
+            problem(path_key(key), f"unknown limit{_did_you_mean(key, PLUGIN_KEYS)}", f"use one of {', '.join(PLUGIN_KEYS)}")
+            continue
         try:
             if key == "budget_usd":
                 if not isinstance(value, Mapping):
@@ -359,12 +357,13 @@ def _parse_plugin_block(block: Any, plugin_id: str | None) -> tuple[PluginLimits
                 for window, amount in value.items():
                     window = str(window)
                     if window not in BUDGET_WINDOWS:
-                        return fail(f"budget_usd.{path_key(window)}", f"unknown budget window{_did_you_mean(window, BUDGET_WINDOWS)}",
-                                    "use day and/or month (calendar windows in UTC)")
+                        problem(f"budget_usd.{path_key(window)}", f"unknown budget window{_did_you_mean(window, BUDGET_WINDOWS)}",
+                                "use day and/or month (calendar windows in UTC)")
+                        continue
                     try:
                         values[f"budget_{window}_nano"] = _money(amount)
                     except _Bad as exc:
-                        return fail(f"budget_usd.{window}", str(exc), "set a number of US dollars such as 1.50")
+                        problem(f"budget_usd.{window}", str(exc), "set a number of US dollars such as 1.50")
             elif key == "requests_per_minute":
                 values[key] = _count(value, "requests")
             elif key == "tokens_per_minute":
@@ -372,8 +371,15 @@ def _parse_plugin_block(block: Any, plugin_id: str | None) -> tuple[PluginLimits
             else:
                 values[key] = _count(value, "calls in flight")
         except _Bad as exc:
-            return fail(key, str(exc), "fix the value or remove the key")
-    return PluginLimits(source=source, **values), issues
+            problem(key, str(exc), "fix the value or remove the key")
+    if not issues:
+        return PluginLimits(source=source, **values), issues
+    first = issues[0]
+    who = plugin_phrase(plugin_id) if plugin_id is not None else "every plugin without its own limits block"
+    more = f" (and {len(issues) - 1} more problem{'s' if len(issues) > 2 else ''} in this block)" if len(issues) > 1 else ""
+    message = (f"{first.path} in config.yaml: {first.problem}; calls of {who} are refused until it is fixed "
+               f"({first.fix}){more}")
+    return PluginLimits(source=source, error=message, error_key=first.path), issues
 
 
 def _parse_prices(raw: Any) -> tuple[dict[str, OperatorPrice], list[LimitIssue]]:
