@@ -148,9 +148,11 @@ limits:
   prices:
     custom/my-model: {input_per_mtok: 0.5, output_per_mtok: 1.5, max_output_tokens: 8192}
     custom/broken: {input_per_mtok: 0.5}
-    custom/typo: {input_per_mtk: 1, output_per_mtok: 1}
+    custom/typo: {input_per_mtk: 1, output_per_mtk: 1}
 """)
-    assert sorted(i.path for i in issues) == ['limits.prices."custom/broken"', 'limits.prices."custom/typo".input_per_mtk']
+    assert sorted(i.path for i in issues) == ['limits.prices."custom/broken"', 'limits.prices."custom/typo".input_per_mtk',
+                                             'limits.prices."custom/typo".output_per_mtk']  # each typo, not "missing"
+    assert find_price("custom", "typo", settings.prices) is None
     price = find_price("custom", "my-model", settings.prices)
     assert price.operator and price.input_nano == pytest.approx(500) and price.max_output_tokens == 8192
     assert find_price("custom", "broken", settings.prices) is None

@@ -399,9 +399,10 @@ def _parse_prices(raw: Any) -> tuple[dict[str, OperatorPrice], list[LimitIssue]]
             issues.append(LimitIssue(ERROR, path, f"expected a mapping with input_per_mtok and output_per_mtok, got {_show(entry)}", unpriced))
             continue
         unknown = [str(k) for k in entry if str(k) not in PRICE_KEYS]
-        if unknown:
-            issues.append(LimitIssue(ERROR, f"{path}.{path_key(unknown[0])}",
-                                     f"unknown key{_did_you_mean(unknown[0], PRICE_KEYS)}", unpriced))
+        for key in unknown:
+            issues.append(LimitIssue(ERROR, f"{path}.{path_key(key)}", f"unknown key{_did_you_mean(key, PRICE_KEYS)}",
+                                     unpriced))
+        if unknown:  # (a missing key is then most likely the misspelt one: not reported twice)
             continue
         try:
             missing = [k for k in ("input_per_mtok", "output_per_mtok") if k not in entry]
