@@ -265,6 +265,24 @@ def test_no_part_of_a_redis_password_is_ever_shown(url):
         assert "percent-encode" in str(issues[0])
 
 
+@pytest.mark.parametrize("text", [
+    "limits: {store: 'redis://:CANARYSECRET@10.0.0.5:6379/0'}",  # the URL put under the wrong key
+    "limits: {redis_key_prefix: 'redis://u:CANARYSECRET@10.0.0.5:6379/0'}",
+    "limits: {on_store_error: 'rediss://:CANARYSECRET@10.0.0.5/0?x=1'}",
+    "limits: {store: ':CANARYSECRET@10.0.0.5'}",
+    "limits: {defaults: {max_concurrent: 'redis://:CANARYSECRET@10.0.0.5:6379/0'}}",
+])
+def test_a_redis_url_misplaced_under_another_key_does_not_show_its_password(text):
+    settings, issues = parse(text + "\nplugins: {entries: {p: {limits: {max_concurrent: 2}}}}\n")
+    assert issues and "10.0.0.5" in str(issues[0])  # the value is still recognisable
+    with pytest.raises(PluginLlmLimitError) as caught:
+        limits.admit(settings, "/nonexistent", "p" if "defaults" not in text else "anyone",
+                     messages=[{"role": "user", "content": "hi"}], provider="local", model="local-echo-1",
+                     max_tokens=10, deadline=time.monotonic() + 5)
+    shown = " ".join(map(str, issues)) + repr(settings) + str(caught.value) + repr(caught.value.denial)
+    assert "CANARY" not in shown and "SECRET" not in shown
+
+
 def test_a_redis_url_option_redis_py_does_not_take_is_a_store_error_not_a_traceback():
     from plugin_llm.limits.redis_store import RedisStore
     from plugin_llm.limits.store import StoreError
