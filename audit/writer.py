@@ -207,6 +207,15 @@ class AuditLog:
         event_dict[KIND] = KIND_EVENT
         self._emit(event_dict, raise_required=False)
 
+    def record_event(self, event: str, /, **fields: Any) -> dict[str, Any]:
+        """:meth:`write_event` for an action that must not happen unrecorded (``limits reset``):
+        returns the record as written, or raises :class:`AuditWriteError` whatever
+        ``audit.required`` says (the failure is counted and reported all the same)."""
+        event_dict = dict(fields)
+        event_dict[EVENT] = str(event)
+        event_dict[KIND] = KIND_EVENT
+        return self._emit(event_dict, raise_required=True, always=True)
+
     def check_writable(self) -> None:
         """Raise :class:`AuditWriteError` unless a record could be appended now.
 
@@ -300,7 +309,7 @@ class AuditLog:
         self._seq, self._hash = record[SEQ], record[HASH]
         return record
 
-    def _emit(self, event_dict: dict[str, Any], *, raise_required: bool) -> dict[str, Any]:
+    def _emit(self, event_dict: dict[str, Any], *, raise_required: bool, always: bool = False) -> dict[str, Any]:
         with self._tlock:
             try:
                 self._prepare()
@@ -318,7 +327,7 @@ class AuditLog:
                 finally:
                     fcntl.flock(self._lock_fd, fcntl.LOCK_UN)  # type: ignore[arg-type]
             except Exception as exc:  # noqa: BLE001 - a logging failure must not break the call
-                return self._failed(exc, event_dict, raise_required)
+                return self._failed(exc, event_dict, raise_required and (always or self._settings.required))
             self._failure = None
             return record
 
@@ -648,7 +657,7 @@ class AuditLog:
 
     # -- failures ---------------------------------------------------------------
 
-    def _failed(self, exc: Exception, event_dict: dict[str, Any], raise_required: bool) -> dict[str, Any]:
+    def _failed(self, exc: Exception, event_dict: dict[str, Any], raise_it: bool) -> dict[str, Any]:
         reason = _describe(exc)
         self._known = None  # re-read the tail next time (a partial line may be there)
         if isinstance(exc, OSError) and exc.errno in (errno.EBADF, None):
@@ -666,7 +675,7 @@ class AuditLog:
             )
         self._failure.lost += 1
         self._failure.reason = reason
-        if raise_required and self._settings.required:
+        if raise_it:
             raise AuditWriteError(self.path, reason) from None
         for key in (SEQ, PREV_HASH, HASH, AUDIT_WRITE_ERROR):
             event_dict.pop(key, None)

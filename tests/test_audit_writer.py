@@ -271,6 +271,16 @@ def test_disk_full_with_required_raises_a_clear_error(log_path):
     assert ok["audit_write_error"]["lost_records"] == 2 and ok["seq"] == 1
 
 
+def test_record_event_raises_when_lost_whatever_required_says(log_path):
+    log = AuditLog(log_path, AuditSettings(required=False), write_fn=FailingWrites(count=1))
+    with pytest.raises(AuditWriteError, match="No space left on device"):
+        log.record_event("limits.reset.requested", plugin_id="p")
+    assert log.write({"n": 1})["audit_write_error"]["lost_records"] == 1  # counted like any lost record
+    written = log.record_event("limits.reset", plugin_id="p")
+    assert (written["kind"], written["event"], written["seq"]) == ("event", "limits.reset", 2)
+    assert verify(log_path).ok
+
+
 def test_check_writable(log_path, tmp_path):
     AuditLog(log_path, AuditSettings(required=True)).check_writable()
     assert log_path.exists()

@@ -266,9 +266,14 @@ def test_views_show_each_plugin_with_usage_or_the_store_error(kind, tmp_path):
     summary = views.budget_summary(mine)
     assert summary["day"]["spent_usd"] == pytest.approx(0.3) and summary["day"]["budget_usd"] == 2.0
     assert summary["month"]["resets_at"].endswith("T00:00:00Z")
-    event = views.reset_event(PLUGIN, settings, mine.snapshot)
-    assert event["event"] == "limits.reset" and event["forgotten.spent_usd.day"] == pytest.approx(0.3)
-    assert event["kept.in_flight"] == 1
+    forgotten = limits.reset(settings, tmp_path, PLUGIN)  # what the store deleted, read in the same step
+    assert (forgotten.minute_requests, forgotten.minute_tokens) == (1, 150_000)
+    assert forgotten.day_spent == forgotten.month_spent == mine.snapshot.counters.day_spent > 0
+    event = views.reset_event(views.reset_target(PLUGIN, settings, tmp_path), forgotten, 1)
+    assert event["plugin_id"] == PLUGIN and event["store"] == settings.store
+    assert event["forgotten.spent_usd.day"] == pytest.approx(0.3) and event["kept.in_flight"] == 1
+    assert ("redis_key_prefix" in event) == (settings.store == "redis") != ("store_path" in event)
+    assert limits.reset(settings, tmp_path, PLUGIN) == limits.Counters()  # nothing left to forget
     held.release()
     assert mine.as_dict()["usage"]["spent_usd"]["day"] == pytest.approx(0.3)
 

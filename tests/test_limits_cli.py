@@ -9,6 +9,7 @@ import pytest
 from plugin_llm import PluginLlm, PluginLlmQuotaError, limits
 from plugin_llm.cli.main import main
 from tests.conftest import audit_lines, write_config
+from tests.redis_server import redis_server  # noqa: F401  (fixture)
 
 CONFIG = ("limits:\n  store: local\nplugins:\n  enabled: [capped]\n  entries:\n    capped:\n      limits:\n"
           "        requests_per_minute: 2\n        budget_usd: {day: 1.0}\n")
@@ -64,7 +65,7 @@ def test_reset_and_show_refuse_what_makes_no_sense_in_one_line(hermes_home, caps
     captured = capsys.readouterr()
     assert "usage unknown" in captured.out and "Traceback" not in captured.err
     assert main(["limits", "reset", "capped"]) == 1
-    assert "did not answer" in capsys.readouterr().err
+    assert "Connection refused; nothing was reset" in capsys.readouterr().err
 
 
 def test_trust_show_and_check_report_limits(hermes_home, capsys):
@@ -129,3 +130,84 @@ def _sections(home):
 
     data = yaml.safe_load((home / "config.yaml").read_text())
     return data.get("limits"), data.get("plugins")
+
+
+# ------------------------------------------------------------------ a reset is on record, and reaches the store meant
+def minute_requests(capsys) -> int:
+    capsys.readouterr()
+    assert main(["limits", "show", "capped", "--json"]) == 0
+    [row] = json.loads(capsys.readouterr().out)["plugins"]
+    return row["usage"]["minute"]["requests"]
+
+
+def test_a_reset_the_audit_log_cannot_record_is_refused_even_when_the_log_is_not_required(hermes_home, capsys):
+    write_config(hermes_home, CONFIG)
+    PluginLlm("capped").complete(USER)
+    limits.close_stores()
+    (hermes_home / "logs" / "agent.log").unlink()
+    (hermes_home / "logs" / "agent.log").mkdir()  # a log that cannot be appended to
+    capsys.readouterr()
+    assert main(["limits", "reset", "capped"]) == 1
+    err = capsys.readouterr().err
+    assert "audit log could not be written" in err and "nothing was reset" in err and "Traceback" not in err
+    assert minute_requests(capsys) == 1  # the counters are untouched
+
+
+@pytest.mark.parametrize("section", [
+    "  store: local\n  store_timout: 1\n",  # a typo: the limits section is broken
+    "  store: redis\n  redis_url: redis://127.0.0.1:1/0\n  redis_key_prefix: 'group A'\n",  # a prefix that is not one
+])
+def test_a_reset_under_a_broken_limits_section_is_refused_and_resets_nothing(hermes_home, capsys, section):
+    write_config(hermes_home, CONFIG)
+    PluginLlm("capped").complete(USER)
+    limits.close_stores()
+    write_config(hermes_home, CONFIG.replace("  store: local\n", section))
+    capsys.readouterr()
+    assert main(["limits", "reset", "capped"]) == 1
+    err = capsys.readouterr().err
+    assert "nothing was reset" in err and "trust check" in err and "Traceback" not in err
+    assert not [e for e in events(hermes_home) if e["event"].startswith("limits.reset")]
+    write_config(hermes_home, CONFIG)
+    assert minute_requests(capsys) == 1
+
+
+def test_a_reset_records_its_request_then_what_the_store_deleted(hermes_home, capsys):
+    write_config(hermes_home, CONFIG)
+    llm = PluginLlm("capped")
+    llm.complete(USER)
+    llm.complete(USER)
+    limits.close_stores()
+    assert main(["limits", "reset", "capped"]) == 0
+    requested, done = [e for e in events(hermes_home) if e["event"].startswith("limits.reset")]
+    assert requested["event"] == "limits.reset.requested" and done["event"] == "limits.reset"
+    assert requested["plugin_id"] == done["plugin_id"] == "capped"
+    assert requested["store_path"] == done["store_path"] == str(hermes_home / "limits.sqlite3")
+    assert done["forgotten.requests_this_minute"] == 2 and done["seq"] == requested["seq"] + 1
+    assert main(["limits", "reset", "capped"]) == 0  # again: nothing left, and it says so
+    assert events(hermes_home)[-1]["forgotten.requests_this_minute"] == 0
+
+
+def test_a_reset_the_store_refuses_is_recorded_as_failed_with_the_request(hermes_home, capsys, redis_server):
+    import redis
+
+    admin = redis.Redis.from_url(redis_server.url)
+    admin.acl_setuser("nodel", enabled=True, passwords=["+nodel-canary-pw"], keys=["*"], channels=["*"],
+                      commands=["+@all", "-del"])
+    try:
+        url = f"redis://nodel:nodel-canary-pw@127.0.0.1:{redis_server.port}/0"
+        write_config(hermes_home, CONFIG.replace("  store: local\n", f"  store: redis\n  redis_url: '{url}'\n"
+                                                 "  redis_key_prefix: resetfail\n"))
+        PluginLlm("capped").complete(USER)
+        limits.close_stores()
+        capsys.readouterr()
+        assert main(["limits", "reset", "capped"]) == 1
+        err = capsys.readouterr().err
+        assert "nothing was reset" in err and "nodel-canary-pw" not in err and "Traceback" not in err
+        requested, failed = [e for e in events(hermes_home) if e["event"].startswith("limits.reset")]
+        assert (requested["event"], failed["event"]) == ("limits.reset.requested", "limits.reset.failed")
+        assert failed["redis_key_prefix"] == "resetfail" and failed["error"]
+        assert "nodel-canary-pw" not in (hermes_home / "logs" / "agent.log").read_text()
+        assert minute_requests(capsys) == 1
+    finally:
+        admin.acl_deluser("nodel")
+        admin.close()

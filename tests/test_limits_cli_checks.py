@@ -196,7 +196,7 @@ def test_readme_limits_example_exempts_an_entry_with_an_empty_block(tmp_path):
     config = parse_config(tmp_path, snippet)
     assert config.limits.for_plugin("trusted-plugin").empty  # `limits: {}`: no limits.defaults
     assert config.limits.for_plugin("elsewhere").requests_per_minute == 60
-    assert "*enabled* plugins" in section and "limits show" in section
+    assert "the plugins that run" in section and "limits show" in section
 
 
 def test_config_example_calls_no_entry_with_limits_the_same_as_no_entry():
@@ -217,3 +217,31 @@ def test_a_key_with_a_newline_cannot_forge_a_line_of_trust_show_or_trust_check(h
     lines = (captured.out + captured.err).splitlines()
     assert lines and not any(line.startswith("plugin-llm: error: forged") for line in lines)
     assert "Traceback" not in captured.err
+
+
+# ------------------------------------------------------------------ 4. the plugins that run, by key
+def test_the_overview_lists_the_plugins_that_run_by_their_keys(hermes_home, capsys):
+    plugins = hermes_home / "plugins"
+    write_plugin(plugins, "image_gen/sketch", manifest={"name": "sketch-gen", "version": "0.1"})
+    write_plugin(plugins, "memory/jsonl", manifest={"name": "jsonl", "version": "0.1", "kind": "exclusive"})
+    write_plugin(plugins, "off", manifest={"name": "off", "version": "0.1"})
+    write_config(hermes_home, "limits:\n  defaults: {requests_per_minute: 10}\nmemory: {provider: jsonl}\n"
+                              "plugins:\n  enabled: [sketch-gen, not-installed-yet, off]\n  disabled: [off]\n")
+    assert main(["limits", "show", "--json"]) == 0
+    shown = [row["plugin_id"] for row in json.loads(capsys.readouterr().out)["plugins"]]
+    assert shown == ["image_gen/sketch", "memory/jsonl", "not-installed-yet"]  # calls are metered by key
+    for action in ("show", "reset"):  # the manifest name is not the key its usage is counted under
+        assert main(["limits", action, "sketch-gen"]) == 2
+        line = error_line(capsys)
+        assert "did you mean 'image_gen/sketch'?" in line and "installed plugin" in line
+    log = hermes_home / "logs" / "agent.log"
+    assert not log.exists() or "limits.reset" not in log.read_text()
+    assert main(["limits", "show", "not-installed-yet"]) == 0  # enabled, not installed: as written
+
+
+@pytest.mark.parametrize("enabled, shown", [("5", []), ("true", []), ("1.5", []), ("abc", ["abc"])])
+def test_a_plugins_enabled_that_is_not_a_list_is_read_as_the_plugin_manager_reads_it(hermes_home, capsys, enabled, shown):
+    write_config(hermes_home, f"limits:\n  defaults: {{requests_per_minute: 10}}\nplugins:\n  enabled: {enabled}\n")
+    assert main(["limits", "show", "--json"]) == 0
+    assert [row["plugin_id"] for row in json.loads(capsys.readouterr().out)["plugins"]] == shown
+    assert main(["limits", "show", "x"]) == 2 and "Traceback" not in capsys.readouterr().err

@@ -607,11 +607,14 @@ def test_a_server_that_is_not_redis_or_a_tampered_file_is_a_store_error_not_a_tr
     local = LocalStore(tmp_path / "limits.sqlite3")
     local.settle(admit(local, L(budget_day=1.0), R(0.1)), 1000, 10, timeout=2)
     db = sqlite3.connect(tmp_path / "limits.sqlite3")
-    db.execute("UPDATE spend SET nano = 'abc'")
-    db.commit()
+    for value in ("'abc'", "-5000000000"):  # a negative count would add headroom and show as "$-5.00 used"
+        db.execute(f"UPDATE spend SET nano = {value}")
+        db.commit()
+        with pytest.raises(StoreError, match="not a whole number of 0 or more"):
+            local.counters(PLUGIN, T0, timeout=2)
+        with pytest.raises(StoreError, match="not a whole number of 0 or more"):
+            local.reset(PLUGIN, T0, timeout=2)
     db.close()
-    with pytest.raises(StoreError, match="not a whole number"):
-        local.counters(PLUGIN, T0, timeout=2)
 
 
 def test_a_settlement_whose_reply_never_came_is_sent_again_and_counted_once(own_redis_server, monkeypatch):

@@ -71,6 +71,7 @@ from plugin_llm.limits.settings import (
 from plugin_llm.limits.store import (
     LIMIT_NAMES,
     Admission,
+    Counters,
     Denial,
     LimitStore,
     PluginLlmLimitError,
@@ -96,6 +97,7 @@ __all__ = [
     "Admission",
     "Reservation",
     "Snapshot",
+    "Counters",
     "WindowUsage",
     "LimitStore",
     "StoreError",
@@ -606,7 +608,8 @@ def snapshot(settings: LimitSettings, home: Path | str, plugin_id: str, *, now: 
 
 
 def reset(settings: LimitSettings, home: Path | str, plugin_id: str, *, now: float | None = None,
-          store: LimitStore | None = None) -> None:
-    """Forget the plugin's settled usage in the current windows (raises StoreError); the caller audits it."""
+          store: LimitStore | None = None) -> Counters:
+    """Forget the plugin's settled usage in the current windows and return what was forgotten
+    (raises StoreError); the caller audits it."""
     store = store or store_for(settings, home)
-    store.reset(plugin_id, time.time() if now is None else now, timeout=settings.store_timeout)
+    return store.reset(plugin_id, time.time() if now is None else now, timeout=settings.store_timeout)

@@ -221,7 +221,23 @@ _LEASE = "INSERT INTO lease VALUES (" + ", ".join(["?"] * 27) + ")"
 _HELD = "SELECT slots, requests, tokens, nano, expires FROM reservations WHERE plugin = ? AND id = ?"
 _encode = json.JSONEncoder(separators=(",", ":")).encode  # one encoder, not one per call
 _PRUNE_MINUTES = "DELETE FROM spend WHERE plugin = ? AND bucket >= 'min:' AND bucket < 'min:' || ?"
-_RESET = "DELETE FROM spend WHERE plugin = ? AND bucket IN ('min:' || ?, 'day:' || ?, 'mon:' || ?)"
+_RESET = "DELETE FROM spend WHERE plugin = ?1 AND bucket IN ('min:' || ?2, 'day:' || ?3, 'mon:' || ?4)"
+_FORGOTTEN = """
+SELECT (SELECT requests FROM spend WHERE plugin = ?1 AND bucket = 'min:' || ?2),
+       (SELECT tokens FROM spend WHERE plugin = ?1 AND bucket = 'min:' || ?2),
+       (SELECT nano FROM spend WHERE plugin = ?1 AND bucket = 'day:' || ?3),
+       (SELECT nano FROM spend WHERE plugin = ?1 AND bucket = 'mon:' || ?4)
+"""
+
+_NOT_A_COUNT = "a count that is not a whole number of 0 or more (the file was edited, or is corrupt)"
+
+
+def _forgotten(counts: list) -> Counters:
+    """What a reset deleted (minute requests and tokens, day and month nano-dollars)."""
+    if not all(type(v) is int and v >= 0 for v in counts):
+        raise sqlite3.DatabaseError(_NOT_A_COUNT)
+    return Counters(minute_requests=counts[0], minute_tokens=counts[1], day_spent=counts[2], month_spent=counts[3])
+
 
 _STORES: "weakref.WeakSet[LocalStore]" = weakref.WeakSet()
 #: connections inherited over fork: never closed in the child (closing could checkpoint or
@@ -357,8 +373,8 @@ class LocalStore(LimitStore):
         row = conn.execute(_READ, (plugin_id, b.minute, b.day, b.month, now)).fetchone()
         counts = [v or 0 for i, v in enumerate(row) if i != 1]
         earliest = row[1]
-        if not all(type(v) is int for v in counts) or not (earliest is None or type(earliest) in (int, float)):
-            raise sqlite3.DatabaseError("a count that is not a whole number (the file was edited, or is corrupt)")
+        if not all(type(v) is int and v >= 0 for v in counts) or not (earliest is None or type(earliest) in (int, float)):
+            raise sqlite3.DatabaseError(_NOT_A_COUNT)
         return Counters(
             in_flight=counts[0], earliest_expiry=earliest, minute_requests_reserved=counts[1],
             minute_tokens_reserved=counts[2], day_reserved=counts[3], month_reserved=counts[4],
@@ -462,11 +478,25 @@ class LocalStore(LimitStore):
         b = buckets_at(now)
         return self._run(timeout, lambda conn: self._read(conn, plugin_id, now, b))
 
-    def reset(self, plugin_id: str, now: float, *, timeout: float) -> None:
+    def reset(self, plugin_id: str, now: float, *, timeout: float) -> Counters:
         self.return_leases(plugin_id, timeout=timeout)
         self._queue.flush(timeout)
         b = buckets_at(now)
-        self._run(timeout, lambda conn: conn.execute(_RESET, (plugin_id, b.minute, b.day, b.month)))
+        args = (plugin_id, b.minute, b.day, b.month)
+
+        def forget(conn: sqlite3.Connection) -> Counters:
+            conn.execute("BEGIN IMMEDIATE")  # what is deleted is what is read: no settlement in between
+            try:
+                forgotten = _forgotten([v or 0 for v in conn.execute(_FORGOTTEN, args).fetchone()])
+                conn.execute(_RESET, args)
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+            return forgotten
+
+        return self._run(timeout, forget)
 
     def close(self) -> None:
         try:

@@ -272,6 +272,16 @@ return {n, earliest, tok_held, day_held, month_held, req_held,
 """
 
 
+#: forget the settled usage of the current minute, day and month; returns what it held (as strings:
+#: exact integers, whatever their size)
+RESET_LUA = """
+local minute = redis.call('HMGET', KEYS[1], 'r', 't')
+local out = {minute[1] or '0', minute[2] or '0', redis.call('GET', KEYS[2]) or '0', redis.call('GET', KEYS[3]) or '0'}
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
+return out
+"""
+
+
 _PLAIN_ID = re.compile(r"^[A-Za-z0-9_.\-/@+:]{1,128}$")
 
 
@@ -542,12 +552,18 @@ class RedisStore(LimitStore):
                 day_spent=int(r[8]), month_spent=int(r[9]),
             )
 
-    def reset(self, plugin_id: str, now: float, *, timeout: float) -> None:
+    def reset(self, plugin_id: str, now: float, *, timeout: float) -> Counters:
         self.return_leases(plugin_id, timeout=timeout)
         self._queue.flush(timeout)
         b = buckets_at(now)
         keys = self._keys(plugin_id, b.minute, b.day, b.month)[2:]
-        self._script("redis.call('DEL', KEYS[1], KEYS[2], KEYS[3]) return 1", keys, [], timeout)
+        r = self._script(RESET_LUA, keys, [], timeout)  # what is deleted is what is read: one script
+        with self._parsing("a reset"):
+            counts = [int(v) for v in r]
+            if len(counts) != 4 or min(counts) < 0:
+                raise ValueError("not four counts of 0 or more")
+            return Counters(minute_requests=counts[0], minute_tokens=counts[1], day_spent=counts[2],
+                            month_spent=counts[3])
 
     def close(self) -> None:
         try:

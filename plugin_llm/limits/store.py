@@ -444,8 +444,9 @@ class LimitStore(ABC):
         return Snapshot(plugin_id, now, c, windows(limits, c, buckets_at(now)))
 
     @abstractmethod
-    def reset(self, plugin_id: str, now: float, *, timeout: float) -> None:
-        """Forget the plugin's settled usage in the current windows (minute, day, month).
+    def reset(self, plugin_id: str, now: float, *, timeout: float) -> Counters:
+        """Forget the plugin's settled usage in the current windows (minute, day, month), in one
+        atomic step; returns what was forgotten (the settled fields of :class:`Counters`).
 
         Calls in flight keep their reservations and settle normally."""
 

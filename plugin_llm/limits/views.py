@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from plugin_llm.limits.settings import NANO, LimitSettings, PluginLimits
-from plugin_llm.limits.store import LimitStore, Snapshot, StoreError, WindowUsage, iso_utc
+from plugin_llm.limits.store import Counters, LimitStore, Snapshot, StoreError, WindowUsage, iso_utc
 
-__all__ = ["UsageRow", "describe", "show", "format_rows", "budget_summary", "reset_event"]
+__all__ = ["UsageRow", "describe", "show", "format_rows", "budget_summary", "reset_target", "reset_event"]
 
 
 def _usd(nano: int | None) -> str:
@@ -118,18 +118,27 @@ def budget_summary(row: UsageRow) -> dict[str, Any]:
     return out
 
 
-def reset_event(plugin_id: str, settings: LimitSettings, before: Snapshot | None) -> dict[str, Any]:
-    """The audit event of ``limits reset PLUGIN``: who was reset, in which store, and what was forgotten."""
-    event: dict[str, Any] = {"event": "limits.reset", "plugin_id": plugin_id, "store": settings.store}
+def reset_target(plugin_id: str, settings: LimitSettings, home: Path | str) -> dict[str, Any]:
+    """Which counters ``limits reset PLUGIN`` forgets: the plugin, and the store as configured (the
+    Redis URL without its password and the key prefix, or the SQLite file)."""
+    target: dict[str, Any] = {"plugin_id": plugin_id, "store": settings.store}
     if settings.store == "redis":
-        event["store_url"] = settings.redis_url_display
-    if before is not None:
-        c = before.counters
-        event.update({
-            "forgotten.spent_usd.day": c.day_spent / NANO,
-            "forgotten.spent_usd.month": c.month_spent / NANO,
-            "forgotten.requests_this_minute": c.minute_requests,
-            "forgotten.tokens_this_minute": c.minute_tokens,
-            "kept.in_flight": c.in_flight,
-        })
-    return event
+        target["store_url"] = settings.redis_url_display
+        target["redis_key_prefix"] = settings.redis_key_prefix
+    else:
+        from plugin_llm.limits.local import DB_NAME
+
+        target["store_path"] = str(Path(home) / DB_NAME)
+    return target
+
+
+def reset_event(target: dict[str, Any], forgotten: Counters, kept_in_flight: int) -> dict[str, Any]:
+    """The fields of the ``limits.reset`` event: the target, and what the store deleted."""
+    return {
+        **target,
+        "forgotten.spent_usd.day": forgotten.day_spent / NANO,
+        "forgotten.spent_usd.month": forgotten.month_spent / NANO,
+        "forgotten.requests_this_minute": forgotten.minute_requests,
+        "forgotten.tokens_this_minute": forgotten.minute_tokens,
+        "kept.in_flight": kept_in_flight,
+    }
