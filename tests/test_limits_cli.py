@@ -96,6 +96,46 @@ def test_audit_stats_shows_spend_against_budget(hermes_home, capsys):
     assert budgets["capped"]["day"]["spent_usd"] == pytest.approx(13e-6) and budgets["capped"]["day"]["budget_usd"] == 1.0
 
 
+def test_audit_stats_budgets_say_why_they_are_missing_and_keep_one_shape(hermes_home, capsys):
+    write_config(hermes_home, "limits:\n  store: redis\n  redis_url: redis://127.0.0.1:1/0\n  store_timeout: 0.3\n"
+                              "plugins:\n  entries:\n    capped:\n      limits: {budget_usd: {day: 1.0}}\n")
+    from audit import AuditLog
+
+    AuditLog(hermes_home / "logs" / "agent.log").write({"plugin_id": "x" * 5000, "status": "ok"})
+    assert main(["audit", "stats", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    # a budgeted plugin without records is still shown; a store error is not a window
+    assert doc["budgets"] == {} and "Connection refused" in doc["budget_errors"]["capped"]
+    assert main(["audit", "stats"]) == 0
+    out = capsys.readouterr().out
+    assert "capped: unknown (" in out and max(map(len, out.splitlines())) < 400  # a 5,000-character id is cut
+    with open(hermes_home / "config.yaml", "a") as f:
+        f.write("  bad: [\n")  # config.yaml no longer parses: budgets unknown, and said so
+    assert main(["audit", "stats", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["budgets"] == {} and "spend against budget not shown" in captured.err
+
+
+def test_money_is_never_rounded_up_to_the_cap_and_a_broken_store_is_tried_once_per_view(tmp_path, monkeypatch):
+    from plugin_llm.limits import views
+    from plugin_llm.limits.local import LocalStore
+    from plugin_llm.limits.settings import NANO, parse_limit_settings
+
+    assert [views._usd(n) for n in (0, 999, 13_000, 84_000_000, 996_999_999, NANO, 1_234_567_890 * NANO // 1000)] \
+        == ["$0.00", "<$0.000001", "$0.000013", "$0.084", "$0.996999", "$1.00", "$1,234,567.89"]
+    settings, _ = parse_limit_settings({"store": "local"}, {"entries": {p: {"limits": {"max_concurrent": 1}}
+                                                                        for p in ("a", "b", "c")}})
+    tried = []
+
+    def hung(self, plugin_id, *args, **kwargs):
+        tried.append(plugin_id)
+        raise limits.StoreError("the store hung")
+
+    monkeypatch.setattr(LocalStore, "snapshot", hung)
+    rows = views.show(settings, tmp_path, ["a", "b", "c"])
+    assert tried == ["a"] and [r.error for r in rows] == ["the store hung"] * 3
+
+
 _SPENDER = ("import threading, time\n\n"
             "def register(ctx):\n"
             "    def spend(raw):\n"

@@ -171,8 +171,10 @@ def test_snapshot_and_reset(store):
         "used": 0.25, "in_flight": 0.5, "unit": "usd", "resets_at": "2026-04-01T00:00:00Z",
     }
     assert (by_limit["requests_per_minute"]["used"], by_limit["requests_per_minute"]["in_flight"]) == (1, 1)
-    assert by_limit["max_concurrent"]["in_flight"] == 1 and snap["minute"] == {"requests": 2, "tokens": 40 + R(0.5).tokens}
-    store.reset(PLUGIN, T0, timeout=5)
+    assert by_limit["max_concurrent"]["in_flight"] == 1  # the minute's counts, settled and reserved, as the limits'
+    assert snap["minute"] == {"requests": 1, "requests_reserved": 1, "tokens": 40, "tokens_reserved": R(0.5).tokens}
+    forgotten = store.reset(PLUGIN, T0, timeout=5)
+    assert (forgotten.minute_requests, forgotten.minute_tokens, forgotten.day_spent) == (1, 40, round(0.25 * NANO))
     c = store.counters(PLUGIN, T0, timeout=5)
     assert (c.day_spent, c.minute_requests, c.in_flight) == (0, 0, 1)  # calls in flight keep their reservation
 

@@ -358,20 +358,22 @@ def _stats(args: argparse.Namespace, log_path: Path) -> int:
 
     bad = _BadLines()
     rows = stats(iter_records(log_path, on_bad_line=bad, **_filters(args)))
-    budgets = _budgets(args, [r.key for r in rows if r.dimension == "plugin"])
+    budgets, budget_errors = _budgets(args, [r.key for r in rows if r.dimension == "plugin"])
     if args.json:
         doc = {
             "by_plugin": [r.as_dict() for r in rows if r.dimension == "plugin"],
             "by_model": [r.as_dict() for r in rows if r.dimension == "model"],
             "percentiles": "nearest-rank, over calls that were not denied",
-            "budgets": budgets,
+            "budgets": budgets,  # plugin -> window -> spent, in flight, budget
+            "budget_errors": budget_errors,  # plugin -> why the store could not say
         }
         print(dumps_json(doc))
     elif not rows:
         print("no call records match")
+        _print_budgets(budgets, budget_errors, sys.stdout)
     else:
         _print_stats(rows, sys.stdout)
-        _print_budgets(budgets, sys.stdout)
+        _print_budgets(budgets, budget_errors, sys.stdout)
     ignored = sum(r.ignored_values for r in rows if r.dimension == "plugin")
     if ignored:
         print(f"note: {ignored} token/cost/latency value(s) no real call can have (negative, not a number or "
@@ -380,41 +382,50 @@ def _stats(args: argparse.Namespace, log_path: Path) -> int:
     return 0
 
 
-def _budgets(args: argparse.Namespace, plugins: list[str]) -> dict[str, Any]:
-    """Spend against budget in the current windows, per plugin with a budget, from the home's limits
-    store (a log copy read with --log has no home to ask: nothing)."""
+def _budgets(args: argparse.Namespace, plugins: list[str]) -> tuple[dict[str, Any], dict[str, str]]:
+    """Spend against budget in the current windows, per plugin with a budget (the log's plugins and
+    those configured with one of their own), from the home's limits store, and per plugin why the
+    store could not say (a log copy read with --log has no home to ask: nothing). A config that
+    cannot say which plugins have budgets is said on stderr, not taken for "no budgets"."""
     if args.log:
-        return {}
+        return {}, {}
     try:
         from plugin_llm.config import ConfigSource
         from plugin_llm.limits import views
 
         config = ConfigSource(_home_of(args)).current()
-        wanted = [p for p in plugins if config.limits.for_plugin(p).has_budget]
-        if not wanted:
-            return {}
-        out: dict[str, Any] = {}
-        for row in views.show(config.limits, config.home, wanted):
-            out[row.plugin_id] = {"error": row.error} if row.error else views.budget_summary(row)
-        return out
+        problem = config.closed_reason if config.error is not None else config.limits.error
+        if problem is not None:
+            print(f"note: spend against budget not shown: {printable(problem, 300)}", file=sys.stderr)
+            return {}, {}
+        settings = config.limits
+        wanted = [p for p in {*plugins, *settings.plugins} if settings.for_plugin(p).has_budget]
+        budgets: dict[str, Any] = {}
+        errors: dict[str, str] = {}
+        for row in views.show(settings, config.home, wanted):
+            if row.error:
+                errors[row.plugin_id] = row.error
+            else:
+                budgets[row.plugin_id] = views.budget_summary(row)
+        return budgets, errors
     except Exception as exc:  # noqa: BLE001 - the log's own stats never fail for the budget view
         print(f"note: spend against budget unavailable ({printable(type(exc).__name__)}: {printable(exc, 300)})",
               file=sys.stderr)
-        return {}
+        return {}, {}
 
 
-def _print_budgets(budgets: dict[str, Any], out: Any) -> None:
-    if not budgets:
+def _print_budgets(budgets: dict[str, Any], errors: dict[str, str], out: Any) -> None:
+    if not budgets and not errors:
         return
     print("\nspend against budget (current windows, from the limits store):", file=out)
-    for plugin, windows in sorted(budgets.items()):
-        if "error" in windows:
-            print(f"  {printable(plugin)}: unknown ({printable(windows['error'])})", file=out)
+    for plugin in sorted({*budgets, *errors}):
+        if plugin in errors:
+            print(f"  {_key(plugin)}: unknown ({printable(errors[plugin])})", file=out)
             continue
-        for window, w in windows.items():
+        for window, w in budgets[plugin].items():
             share = f"{w['used_fraction']:.0%}" if w.get("used_fraction") is not None else "-"
-            print(f"  {printable(plugin)}  {window:<5}  spent ${w['spent_usd']:.6f}  in flight ${w['in_flight_usd']:.6f}  "
-                  f"of ${w['budget_usd']:.2f} ({share}), resets {w['resets_at']}", file=out)
+            print(f"  {_key(plugin)}  {window:<5}  spent ${w['spent_usd']:.6f}  in flight ${w['in_flight_usd']:.6f}  "
+                  f"of ${w['budget_usd']:,.2f} ({share}), resets {w['resets_at']}", file=out)
 
 
 def _home_of(args: argparse.Namespace) -> Path:
@@ -641,6 +652,11 @@ def _pubkey(args: argparse.Namespace, log_path: Path) -> int:
 # -- rendering -----------------------------------------------------------------------
 
 
+def _key(text: Any) -> str:
+    """A plugin id or model from the log, escaped (as :func:`_clean`) and bounded: a table's column."""
+    return escape_unsafe(text, 100)
+
+
 def _clean(text: Any) -> str:
     """Record text for the auditor's terminal: controls, line separators, bidi and other invisible
     characters shown escaped, so a purpose can never draw a fake line or reorder one."""
@@ -704,7 +720,7 @@ def _print_stats(rows: list[Any], out: TextIO) -> None:
         selected = [r for r in rows if r.dimension == dimension]
         if not selected:
             continue
-        width = max(len(title), *(len(_clean(r.key)) for r in selected))
+        width = max(len(title), *(len(_key(r.key)) for r in selected))
         out.write(
             f"{title:<{width}}  {'CALLS':>7} {'DENIED':>7} {'ERRORS':>7} {'TOKENS IN':>10} {'TOKENS OUT':>10} "
             f"{'COST USD':>12} {'UNPRICED':>8} {'P50 MS':>9} {'P95 MS':>9}\n"
@@ -713,7 +729,7 @@ def _print_stats(rows: list[Any], out: TextIO) -> None:
             priced = r.calls - r.denials - r.errors - r.unpriced
             cost = "-" if r.unpriced and priced <= 0 and not r.cost_usd else f"{r.cost_usd:.6f}"
             out.write(
-                f"{_clean(r.key):<{width}}  {r.calls:>7} {r.denials:>7} {r.errors:>7} {r.input_tokens:>10} "
+                f"{_key(r.key):<{width}}  {r.calls:>7} {r.denials:>7} {r.errors:>7} {r.input_tokens:>10} "
                 f"{r.output_tokens:>10} {cost:>12} {r.unpriced:>8} {ms(r.p50_latency_ms):>9} {ms(r.p95_latency_ms):>9}\n"
             )
         unpriced = sum(r.unpriced for r in selected)

@@ -354,8 +354,8 @@ class Snapshot:
             "in_flight": c.in_flight,
             "spent_usd": {"day": c.day_spent / NANO, "month": c.month_spent / NANO},
             "reserved_usd": {"day": c.day_reserved / NANO, "month": c.month_reserved / NANO},
-            "minute": {"requests": c.minute_requests + c.minute_requests_reserved,
-                       "tokens": c.minute_tokens + c.minute_tokens_reserved},
+            "minute": {"requests": c.minute_requests, "requests_reserved": c.minute_requests_reserved,
+                       "tokens": c.minute_tokens, "tokens_reserved": c.minute_tokens_reserved},  # (as spent/reserved)
             "limits": [w.as_dict() for w in self.windows],
         }
 

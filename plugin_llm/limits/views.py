@@ -20,7 +20,15 @@ __all__ = ["UsageRow", "describe", "show", "format_rows", "budget_summary", "res
 
 
 def _usd(nano: int | None) -> str:
-    return "-" if nano is None else f"${nano / NANO:,.2f}" if nano >= NANO // 100 or nano == 0 else f"${nano / NANO:.6f}"
+    """``$1.00``, ``$0.995``, ``$0.000013``: cents at least, up to the micro-dollar, never rounded up (so
+    $0.996 spent of a $1.00 budget is not shown as "$1.00 used")."""
+    if nano is None:
+        return "-"
+    if 0 < nano < 1000:
+        return "<$0.000001"
+    whole, micro = divmod(nano // 1000, 1_000_000)
+    cents = f"{micro:06d}".rstrip("0").ljust(2, "0")
+    return f"${whole:,}.{cents}"
 
 
 def describe(limits: PluginLimits) -> str:
@@ -68,16 +76,22 @@ def show(settings: LimitSettings, home: Path | str, plugin_ids: Iterable[str], *
 
     now = time.time() if now is None else now
     rows = []
+    failed: str | None = None  # the store's error: the other plugins' reads are not tried (a hung Redis
+    # would cost limits.store_timeout per plugin)
     for plugin_id in sorted(set(plugin_ids)):
         limits = settings.for_plugin(plugin_id)
         if limits.empty or limits.error is not None:
             rows.append(UsageRow(plugin_id, limits))
             continue
+        if failed is not None:
+            rows.append(UsageRow(plugin_id, limits, error=failed))
+            continue
         try:
             chosen = store or store_for(settings, home)
             rows.append(UsageRow(plugin_id, limits, chosen.snapshot(plugin_id, limits, now, timeout=settings.store_timeout)))
         except StoreError as exc:
-            rows.append(UsageRow(plugin_id, limits, error=str(exc)))
+            failed = str(exc)
+            rows.append(UsageRow(plugin_id, limits, error=failed))
     return rows
 
 
