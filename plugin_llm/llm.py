@@ -179,10 +179,36 @@ class _Budget:
             raise _Invalid(f"takes the request past {MAX_VALUES:,} values; no real chat request is that large")
 
 
+def _check_text(text: str) -> None:
+    """Raise :class:`_Invalid` if ``text`` (not ASCII: callers test ``isascii()`` first, which is all an
+    ASCII str costs) cannot be sent: a lone UTF-16 surrogate is a valid Python str (and JSON allows it
+    as ``"\\ud800"``) but not Unicode text, UTF-8 cannot encode it and no provider takes it."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise _Invalid(
+            f"has a lone surrogate (U+{ord(text[exc.start]):04X}) at character {exc.start}: it is not valid "
+            "Unicode text, so it cannot be sent as UTF-8; remove it or replace it (in Python "
+            "text.encode('utf-8', 'replace').decode('utf-8')), or send the whole pair when the text was cut "
+            "inside a character") from None
+
+
+def _check_key(key: str) -> None:
+    """:func:`_check_text` for a dict key that is not ASCII (the caller tests ``isascii()``)."""
+    try:
+        _check_text(key)
+    except _Invalid as bad:
+        raise _Invalid(f"has a key that {bad.problem}") from None
+
+
 def _check_json(value: Any, depth: int, budget: _Budget) -> None:
     """Raise :class:`_Invalid` unless ``value`` is plain JSON, ``depth`` levels in, within the bounds."""
     budget.take()
-    if isinstance(value, str) or value is None or isinstance(value, bool):
+    if isinstance(value, str):
+        if not value.isascii():
+            _check_text(value)
+        return
+    if value is None or isinstance(value, bool):
         return
     if isinstance(value, int):
         if not -_INT_LIMIT <= value < _INT_LIMIT:
@@ -198,6 +224,8 @@ def _check_json(value: Any, depth: int, budget: _Budget) -> None:
         for key, item in value.items():
             if not isinstance(key, str):
                 raise _Invalid(f"has a key of type {type(key).__name__}; JSON object keys must be strings")
+            if not key.isascii():
+                _check_key(key)
             try:
                 _check_json(item, depth + 1, budget)
             except _Invalid as bad:
@@ -257,6 +285,8 @@ def _check_part(part: Any, budget: _Budget) -> None:
 def _check_content(role: str, content: Any, budget: _Budget) -> None:
     if isinstance(content, str):
         budget.take()
+        if not content.isascii():
+            _check_text(content)
         return
     if content is None:
         if role == "assistant":
@@ -310,6 +340,8 @@ def _check_message(message: dict, budget: _Budget) -> None:
                            "'role', 'content', 'name', 'tool_calls' and 'tool_call_id'")
         if key == "role":
             continue
+        if not key.isascii():
+            _check_key(key)
         try:
             if key == "content":
                 _check_content(role, value, budget)
@@ -317,6 +349,8 @@ def _check_message(message: dict, budget: _Budget) -> None:
                 if not isinstance(value, str):
                     raise _Invalid(f"must be a str, got {type(value).__name__}")
                 budget.take()
+                if not value.isascii():
+                    _check_text(value)
             elif key == "tool_calls":
                 _check_tool_calls(value, budget)
             else:  # provider-specific keys (cache_control, ...) pass through as plain JSON

@@ -39,7 +39,14 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from plugin_llm.service import requests as req
-from plugin_llm.service.errors import TOO_MANY_FAILURES_MESSAGE, UNAUTHORIZED_MESSAGE, ApiError, error_for
+from plugin_llm.service.errors import (
+    STORE_RETRY_AFTER,
+    TOKEN_STORE_MESSAGE,
+    TOO_MANY_FAILURES_MESSAGE,
+    UNAUTHORIZED_MESSAGE,
+    ApiError,
+    error_for,
+)
 from plugin_llm.service.metrics import ServiceMetrics
 from plugin_llm.service.tokens import REASON_BLOCKED, TokenError, token_store_for
 
@@ -50,7 +57,12 @@ log = logging.getLogger("plugin_llm.service")
 EVENT_AUTH_DENIED = "service.auth_denied"
 _JSON = "application/json"
 _STATUS_BY_CODE = {"trust_denied": "denied", "quota_exceeded": "quota", "schema_mismatch": "schema_error",
-                   "timeout": "timeout", "provider_error": "provider_error", "invalid_request": "bad_request"}
+                   "timeout": "timeout", "provider_error": "provider_error", "invalid_request": "bad_request",
+                   "limits_store_unavailable": "store_error"}
+#: the /metrics status of a request whose client hung up before its body was read (no call was made)
+STATUS_CLIENT_CLOSED = "client_closed"
+#: a store outage is logged (with the store's own error) at most once in this many seconds per app
+_OUTAGE_LOG_SECONDS = 10.0
 _ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), default=str)
 
 
@@ -76,6 +88,17 @@ class ServiceState:
         self.max_body = max_body
         self._llms: dict[str, Any] = {}
         self._factory = llm_factory
+        self._outage_logged: dict[str, float] = {}
+
+    def log_outage(self, store: str, detail: str) -> None:
+        """Log a store's own error for the operator (never in a response), at most once per ``_OUTAGE_LOG_SECONDS``."""
+        now = time.monotonic()
+        last = self._outage_logged.get(store)
+        if last is not None and now - last < _OUTAGE_LOG_SECONDS:
+            return
+        self._outage_logged[store] = now
+        log.warning("service: the %s store is unavailable, requests that need it get 503 (logged at most every "
+                    "%g s): %s", store, _OUTAGE_LOG_SECONDS, " ".join(detail.split())[:1000])
 
     def llm(self, plugin: str) -> Any:
         """The pipeline bound to ``plugin`` (built once per plugin and kept)."""
@@ -141,11 +164,12 @@ async def _authenticate(state: ServiceState, request: Request) -> str | Response
             return _blocked(state, request, left)
     if reason == "ok":
         return info.plugin
-    if problem is not None:
+    if problem is not None:  # the store's error (its path or Redis address) is the operator's: log and audit only
         state.metrics.refused(reason)
-        state.audit_refusal(request, reason, None)
-        return _json(503, ApiError(503, "PluginLlmConfigError", f"tokens cannot be checked now: {problem}",
-                                   "token_store_unavailable").body(), {"Retry-After": "1"})
+        state.log_outage("token", problem)
+        state.audit_refusal(request, reason, None, detail=problem[:500])
+        return _json(503, ApiError(503, "PluginLlmConfigError", TOKEN_STORE_MESSAGE,
+                                   "token_store_unavailable").body(), {"Retry-After": STORE_RETRY_AFTER})
     state.metrics.refused(reason)
     state.audit_refusal(request, reason, info)
     return _json(401, ApiError(401, "PluginLlmAuthError", UNAUTHORIZED_MESSAGE, "invalid_token").body(),
@@ -237,10 +261,19 @@ def _outcome(state: ServiceState, plugin: str, endpoint: str, started: float, ex
     error = error_for(exc, fields)
     if error.code == "internal_error":  # the type only: an unexpected exception's text may carry anything
         log.error("service: %s for plugin %s failed: %s", endpoint, plugin, type(exc).__name__)
+    elif error.code == "limits_store_unavailable":  # the answer names no store: the log does (the gateway's text)
+        state.log_outage("limits", str(exc))
     usage = getattr(exc, "usage", None)
     state.metrics.observe(plugin, endpoint, _STATUS_BY_CODE.get(error.code, "error"), time.perf_counter() - started,
                           usage if dataclasses.is_dataclass(usage) else None)
     return _error_response(error)
+
+
+def _client_closed(state: ServiceState, plugin: str, endpoint: str, started: float) -> Response:
+    """A client that hung up before its request body arrived: no call was made, nothing failed. Counted as
+    ``client_closed``, not logged; the answer is never sent (uvicorn drops it for a closed connection)."""
+    state.metrics.observe(plugin, endpoint, STATUS_CLIENT_CLOSED, time.perf_counter() - started)
+    return Response(status_code=400)
 
 
 def create_app(home: Path | str | None = None, *, llm_factory: Callable[[str], Any] | None = None,
@@ -273,6 +306,8 @@ def create_app(home: Path | str | None = None, *, llm_factory: Callable[[str], A
         except req.BadRequest as exc:
             _outcome(state, plugin, endpoint, started, exc, None, fields)
             return _bad_request(exc)
+        except ClientDisconnect:  # the client hung up while sending the body
+            return _client_closed(state, plugin, endpoint, started)
         except Exception as exc:  # noqa: BLE001 - every failure becomes its stable error body
             return _outcome(state, plugin, endpoint, started, exc, None, fields)
         _outcome(state, plugin, endpoint, started, None, result.usage, fields)
@@ -303,6 +338,8 @@ def create_app(home: Path | str | None = None, *, llm_factory: Callable[[str], A
         except req.BadRequest as exc:
             _outcome(state, plugin, "chat", started, exc, None, req.ALL_FIELDS)
             return _bad_request(exc)
+        except ClientDisconnect:  # the client hung up while sending the body
+            return _client_closed(state, plugin, "chat", started)
         except Exception as exc:  # noqa: BLE001
             return _outcome(state, plugin, "chat", started, exc, None, req.ALL_FIELDS)
         _outcome(state, plugin, "chat", started, None, result.usage, req.ALL_FIELDS)

@@ -10,9 +10,11 @@ read it) with the gateway's own fields added::
                ...class-specific fields: config_key, limit, resets_at, status, provider,
                   retryable, errors, text}}
 
-``PluginLlmTrustError`` 403, ``PluginLlmQuotaError`` 429 with ``Retry-After``,
-``PluginLlmSchemaError`` 422, ``PluginLlmTimeoutError`` 504,
-``PluginLlmProviderError`` 502, ``PluginLlmConfigError`` 500 (the host's
+``PluginLlmTrustError`` 403, ``PluginLlmQuotaError`` 429 with ``Retry-After`` - but 503
+(``limits_store_unavailable``, ``Retry-After: 1``) when the refusal is the limits store's (limit
+``store``: down, locked, refusing its password), with a fixed message: the store's path or address
+is the operator's, for the log and the audit record, not the caller's - ``PluginLlmSchemaError``
+422, ``PluginLlmTimeoutError`` 504, ``PluginLlmProviderError`` 502, ``PluginLlmConfigError`` 500 (the host's
 config; the operator must act), ``ValueError``/``TypeError`` from argument
 checks 400, a bad token 401, too many bad tokens from one address 429
 (``too_many_failed_authentications``), anything else 500 with no detail.
@@ -36,7 +38,8 @@ from plugin_llm.errors import (
     PluginLlmTrustError,
 )
 
-__all__ = ["ApiError", "error_for", "UNAUTHORIZED_MESSAGE", "TOO_MANY_FAILURES_MESSAGE", "param_of"]
+__all__ = ["ApiError", "error_for", "UNAUTHORIZED_MESSAGE", "TOO_MANY_FAILURES_MESSAGE", "LIMITS_STORE_MESSAGE",
+           "TOKEN_STORE_MESSAGE", "STORE_RETRY_AFTER", "param_of"]
 
 UNAUTHORIZED_MESSAGE = ("the token is not valid: send 'Authorization: Bearer plg_...' with a token the operator "
                         "created with 'plugin-llm tokens create PLUGIN'")
@@ -45,6 +48,17 @@ TOO_MANY_FAILURES_MESSAGE = ("too many requests with a token that is not valid c
                              "for {seconds} s (Retry-After); check that the client sends a current token from "
                              "'plugin-llm tokens create PLUGIN' (the operator sets the limit in config.yaml, "
                              "service.failed_auth)")
+#: the 503 of a call refused because the limits store cannot answer (``limits.on_store_error: deny``); the
+#: store's own error (its file path, its Redis host and port) goes to the service's log and the audit record only
+LIMITS_STORE_MESSAGE = ("the call was refused because the gateway's limits store is unavailable right now, so calls "
+                        "with limits cannot be admitted (nothing was sent to a provider); retry later (Retry-After). "
+                        "The operator finds the cause in the service's log and the audit record")
+#: the 503 of a request whose token cannot be checked because the token store does not answer (before any
+#: token is known to be valid: it names no store, host or path)
+TOKEN_STORE_MESSAGE = ("tokens cannot be checked now: the gateway's authentication store is unavailable; retry "
+                       "later (Retry-After). The operator finds the cause in the service's log")
+#: Retry-After (seconds) of both store outages: a store that is back answers the next call
+STORE_RETRY_AFTER = "1"
 _MAX_RETRY_AFTER = 86400 * 31
 _LEADING_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -91,6 +105,11 @@ def error_for(exc: BaseException, fields: frozenset[str] | set[str] = frozenset(
     if isinstance(exc, PluginLlmTrustError):
         return ApiError(403, name, message, "trust_denied", extra={"config_key": exc.config_key or None})
     if isinstance(exc, PluginLlmQuotaError):
+        if getattr(exc, "limit", None) == "store":  # an outage of the gateway's store, not the plugin's quota
+            return ApiError(503, "PluginLlmQuotaError", LIMITS_STORE_MESSAGE, "limits_store_unavailable",
+                            extra={"limit": "store", "config_key": getattr(exc, "config_key", None),
+                                   "resets_at": None},
+                            headers={"Retry-After": STORE_RETRY_AFTER})
         resets_at = getattr(exc, "resets_at", None)
         retry = _retry_after(resets_at)
         if retry is not None and getattr(exc, "limit", None) == "max_concurrent":

@@ -117,7 +117,8 @@ async def _events(stream: Any, include_usage: bool, metrics: Any, plugin: str, s
 
 
 _STATUSES = {"trust_denied": "denied", "quota_exceeded": "quota", "schema_mismatch": "schema_error",
-             "timeout": "timeout", "provider_error": "provider_error", "invalid_request": "bad_request"}
+             "timeout": "timeout", "provider_error": "provider_error", "invalid_request": "bad_request",
+             "limits_store_unavailable": "store_error"}
 
 
 def _status(code: str) -> str:

@@ -12,7 +12,7 @@ from plugin_llm.routing import Route
 from plugin_llm.transport._keys import Key
 from plugin_llm.transport._types import MESSAGE_LIMIT, RETRYABLE_STATUSES
 
-__all__ = ["map_error", "malformed"]
+__all__ = ["map_error", "malformed", "provider_text"]
 
 
 def _status_of(exc: BaseException) -> int | None:
@@ -47,17 +47,37 @@ def _retry_after(exc: BaseException) -> float | None:
 
 #: an exception name repeated as its own message's prefix (litellm wraps ``Name: <message>`` in ``Name``)
 _STUTTER = re.compile(r"\b([A-Za-z_]\w*(?:Error|Exception)): (?:\1: )+")
+#: where a Python traceback starts inside an exception's text (litellm appends one to some of its errors)
+_TRACEBACK = re.compile(r"Traceback \(most recent call last\)|During handling of the above exception"
+                        r"|The above exception was the direct cause")
+#: a traceback's frame line that is left anyway (``File "/srv/app/x.py", line 12, in f``)
+_FRAME = re.compile(r'File "[^"\n]{0,1000}", line \d+(?:, in [^\s]{1,200})?')
+#: characters of an exception's text looked at at all: the message keeps far fewer (MESSAGE_LIMIT)
+_SCAN_LIMIT = 20_000
+
+
+def provider_text(text: str, limit: int, *secrets: str | None) -> str:
+    """Text from a provider or a library for an error message: bounded, without a Python traceback
+    (its frames name the server's files) or its frame lines, whitespace folded, redacted, *then* cut."""
+    from auth.redaction import redact_clipped
+
+    text = text[:_SCAN_LIMIT]
+    found = _TRACEBACK.search(text)
+    if found is not None:
+        text = text[:found.start()]
+    text = _FRAME.sub("", text)
+    return redact_clipped(" ".join(text.split()).rstrip(" :;,") or "no details", limit, *secrets)
 
 
 def _clean_message(exc: BaseException, key: Key | None) -> str:
-    """The provider's error text for a message: redacted (the key just sent included), *then* cut."""
-    from auth.redaction import redact_clipped
-
+    """The provider's error text for a message: bounded, without a traceback, redacted (the key just sent
+    included), *then* cut."""
     text = str(getattr(exc, "message", None) or exc) or type(exc).__name__
+    text = text[:_SCAN_LIMIT]
     for noise in ("litellm.", "OpenAIException - ", "Error_str: "):
         text = text.replace(noise, "")
     text = _STUTTER.sub(r"\1: ", text)  # "BadGatewayError: BadGatewayError: x" -> "BadGatewayError: x"
-    return redact_clipped(" ".join(text.split()), MESSAGE_LIMIT, key.secret() if key is not None else None)
+    return provider_text(text, MESSAGE_LIMIT, key.secret() if key is not None else None)
 
 
 #: litellm's words for a 2xx reply it could not turn into a chat completion -> what was wrong
@@ -109,6 +129,14 @@ def map_error(exc: BaseException, route: Route, key: Key | None, deadline: float
     if reason is not None:
         return malformed(route, reason)
     names = " ".join(type(e).__name__ for e in chain)
+    unencodable = next((e for e in chain if isinstance(e, UnicodeEncodeError)), None)
+    if unencodable is not None:  # the request itself (a lone surrogate): no attempt can send it, none is retried
+        return PluginLlmProviderError(
+            f"the request to {route.provider} (model {route.model}) could not be encoded: "
+            f"{provider_text(str(unencodable), 200)}"
+            + ("; a text in it is not valid Unicode (a lone surrogate)" if "surrogate" in str(unencodable) else ""),
+            status=None, provider=route.provider, retryable=False,
+        )
     message = _clean_message(exc, key)
     if "Timeout" in names or any(isinstance(e, TimeoutError) for e in chain):
         err: PluginLlmError = PluginLlmTimeoutError(

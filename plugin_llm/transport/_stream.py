@@ -42,7 +42,7 @@ from typing import Any, Callable
 from plugin_llm.errors import PluginLlmError, PluginLlmProviderError, PluginLlmTimeoutError
 from plugin_llm.routing import Route
 from plugin_llm.transport._deadline import IO, WORKERS, DeadlineExpired, Job, runs_inline
-from plugin_llm.transport._errors import map_error
+from plugin_llm.transport._errors import map_error, provider_text
 from plugin_llm.transport._keys import Key, provider_call
 from plugin_llm.transport._reply import field, usage as reply_usage
 from plugin_llm.transport._types import MODEL_NAME_LIMIT, TransportRequest, TransportResponse
@@ -191,12 +191,10 @@ _NO_KEY = Key(_NoCredential(), None)  # a Job reading a stream passes no key
 
 # ------------------------------------------------------------------ reading chunks
 def _chunk_error(route: Route, doc: Any, key: Key | None) -> PluginLlmProviderError:
-    from auth.redaction import redact_clipped
-
     error = doc.get("error") if isinstance(doc, dict) else None
     message = field(error, "message") if isinstance(error, dict) else error
     secret = key.secret() if key is not None else None  # hidden even when it was never registered
-    text = redact_clipped(str(message if message is not None else "no message")[:5000], 300, secret)
+    text = provider_text(str(message if message is not None else "no message")[:5000], 300, secret)
     status = field(error, "code") if isinstance(error, dict) else None
     return PluginLlmProviderError(
         f"{route.provider} sent an error event in the stream of model {route.model}: {text}",
