@@ -100,6 +100,14 @@ class _Call:
     started: float
 
 
+class _RepairRefused(Exception):
+    """A structured call's repair refused under the limits: the call ends in its schema mismatch."""
+
+    def __init__(self, failure: "limits.PluginLlmLimitError") -> None:
+        super().__init__(str(failure))
+        self.failure = failure
+
+
 @dataclass(frozen=True)
 class _LimitStep:
     """Yielded by the flow for admission under the plugin's limits: the sync shell calls
@@ -898,23 +906,32 @@ class PluginLlm:
             ),
         }
         max_repairs = admitted.config.llm.structured_repair_attempts
+        refused: limits.PluginLlmLimitError | None = None
         for repair in range(max_repairs + 1):
             if repair:  # a repair is a request of its own: admitted under the limits as they are now
                 admitted = _with_current_limits(admitted, self._config.current())
-            response = yield from self._provider_call(call, admitted, first_messages, params, tally, messages=messages)
+            tally.repairing = bool(repair)
+            try:
+                response = yield from self._provider_call(call, admitted, first_messages, params, tally, messages=messages)
+            except _RepairRefused as exc:  # no repair can be sent: the last reply is the outcome
+                refused = exc.failure
+                break
+            finally:
+                tally.repairing = False
+            tally.repairs += bool(repair)
             tally.add(response)
             reply = structured.parse_reply(response.text or "", schema)
             if reply.content_type != "json" or reply.valid or repair == max_repairs:
                 break
-            tally.repairs += 1
             messages = structured.repair_messages(messages, reply)
         tally.validation = "none" if schema is None else ("passed" if reply.valid else "failed")
         if reply.content_type == "json" and not reply.valid:
             route = admitted.route
+            why = "" if refused is None else f"; no further repair was sent: {refused}"
             error = PluginLlmSchemaError(
                 f"the reply of {route.provider}/{response.model or route.model} does not match the schema"
                 f"{f' {schema_name!r}' if schema_name else ''} after {tally.repairs} repair attempt(s): "
-                + "; ".join(reply.errors[:5]),
+                + "; ".join(reply.errors[:5]) + why,
                 text=reply.text, errors=list(reply.errors), usage=tally.usage,
             )
             self._audit_outcome(call, admitted, "schema_error", messages=first_messages, response=response, tally=tally, error=error)
@@ -1115,8 +1132,11 @@ class PluginLlm:
 
     def _limits_refused(self, call: _Call, admitted: _Admitted, audit_messages, tally: "_Tally",
                         failure: "limits.PluginLlmLimitError") -> NoReturn:
-        """Audit a refusal under the limits (status ``quota``, the deciding limit and key) and raise it."""
+        """Audit a refusal under the limits (status ``quota``, the deciding limit and key) and raise it;
+        a structured call's repair is not audited here: the call's outcome is its schema mismatch."""
         tally.add_limits(failure.denial.audit_fields())  # decision "denied", the deciding limit and key
+        if tally.repairing:
+            raise _RepairRefused(failure)
         if tally.schema is not None:
             tally.validation = "none"
         self._audit_outcome(call, admitted, "quota", messages=audit_messages, response=None, tally=tally, error=failure)
@@ -1344,13 +1364,14 @@ class _Tally:
     """Running totals of one call across transport requests (repairs), and whether it is on record."""
 
     __slots__ = ("usage", "attempts", "provider_seconds", "repairs", "schema", "validation", "anomalies",
-                 "audited", "audit_messages", "limit_fields", "stream")
+                 "audited", "audit_messages", "limit_fields", "stream", "repairing")
 
     def __init__(self, schema: dict | None = None) -> None:
         self.usage = PluginLlmUsage()
         self.attempts = 0
         self.provider_seconds = 0.0
         self.repairs = 0
+        self.repairing = False  # a structured call's repair is being admitted (a refusal ends the call otherwise)
         self.schema = schema
         self.validation = "none"
         self.anomalies: list[str] = []

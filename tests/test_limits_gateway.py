@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from plugin_llm import PluginLlm, PluginLlmQuotaError
+from plugin_llm import PluginLlm, PluginLlmQuotaError, PluginLlmSchemaError
 from plugin_llm import limits
 from plugin_llm.config import get_config_source
 from tests.conftest import audit_lines, write_config
@@ -313,8 +313,8 @@ def test_a_structured_repair_after_a_reload_is_admitted_under_the_new_limits(her
             try:
                 outcome["parsed"] = llm.complete_structured(instructions="give n", input=[{"type": "text", "text": "n: x"}],
                                                             json_schema=schema).parsed
-            except PluginLlmQuotaError as exc:
-                outcome["refused"] = exc.limit
+            except PluginLlmSchemaError as exc:  # no repair could be sent: the reply it paid for is the outcome
+                outcome["schema_error"] = (exc.text, str(exc))
 
         worker = threading.Thread(target=structured)
         worker.start()
@@ -325,4 +325,9 @@ def test_a_structured_repair_after_a_reload_is_admitted_under_the_new_limits(her
         configure(hermes_home, server.base_url, "        requests_per_minute: 4\n")  # 4 used already
         worker.join(10)
         assert len(server.requests) == 4  # the repair never reached the provider
-    assert outcome == {"refused": "requests_per_minute"}
+    text, message = outcome["schema_error"]
+    assert text == '{"n": "not a number"}' and "after 0 repair attempt(s)" in message
+    assert "no further repair was sent" in message and "requests_per_minute" in message
+    last = audit_lines(hermes_home)[-1]  # one record: the schema mismatch, with the limit that stopped the repair
+    assert (last["status"], last["repairs"], last["validation"], last["attempts"]) == ("schema_error", 0, "failed", 1)
+    assert last["decision_key"].endswith("requests_per_minute") and last["gen_ai.usage.output_tokens"] > 0
