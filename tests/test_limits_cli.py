@@ -74,6 +74,9 @@ def test_trust_show_and_check_report_limits(hermes_home, capsys):
     main(["trust", "show"])
     out = capsys.readouterr().out
     assert "limits: budget $1.00/day" in out
+    main(["trust", "show", "--json"])  # the same limits in the JSON
+    by_id = {p["plugin_id"]: p for p in json.loads(capsys.readouterr().out)["plugins"]}
+    assert by_id["capped"]["limits"]["budget_usd"] == {"day": 1.0, "month": None}
     main(["trust", "check"])
     out = capsys.readouterr().out
     assert 'limits.prices."custom/m"' in out  # a budget on an unpriced model refuses every call

@@ -220,6 +220,12 @@ def _render_plugin(pt: Any, view: Any) -> list[str]:
     return lines
 
 
+def _limits_of(view: Any, plugin_id: str) -> dict[str, Any] | None:
+    """The plugin's limits as ``trust show --json`` gives them (None: it has none), like its text's line."""
+    limits = view.config.limits.for_plugin(plugin_id)
+    return None if limits.empty and limits.error is None else limits.as_dict()
+
+
 def _show(tr: Any, view: Any, installed: Mapping[str, str], plugin: str | None, as_json: bool) -> int:
     findings = tr.check_plugins(view, installed)
     if plugin is not None:
@@ -239,7 +245,7 @@ def _show(tr: Any, view: Any, installed: Mapping[str, str], plugin: str | None, 
             "exists": view.exists,
             "error": view.error,
             "fail_closed": view.error is not None,
-            "plugins": [p.as_dict() for p in policies],
+            "plugins": [{**p.as_dict(), "limits": _limits_of(view, p.plugin_id)} for p in policies],
             "findings": [f.as_dict() for f in general],
         })
     else:
