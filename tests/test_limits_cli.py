@@ -99,6 +99,16 @@ def test_audit_stats_shows_spend_against_budget(hermes_home, capsys):
     assert budgets["capped"]["day"]["spent_usd"] == pytest.approx(13e-6) and budgets["capped"]["day"]["budget_usd"] == 1.0
 
 
+def test_the_read_only_views_create_no_store_in_the_home(hermes_home, capsys):
+    write_config(hermes_home, CONFIG)
+    assert main(["limits", "show"]) == 0 and "0 used" in capsys.readouterr().out
+    from audit import AuditLog
+
+    AuditLog(hermes_home / "logs" / "agent.log").write({"plugin_id": "capped", "status": "ok"})
+    assert main(["audit", "stats"]) == 0 and "capped  day" in capsys.readouterr().out
+    assert not (hermes_home / "limits.sqlite3").exists()
+
+
 def test_audit_stats_budgets_say_why_they_are_missing_and_keep_one_shape(hermes_home, capsys):
     write_config(hermes_home, "limits:\n  store: redis\n  redis_url: redis://127.0.0.1:1/0\n  store_timeout: 0.3\n"
                               "plugins:\n  entries:\n    capped:\n      limits: {budget_usd: {day: 1.0}}\n")

@@ -473,6 +473,8 @@ class LocalStore(LimitStore):
         self._queue.flush(timeout)
 
     def counters(self, plugin_id: str, now: float, *, timeout: float) -> Counters:
+        if self._conn is None and not os.path.lexists(self.path):  # nothing was ever counted in this home: a
+            return Counters()  # read (limits show, audit stats on an evidence copy) creates nothing
         self.return_leases(plugin_id, timeout=timeout)
         self._queue.flush(timeout)
         b = buckets_at(now)
