@@ -15,7 +15,7 @@ import difflib
 import math
 from typing import Any, Callable, Mapping
 
-from plugin_llm.structured import _snippet, check_schema
+from plugin_llm.structured import _snippet, check_schema, check_text
 
 __all__ = ["FORBIDDEN", "SAMPLING", "COMPLETE_ONLY", "check_options"]
 
@@ -49,6 +49,8 @@ def _stop(value: Any) -> str | list[str]:
             type(item) is str and 0 < len(item) <= _MAX_STOP_CHARS for item in items):
         raise ValueError(f"stop must be a string or a list of 1 to {_MAX_STOP} non-empty strings of at most "
                          f"{_MAX_STOP_CHARS} characters such as ['\\n\\n'], got {_snippet(value)}")
+    for item in items:
+        check_text("stop", item)
     return value if isinstance(value, str) else list(items)
 
 
@@ -77,7 +79,7 @@ def _logit_bias(value: Any) -> dict[str, float]:
 def _user(value: Any) -> str:
     if type(value) is not str or not value.strip() or len(value) > _MAX_USER:
         raise ValueError(f"user must be a non-empty end-user id of at most {_MAX_USER} characters, got {_snippet(value)}")
-    return value
+    return check_text("user", value)
 
 
 def _n(value: Any) -> int:
@@ -108,6 +110,9 @@ def _response_format(value: Any) -> dict[str, Any]:
             raise ValueError(f"response_format['json_schema']['schema']: {exc}") from None
         if spec.get("schema") is None:
             raise ValueError("response_format['json_schema'] needs a 'schema' (a JSON Schema dict)")
+        check_text("response_format['json_schema']['name']", name)
+        if isinstance(spec.get("description"), str):
+            check_text("response_format['json_schema']['description']", spec["description"])
         return dict(value)
     raise ValueError(f"response_format must be {forms}, got {_snippet(value)}")
 
@@ -119,7 +124,7 @@ def _tool_choice(value: Any) -> str | dict[str, Any]:
     if type(value) is dict and value.get("type") == "function" and set(value) == {"type", "function"} \
             and type(function) is dict and set(function) == {"name"} and type(function["name"]) is str \
             and 0 < len(function["name"]) <= 64:
-        return {"type": "function", "function": {"name": function["name"]}}
+        return {"type": "function", "function": {"name": check_text("tool_choice's function name", function["name"])}}
     raise ValueError("tool_choice must be 'auto', 'none', 'required' or {'type': 'function', 'function': "
                      f"{{'name': '<tool>'}}}}, got {_snippet(value)}")
 

@@ -151,7 +151,7 @@ def _normalise_item(index: int, item: Any) -> _Block:
     if isinstance(item, PluginLlmImageInput):
         return _image_block(where, item.data, item.url, item.mime_type, item.file_name)
     if isinstance(item, str):
-        return PluginLlmTextInput(item)
+        return PluginLlmTextInput(check_text(where, item))
     if isinstance(item, Mapping):
         return _block_from_dict(where, item)
     raise ValueError(
@@ -213,9 +213,33 @@ def _reject_unknown_keys(where: str, item: Mapping[str, Any], allowed: frozenset
 
 
 def _checked_text(where: str, text: Any) -> str:
-    """Return ``text`` if it is a str, else raise a ValueError naming the item."""
+    """Return ``text`` if it is a str that can be sent, else raise a ValueError naming the item."""
     if not isinstance(text, str):
         raise ValueError(f"{where}: 'text' must be a str, got {type(text).__name__}.")
+    return check_text(f"{where}: 'text'", text)
+
+
+def text_problem(text: str) -> str | None:
+    """What makes ``text`` unsendable, or None: a lone UTF-16 surrogate is a valid Python str (and JSON
+    allows it as ``"\\ud800"``) but not Unicode text; UTF-8 cannot encode it and no provider takes it.
+    (An ASCII str costs one ``isascii()``.)"""
+    if text.isascii():
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return (f"has a lone surrogate (U+{ord(text[exc.start]):04X}) at character {exc.start}: it is not valid "
+                "Unicode text, so it cannot be sent as UTF-8; remove it or replace it (in Python "
+                "text.encode('utf-8', 'replace').decode('utf-8')), or send the whole pair when the text was cut "
+                "inside a character")
+    return None
+
+
+def check_text(where: str, text: str) -> str:
+    """``text`` unchanged, or ``ValueError`` naming ``where`` when it cannot be sent (:func:`text_problem`)."""
+    problem = text_problem(text)
+    if problem is not None:
+        raise ValueError(f"{where} {problem}")
     return text
 
 
@@ -275,7 +299,7 @@ def check_instructions(instructions: Any) -> str:
             "instructions is blank: say what to do with the input, e.g. "
             "instructions='Extract the invoice total and currency.'"
         )
-    return instructions
+    return check_text("instructions", instructions)
 
 
 def schema_sha256(json_schema: dict | None) -> str | None:
@@ -388,16 +412,19 @@ def _check_refs_in(resource: referencing.Resource, resolver: referencing.Resolve
 
 
 def _canonical_json(value: Any) -> str:
-    """Canonical JSON text: sorted keys, no whitespace, UTF-8 characters kept, no NaN."""
+    """Canonical JSON text: sorted keys, no whitespace, UTF-8 characters kept, no NaN, nothing UTF-8
+    cannot encode (a lone surrogate in a key or value: the schema is sent, and hashed, as UTF-8)."""
     try:
-        return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"json_schema must be JSON-serialisable (plain dicts, lists, str, numbers): {exc}") from None
     except RecursionError:
         raise ValueError("json_schema is nested too deeply; flatten it with $defs and $ref.") from None
+    return check_text("json_schema", text)
 
 
 def _sha256_hex(text: str) -> str:
+    """Of a schema's canonical JSON (:func:`_canonical_json`, which refuses text UTF-8 cannot encode)."""
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 

@@ -76,3 +76,29 @@ def test_an_error_event_with_a_traceback_in_a_stream_is_cut_before_it(hermes_hom
     message = str(caught.value)
     assert "upstream failed" in message  # the fast path reads the event itself, litellm (fallback) raises it
     _assert_clean(message)
+
+
+@pytest.mark.parametrize("call", [
+    {"instructions": "do \ud800 this"},
+    {"input": ["x \udfff"]},
+    {"input": [{"type": "text", "text": "x \ud800"}]},
+    {"system_prompt": "be \ud800"},
+    {"schema_name": "n\ud800"},
+    {"json_schema": {"type": "object", "description": "\ud800"}},
+    {"json_schema": {"type": "object", "properties": {"\ud800": {"type": "string"}}}},
+    {"stop": ["\ud800"]},
+    {"user": "u\ud800"},
+])
+def test_a_lone_surrogate_anywhere_in_a_call_is_refused_before_anything_is_sent(hermes_home, custom_route, call):
+    from plugin_llm import PluginLlm
+
+    with FakeServer() as server:
+        custom_route(server.base_url)
+        llm = PluginLlm("surrogates")
+        with pytest.raises(ValueError, match="lone surrogate") as caught:
+            if "stop" in call or "user" in call:
+                llm.complete([{"role": "user", "content": "hi"}], **call)
+            else:
+                args = {"instructions": "extract", "input": ["text"], "json_schema": {"type": "object"}, **call}
+                llm.complete_structured(**args)
+        assert not isinstance(caught.value, UnicodeEncodeError) and server.requests == []
