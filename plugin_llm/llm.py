@@ -188,17 +188,11 @@ class _Budget:
 
 
 def _check_text(text: str) -> None:
-    """Raise :class:`_Invalid` if ``text`` (not ASCII: callers test ``isascii()`` first, which is all an
-    ASCII str costs) cannot be sent: a lone UTF-16 surrogate is a valid Python str (and JSON allows it
-    as ``"\\ud800"``) but not Unicode text, UTF-8 cannot encode it and no provider takes it."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise _Invalid(
-            f"has a lone surrogate (U+{ord(text[exc.start]):04X}) at character {exc.start}: it is not valid "
-            "Unicode text, so it cannot be sent as UTF-8; remove it or replace it (in Python "
-            "text.encode('utf-8', 'replace').decode('utf-8')), or send the whole pair when the text was cut "
-            "inside a character") from None
+    """Raise :class:`_Invalid` if ``text`` cannot be sent (:func:`structured.text_problem`: a lone
+    surrogate). Callers test ``isascii()`` first, which is all an ASCII str costs."""
+    problem = structured.text_problem(text)
+    if problem is not None:
+        raise _Invalid(problem)
 
 
 def _check_key(key: str) -> None:
@@ -439,7 +433,7 @@ def _check_optional_str(name: str, value: Any) -> str | None:
     value = value.strip()
     if len(value) > _MAX_NAME:
         raise ValueError(f"{name} must be at most {_MAX_NAME} characters, got {len(value):,} ({_snippet(value)})")
-    return value
+    return structured.check_text(name, value)
 
 
 def _check_params(temperature: Any, max_tokens: Any, timeout: Any) -> None:
@@ -883,6 +877,8 @@ class PluginLlm:
         schema = structured.check_schema(json_schema)
         if system_prompt is not None and not isinstance(system_prompt, str):
             raise ValueError(f"system_prompt must be a str or None, got {type(system_prompt).__name__}")
+        if system_prompt is not None:
+            structured.check_text("system_prompt", system_prompt)
         _check_params(temperature, max_tokens, timeout)
         admitted = self._admit(call, provider, model, timeout)
         tally = _Tally(schema=schema)
@@ -915,6 +911,8 @@ class PluginLlm:
                 response = yield from self._provider_call(call, admitted, first_messages, params, tally, messages=messages)
             except _RepairRefused as exc:  # no repair can be sent: the last reply is the outcome
                 refused = exc.failure
+                tally.add_limits({"limits.repair_refused": refused.denial.limit,
+                                  "limits.repair_refused_key": refused.denial.config_key})
                 break
             finally:
                 tally.repairing = False
@@ -1134,9 +1132,9 @@ class PluginLlm:
                         failure: "limits.PluginLlmLimitError") -> NoReturn:
         """Audit a refusal under the limits (status ``quota``, the deciding limit and key) and raise it;
         a structured call's repair is not audited here: the call's outcome is its schema mismatch."""
-        tally.add_limits(failure.denial.audit_fields())  # decision "denied", the deciding limit and key
-        if tally.repairing:
+        if tally.repairing:  # (not a denial of the call: recorded as the repair's, see _structured_steps)
             raise _RepairRefused(failure)
+        tally.add_limits(failure.denial.audit_fields())  # decision "denied", the deciding limit and key
         if tally.schema is not None:
             tally.validation = "none"
         self._audit_outcome(call, admitted, "quota", messages=audit_messages, response=None, tally=tally, error=failure)

@@ -88,15 +88,16 @@ def test_audit_stats_shows_spend_against_budget(hermes_home, capsys):
     with FakeServer() as server:
         write_config(hermes_home, f"model:\n  provider: custom\n  model: m\n  base_url: {server.base_url}\n"
                                   "limits:\n  prices:\n    custom/m: {input_per_mtok: 1.0, output_per_mtok: 2.0}\n"
-                                  "plugins:\n  entries:\n    capped:\n      limits:\n        budget_usd: {day: 1.0}\n")
+                                  "plugins:\n  entries:\n    capped:\n      limits:\n        budget_usd: {day: 0.995}\n")
         PluginLlm("capped").complete(USER)
     limits.close_stores()
     assert main(["audit", "stats"]) == 0
     out = capsys.readouterr().out
     assert "spend against budget" in out and "capped  day" in out and "spent $0.000013" in out
+    assert "of $0.995 (0%)" in out  # the budget as set, not rounded to $0.99 or $1.00
     assert main(["audit", "stats", "--json"]) == 0
     budgets = json.loads(capsys.readouterr().out)["budgets"]
-    assert budgets["capped"]["day"]["spent_usd"] == pytest.approx(13e-6) and budgets["capped"]["day"]["budget_usd"] == 1.0
+    assert budgets["capped"]["day"]["spent_usd"] == pytest.approx(13e-6) and budgets["capped"]["day"]["budget_usd"] == 0.995
 
 
 def test_the_read_only_views_create_no_store_in_the_home(hermes_home, capsys):
@@ -134,7 +135,7 @@ def test_money_is_never_rounded_up_to_the_cap_and_a_broken_store_is_tried_once_p
     from plugin_llm.limits.local import LocalStore
     from plugin_llm.limits.settings import NANO, parse_limit_settings
 
-    assert [views._usd(n) for n in (0, 999, 13_000, 84_000_000, 996_999_999, NANO, 1_234_567_890 * NANO // 1000)] \
+    assert [views.usd_text(n) for n in (0, 999, 13_000, 84_000_000, 996_999_999, NANO, 1_234_567_890 * NANO // 1000)] \
         == ["$0.00", "<$0.000001", "$0.000013", "$0.084", "$0.996999", "$1.00", "$1,234,567.89"]
     settings, _ = parse_limit_settings({"store": "local"}, {"entries": {p: {"limits": {"max_concurrent": 1}}
                                                                         for p in ("a", "b", "c")}})

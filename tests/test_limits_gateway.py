@@ -330,4 +330,6 @@ def test_a_structured_repair_after_a_reload_is_admitted_under_the_new_limits(her
     assert "no further repair was sent" in message and "requests_per_minute" in message
     last = audit_lines(hermes_home)[-1]  # one record: the schema mismatch, with the limit that stopped the repair
     assert (last["status"], last["repairs"], last["validation"], last["attempts"]) == ("schema_error", 0, "failed", 1)
-    assert last["decision_key"].endswith("requests_per_minute") and last["gen_ai.usage.output_tokens"] > 0
+    assert last["limits.repair_refused"] == "requests_per_minute" and last["gen_ai.usage.output_tokens"] > 0
+    assert last["limits.repair_refused_key"].endswith("requests_per_minute")
+    assert last.get("decision") != "denied"  # a paid call, not a denial: audit stats counts it as an error

@@ -283,6 +283,23 @@ def test_a_redis_url_misplaced_under_another_key_does_not_show_its_password(text
     assert "CANARY" not in shown and "SECRET" not in shown
 
 
+@pytest.mark.parametrize("text, plugin", [
+    # a flow mapping without the space after a colon: YAML reads the URL into the key
+    ("plugins: {entries: {p: {limits: {budget_usd: {day: 1}, max_concurrent:redis://:CANARYSECRET@10.0.0.5}}}}", "p"),
+    ("limits: {store: redis, redis_url:redis://:CANARYSECRET@10.0.0.5:1}\nplugins: {entries: {p: {limits: "
+     "{max_concurrent: 2}}}}", "p"),
+    ("limits: {defaults: {'u:CANARYSECRET@10.0.0.5': 1}}", "anyone"),
+])
+def test_a_redis_url_read_into_a_key_does_not_show_its_password(text, plugin):
+    settings, issues = parse(text)
+    assert issues and "10.0.0.5" in str(issues[0])
+    with pytest.raises(PluginLlmLimitError) as caught:
+        limits.admit(settings, "/nonexistent", plugin, messages=[{"role": "user", "content": "hi"}],
+                     provider="local", model="local-echo-1", max_tokens=10, deadline=time.monotonic() + 5)
+    shown = " ".join(map(str, issues)) + repr(settings) + str(caught.value) + repr(caught.value.denial)
+    assert "CANARY" not in shown and "SECRET" not in shown
+
+
 def test_a_redis_url_option_redis_py_does_not_take_is_a_store_error_not_a_traceback():
     from plugin_llm.limits.redis_store import RedisStore
     from plugin_llm.limits.store import StoreError

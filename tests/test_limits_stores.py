@@ -179,6 +179,42 @@ def test_snapshot_and_reset(store):
     assert (c.day_spent, c.minute_requests, c.in_flight) == (0, 0, 1)  # calls in flight keep their reservation
 
 
+@pytest.mark.parametrize("bad", ["-5000", "1.5"])
+def test_a_plugin_count_that_is_not_one_is_that_plugins_error_and_its_reset_deletes_nothing(store, store_spec, bad,
+                                                                                           tmp_path):
+    from plugin_llm.limits import views
+    from plugin_llm.limits.store import StoreDataError, buckets_at
+
+    caps = L(budget_day=2.0)
+    for plugin in (PLUGIN, "other"):
+        store.settle(store.admit(plugin, R(0.5), caps, T0, timeout=5), round(0.25 * NANO), 40, timeout=5)
+    b = buckets_at(T0)
+    if isinstance(store, LocalStore):
+        db = sqlite3.connect(store.path)
+        db.execute(f"UPDATE spend SET nano = {bad} WHERE plugin = ? AND bucket = 'day:' || ?", (PLUGIN, b.day))
+        db.commit()
+        db.close()
+    else:
+        import redis as redis_py
+
+        client = redis_py.Redis.from_url(store_spec[1])
+        client.set(store._keys(PLUGIN, b.minute, b.day, b.month)[3], bad)
+        client.close()
+    with pytest.raises(StoreDataError, match="0 or more"):
+        store.counters(PLUGIN, T0, timeout=5)
+    with pytest.raises(StoreDataError, match="0 or more"):
+        store.reset(PLUGIN, T0, timeout=5)  # checked before anything is deleted
+    assert store.counters("other", T0, timeout=5).day_spent == round(0.25 * NANO)  # the other plugin reads fine
+    settings, _ = parse_limit_settings({"store": "local"}, {"entries": {p: {"limits": {"budget_usd": {"day": 2.0}}}
+                                                                        for p in (PLUGIN, "other", "zed")}})
+    rows = {r.plugin_id: r for r in views.show(settings, tmp_path, [PLUGIN, "other", "zed"], now=T0, store=store)}
+    assert "0 or more" in rows[PLUGIN].error and rows["other"].error is None and rows["zed"].error is None
+    if isinstance(store, LocalStore):
+        db = sqlite3.connect(store.path)
+        assert db.execute("SELECT COUNT(*) FROM spend WHERE plugin = ?", (PLUGIN,)).fetchone()[0] >= 2  # kept
+        db.close()
+
+
 def test_plugins_are_counted_separately_and_large_budgets_stay_exact(store):
     big = PluginLimits(budget_month_nano=900_000 * NANO, source="x")
     a = store.admit("other", R(123_456.789123456), big, T0, timeout=5)

@@ -415,6 +415,9 @@ def _budgets(args: argparse.Namespace, plugins: list[str]) -> tuple[dict[str, An
 
 
 def _print_budgets(budgets: dict[str, Any], errors: dict[str, str], out: Any) -> None:
+    from plugin_llm.limits.settings import NANO
+    from plugin_llm.limits.views import usd_text
+
     if not budgets and not errors:
         return
     print("\nspend against budget (current windows, from the limits store):", file=out)
@@ -425,7 +428,7 @@ def _print_budgets(budgets: dict[str, Any], errors: dict[str, str], out: Any) ->
         for window, w in budgets[plugin].items():
             share = f"{w['used_fraction']:.0%}" if w.get("used_fraction") is not None else "-"
             print(f"  {_key(plugin)}  {window:<5}  spent ${w['spent_usd']:.6f}  in flight ${w['in_flight_usd']:.6f}  "
-                  f"of ${w['budget_usd']:,.2f} ({share}), resets {w['resets_at']}", file=out)
+                  f"of {usd_text(round(w['budget_usd'] * NANO))} ({share}), resets {w['resets_at']}", file=out)
 
 
 def _home_of(args: argparse.Namespace) -> Path:

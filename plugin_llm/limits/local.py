@@ -39,6 +39,7 @@ from pathlib import Path
 
 from plugin_llm.limits.settings import MAX_TOTAL, PluginLimits
 from plugin_llm.limits.store import (
+    StoreDataError,
     LIMIT_NAMES,
     Admission,
     Counters,
@@ -229,13 +230,18 @@ SELECT (SELECT requests FROM spend WHERE plugin = ?1 AND bucket = 'min:' || ?2),
        (SELECT nano FROM spend WHERE plugin = ?1 AND bucket = 'mon:' || ?4)
 """
 
-_NOT_A_COUNT = "a count that is not a whole number of 0 or more (the file was edited, or is corrupt)"
+_NOT_A_COUNT = ("a count that is not a whole number of 0 or more (the file was edited, or is corrupt; fix or delete "
+                "the plugin's rows in its spend table: a reset does not erase what it cannot read and record)")
+
+
+class _Corrupt(sqlite3.DatabaseError):
+    """A plugin's row holds something that is not a count (see :class:`StoreDataError`)."""
 
 
 def _forgotten(counts: list) -> Counters:
     """What a reset deleted (minute requests and tokens, day and month nano-dollars)."""
     if not all(type(v) is int and v >= 0 for v in counts):
-        raise sqlite3.DatabaseError(_NOT_A_COUNT)
+        raise _Corrupt(_NOT_A_COUNT)
     return Counters(minute_requests=counts[0], minute_tokens=counts[1], day_spent=counts[2], month_spent=counts[3])
 
 
@@ -361,6 +367,8 @@ class LocalStore(LimitStore):
                 conn.execute(f"PRAGMA busy_timeout = {busy_ms:d}")
                 self._busy_ms = busy_ms
             return work(conn)
+        except _Corrupt as exc:
+            raise StoreDataError(f"the local limits store {self.path} failed: {exc}") from None
         except sqlite3.Error as exc:
             raise StoreError(f"the local limits store {self.path} failed: {_reason(exc)}") from None
         except OSError as exc:
@@ -374,7 +382,7 @@ class LocalStore(LimitStore):
         counts = [v or 0 for i, v in enumerate(row) if i != 1]
         earliest = row[1]
         if not all(type(v) is int and v >= 0 for v in counts) or not (earliest is None or type(earliest) in (int, float)):
-            raise sqlite3.DatabaseError(_NOT_A_COUNT)
+            raise _Corrupt(_NOT_A_COUNT)
         return Counters(
             in_flight=counts[0], earliest_expiry=earliest, minute_requests_reserved=counts[1],
             minute_tokens_reserved=counts[2], day_reserved=counts[3], month_reserved=counts[4],

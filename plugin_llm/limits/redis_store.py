@@ -34,9 +34,10 @@ import re
 import threading
 from typing import Any
 
-from plugin_llm.limits.settings import MAX_TOTAL, PluginLimits, redact_url, url_secrets
+from plugin_llm.limits.settings import MAX_TOTAL, PluginLimits, plugin_phrase, redact_url, url_secrets
 from plugin_llm.limits.store import (
     Admission,
+    StoreDataError,
     Counters,
     LEASE_SHARE,
     Denial,
@@ -267,8 +268,7 @@ for i = 1, #ids, 2 do
 end
 local minute = redis.call('HMGET', KEYS[3], 'r', 't')
 return {n, earliest, tok_held, day_held, month_held, req_held,
-        tonumber(minute[1] or '0'), tonumber(minute[2] or '0'),
-        tonumber(redis.call('GET', KEYS[4]) or '0'), tonumber(redis.call('GET', KEYS[5]) or '0')}
+        minute[1] or '0', minute[2] or '0', redis.call('GET', KEYS[4]) or '0', redis.call('GET', KEYS[5]) or '0'}
 """
 
 
@@ -277,11 +277,15 @@ return {n, earliest, tok_held, day_held, month_held, req_held,
 RESET_LUA = """
 local minute = redis.call('HMGET', KEYS[1], 'r', 't')
 local out = {minute[1] or '0', minute[2] or '0', redis.call('GET', KEYS[2]) or '0', redis.call('GET', KEYS[3]) or '0'}
+for i = 1, 4 do
+  if not string.match(out[i], '^%d+$') then return {'corrupt', i} end
+end
 redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
 return out
 """
 
 
+_COUNT = re.compile(rb"\d{1,19}")  # a settled count as Redis holds it (INCRBY keeps it below 2**63)
 _PLAIN_ID = re.compile(r"^[A-Za-z0-9_.\-/@+:]{1,128}$")
 
 
@@ -474,6 +478,12 @@ class RedisStore(LimitStore):
             raise StoreError(f"the Redis limits store ({self._display}) answered {what} with something that is "
                              f"not a limits reply ({type(exc).__name__}): is limits.redis_url a Redis server?") from None
 
+    def _not_counts(self, plugin_id: str, more: str) -> StoreDataError:
+        return StoreDataError(f"the Redis limits store ({self._display}) holds a count that is not a whole number of 0 "
+                              f"or more for {plugin_phrase(plugin_id)} (edited?){more}; fix or delete its keys "
+                              f"({self.prefix}:{{{_key_id(plugin_id)}}}:*): a reset does not erase what it cannot read "
+                              "and record")
+
     def _prefix(self, plugin_id: str) -> str:
         return f"{self.prefix}:{{{_key_id(plugin_id)}}}"  # one hash tag: every key of a plugin in one slot
 
@@ -545,6 +555,9 @@ class RedisStore(LimitStore):
         r = self._script(READ_LUA, self._keys(plugin_id, b.minute, b.day, b.month), [repr(now), b.minute, b.day, b.month], timeout)
         with self._parsing("a read"):
             earliest = float(r[1])
+            if not all(_COUNT.fullmatch(v if isinstance(v, bytes) else str(v).encode()) for v in r[6:10]) \
+                    or min(int(v) for v in r[:1] + r[2:6]) < 0:  # (the settled counts come as Redis holds them)
+                raise self._not_counts(plugin_id, "")
             return Counters(
                 in_flight=int(r[0]), earliest_expiry=earliest if earliest >= 0 else None,
                 minute_tokens_reserved=int(r[2]), day_reserved=int(r[3]), month_reserved=int(r[4]),
@@ -558,6 +571,8 @@ class RedisStore(LimitStore):
         b = buckets_at(now)
         keys = self._keys(plugin_id, b.minute, b.day, b.month)[2:]
         r = self._script(RESET_LUA, keys, [], timeout)  # what is deleted is what is read: one script
+        if r and r[0] in (b"corrupt", "corrupt"):  # checked before anything was deleted
+            raise self._not_counts(plugin_id, "; nothing was deleted")
         with self._parsing("a reset"):
             counts = [int(v) for v in r]
             if len(counts) != 4 or min(counts) < 0:

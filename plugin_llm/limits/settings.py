@@ -125,8 +125,25 @@ _PLAIN_KEY = re.compile(r"^[A-Za-z0-9_\-]{1,64}$")
 
 def path_key(key: str) -> str:
     """A config key as a dotted path writes it: as it is when plain, else JSON-quoted (``"image_gen/openai"``;
-    a newline, a control or bidi character escaped, so no key can forge a line of output) and bounded."""
-    return key if _PLAIN_KEY.fullmatch(key) else json.dumps(key if len(key) <= 100 else key[:100] + "...")
+    a newline, a control or bidi character escaped, so no key can forge a line of output) and bounded; a key
+    that may hold a credential (``max_concurrent:redis://:pw@h``, a flow mapping without its space) redacted."""
+    if _PLAIN_KEY.fullmatch(key):
+        return key
+    key = _redacted(key)
+    return json.dumps(key if len(key) <= 100 else key[:100] + "...")
+
+
+def _redacted(text: str) -> str:
+    """``text`` with what may be a credential cut: a URL's userinfo, query and fragment (as
+    :func:`redact_url` shows a ``redis_url``), or all before the last ``@`` of a ``user:password@host``."""
+    if "://" in text:
+        scheme = text.partition("://")[0]
+        head, _, scheme = scheme.rpartition(":")  # ("max_concurrent", "redis"): a key glued to a URL
+        return (f"{head}:" if head else "") + redact_url(f"{scheme}://{text.partition('://')[2]}")
+    return "***@" + text.rpartition("@")[2] if _PASSWORD_AT.search(text) else text
+
+
+_PASSWORD_AT = re.compile(r":[^:@]*@")
 
 
 def plugin_phrase(plugin_id: str) -> str:
@@ -285,8 +302,8 @@ def _show(value: Any) -> str:
     """A short, bounded rendering of a YAML value for messages (never an unbounded repr). A string that
     may hold a credential (a URL, or anything with ``@``: a Redis URL put under the wrong key) is shown
     with its userinfo, query and fragment cut, as :func:`redact_url` shows a ``redis_url``."""
-    if isinstance(value, str) and ("://" in value or "@" in value):
-        value = redact_url(value) if "://" in value else "***@" + value.rpartition("@")[2]
+    if isinstance(value, str):
+        value = _redacted(value)
     text = repr(value) if isinstance(value, (int, float, bool, str)) or value is None else type(value).__name__
     return text if len(text) <= 60 else text[:57] + "..."
 
@@ -397,7 +414,7 @@ def _parse_prices(raw: Any) -> tuple[dict[str, OperatorPrice], list[LimitIssue]]
     issues: list[LimitIssue] = []
     for raw_model, entry in raw.items():
         model = str(raw_model).strip().lower()
-        path = f"limits.prices.{json.dumps(model[:100])}"
+        path = f"limits.prices.{json.dumps(_redacted(model)[:100])}"
         unpriced = "calls to this model are refused for plugins with a budget until it is fixed"
         if not isinstance(entry, Mapping):
             issues.append(LimitIssue(ERROR, path, f"expected a mapping with input_per_mtok and output_per_mtok, got {_show(entry)}", unpriced))

@@ -69,6 +69,11 @@ class StoreError(Exception):
     """The store could not answer in time (down, locked, slow, corrupt). Message holds no secret."""
 
 
+class StoreDataError(StoreError):
+    """The store answered, but what it holds for one plugin is not a count (edited, or corrupt): the
+    other plugins' counts may be fine (``limits show`` reads them)."""
+
+
 @dataclass(frozen=True)
 class Reservation:
     """What one request asks to hold: worst-case cost (nano-USD; 0 without a budget) and tokens.

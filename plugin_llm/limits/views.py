@@ -14,16 +14,18 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from plugin_llm.limits.settings import NANO, LimitSettings, PluginLimits
-from plugin_llm.limits.store import Counters, LimitStore, Snapshot, StoreError, WindowUsage, iso_utc
+from plugin_llm.limits.store import Counters, LimitStore, Snapshot, StoreDataError, StoreError, WindowUsage, iso_utc
 
-__all__ = ["UsageRow", "describe", "show", "format_rows", "budget_summary", "reset_target", "reset_event"]
+__all__ = ["UsageRow", "usd_text", "describe", "show", "format_rows", "budget_summary", "reset_target", "reset_event"]
 
 
-def _usd(nano: int | None) -> str:
+def usd_text(nano: int | None) -> str:
     """``$1.00``, ``$0.995``, ``$0.000013``: cents at least, up to the micro-dollar, never rounded up (so
     $0.996 spent of a $1.00 budget is not shown as "$1.00 used")."""
     if nano is None:
         return "-"
+    if nano < 0:  # (no store holds one: they are refused as corrupt)
+        return "-" + usd_text(-nano)
     if 0 < nano < 1000:
         return "<$0.000001"
     whole, micro = divmod(nano // 1000, 1_000_000)
@@ -38,7 +40,7 @@ def describe(limits: PluginLimits) -> str:
     if limits.empty:
         return "no limits"
     parts = []
-    budgets = [f"{_usd(v)}/{w}" for w, v in (("day", limits.budget_day_nano), ("month", limits.budget_month_nano)) if v is not None]
+    budgets = [f"{usd_text(v)}/{w}" for w, v in (("day", limits.budget_day_nano), ("month", limits.budget_month_nano)) if v is not None]
     if budgets:
         parts.append("budget " + ", ".join(budgets))
     if limits.requests_per_minute is not None:
@@ -89,6 +91,8 @@ def show(settings: LimitSettings, home: Path | str, plugin_ids: Iterable[str], *
         try:
             chosen = store or store_for(settings, home)
             rows.append(UsageRow(plugin_id, limits, chosen.snapshot(plugin_id, limits, now, timeout=settings.store_timeout)))
+        except StoreDataError as exc:  # this plugin's counts only
+            rows.append(UsageRow(plugin_id, limits, error=str(exc)))
         except StoreError as exc:
             failed = str(exc)
             rows.append(UsageRow(plugin_id, limits, error=failed))
@@ -97,7 +101,7 @@ def show(settings: LimitSettings, home: Path | str, plugin_ids: Iterable[str], *
 
 def _window_line(w: WindowUsage) -> str:
     money = w.limit.startswith("budget_usd")
-    fmt = _usd if money else str
+    fmt = usd_text if money else str
     used = f"{fmt(w.used)} used" if w.limit != "max_concurrent" else ""
     held = f"{fmt(w.in_flight)} in flight" if w.in_flight or w.limit == "max_concurrent" else ""
     resets = f"resets {iso_utc(w.resets_at)}" if w.resets_at is not None and w.limit != "max_concurrent" else ""
