@@ -158,7 +158,7 @@ def _known_or_refused(config: Any, name: str) -> None:
         have = "plugins with limits: " + ", ".join(printable(k, 100) for k in limited)
     else:
         have = f"{len(limited)} plugins have limits (see plugin-llm limits show)"
-    what = ("it is the name of an installed plugin, whose calls are metered under its key" if resolved != name else
+    what = ("it names an installed plugin, whose calls are metered under its key" if resolved != name else
             f"it is not under plugins.entries or plugins.enabled in {printable(config.path)} and no installed "
             "plugin has that key")
     raise CliError(f"unknown plugin '{printable(name, 100)}'{hint}: {what}; {have}")
