@@ -39,7 +39,6 @@ from pathlib import Path
 
 from plugin_llm.limits.settings import MAX_TOTAL, PluginLimits
 from plugin_llm.limits.store import (
-    StoreDataError,
     LIMIT_NAMES,
     Admission,
     Counters,
@@ -50,6 +49,7 @@ from plugin_llm.limits.store import (
     LimitStore,
     Reservation,
     SettlementQueue,
+    StoreDataError,
     StoreError,
     buckets_at,
     new_reservation_id,

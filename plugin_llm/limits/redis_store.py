@@ -37,7 +37,6 @@ from typing import Any
 from plugin_llm.limits.settings import MAX_TOTAL, PluginLimits, plugin_phrase, redact_url, url_secrets
 from plugin_llm.limits.store import (
     Admission,
-    StoreDataError,
     Counters,
     LEASE_SHARE,
     Denial,
@@ -46,6 +45,7 @@ from plugin_llm.limits.store import (
     LimitStore,
     Reservation,
     SettlementQueue,
+    StoreDataError,
     StoreError,
     buckets_at,
     deny,
