@@ -300,8 +300,7 @@ def _did_you_mean(word: str, known) -> str:
 
 def _show(value: Any) -> str:
     """A short, bounded rendering of a YAML value for messages (never an unbounded repr). A string that
-    may hold a credential (a URL, or anything with ``@``: a Redis URL put under the wrong key) is shown
-    with its userinfo, query and fragment cut, as :func:`redact_url` shows a ``redis_url``."""
+    may hold a credential (a Redis URL put under the wrong key) is shown :func:`_redacted`."""
     if isinstance(value, str):
         value = _redacted(value)
     text = repr(value) if isinstance(value, (int, float, bool, str)) or value is None else type(value).__name__
