@@ -161,8 +161,8 @@ def pty_dialog(home: Path, args: list[str], steps: list[tuple[Any, "bytes | tupl
     the last reply contains ``expected`` (or until ``expected()`` is true), then type ``reply``.
     A reply ``(text, keys)`` types ``text``, waits for its echo, then types ``keys``: on a loaded
     machine typeahead can reach the terminal before the line editor is ready and be dropped, so
-    text that is not echoed within 3 s is typed again (and a final Ctrl-D that ends nothing is
-    sent again). The whole transcript is returned."""
+    text that is not echoed within 3 s is typed again, and so are keys followed by no output at all
+    (a final Ctrl-D that ends nothing is sent again too). The whole transcript is returned."""
     import pty
     import select
     import time
@@ -179,6 +179,7 @@ def pty_dialog(home: Path, args: list[str], steps: list[tuple[Any, "bytes | tupl
     pending = list(steps)
     retype: bytes | None = None  # typed and not taken yet (no echo, or a final Ctrl-D that ended nothing)
     keys = b""  # typed once the text in ``retype`` is echoed
+    unanswered: bytes | None = None  # keys typed and followed by no output at all yet (each key redraws the line)
     quiet = 0  # polls with no output since the last write
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -192,9 +193,16 @@ def pty_dialog(home: Path, args: list[str], steps: list[tuple[Any, "bytes | tupl
             if not chunk:
                 break
             out += chunk
+            unanswered = None
         if retype is not None and retype != b"\x04" and retype[-4:] in out[since:]:  # echoed: the editor has it
             os.write(fd, keys)
-            retype = None
+            retype, unanswered, quiet = None, keys or None, 0
+        elif unanswered is not None and quiet >= QUIET_POLLS:  # no redraw, no reply: the keys were dropped
+            try:
+                os.write(fd, unanswered)
+            except OSError:
+                break
+            quiet = 0
         elif retype is not None and quiet >= QUIET_POLLS:
             try:
                 os.write(fd, retype)
