@@ -214,7 +214,7 @@ class AuditLog:
         event_dict = dict(fields)
         event_dict[EVENT] = str(event)
         event_dict[KIND] = KIND_EVENT
-        return self._emit(event_dict, raise_required=True, always=True)
+        return self._emit(event_dict, raise_required=True, always=True, report=False)
 
     def check_writable(self) -> None:
         """Raise :class:`AuditWriteError` unless a record could be appended now.
@@ -309,7 +309,8 @@ class AuditLog:
         self._seq, self._hash = record[SEQ], record[HASH]
         return record
 
-    def _emit(self, event_dict: dict[str, Any], *, raise_required: bool, always: bool = False) -> dict[str, Any]:
+    def _emit(self, event_dict: dict[str, Any], *, raise_required: bool, always: bool = False,
+              report: bool = True) -> dict[str, Any]:
         with self._tlock:
             try:
                 self._prepare()
@@ -327,7 +328,7 @@ class AuditLog:
                 finally:
                     fcntl.flock(self._lock_fd, fcntl.LOCK_UN)  # type: ignore[arg-type]
             except Exception as exc:  # noqa: BLE001 - a logging failure must not break the call
-                return self._failed(exc, event_dict, raise_required and (always or self._settings.required))
+                return self._failed(exc, event_dict, raise_required and (always or self._settings.required), report)
             self._failure = None
             return record
 
@@ -657,22 +658,25 @@ class AuditLog:
 
     # -- failures ---------------------------------------------------------------
 
-    def _failed(self, exc: Exception, event_dict: dict[str, Any], raise_it: bool) -> dict[str, Any]:
+    def _failed(self, exc: Exception, event_dict: dict[str, Any], raise_it: bool, report: bool = True) -> dict[str, Any]:
+        """Count a lost record; raise it (``raise_it``) or return it without chain fields. ``report``: say
+        so on stderr, once per failure (a caller that raises it to its user says it itself)."""
         reason = _describe(exc)
         self._known = None  # re-read the tail next time (a partial line may be there)
         if isinstance(exc, OSError) and exc.errno in (errno.EBADF, None):
             self._close_fds()
         if self._failure is None:
             self._failure = _Failure(reason, format_ts(self._clock()))
-            self._report(
-                f"audit log {self.path} cannot be written ({reason}); "
-                + (
-                    "audit.required is true, so calls fail until it can."
-                    if self._settings.required
-                    else "calls continue; lost records are counted in the next line written "
-                    "(set audit.required: true to fail calls instead)."
+            if report:
+                self._report(
+                    f"audit log {self.path} cannot be written ({reason}); "
+                    + (
+                        "audit.required is true, so calls fail until it can."
+                        if self._settings.required
+                        else "calls continue; lost records are counted in the next line written "
+                        "(set audit.required: true to fail calls instead)."
+                    )
                 )
-            )
         self._failure.lost += 1
         self._failure.reason = reason
         if raise_it:

@@ -187,6 +187,28 @@ def test_worst_case_output_is_max_tokens_else_the_models_limit_else_the_default(
     assert unknown.output_tokens == 777 and unknown.cost_nano is None
 
 
+@pytest.mark.parametrize("block, output", [
+    ("{tokens_per_minute: 1000000}", 16384),  # a token limit reserves the model's output limit, as trust check says
+    ("{budget_usd: {day: 5}}", 16384),
+    ("{requests_per_minute: 10}", 777),  # no token or money limit: the output bound only sizes the lease
+])
+def test_a_call_without_max_tokens_reserves_the_models_output_limit_under_a_token_limit(tmp_path, block, output):
+    from plugin_llm.limits import check_limits
+
+    settings, _ = parse(f"limits: {{default_max_output_tokens: 777}}\nplugins:\n  entries:\n    p: {{limits: {block}}}\n")
+    ticket = limits.admit(settings, tmp_path, "p", messages=[{"role": "user", "content": "hi"}], provider="openai",
+                          model="gpt-4o-mini", max_tokens=None, deadline=time.monotonic() + 5)
+    fields = ticket.audit_fields()
+    assert output < fields["limits.reserved_tokens"] < output + 100
+    assert (fields["limits.reserved_usd"] > 0) == ("budget" in block)  # only a budget needs the cost
+    ticket.release()
+    limits.close_stores()
+    if "tokens" in block:  # trust check's warning uses the same bound as admission
+        settings, _ = parse("plugins:\n  entries:\n    p: {limits: {tokens_per_minute: 10000}}\n")
+        [finding] = [f for f in check_limits(settings, provider="openai", model="gpt-4o-mini") if "tokens_per_minute" in f.path]
+        assert "16384 output tokens" in str(finding)
+
+
 def test_a_budget_on_an_unpriced_model_is_refused_with_the_key_to_set(tmp_path):
     settings, _ = parse("plugins:\n  entries:\n    p: {limits: {budget_usd: {day: 5}}}\n")
     with pytest.raises(PluginLlmLimitError) as caught:

@@ -80,6 +80,9 @@ def test_budget_reserves_worst_case_and_denial_names_plugin_limit_key_and_reset(
     assert (denial.used, denial.in_flight, denial.requested) == (0, round(0.9 * NANO), round(0.3 * NANO))
     message = denial.message
     assert "plugin 'my-plugin'" in message and "budget_usd.day" in message and "2026-04-01T00:00:00Z" in message
+    assert "= $1.00)" in message and "$0.90 in flight" in message and "up to $0.30" in message
+    tiny = admit(store, L(budget_day=0.0000001), R(0.3))  # money is said as limits show says it, never "$0."
+    assert "= <$0.000001)" in tiny.message and "$0.)" not in tiny.message
     # settling at the actual (smaller) cost frees the difference
     store.settle(held[0], round(0.05 * NANO), 100, timeout=5)
     assert isinstance(admit(store, day, R(0.3)), limits.Admission)

@@ -201,8 +201,7 @@ def run_reset(args: argparse.Namespace) -> int:
         try:  # on record first: a reset nobody can see afterwards is not done
             log.record_event("limits.reset.requested", **target)
         except AuditWriteError as exc:
-            raise CliError(f"the audit log could not be written ({printable(exc)}): nothing was reset",
-                           exit_code=1) from None
+            raise CliError(_unrecorded(exc, "nothing was reset"), exit_code=1) from None
         try:
             forgotten = limits.reset(settings, config.home, plugin_id)
         except limits.StoreError as exc:
@@ -215,9 +214,16 @@ def run_reset(args: argparse.Namespace) -> int:
     try:
         log.record_event("limits.reset", **event)
     except AuditWriteError as exc:
-        raise CliError(f"the counters were reset, but the audit log could not be written ({printable(exc)}): it has "
-                       "the request (limits.reset.requested) but not what was forgotten", exit_code=1) from None
+        raise CliError(_unrecorded(exc, "the counters were reset, but the log has only the request "
+                                        "(limits.reset.requested), not what was forgotten"), exit_code=1) from None
     print(f"reset {printable(plugin_id)}: spent today ${event['forgotten.spent_usd.day']:.6f} and this month "
           f"${event['forgotten.spent_usd.month']:.6f} forgotten; {before.counters.in_flight} call(s) in flight keep "
           "their reservation")
     return 0
+
+
+def _unrecorded(exc: Any, outcome: str) -> str:
+    """A reset's audit write failed: a reset needs the log whatever ``audit.required`` says."""
+    return (f"the audit log {printable(exc.path)} cannot be written ({printable(exc.reason)}): {outcome}; "
+            f"limits reset needs a writable audit log whatever audit.required says (make {printable(exc.path.parent)} "
+            "writable and free disk space)")

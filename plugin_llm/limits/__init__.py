@@ -323,9 +323,12 @@ class _Plan:
         self.provider, self.model, self.max_tokens = provider, model, max_tokens
         self.limits = limits = settings.for_plugin(plugin_id)
         self.refusal: tuple[str, str, str] | None = None
-        self.price = price = find_price(provider, model, settings.prices) if limits.has_budget else None
+        # the price carries the model's output limit, which a token limit needs as much as a budget (a call
+        # without max_tokens may use all of it); only a budget needs the cost
+        self.price = price = (find_price(provider, model, settings.prices)
+                              if limits.has_budget or limits.tokens_per_minute is not None else None)
         self.output_tokens = min(MAX_CALL_TOKENS, output_token_bound(price, max_tokens, settings))
-        self.output_nano = None if price is None else self.output_tokens * price.output_nano
+        self.output_nano = None if price is None or not limits.has_budget else self.output_tokens * price.output_nano
         self.grace = settings.reservation_grace
         self.book: leases.LeaseBook | None = None
         self.astep: _AsyncStep | None = None  # the store step an async call of this plan is making

@@ -216,9 +216,19 @@ class Admission:
     expires_at: float
 
 
-def _usd(nano: float) -> str:
-    usd = nano / NANO
-    return f"${usd:,.2f}" if usd >= 1 or usd == 0 else f"${usd:.6f}".rstrip("0")
+def usd_text(nano: float | None) -> str:
+    """``$1.00``, ``$0.995``, ``$0.000013``: cents at least, up to the micro-dollar, never rounded up (so
+    $0.996 spent of a $1.00 budget is not shown as "$1.00 used"); the one money format of limits' texts."""
+    if nano is None:
+        return "-"
+    nano = int(nano)
+    if nano < 0:  # (no store holds one: they are refused as corrupt)
+        return "-" + usd_text(-nano)
+    if 0 < nano < 1000:
+        return "<$0.000001"
+    whole, micro = divmod(nano // 1000, 1_000_000)
+    cents = f"{micro:06d}".rstrip("0").ljust(2, "0")
+    return f"${whole:,}.{cents}"
 
 
 @dataclass(frozen=True)
@@ -263,8 +273,8 @@ _UNITS = {
     "max_concurrent": ("calls in flight", str),
     "requests_per_minute": ("requests this minute", str),
     "tokens_per_minute": ("tokens this minute", str),
-    "budget_usd.day": ("today (UTC)", _usd),
-    "budget_usd.month": ("this month (UTC)", _usd),
+    "budget_usd.day": ("today (UTC)", usd_text),
+    "budget_usd.month": ("this month (UTC)", usd_text),
 }
 
 

@@ -14,23 +14,10 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from plugin_llm.limits.settings import NANO, LimitSettings, PluginLimits
-from plugin_llm.limits.store import Counters, LimitStore, Snapshot, StoreDataError, StoreError, WindowUsage, iso_utc
+from plugin_llm.limits.store import (Counters, LimitStore, Snapshot, StoreDataError, StoreError, WindowUsage, iso_utc,
+                                     usd_text)
 
 __all__ = ["UsageRow", "usd_text", "describe", "show", "format_rows", "budget_summary", "reset_target", "reset_event"]
-
-
-def usd_text(nano: int | None) -> str:
-    """``$1.00``, ``$0.995``, ``$0.000013``: cents at least, up to the micro-dollar, never rounded up (so
-    $0.996 spent of a $1.00 budget is not shown as "$1.00 used")."""
-    if nano is None:
-        return "-"
-    if nano < 0:  # (no store holds one: they are refused as corrupt)
-        return "-" + usd_text(-nano)
-    if 0 < nano < 1000:
-        return "<$0.000001"
-    whole, micro = divmod(nano // 1000, 1_000_000)
-    cents = f"{micro:06d}".rstrip("0").ljust(2, "0")
-    return f"${whole:,}.{cents}"
 
 
 def describe(limits: PluginLimits) -> str:
