@@ -770,3 +770,63 @@ def register(ctx):
     errors = json.loads(run_bounded(lambda: manager.dispatch_tool("swarm", {}), 60))
     assert errors == ["more than 64 requests at once; wait for some to finish"]
     assert manager.get_plugin("swarm")["restarts"] == 0
+
+
+_QUOTA_PROBE = '''
+import json
+
+def register(ctx):
+    def probe(raw):
+        from plugin_llm import PluginLlmError, PluginLlmQuotaError, PluginLlmSchemaError
+        out = []
+        for _ in range(2):
+            try:
+                ctx.llm.complete([{"role": "user", "content": "hi"}], max_tokens=16)
+                out.append("ok")
+            except PluginLlmQuotaError as e:
+                out.append({"quota": True, "gateway": isinstance(e, PluginLlmError), "limit": e.limit,
+                            "config_key": e.config_key, "resets_at": type(e.resets_at).__name__,
+                            "plugin_id": e.plugin_id})
+        return json.dumps(out)
+    ctx.register_command(COMMAND, probe)
+'''
+
+
+def test_an_isolated_plugin_sees_a_limit_refusal_as_it_would_in_process(hermes_home, managers):
+    """PluginLlmLimitError is defined outside plugin_llm.errors: the child gets the gateway class it is
+    (PluginLlmQuotaError) with its fields, not a look-alike RuntimeError."""
+    outcomes = {}
+    for key in ("inproc", "isol"):
+        write_plugin(hermes_home / "plugins", key, _QUOTA_PROBE.replace("COMMAND", repr(f"probe-{key}")))
+    write_config(hermes_home, yaml.safe_dump({"limits": {"store": "local"}, "plugins": {
+        "enabled": ["inproc", "isol"],
+        "entries": {"inproc": {"limits": {"requests_per_minute": 1}},
+                    "isol": {"isolation": "process", "limits": {"requests_per_minute": 1}}}}}))
+    manager = _manager(hermes_home, managers)
+    for key in ("inproc", "isol"):
+        outcomes[key] = json.loads(run_bounded(lambda: manager.run_command(f"probe-{key}", ""), 60))
+    for key, (first, refused) in outcomes.items():
+        assert first == "ok"
+        assert refused == {"quota": True, "gateway": True, "limit": "requests_per_minute",
+                           "config_key": f"plugins.entries.{key}.limits.requests_per_minute", "resets_at": "float",
+                           "plugin_id": key}
+
+
+def test_a_host_error_keeps_its_gateway_class_and_fields_across_the_channel():
+    """What the host sends for an error (``_describe_host_error``) and the child rebuilds from it."""
+    from plugin_llm.errors import PluginLlmSchemaError
+    from plugin_llm.limits.store import Denial, PluginLlmLimitError
+    from plugin_llm.plugins.remote import RemotePlugin
+    from plugin_llm.plugins.worker import _host_exception
+    from plugin_llm.types import PluginLlmUsage
+
+    describe = RemotePlugin._describe_host_error
+    usage = PluginLlmUsage(input_tokens=3, output_tokens=4, total_tokens=7, cost_usd=0.25)
+    schema = _host_exception(describe(None, PluginLlmSchemaError("no match", text="{}", errors=["$.n: x"], usage=usage)))
+    assert isinstance(schema, PluginLlmSchemaError) and schema.usage == usage and schema.errors == ["$.n: x"]
+    denial = Denial(plugin_id="p", limit="budget_usd.day", config_key="plugins.entries.p.limits.budget_usd.day",
+                    cap=10, used=10, in_flight=0, requested=1, resets_at=1_800_000_000.0)
+    quota = _host_exception(describe(None, PluginLlmLimitError(denial)))
+    assert type(quota).__name__ == "PluginLlmQuotaError"
+    assert (quota.limit, quota.config_key, quota.resets_at, quota.plugin_id) == (
+        "budget_usd.day", "plugins.entries.p.limits.budget_usd.day", 1_800_000_000.0, "p")

@@ -799,17 +799,30 @@ class RemotePlugin:
 
         from .isolation import safe_str, type_name
 
+        import dataclasses
+        import math
+
+        from plugin_llm import errors
+
         info: dict[str, Any] = {"type": type_name(exc), "message": redact(safe_str(exc, 4000) or "")}
+        # the gateway class it is (PluginLlmLimitError is a PluginLlmQuotaError): the child rebuilds that one
+        base = next((c.__name__ for c in type(exc).__mro__ if getattr(errors, c.__name__, None) is c), None)
+        if base is not None:
+            info["base"] = base
         attrs = {}
-        for attr in ("status", "provider", "retryable", "plugin_id", "config_key"):
+        for attr in ("status", "provider", "retryable", "plugin_id", "config_key", "limit", "resets_at"):
             value = getattr(exc, attr, None)
-            if type(value) in (str, int, bool):
+            if type(value) in (str, int, bool) or (type(value) is float and math.isfinite(value)):
                 attrs[attr] = redact(value) if type(value) is str else value
         if attrs:
             info["attrs"] = attrs
         if type(getattr(exc, "text", None)) is str:
             info["text"] = redact(exc.text)  # type: ignore[attr-defined]
             info["errors"] = [redact(str(e)) for e in getattr(exc, "errors", [])[:100]]
+        usage = getattr(exc, "usage", None)
+        if dataclasses.is_dataclass(usage) and not isinstance(usage, type):
+            info["usage"] = {k: v for k, v in dataclasses.asdict(usage).items()
+                             if type(v) in (int, bool) or (type(v) is float and math.isfinite(v))}
         return info
 
     # --- invoking what the plugin registered ----------------------------------------------

@@ -106,6 +106,9 @@ def _host_exception(info: dict[str, Any]) -> BaseException:
     from plugin_llm import errors
 
     cls = getattr(errors, name, None)
+    if not (isinstance(cls, type) and issubclass(cls, errors.PluginLlmError)):  # a subclass defined elsewhere
+        base = info.get("base")  # (PluginLlmLimitError): the gateway class it is, as the plugin catches it
+        cls = getattr(errors, base, None) if type(base) is str else None
     if isinstance(cls, type) and issubclass(cls, errors.PluginLlmError):
         try:
             if cls is errors.PluginLlmTrustError:
@@ -115,8 +118,16 @@ def _host_exception(info: dict[str, Any]) -> BaseException:
                 return cls(message, status=status if type(status) is int else None,
                            provider=str(attrs.get("provider", "")), retryable=attrs.get("retryable") is True)
             if cls is errors.PluginLlmSchemaError:
-                return cls(message, text=str(info.get("text") or ""), errors=[str(e) for e in info.get("errors") or []])
-            return cls(message)
+                return cls(message, text=str(info.get("text") or ""), errors=[str(e) for e in info.get("errors") or []],
+                           usage=_usage(info.get("usage")))
+            exc = cls(message)
+            if cls is errors.PluginLlmQuotaError:  # the fields a plugin reads in process (and GatewayClient gives)
+                resets_at = attrs.get("resets_at")
+                exc.limit = attrs.get("limit") if type(attrs.get("limit")) is str else None  # type: ignore[attr-defined]
+                exc.config_key = attrs.get("config_key") if type(attrs.get("config_key")) is str else None  # type: ignore[attr-defined]
+                exc.resets_at = float(resets_at) if type(resets_at) in (int, float) else None  # type: ignore[attr-defined]
+                exc.plugin_id = attrs.get("plugin_id") if type(attrs.get("plugin_id")) is str else None  # type: ignore[attr-defined]
+            return exc
         except Exception:  # pragma: no cover - a changed constructor: keep the message
             return errors.PluginLlmError(message)
     import builtins
@@ -131,6 +142,21 @@ def _host_exception(info: dict[str, Any]) -> BaseException:
     if cls is None and name.isidentifier():
         cls = _EXCEPTIONS[name] = type(name, (RuntimeError,), {})
     return (cls or RuntimeError)(message)
+
+
+def _usage(data: Any) -> Any:
+    """A ``PluginLlmUsage`` from the host's description of one (None when there is none)."""
+    if type(data) is not dict:
+        return None
+    from dataclasses import fields
+
+    from plugin_llm.types import PluginLlmUsage
+
+    names = {f.name for f in fields(PluginLlmUsage)}
+    try:
+        return PluginLlmUsage(**{k: v for k, v in data.items() if k in names})
+    except Exception:  # noqa: BLE001 - a malformed description: no usage rather than a crash
+        return None
 
 
 class _HostCallable:
