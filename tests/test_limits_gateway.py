@@ -333,3 +333,51 @@ def test_a_structured_repair_after_a_reload_is_admitted_under_the_new_limits(her
     assert last["limits.repair_refused"] == "requests_per_minute" and last["gen_ai.usage.output_tokens"] > 0
     assert last["limits.repair_refused_key"].endswith("requests_per_minute")
     assert last.get("decision") != "denied"  # a paid call, not a denial: audit stats counts it as an error
+
+
+_STREAMER = '''
+def register(ctx):
+    def bad(raw=""):
+        stream = ctx.llm.stream([{"role": "user", "content": "one two three four five six"}], max_tokens=64)
+        for _delta in stream:
+            raise RuntimeError("plugin bug mid-stream")
+    def probe(raw):
+        ctx.llm.complete([{"role": "user", "content": "hi"}], max_tokens=8)
+        return "admitted"
+    ctx.register_command("bad", bad)
+    ctx.register_command("probe", probe)
+    ctx.register_tool("bad_tool", {"name": "bad_tool", "parameters": {"type": "object", "properties": {}}},
+                      lambda args: bad())
+    ctx.register_hook("on_session_start", lambda **kw: bad())
+'''
+
+
+def test_a_stream_a_plugin_abandons_by_raising_gives_its_slot_back_at_once(hermes_home):
+    """The host keeps (a hook's outcome) or re-raises (a command's) the plugin's error; its frames held
+    the stream, whose slot and reservation then waited for the cyclic garbage collector."""
+    import gc
+
+    from plugin_llm.plugins import PluginManager
+    from tests.plugin_fixtures import write_plugin
+
+    write_plugin(hermes_home / "plugins", "streamer", _STREAMER)
+    write_config(hermes_home, "model: {provider: local, model: local-echo-1}\nlimits: {store: local}\n"
+                              "plugins:\n  enabled: [streamer]\n  entries:\n    streamer: {limits: {max_concurrent: 1}}\n")
+    manager = PluginManager(hermes_home)
+    manager.discover_plugins()
+    gc.disable()  # what is freed must be freed by reference counting alone
+    try:
+        for how in ("command", "tool", "hook"):
+            if how == "command":
+                with pytest.raises(RuntimeError, match="mid-stream"):
+                    manager.run_command("bad", "")
+            elif how == "tool":
+                assert "mid-stream" in manager.dispatch_tool("bad_tool", {})
+            else:
+                manager.invoke_hook("on_session_start", session_id="s", model="m", platform="cli")
+            assert manager.run_command("probe", "") == "admitted", how  # the slot is free again
+    finally:
+        gc.enable()
+        manager.shutdown()
+    statuses = [r["status"] for r in audit_lines(hermes_home)]
+    assert statuses == ["abandoned", "ok"] * 3

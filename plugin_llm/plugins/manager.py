@@ -53,7 +53,7 @@ from .isolation import (
     shown,
     type_name,
 )
-from .tracebacks import FailureReporter, frames_text, plugin_dir_of, plugin_frames
+from .tracebacks import FailureReporter, frames_text, plugin_dir_of, plugin_frames, release_frames
 from .registry import (
     load_order,
     BUILTIN_COMMANDS,
@@ -1069,6 +1069,7 @@ class PluginManager:
         return "\n\n".join(parts)
 
     def _on_hook_error(self, entry: HookEntry, error: BaseException, text: str) -> None:
+        release_frames(error)
         name = type_name(error)
         message = text[len(name) + 2:] if text.startswith(name + ": ") else text
         self._audit(

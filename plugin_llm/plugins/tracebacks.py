@@ -22,6 +22,8 @@ carrying the frames — all of it bounded and redacted.
 
 from __future__ import annotations
 
+import traceback
+
 import linecache
 import logging
 import os
@@ -30,7 +32,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Callable
 
-__all__ = ["MAX_FRAMES", "plugin_frames", "frames_text", "plugin_dir_of", "FailureReporter"]
+__all__ = ["MAX_FRAMES", "plugin_frames", "frames_text", "plugin_dir_of", "release_frames", "FailureReporter"]
 
 #: Frames kept (the innermost ones: where it failed).
 MAX_FRAMES = 12
@@ -130,6 +132,15 @@ def _redact(text: str) -> str:
     return redact(text)
 
 
+def release_frames(error: BaseException) -> None:
+    """Drop the locals of ``error``'s finished frames (their lines stay printable). Held by the error,
+    which the host keeps (a hook's outcome) or re-raises (a command's), they kept what the plugin's code
+    held -- an abandoned stream, with its reservation and concurrency slot -- alive until the cyclic
+    garbage collector ran, a minute or more later."""
+    if error.__traceback__ is not None:
+        traceback.clear_frames(error.__traceback__)
+
+
 class FailureReporter:
     """Reports each distinct failure of plugin code once: log and audit log, with the plugin's frames.
 
@@ -152,7 +163,10 @@ class FailureReporter:
                plugin_dir: Path | str | None = None, log: bool = True, **fields: Any) -> bool:
         """Report ``what`` (``tool calc``, ``middleware tool_execution``) of ``plugin_key`` failing
         with ``text`` (a safe ``Type: message``); ``log=False`` audits only (the caller prints the
-        error and its frames itself). False when this failure was already reported."""
+        error and its frames itself). False when this failure was already reported. The error's
+        frames are released (:func:`release_frames`)."""
+        if error is not None:
+            release_frames(error)
         signature = (event, plugin_key, what, text)
         with self._lock:
             if signature in self._reported:
