@@ -197,10 +197,9 @@ def _check_text(text: str) -> None:
 
 def _check_key(key: str) -> None:
     """:func:`_check_text` for a dict key that is not ASCII (the caller tests ``isascii()``)."""
-    try:
-        _check_text(key)
-    except _Invalid as bad:
-        raise _Invalid(f"has a key that {bad.problem}") from None
+    problem = structured.text_problem(key)
+    if problem is not None:
+        raise _Invalid(f"has a key that {problem}")
 
 
 def _check_json(value: Any, depth: int, budget: _Budget) -> None:

@@ -68,14 +68,15 @@ def test_settle_counts_once_and_uses_the_operator_price(kind, tmp_path):
 
 def test_a_denial_is_a_quota_error_with_the_audit_fields(kind, tmp_path):
     settings = settings_for(*kind, "{requests_per_minute: 1}")
-    call(settings, tmp_path).release()
+    now = time.time()  # the instant both calls are admitted at: the window is its minute
+    call(settings, tmp_path, now=now).release()
     with pytest.raises(PluginLlmQuotaError) as caught:
-        call(settings, tmp_path)
+        call(settings, tmp_path, now=now)
     error = caught.value
     assert isinstance(error, PluginLlmLimitError)
     assert (error.plugin_id, error.limit, error.config_key) == (PLUGIN, "requests_per_minute",
                                                                "plugins.entries.my-plugin.limits.requests_per_minute")
-    assert error.resets_at is not None and error.resets_at % 60 == 0 and error.resets_at > time.time()
+    assert error.resets_at == (now // 60 + 1) * 60  # the end of that minute
     fields = error.denial.audit_fields()
     assert fields["decision"] == "denied" and fields["limits.limit"] == "requests_per_minute"
     assert fields["decision_key"] == error.config_key and fields["limits.resets_at"].endswith(":00Z")
