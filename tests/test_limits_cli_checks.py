@@ -189,9 +189,8 @@ def test_show_exits_0_when_the_limits_are_fine(hermes_home, capsys):
 
 
 # ------------------------------------------------------------------ 6. docs
-def test_readme_limits_example_exempts_an_entry_with_an_empty_block(tmp_path):
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = text.split("### Budgets and rate limits", 1)[1].split("\n### ", 1)[0]
+def test_docs_limits_example_exempts_an_entry_with_an_empty_block(tmp_path):
+    section = (ROOT / "docs" / "limits.md").read_text(encoding="utf-8")
     snippet = re.search(r"```yaml\n(.*?)```", section, re.S).group(1)
     config = parse_config(tmp_path, snippet)
     assert config.limits.for_plugin("trusted-plugin").empty  # `limits: {}`: no limits.defaults

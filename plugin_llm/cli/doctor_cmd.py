@@ -289,7 +289,7 @@ def _fast_path(route: Any) -> Check:
     if "outside the range" in why:
         low, high = (".".join(map(str, v)) for v in TESTED_LITELLM)
         return Check(WARN, "fast path", f"no: {why}",
-                     f"pip install 'litellm>={low},<{high}' (see README, 'Upgrading litellm')")
+                     f"pip install 'litellm>={low},<{high}' (see docs/performance.md, 'Upgrading litellm')")
     return Check(OK, "fast path", f"no: {why}")
 
 

@@ -172,7 +172,7 @@ def run_show(args: argparse.Namespace) -> int:
     if args.json:
         print(dumps_json({"store": config.limits.store, "plugins": [row.as_dict() for row in rows]}))
     elif not rows:
-        print(f"No plugin has limits in {printable(config.path)} (see README: Budgets and rate limits).")
+        print(f"No plugin has limits in {printable(config.path)} (see docs/limits.md).")
     else:
         for line in views.format_rows(rows):
             print(printable(line, limit=2000))
