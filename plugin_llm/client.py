@@ -18,24 +18,20 @@ client never puts the token in a message, a repr or an exception.
 from __future__ import annotations
 
 import base64
-import dataclasses
 from typing import Any
 
+from plugin_llm import wire
 from plugin_llm.errors import (
     PluginLlmConfigError,
     PluginLlmError,
     PluginLlmProviderError,
-    PluginLlmQuotaError,
-    PluginLlmSchemaError,
     PluginLlmTimeoutError,
-    PluginLlmTrustError,
 )
 from plugin_llm.types import (
     PluginLlmCompleteResult,
     PluginLlmImageInput,
     PluginLlmStructuredResult,
     PluginLlmTextInput,
-    PluginLlmToolCall,
     PluginLlmUsage,
 )
 
@@ -69,59 +65,18 @@ def _block(item: Any) -> Any:
     return item
 
 
-def _usage(data: Any) -> PluginLlmUsage:
-    if not isinstance(data, dict):
-        return PluginLlmUsage()
-    fields = {f.name for f in dataclasses.fields(PluginLlmUsage)}
-    return PluginLlmUsage(**{k: v for k, v in data.items() if k in fields})
-
-
-def _result(data: dict[str, Any], structured: bool) -> PluginLlmCompleteResult:
-    calls = tuple(PluginLlmToolCall(c["id"], c["name"], c.get("arguments") or {}, c.get("raw_arguments") or "{}")
-                  for c in data.get("tool_calls") or ())
-    common = dict(text=data.get("text") or "", provider=data.get("provider") or "", model=data.get("model") or "",
-                  agent_id=data.get("agent_id"), usage=_usage(data.get("usage")), audit=dict(data.get("audit") or {}),
-                  tool_calls=calls)
-    if structured:
-        return PluginLlmStructuredResult(**common, parsed=data.get("parsed"),
-                                         content_type=data.get("content_type") or "text")
-    return PluginLlmCompleteResult(**common)
-
-
 def _error(status: int, body: Any) -> BaseException:
     """The in-process exception for an error answer of the service."""
     error = body.get("error") if isinstance(body, dict) else None
     if not isinstance(error, dict):
         return PluginLlmProviderError(f"the gateway answered HTTP {status} without an error body",
                                       status=status, provider="gateway", retryable=status >= 500)
-    kind = error.get("type")
-    message = str(error.get("message") or "")[:_MAX_ERROR_TEXT]
-    if kind == "PluginLlmTrustError":
-        return PluginLlmTrustError(message, plugin_id="", config_key=error.get("config_key") or "")
-    if kind == "PluginLlmQuotaError":
-        exc = PluginLlmQuotaError(message)
-        exc.limit = error.get("limit")  # type: ignore[attr-defined]
-        exc.config_key = error.get("config_key")  # type: ignore[attr-defined]
-        exc.resets_at = error.get("resets_at")  # type: ignore[attr-defined]
-        return exc
-    if kind == "PluginLlmSchemaError":
-        usage = error.get("usage")
-        return PluginLlmSchemaError(message, text=error.get("text") or "", errors=list(error.get("errors") or ()),
-                                    usage=_usage(usage) if isinstance(usage, dict) else None)
-    if kind == "PluginLlmTimeoutError":
-        return PluginLlmTimeoutError(message)
-    if kind == "PluginLlmProviderError":
-        return PluginLlmProviderError(message, status=error.get("status"), provider=error.get("provider") or "",
-                                      retryable=bool(error.get("retryable")))
-    if kind == "PluginLlmConfigError":
-        return PluginLlmConfigError(message)
-    if kind == "ValueError":
-        return ValueError(message)
-    if kind == "TypeError":
-        return TypeError(message)
-    if kind == "PluginLlmAuthError" or status == 401:
+    if error.get("type") == "PluginLlmAuthError" or status == 401:
+        message = str(error.get("message") or "")[:_MAX_ERROR_TEXT]
         return PluginLlmConfigError(f"the gateway refused this client's token: {message}")
-    return PluginLlmError(message or f"the gateway answered HTTP {status}")
+    if not isinstance(error.get("type"), str) or not error.get("message"):
+        return PluginLlmError(f"the gateway answered HTTP {status}")
+    return wire.decode_error(error)
 
 
 class GatewayClient:
@@ -164,7 +119,10 @@ class GatewayClient:
         except ValueError:
             body = None
         if status == 200 and isinstance(body, dict):
-            return _result(body, structured)
+            try:
+                return wire.decode_result(body, structured=structured)
+            except wire.WireError as exc:
+                raise PluginLlmProviderError(f"the gateway sent a malformed result: {exc}", provider="gateway") from None
         error = _error(status, body)
         raise error
 
@@ -431,7 +389,7 @@ class _StreamReader:
         final = self._final or {}
         self.result = PluginLlmCompleteResult(
             text="".join(self._pieces), provider=str(final.get("provider") or ""), model=self._model,
-            agent_id=final.get("agent_id", self._agent_id), usage=_usage(final.get("usage")),
+            agent_id=final.get("agent_id", self._agent_id), usage=wire.decode_usage(final.get("usage")) or PluginLlmUsage(),
             audit=dict(final.get("audit") or {"call_id": self.call_id}))
 
     def take(self) -> str | None:

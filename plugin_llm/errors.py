@@ -15,6 +15,7 @@ __all__ = [
     "PluginLlmSchemaError",
     "PluginLlmConfigError",
     "PluginLlmQuotaError",
+    "PluginLlmLimitError",
 ]
 
 
@@ -75,4 +76,28 @@ class PluginLlmConfigError(PluginLlmError):
 
 
 class PluginLlmQuotaError(PluginLlmError):
-    """A plugin's operator-set budget or rate limit was exhausted."""
+    """A plugin's operator-set budget or rate limit refused the call, before any provider call.
+
+    ``limit`` names it (``budget_usd.day``, ``requests_per_minute``, ...; ``config``, ``price`` or
+    ``store`` when the limits themselves cannot be applied), ``config_key`` is the key that sets it,
+    ``resets_at`` the Unix time waiting helps until (None when it does not).
+    """
+
+    def __init__(self, message: str, *, limit: str | None = None, config_key: str | None = None,
+                 resets_at: float | None = None, plugin_id: str | None = None) -> None:
+        super().__init__(message)
+        self.limit = limit
+        self.config_key = config_key
+        self.resets_at = resets_at
+        self.plugin_id = plugin_id
+
+
+class PluginLlmLimitError(PluginLlmQuotaError):
+    """The in-process form of a limit's refusal: a :class:`PluginLlmQuotaError` carrying the limits
+    layer's ``denial`` (what was counted). Across a process or HTTP boundary it is a
+    ``PluginLlmQuotaError`` with the same fields."""
+
+    def __init__(self, denial) -> None:  # a limits.Denial (not imported: the limits layer is above)
+        super().__init__(denial.message, limit=denial.limit, config_key=denial.config_key,
+                         resets_at=denial.resets_at, plugin_id=denial.plugin_id)
+        self.denial = denial

@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+# A shell starts a background job (`pytest &`) with SIGINT ignored, and an ignored signal stays ignored in
+# every child it execs: the Ctrl-C tests (and the children they interrupt) would never see one. Python's
+# own handler here means the children start with the default disposition again.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(autouse=True)

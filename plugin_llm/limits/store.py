@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Callable
 
-from plugin_llm.errors import PluginLlmQuotaError
+from plugin_llm.errors import PluginLlmLimitError
 from plugin_llm.limits.settings import NANO, PluginLimits
 
 __all__ = [
@@ -296,18 +296,6 @@ def _describe(d: Denial) -> str:
     else:
         tail = f"the window resets at {iso_utc(d.resets_at)}"
     return f"{head}: {body}; {tail}"
-
-
-class PluginLlmLimitError(PluginLlmQuotaError):
-    """A call refused by a limit, before any provider call. Carries the :class:`Denial`."""
-
-    def __init__(self, denial: Denial) -> None:
-        super().__init__(denial.message)
-        self.denial = denial
-        self.plugin_id = denial.plugin_id
-        self.limit = denial.limit
-        self.config_key = denial.config_key
-        self.resets_at = denial.resets_at
 
 
 @dataclass(frozen=True)

@@ -794,36 +794,18 @@ class RemotePlugin:
         return _encode_result(result)
 
     def _describe_host_error(self, exc: BaseException) -> dict[str, Any]:
-        """A host error as the child sees it: class name, redacted message, a few attributes."""
+        """A host error as the child sees it: a gateway error through the one codec (its class and
+        fields), anything else as its class name and redacted message."""
         from auth.redaction import redact
+
+        from plugin_llm import wire
+        from plugin_llm.errors import PluginLlmError
 
         from .isolation import safe_str, type_name
 
-        import dataclasses
-        import math
-
-        from plugin_llm import errors
-
-        info: dict[str, Any] = {"type": type_name(exc), "message": redact(safe_str(exc, 4000) or "")}
-        # the gateway class it is (PluginLlmLimitError is a PluginLlmQuotaError): the child rebuilds that one
-        base = next((c.__name__ for c in type(exc).__mro__ if getattr(errors, c.__name__, None) is c), None)
-        if base is not None:
-            info["base"] = base
-        attrs = {}
-        for attr in ("status", "provider", "retryable", "plugin_id", "config_key", "limit", "resets_at"):
-            value = getattr(exc, attr, None)
-            if type(value) in (str, int, bool) or (type(value) is float and math.isfinite(value)):
-                attrs[attr] = redact(value) if type(value) is str else value
-        if attrs:
-            info["attrs"] = attrs
-        if type(getattr(exc, "text", None)) is str:
-            info["text"] = redact(exc.text)  # type: ignore[attr-defined]
-            info["errors"] = [redact(str(e)) for e in getattr(exc, "errors", [])[:100]]
-        usage = getattr(exc, "usage", None)
-        if dataclasses.is_dataclass(usage) and not isinstance(usage, type):
-            info["usage"] = {k: v for k, v in dataclasses.asdict(usage).items()
-                             if type(v) in (int, bool) or (type(v) is float and math.isfinite(v))}
-        return info
+        if isinstance(exc, PluginLlmError):
+            return wire.encode_error(exc)
+        return {"type": type_name(exc), "message": redact(safe_str(exc, 4000) or "")}
 
     # --- invoking what the plugin registered ----------------------------------------------
 
@@ -976,16 +958,13 @@ def _method(proxy: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _encode_result(result: Any) -> dict[str, Any]:
-    from dataclasses import asdict
+    from plugin_llm import wire
 
-    from plugin_llm.types import PluginLlmStructuredResult
-
-    out = {"kind": "complete", "text": result.text, "provider": result.provider, "model": result.model,
-           "agent_id": result.agent_id, "usage": asdict(result.usage),
-           "audit": encode_value(dict(result.audit), strict=True),
-           "tool_calls": [encode_value(asdict(c), strict=True) for c in result.tool_calls]}
-    if isinstance(result, PluginLlmStructuredResult):
-        out.update(kind="structured", parsed=encode_value(result.parsed, strict=True), content_type=result.content_type)
+    out = wire.encode_result(result)
+    # what came from the provider (parsed JSON, tool arguments) and the audit fields as plain data only
+    for key in ("audit", "tool_calls", "parsed"):
+        if key in out:
+            out[key] = encode_value(out[key], strict=True)
     return out
 
 

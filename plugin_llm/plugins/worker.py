@@ -102,34 +102,10 @@ def _host_exception(info: dict[str, Any]) -> BaseException:
     """The host's error as the exception class the plugin would see in process (by name)."""
     name = info.get("type") if type(info.get("type")) is str else "RuntimeError"
     message = info.get("message") if type(info.get("message")) is str else ""
-    attrs = info.get("attrs") if type(info.get("attrs")) is dict else {}
-    from plugin_llm import errors
+    from plugin_llm import errors, wire
 
-    cls = getattr(errors, name, None)
-    if not (isinstance(cls, type) and issubclass(cls, errors.PluginLlmError)):  # a subclass defined elsewhere
-        base = info.get("base")  # (PluginLlmLimitError): the gateway class it is, as the plugin catches it
-        cls = getattr(errors, base, None) if type(base) is str else None
-    if isinstance(cls, type) and issubclass(cls, errors.PluginLlmError):
-        try:
-            if cls is errors.PluginLlmTrustError:
-                return cls(message, plugin_id=str(attrs.get("plugin_id", "")), config_key=str(attrs.get("config_key", "")))
-            if cls is errors.PluginLlmProviderError:
-                status = attrs.get("status")
-                return cls(message, status=status if type(status) is int else None,
-                           provider=str(attrs.get("provider", "")), retryable=attrs.get("retryable") is True)
-            if cls is errors.PluginLlmSchemaError:
-                return cls(message, text=str(info.get("text") or ""), errors=[str(e) for e in info.get("errors") or []],
-                           usage=_usage(info.get("usage")))
-            exc = cls(message)
-            if cls is errors.PluginLlmQuotaError:  # the fields a plugin reads in process (and GatewayClient gives)
-                resets_at = attrs.get("resets_at")
-                exc.limit = attrs.get("limit") if type(attrs.get("limit")) is str else None  # type: ignore[attr-defined]
-                exc.config_key = attrs.get("config_key") if type(attrs.get("config_key")) is str else None  # type: ignore[attr-defined]
-                exc.resets_at = float(resets_at) if type(resets_at) in (int, float) else None  # type: ignore[attr-defined]
-                exc.plugin_id = attrs.get("plugin_id") if type(attrs.get("plugin_id")) is str else None  # type: ignore[attr-defined]
-            return exc
-        except Exception:  # pragma: no cover - a changed constructor: keep the message
-            return errors.PluginLlmError(message)
+    if name in errors.__all__:  # a gateway error, with its fields, through the one codec
+        return wire.decode_error(info)
     import builtins
 
     builtin = getattr(builtins, name, None)
@@ -142,21 +118,6 @@ def _host_exception(info: dict[str, Any]) -> BaseException:
     if cls is None and name.isidentifier():
         cls = _EXCEPTIONS[name] = type(name, (RuntimeError,), {})
     return (cls or RuntimeError)(message)
-
-
-def _usage(data: Any) -> Any:
-    """A ``PluginLlmUsage`` from the host's description of one (None when there is none)."""
-    if type(data) is not dict:
-        return None
-    from dataclasses import fields
-
-    from plugin_llm.types import PluginLlmUsage
-
-    names = {f.name for f in fields(PluginLlmUsage)}
-    try:
-        return PluginLlmUsage(**{k: v for k, v in data.items() if k in names})
-    except Exception:  # noqa: BLE001 - a malformed description: no usage rather than a crash
-        return None
 
 
 class _HostCallable:
@@ -211,19 +172,9 @@ class RemoteLlm:
 
 
 def _result(reply: Any) -> Any:
-    from plugin_llm.types import (PluginLlmCompleteResult, PluginLlmStructuredResult, PluginLlmToolCall,
-                                  PluginLlmUsage)
+    from plugin_llm import wire
 
-    if type(reply) is not dict:
-        raise RuntimeError("the host sent a malformed ctx.llm result")
-    usage = PluginLlmUsage(**{k: v for k, v in (reply.get("usage") or {}).items()
-                              if k in PluginLlmUsage.__dataclass_fields__})
-    calls = tuple(PluginLlmToolCall(**c) for c in reply.get("tool_calls") or ())
-    common = dict(text=reply.get("text", ""), provider=reply.get("provider", ""), model=reply.get("model", ""),
-                  agent_id=reply.get("agent_id"), usage=usage, audit=dict(reply.get("audit") or {}), tool_calls=calls)
-    if reply.get("kind") == "structured":
-        return PluginLlmStructuredResult(**common, parsed=reply.get("parsed"), content_type=reply.get("content_type", "text"))
-    return PluginLlmCompleteResult(**common)
+    return wire.decode_result(reply)
 
 
 # --- ctx --------------------------------------------------------------------------------

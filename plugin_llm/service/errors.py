@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from plugin_llm import wire
 from plugin_llm.errors import (
     PluginLlmConfigError,
     PluginLlmError,
@@ -99,40 +100,36 @@ def _retry_after(resets_at: Any) -> str | None:
 
 
 def error_for(exc: BaseException, fields: frozenset[str] | set[str] = frozenset()) -> ApiError:
-    """The answer to an exception raised by the pipeline or the request checks."""
-    name = type(exc).__name__
-    message = str(exc)
+    """The answer to an exception raised by the pipeline or the request checks: its status and code here,
+    its type, message and fields from the one codec (:mod:`plugin_llm.wire`)."""
+    if not isinstance(exc, (PluginLlmError, ValueError, TypeError)):
+        return ApiError(500, "PluginLlmError", "the gateway service failed on this request; the operator can find "
+                        "the cause in the service's log", "internal_error")
+    encoded = wire.encode_error(exc)
+    name, message = encoded.pop("type"), encoded.pop("message")
     if isinstance(exc, PluginLlmTrustError):
-        return ApiError(403, name, message, "trust_denied", extra={"config_key": exc.config_key or None})
+        encoded.pop("plugin_id", None)  # the caller's own: its token names it
+        return ApiError(403, name, message, "trust_denied", extra={"config_key": encoded.get("config_key") or None})
     if isinstance(exc, PluginLlmQuotaError):
-        if getattr(exc, "limit", None) == "store":  # an outage of the gateway's store, not the plugin's quota
-            return ApiError(503, "PluginLlmQuotaError", LIMITS_STORE_MESSAGE, "limits_store_unavailable",
-                            extra={"limit": "store", "config_key": getattr(exc, "config_key", None),
-                                   "resets_at": None},
-                            headers={"Retry-After": STORE_RETRY_AFTER})
-        resets_at = getattr(exc, "resets_at", None)
-        retry = _retry_after(resets_at)
-        if retry is not None and getattr(exc, "limit", None) == "max_concurrent":
+        encoded.pop("plugin_id", None)
+        if encoded.get("limit") == "store":  # an outage of the gateway's store, not the plugin's quota
+            return ApiError(503, name, LIMITS_STORE_MESSAGE, "limits_store_unavailable",
+                            extra={**encoded, "resets_at": None}, headers={"Retry-After": STORE_RETRY_AFTER})
+        retry = _retry_after(encoded.get("resets_at"))
+        if retry is not None and encoded.get("limit") == "max_concurrent":
             retry = "1"  # a slot frees when any call in flight ends; resets_at is only the latest it can be
-        return ApiError(429, "PluginLlmQuotaError" if name == "PluginLlmLimitError" else name, message, "quota_exceeded",
-                        extra={"limit": getattr(exc, "limit", None), "config_key": getattr(exc, "config_key", None),
-                               "resets_at": resets_at if retry is not None else None},
+        if retry is None:
+            encoded["resets_at"] = None
+        return ApiError(429, name, message, "quota_exceeded", extra=encoded,
                         headers={"Retry-After": retry} if retry is not None else None)
     if isinstance(exc, PluginLlmSchemaError):
-        usage = exc.usage
-        return ApiError(422, name, message, "schema_mismatch",
-                        extra={"errors": list(exc.errors), "text": exc.text,
-                               "usage": vars(usage) if usage is not None and hasattr(usage, "__dict__") else None})
+        return ApiError(422, name, message, "schema_mismatch", extra=encoded)
     if isinstance(exc, PluginLlmTimeoutError):
         return ApiError(504, name, message, "timeout")
     if isinstance(exc, PluginLlmProviderError):
-        return ApiError(502, name, message, "provider_error",
-                        extra={"status": exc.status, "provider": exc.provider, "retryable": exc.retryable})
+        return ApiError(502, name, message, "provider_error", extra=encoded)
     if isinstance(exc, PluginLlmConfigError):
         return ApiError(500, name, message, "config_error")
     if isinstance(exc, PluginLlmError):
         return ApiError(500, name, message, "gateway_error")
-    if isinstance(exc, (ValueError, TypeError)):
-        return ApiError(400, name, message, "invalid_request", param=param_of(message, fields))
-    return ApiError(500, "PluginLlmError", "the gateway service failed on this request; the operator can find "
-                    "the cause in the service's log", "internal_error")
+    return ApiError(400, name, message, "invalid_request", param=param_of(message, fields))
