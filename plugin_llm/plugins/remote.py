@@ -37,6 +37,7 @@ from __future__ import annotations
 import atexit
 import collections
 import inspect
+import itertools
 import logging
 import os
 import queue
@@ -92,7 +93,11 @@ _TAIL_CHARS = 300
 #: Fields that would name an identity in a ctx.llm request: the host binds it, the child cannot.
 _IDENTITY_FIELDS = frozenset({"plugin_id", "plugin", "plugin_key", "identity", "home", "config_source", "transport",
                               "audit_log", "audit", "clock", "call_id", "hermes_home"})
-_LLM_ENVELOPE = frozenset({"api", "mode", "kw"})
+_LLM_ENVELOPE = frozenset({"api", "mode", "kw", "op", "h"})
+#: streams one isolated plugin may have open at once (each holds a provider connection and its limits)
+MAX_OPEN_STREAMS = 32
+#: seconds past a stream's own deadline the host waits for the plugin to read it before abandoning it
+STREAM_GRACE = 5.0
 
 _LIVE: "weakref.WeakSet[RemotePlugin]" = weakref.WeakSet()
 _LIVE_LOCK = threading.Lock()
@@ -181,6 +186,114 @@ if hasattr(os, "register_at_fork"):
 # --- one child process ---------------------------------------------------------------------
 
 
+class _OpenStreams:
+    """The ``ctx.llm`` streams one child has open on the host: opened, pulled one delta per request,
+    closed by the plugin, ended at their deadline when the plugin stops reading (abandoned, as a
+    dropped stream is in process), and all abandoned when the child goes."""
+
+    def __init__(self, key: str) -> None:
+        self._key = key
+        self._lock = threading.Lock()
+        self._open: dict[int, tuple[Any, threading.Timer]] = {}
+        self._expired: set[int] = set()
+        self._ids = itertools.count(1)
+        self._closed = False
+
+    def request(self, llm: Any, op: Any, handle: Any, kw: dict[str, Any]) -> Any:
+        if op == "open":
+            return self._start(llm, kw)
+        entry = self._take(handle) if op == "close" else self._get(handle)
+        if op == "close":
+            if entry is not None:
+                entry[1].cancel()
+                entry[0].close()
+            return {"closed": True}
+        if op != "next":
+            raise ValueError(f"unknown ctx.llm stream operation {bounded(str(op), 40)!r}")
+        if entry is None:
+            from plugin_llm.errors import PluginLlmTimeoutError
+
+            if handle in self._expired:
+                raise PluginLlmTimeoutError(f"plugin '{self._key}' stopped reading its stream until past the call's "
+                                            "deadline: the host ended it (recorded as abandoned)")
+            raise ValueError("no such ctx.llm stream (it has ended or was closed)")
+        stream, timer = entry
+        try:
+            delta = next(stream, None)
+        except BaseException:
+            self._forget(handle, timer)
+            raise
+        if delta is None:
+            self._forget(handle, timer)
+            return {"end": True, "result": _encode_result(stream.result), "finish_reason": stream.finish_reason}
+        return {"d": delta, "model": stream.model}
+
+    def _start(self, llm: Any, kw: dict[str, Any]) -> Any:
+        with self._lock:
+            if len(self._open) >= MAX_OPEN_STREAMS:
+                raise ValueError(f"plugin '{self._key}' has {MAX_OPEN_STREAMS} ctx.llm streams open: close the ones "
+                                 "it no longer reads (a with block, or close())")
+        messages = kw.pop("messages", None)
+        stream = llm.stream(messages, **kw)  # the gate, the limits and the first answer: a refusal raises here
+        handle = next(self._ids)
+        timer = threading.Timer(_stream_bound(llm, kw.get("timeout")), self._expire, (handle,))
+        timer.daemon = True
+        with self._lock:
+            closed = self._closed
+            if not closed:
+                self._open[handle] = (stream, timer)
+        if closed:  # the child went while the stream opened
+            stream.close()
+            raise ValueError("the plugin's process stopped")
+        timer.start()
+        return {"h": handle, "call_id": stream.call_id, "model": stream.model}
+
+    def _get(self, handle: Any) -> tuple[Any, threading.Timer] | None:
+        with self._lock:
+            return self._open.get(handle) if type(handle) is int else None
+
+    def _take(self, handle: Any) -> tuple[Any, threading.Timer] | None:
+        with self._lock:
+            return self._open.pop(handle, None) if type(handle) is int else None
+
+    def _forget(self, handle: int, timer: threading.Timer) -> None:
+        timer.cancel()
+        self._take(handle)
+
+    def _expire(self, handle: int) -> None:
+        with self._lock:
+            entry = self._open.pop(handle, None)
+            if entry is not None:
+                self._expired.add(handle)
+        if entry is not None:
+            _log.warning("plugin %s: a ctx.llm stream was not read until past its deadline; it was abandoned",
+                         self._key)
+            entry[0].close()
+
+    def abandon_all(self) -> None:
+        with self._lock:
+            self._closed = True
+            entries, self._open = list(self._open.values()), {}
+        for stream, timer in entries:
+            timer.cancel()
+            try:
+                stream.close()
+            except Exception:  # noqa: BLE001 - recorded by the pipeline; the child is gone either way
+                _log.debug("closing an abandoned stream failed", exc_info=True)
+
+
+def _stream_bound(llm: Any, timeout: Any) -> float:
+    """Seconds a stream may stay open on the host: its own deadline (the call's ``timeout``, else the host's
+    ``llm.timeout``, at most ``llm.max_timeout``) plus :data:`STREAM_GRACE`."""
+    try:
+        settings = llm._config.current().llm
+        cap, default = float(settings.max_timeout), float(settings.timeout)
+    except Exception:  # noqa: BLE001 - no config to read: the documented defaults
+        cap, default = 300.0, 30.0
+    wanted = float(timeout) if type(timeout) in (int, float) and 0 < timeout < float("inf") else default
+    return min(wanted, cap) + STREAM_GRACE
+
+
 class _Child:
     """A running worker process: its Popen, protocol peer, output drain and fault state."""
 
@@ -193,6 +306,7 @@ class _Child:
         self.dead = False
         self.reason = ""
         self.settled = threading.Event()  # set once whoever stopped it has recorded why
+        self.streams = _OpenStreams(owner.key)
         write_fd = os.dup(proc.stdin.fileno())  # type: ignore[union-attr]
         proc.stdin.close()  # type: ignore[union-attr]
         self.peer = Peer(Channel(proc.stdout, write_fd, bounded_writes=True), self._answer, owner._describe_host_error,  # type: ignore[arg-type]
@@ -275,6 +389,7 @@ class _Child:
     def terminate(self) -> None:
         """SIGKILL the process group and reap it; the channel stays as it is."""
         self.dead = True
+        self.streams.abandon_all()
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError, OSError):
@@ -287,6 +402,7 @@ class _Child:
     def close(self, grace: float = 1.0) -> None:
         """Ask the child to exit (close its input), then kill it if it does not."""
         self.dead = True
+        self.streams.abandon_all()
         self.settled.set()
         self.peer.channel.close()
         if self._exit_code(grace) is None:
@@ -565,7 +681,7 @@ class RemotePlugin:
         if method == "callback":
             return self._on_callback(params)
         if method == "llm":
-            return self._on_llm(params)
+            return self._on_llm(child, params)
         if method == "ctx":
             return self._on_ctx(params)
         # An unknown request: the child does not speak our protocol (or was taken over): stop it.
@@ -760,7 +876,7 @@ class RemotePlugin:
             return ctx.dispatch_tool(decode_value(params.get("tool_name")), decode_value(params.get("args")), **kw)
         raise ValueError(f"unknown ctx operation {bounded(str(op), 40)!r}")
 
-    def _on_llm(self, params: dict[str, Any]) -> Any:
+    def _on_llm(self, child: _Child, params: dict[str, Any]) -> Any:
         from plugin_llm.errors import PluginLlmTrustError
 
         kw = decode_value(params.get("kw") or {})
@@ -781,6 +897,8 @@ class RemotePlugin:
                 plugin_id=self.key, config_key="")
         api, mode = params.get("api"), params.get("mode")
         llm = self._ctx.llm  # PluginLlm(plugin_id=<this key>), created by the host's PluginContext
+        if api == "stream":
+            return child.streams.request(llm, params.get("op"), params.get("h"), kw)
         if api not in ("complete", "structured"):
             raise ValueError(f"unknown ctx.llm api {bounded(str(api), 40)!r}")
         args = (kw.pop("messages", None),) if api == "complete" else ()
