@@ -41,6 +41,10 @@ __all__ = [
     "get_config_source",
     "parse_config",
     "parse_bool",
+    "GOVERNED_SECTIONS",
+    "HOST_SECTIONS",
+    "unknown_sections",
+    "top_level_warnings",
     "LOCAL_PROVIDER",
     "DEFAULT_LOCAL_MODEL",
 ]
@@ -312,9 +316,10 @@ def parse_config(home: Path, text: str) -> HostConfig:
     """Parse config.yaml text into a snapshot; raises ``yaml.YAMLError`` or ``ValueError``.
 
     Parsed by :func:`plugin_llm.safe_yaml.load_yaml`: alias bombs, recursive
-    aliases and absurd nesting are refused (a ``yaml.YAMLError`` with the line).
+    aliases, absurd nesting and a duplicate key in :data:`GOVERNED_SECTIONS`
+    are refused (a ``yaml.YAMLError`` with the line).
     """
-    data = load_yaml(text)
+    data = load_yaml(text, unique_keys=GOVERNED_SECTIONS)
     if data is None:
         data = {}
     if not isinstance(data, Mapping):
@@ -338,33 +343,57 @@ def parse_config(home: Path, text: str) -> HostConfig:
 
 #: the top-level sections this host reads
 HOST_SECTIONS = ("model", "llm", "audit", "plugins", "limits", "memory", "image_gen", "context", "service")
-#: top-level sections of a Hermes config.yaml this host ignores (an operator's existing file is not "wrong")
+#: sections that decide trust, routing, limits, the service and auditing: a key written twice in them (at any
+#: depth), or one of them written twice, makes the file unusable (fail closed), never "the last one wins"
+GOVERNED_SECTIONS = frozenset(("plugins", "limits", "service", "audit", "model", "llm"))
+#: top-level sections of a Hermes config.yaml this host ignores (an operator's existing file is not "wrong"):
+#: Hermes 0.19's DEFAULT_CONFIG and _EXTRA_KNOWN_ROOT_KEYS (hermes_cli/config.py), the legacy root keys it
+#: migrates (provider, base_url, api_base, context_length, max_turns) and the older flat terminal keys
 _HERMES_SECTIONS = frozenset((
-    "_config_version agent approvals auxiliary backend bedrock browser checkpoints code_execution command_allowlist "
-    "compression computer_use container_cpu container_disk container_memory container_persistent context_file_max_chars "
-    "credential_pool_strategies cron curator cwd dashboard daytona_image delegation desktop discord display docker_env "
-    "docker_extra_args docker_forward_env docker_image docker_mount_cwd_to_workspace docker_network docker_orphan_reaper "
-    "docker_persist_across_processes docker_run_as_host_user docker_volumes fallback_providers file_read_max_chars "
-    "gateway goals honcho hooks hooks_auto_accept human_delay kanban lifetime_seconds logging lsp matrix mattermost "
-    "max_concurrent_sessions max_live_sessions mcp mcp_discovery_timeout moa modal_image modal_mode model_catalog "
-    "network onboarding openrouter paste_collapse_char_threshold paste_collapse_threshold "
-    "paste_collapse_threshold_fallback persistent_shell personalities platform_hints prefill_messages_file privacy "
-    "prompt_caching providers quick_commands sandbox_dir secrets security sessions singularity_image skills slack "
-    "ssh_host ssh_key ssh_port ssh_user streaming stt telegram terminal timeout timezone tool_loop_guardrails "
-    "tool_output tools toolsets tts updates vertex voice web whatsapp x_search"
+    "_config_version agent always_log_local api_base approvals auxiliary backend base_url bedrock browser checkpoints "
+    "code_execution command_allowlist compression computer_use container_cpu container_disk container_memory "
+    "container_persistent context_file_max_chars context_length credential_pool_strategies cron curator "
+    "custom_providers cwd dashboard daytona_image delegation desktop discord display docker_env docker_extra_args "
+    "docker_forward_env docker_image docker_mount_cwd_to_workspace docker_network docker_orphan_reaper "
+    "docker_persist_across_processes docker_run_as_host_user docker_volumes fallback_model fallback_providers "
+    "file_read_max_chars filter_silence_narration gateway goals group_sessions_per_user honcho hooks "
+    "hooks_auto_accept human_delay kanban known_plugin_toolsets lifetime_seconds logging lsp matrix mattermost "
+    "max_concurrent_sessions max_live_sessions max_turns mcp mcp_discovery_timeout mcp_servers moa modal_image "
+    "modal_mode model_catalog multiplex_profiles network onboarding openrouter paste_collapse_char_threshold "
+    "paste_collapse_threshold paste_collapse_threshold_fallback persistent_shell personalities platform_hints "
+    "platform_toolsets platforms prefill_messages_file privacy profile_routes prompt_caching provider providers "
+    "quick_commands require_mention reset_triggers sandbox_dir secrets security session_reset sessions signal "
+    "singularity_image skills slack smart_model_routing ssh_host ssh_key ssh_port ssh_user streaming stt "
+    "stt_echo_transcripts telegram terminal thread_sessions_per_user timeout timezone tool_loop_guardrails "
+    "tool_output tools toolsets tts unauthorized_dm_behavior updates vertex video_gen voice web whatsapp x_search"
 ).split())
 
 
-def _check_top_level(data: Mapping[str, Any], warnings: list[str]) -> None:
-    """A top-level key that is neither this host's nor Hermes's but close to one of ours is a typo
-    (``plugin:`` for ``plugins:`` would silently enable nothing)."""
+def unknown_sections(data: Mapping[Any, Any]) -> list[tuple[Any, str | None]]:
+    """Each top-level key that is neither this host's nor Hermes's, with the host section it is closest to
+    (``limts`` -> ``limits``; None when none is close): a typo silently drops that section."""
+    out: list[tuple[Any, str | None]] = []
     for key in data:
-        if not isinstance(key, str) or key in HOST_SECTIONS or key in _HERMES_SECTIONS:
+        if isinstance(key, str) and (key in HOST_SECTIONS or key in _HERMES_SECTIONS):
             continue
-        close = difflib.get_close_matches(key, HOST_SECTIONS, n=1, cutoff=0.7)
-        if close:
-            warnings.append(f"{short_repr(key)}: unknown top-level section (did you mean {close[0]!r}?); "
-                            "it is ignored")
+        close = difflib.get_close_matches(key.strip().lower(), HOST_SECTIONS, n=1, cutoff=0.7) if isinstance(key, str) else []
+        out.append((key, close[0] if close else None))
+    return out
+
+
+def top_level_warnings(data: Mapping[Any, Any]) -> list[str]:
+    """The config warnings of :func:`unknown_sections` (the gateway logs them; ``trust check`` and
+    ``doctor`` report them as errors)."""
+    out = []
+    for key, close in unknown_sections(data):
+        hint = f" (did you mean {close!r}?)" if close else " (neither this host's nor a Hermes section)"
+        out.append(f"{short_repr(key)}: unknown top-level section{hint}; it is ignored")
+    return out
+
+
+def _check_top_level(data: Mapping[str, Any], warnings: list[str]) -> None:
+    """An unknown top-level key is a typo until shown otherwise (``limts:`` silently drops every budget)."""
+    warnings.extend(top_level_warnings(data))
 
 
 def describe_yaml_error(path: Path, exc: Exception) -> str:

@@ -308,9 +308,10 @@ def _host_load(text: str) -> Any:
     is refused here (with its line) instead of being expanded by the
     round-trip loader, :func:`_plain` or :func:`_leaves`.
     """
+    from plugin_llm.config import GOVERNED_SECTIONS
     from plugin_llm.safe_yaml import load_yaml
 
-    return load_yaml(text)
+    return load_yaml(text, unique_keys=GOVERNED_SECTIONS)
 
 
 def _new_yaml(indent: tuple[int, int, int]):

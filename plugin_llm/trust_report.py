@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 import yaml
 
-from plugin_llm.config import CONFIG_MAX_BYTES, HostConfig, describe_yaml_error, parse_config
+from plugin_llm.config import CONFIG_MAX_BYTES, HOST_SECTIONS, HostConfig, describe_yaml_error, parse_config
 from plugin_llm.safe_files import UnsafeFileError, read_home_text
 from plugin_llm.bounded_repr import short_repr
 from plugin_llm.safe_yaml import compose_yaml
@@ -703,13 +703,29 @@ class _Checker:
                          "check the spelling; a model served by a custom or local endpoint is fine to keep", plugin_id)
 
     def duplicates(self) -> None:
+        """Duplicates outside GOVERNED_SECTIONS (those make the file unusable: a parse error above)."""
         for keys, line in self.view.duplicates:
-            if keys and keys[0] == "plugins":
-                plugin_id = str(keys[2]) if len(keys) > 2 and keys[1] == "entries" else None
+            if keys:
+                plugin_id = str(keys[2]) if len(keys) > 2 and keys[:2] == ("plugins", "entries") else None
                 self.findings.append(Finding(
                     WARNING, _path(*keys), f"duplicate key (also at line {line}); only the last one counts",
                     "keep one of them", self.view.line(*keys), plugin_id,
                 ))
+
+    def top_level(self) -> None:
+        """A top-level key that is neither this host's nor Hermes's: a misspelt section is silently ignored."""
+        from plugin_llm.config import unknown_sections
+
+        for key, close in unknown_sections(self.view.raw):
+            name = str(key)
+            if close is not None:
+                problem = (f"unknown top-level section {short_repr(key)} (did you mean {close!r}?); it is ignored, "
+                           f"so nothing in it applies")
+                fix = f"rename it to {close}"
+            else:
+                problem = f"unknown top-level section {short_repr(key)}: neither this host's nor a Hermes section; ignored"
+                fix = "remove it, or correct its name (this host reads " + ", ".join(HOST_SECTIONS) + ")"
+            self.add(ERROR, (name,), problem, fix)
 
     def run(self) -> list[Finding]:
         view = self.view
@@ -719,6 +735,8 @@ class _Checker:
                 "fix the YAML at that position; until then every plugin override is refused (fail closed)", view.error_line,
             ))
             return self.findings
+        self.top_level()
+        self.duplicates()
         plugins = view.raw.get("plugins")
         if plugins is None:
             return self.findings
@@ -737,7 +755,6 @@ class _Checker:
         elif entries:
             for plugin_id, entry in entries.items():
                 self.entry(str(plugin_id), entry)
-        self.duplicates()
         return self.findings
 
 
@@ -746,7 +763,7 @@ def check_plugins(
     installed: Mapping[str, str],
     model_known: Callable[[str], bool | None] = litellm_knows_model,
 ) -> list[Finding]:
-    """Every problem in the ``plugins:`` section (and a parse error of the whole file)."""
+    """Every problem in the ``plugins:`` section, the limits and the top-level keys (and a parse error)."""
     findings = _Checker(view, installed, model_known).run() + _limit_findings(view)
     order = {ERROR: 0, WARNING: 1}
     return sorted(findings, key=lambda f: (order.get(f.severity, 2), f.line if f.line is not None else 0))

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import sys
-
+import textwrap
 
 from plugin_llm.cli.main import main
 from plugin_llm.config import parse_config
@@ -54,3 +55,69 @@ def test_the_checks_do_not_import_litellm(hermes_home, tmp_path):
                           env={"HERMES_HOME": str(hermes_home), "HOME": str(tmp_path), "PATH": "/usr/bin:/bin"})
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "False"
+
+
+# ---- unknown top-level sections: errors for `trust check` and `doctor`, Hermes's own sections are fine
+HERMES_SECTIONS = textwrap.dedent("""\
+    _config_version: 14
+    agent: {max_turns: 60}
+    terminal: {backend: local}
+    display: {skin: default}
+    memory: {provider: ""}
+    toolsets: [hermes-cli]
+    mcp_servers: {}
+    auxiliary: {vision: {provider: auto}}
+    providers: {}
+    fallback_model: {}
+    custom_providers: []
+    platforms: {}
+    platform_toolsets: {}
+    session_reset: {mode: idle}
+    smart_model_routing: {enabled: false}
+    video_gen: {}
+    max_turns: 60
+    """)
+
+
+def _trust_check(capsys) -> tuple[int, list[dict]]:
+    code = main(["trust", "check", "--json"])
+    return code, json.loads(capsys.readouterr().out)["findings"]
+
+
+def _doctor(capsys) -> tuple[int, list[dict]]:
+    code = main(["doctor", "--json"])
+    return code, json.loads(capsys.readouterr().out)["checks"]
+
+
+def test_a_misspelt_limits_section_fails_trust_check_and_doctor(hermes_home, capsys):
+    write_config(hermes_home, "model: {provider: local}\nlimts:\n  defaults:\n    budget_usd: {day: 1}\n")
+    code, findings = _trust_check(capsys)
+    assert code == 1
+    (finding,) = [f for f in findings if f["path"] == "limts"]
+    assert finding["severity"] == "error" and finding["line"] == 2
+    assert "did you mean 'limits'?" in finding["problem"] and finding["fix"] == "rename it to limits"
+    code, checks = _doctor(capsys)
+    assert code == 1
+    (trust,) = [c for c in checks if c["check"] == "trust"]
+    assert trust["status"] == "FAIL" and "limts" in trust["message"] and "'limits'" in trust["message"]
+    # one cause, one FAIL: the config line does not repeat it as a warning
+    assert not any(c["check"] == "config" and "limts" in c["message"] for c in checks)
+
+
+def test_an_unknown_top_level_key_far_from_any_section_is_an_error_too(hermes_home, capsys):
+    write_config(hermes_home, "budgets:\n  day: 1\n")
+    code, findings = _trust_check(capsys)
+    assert code == 1
+    (finding,) = findings
+    assert finding["path"] == "budgets" and finding["severity"] == "error" and "did you mean" not in finding["problem"]
+    assert "plugins" in finding["fix"] and "limits" in finding["fix"]
+
+
+def test_hermes_own_top_level_sections_are_accepted(hermes_home, capsys):
+    write_config(hermes_home, HERMES_SECTIONS + "model: {provider: local}\nplugins: {enabled: []}\n")
+    config = parse_config(hermes_home, (hermes_home / "config.yaml").read_text())
+    assert not any("top-level" in w for w in config.warnings), config.warnings
+    code, findings = _trust_check(capsys)
+    assert code == 0 and findings == []
+    code, checks = _doctor(capsys)
+    assert not any(c["status"] == "FAIL" and c["check"] in ("config", "trust") for c in checks), checks

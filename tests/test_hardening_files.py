@@ -461,3 +461,25 @@ def test_install_refuses_a_plugin_source_holding_a_fifo(hermes_home, tmp_path):
     with pytest.raises(InstallError, match=r"data\.bin .* is a FIFO"):
         no_block(lambda: install_plugin(hermes_home, str(src)), src / "data.bin")
     assert not (hermes_home / "plugins" / "piper").exists()
+
+
+@pytest.mark.parametrize("pure", [False, True])
+def test_loader_refuses_duplicate_keys_in_the_named_sections_only(pure):
+    from plugin_llm.safe_yaml import YamlDuplicateKeyError
+
+    sections = {"plugins", "limits"}
+    for text, where in (
+        ("plugins: {}\nx: 1\nplugins: {}\n", "'plugins' at the top level (lines 1 and 3)"),
+        ("limits:\n  a:\n    - {k: 1, k: 2}\n", "'k' in limits.a[0] (lines 3 and 3)"),
+        ("limits: {1: a, 0x1: b}\n", "'0x1' in limits (lines 1 and 1)"),  # one key once constructed
+        ('plugins:\n  entries:\n    "a.b": {x: 1, x: 2}\n', "'x' in plugins.entries.\"a.b\""),
+    ):
+        with pytest.raises(YamlDuplicateKeyError) as caught:
+            load_yaml(text, unique_keys=sections, pure=pure)
+        assert where in caught.value.problem, caught.value.problem
+        assert caught.value.context_mark is not None and caught.value.problem_mark is not None
+    # elsewhere, without the option, through a merge key, and an alias checked once: as YAML says
+    assert load_yaml("x: 1\nx: 2\nplugins: {a: 1}\n", unique_keys=sections, pure=pure) == {"x": 2, "plugins": {"a": 1}}
+    assert load_yaml("plugins: {a: 1, a: 2}\n", pure=pure) == {"plugins": {"a": 2}}
+    merged = load_yaml("x: &b {k: 1}\nlimits: {<<: *b, k: 2}\nplugins: [*b, *b]\n", unique_keys=sections, pure=pure)
+    assert merged["limits"] == {"k": 2} and merged["plugins"] == [{"k": 1}, {"k": 1}]

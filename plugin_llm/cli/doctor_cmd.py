@@ -220,8 +220,11 @@ def _config(view: Any) -> list[Check]:
     # FAIL for an error: it refuses calls); everything else the gateway warned about is listed here
     from plugin_llm.trust_report import limit_parse_issues
 
-    limits = {str(issue) for issue in limit_parse_issues(view.config.raw)}
-    problems = [w for w in view.config.warnings if not w.startswith("plugins") and w not in limits]
+    from plugin_llm.config import top_level_warnings
+
+    # an unknown top-level section is a trust check error too (the trust line FAILs for it)
+    counted = {str(issue) for issue in limit_parse_issues(view.config.raw)} | set(top_level_warnings(view.config.raw))
+    problems = [w for w in view.config.warnings if not w.startswith("plugins") and w not in counted]
     problems += [p for p in settings_from_raw(view.config.raw).problems if not p.startswith("plugins")]
     for problem in problems:
         # a non-boolean audit.required already fails closed: a FAIL, so it is fixed rather than lived with
