@@ -213,3 +213,20 @@ def test_doctor_never_imports_litellm(healthy):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
     assert "LITELLM False 0" in result.stdout, result.stdout + result.stderr
+
+
+def test_a_known_malicious_litellm_is_a_fail(healthy, capsys, monkeypatch):
+    from plugin_llm import supply_chain
+    from plugin_llm.cli.doctor_cmd import FAIL, OK, _litellm
+
+    [check] = _litellm(version_of=lambda name: "1.82.8", files_of=lambda name: ["litellm/__init__.py"])
+    assert check.status == FAIL and "1.82.8 is a known-malicious release" in check.message
+    assert "rotate every provider key" in check.fix and "--require-hashes" in check.fix
+    [check] = _litellm(version_of=lambda name: "1.110.2", files_of=lambda name: ["litellm_init.pth"])
+    assert check.status == FAIL and "litellm_init.pth" in check.message
+    assert _litellm(version_of=lambda name: "1.110.2", files_of=lambda name: [])[0].status == OK
+    # through the command: the installed version as package metadata gives it
+    monkeypatch.setattr(supply_chain, "installed_version", lambda name: "1.82.7" if name == "litellm" else None)
+    code, checks = doctor(capsys)
+    assert code == 1 and status(checks, "litellm") == "FAIL"
+    assert any("1.82.7 is a known-malicious release" in c["message"] for c in lines(checks, "litellm"))

@@ -6,7 +6,7 @@ findings of ``trust check``), the active route and its credentials (masked),
 the audit log (writable without writing a record, and ``verify``), the
 plugins (load errors, missing environment variables), bubblewrap (whether
 out-of-process plugins are confined by it, and why not), and litellm (installed,
-its version). Exit code 1 when any check FAILs, else 0.
+its version, not a known-malicious release). Exit code 1 when any check FAILs, else 0.
 
 Read-only: nothing is written to the home. The enabled plugins are loaded
 (that is the only way to see a ``register()`` that fails), but their load
@@ -456,20 +456,30 @@ def _bubblewrap(plugins: Callable[[], list[dict[str, Any]]]) -> list[Check]:
 
 
 # ------------------------------------------------------------------ litellm
-def _litellm() -> list[Check]:
-    import importlib.metadata
+def _litellm(version_of: Callable[[str], str | None] | None = None,
+             files_of: Callable[[str], Any] | None = None) -> list[Check]:
+    """litellm installed, its version, and not a known-malicious release (``version_of``/``files_of``:
+    the package metadata readers, replaceable in tests)."""
     import importlib.util
 
+    from plugin_llm import supply_chain
+
+    version_of = version_of or supply_chain.installed_version
+    files_of = files_of or supply_chain.distribution_files
+    # the poisoned releases ran at interpreter start: checked even when the package directory is gone
+    bad = [Check(FAIL, "litellm", p.problem, p.fix)
+           for p in supply_chain.check_distribution("litellm", version_of=version_of, files_of=files_of)]
     spec = importlib.util.find_spec("litellm")  # locates the package; does not import it
     if spec is None:
-        return [Check(FAIL, "litellm", "not installed: every provider call (even the local model) goes through it",
-                      "pip install litellm")]
-    try:
-        version = importlib.metadata.version("litellm")
-    except importlib.metadata.PackageNotFoundError:
+        return bad or [Check(FAIL, "litellm", "not installed: every provider call (even the local model) goes through it",
+                             "pip install litellm")]
+    version = version_of("litellm")
+    if version is None:
         return [Check(WARN, "litellm", f"found at {spec.origin} but without package metadata (version unknown)",
                       "reinstall it: pip install --force-reinstall litellm")]
-    out = [Check(OK, "litellm", f"{version} installed (not imported by doctor)")]
+    if bad:
+        return bad
+    out = [Check(OK, "litellm", f"{version} installed (not imported by doctor; not a known-malicious release)")]
     locations = list(spec.submodule_search_locations or ())
     if locations and not (Path(locations[0]) / "model_prices_and_context_window_backup.json").is_file():
         out.append(Check(WARN, "litellm", "its bundled price map is missing: cost_usd cannot be computed offline",
