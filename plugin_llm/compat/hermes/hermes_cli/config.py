@@ -4,8 +4,8 @@
 through the host's bounded loader; ``{}`` when there is none or it is broken).
 ``save_config(cfg)`` writes the file back through the host's config editor —
 except what decides trust, routing, auditing and which plugin code runs, which
-is the operator's: the ``plugins``, ``model``, ``llm``, ``audit`` and
-``limits`` sections, every ``<section>.provider`` (it selects an exclusive
+is the operator's: the ``plugins``, ``model``, ``llm``, ``audit``,
+``limits`` and ``service`` sections, every ``<section>.provider`` (it selects an exclusive
 plugin) and ``context.engine``. A change to any of them raises
 ``PermissionError`` and nothing is written. ``get_env_value`` reads the process environment, then
 ``<home>/.env``; ``save_env_value`` writes ``<home>/.env`` (mode 0600), except
@@ -25,8 +25,9 @@ __all__ = ["load_config", "load_config_readonly", "save_config", "get_env_value"
            "get_config_path", "get_env_path"]
 
 _PROTECTED = "plugins"
-#: top-level sections a plugin may not change (trust, routing, credentials' use, auditing, budgets)
-_HOST_SECTIONS = ("plugins", "model", "llm", "audit", "limits")
+#: top-level sections a plugin may not change (trust, routing, credentials' use, auditing, budgets, the
+#: service's brake on token guessing): plugin_llm.config.GOVERNED_SECTIONS, in the order errors name them
+_HOST_SECTIONS = ("plugins", "model", "llm", "audit", "limits", "service")
 _HOST_ENV_PREFIXES = ("HERMES_", "PLUGIN_LLM_", "LITELLM_", "PYTHON", "OPENAI_", "ANTHROPIC_")
 _HOST_ENV_NAMES = frozenset({"HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY", "SSL_CERT_FILE", "SSL_CERT_DIR",
                              "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "PATH", "HOME", "LD_PRELOAD",
