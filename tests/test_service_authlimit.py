@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import shutil
 import time
 from pathlib import Path
 
@@ -16,7 +17,7 @@ import httpx
 import pytest
 
 from plugin_llm.config import parse_config
-from plugin_llm.service.tokens import token_store_for
+from plugin_llm.service.tokens import token_key_path, token_store_for
 from tests.conftest import write_config
 from tests.redis_server import own_redis_server  # noqa: F401
 from tests.service_server import ServiceServer
@@ -162,6 +163,8 @@ def test_with_limits_in_redis_replicas_on_two_machines_share_the_count(tmp_path,
     store = token_store_for(homes[0])
     valid = store.create("roaming")[1]
     store.close()
+    (homes[1] / "service").mkdir(exist_ok=True)  # every machine has the same token key
+    shutil.copy2(token_key_path(homes[0]), token_key_path(homes[1]))
     with ServiceServer(homes[0]) as a, ServiceServer(homes[1]) as b:
         assert _post(b.url, valid).status_code == 400
         assert [_post(a.url, _guess()).status_code for _ in range(3)] == [401] * 3  # guessed at machine A

@@ -353,6 +353,12 @@ def test_with_limits_in_redis_tokens_are_shared_across_machines_and_a_down_store
         created = json.loads(out.getvalue())
         token = created["token"]
         assert not (homes[0] / "service" / "tokens.db").exists()  # in Redis, not in a file
+        import shutil
+
+        from plugin_llm.service.tokens import token_key_path
+
+        token_key_path(homes[1]).parent.mkdir(parents=True, exist_ok=True)  # every machine has the same token key
+        shutil.copy2(token_key_path(homes[0]), token_key_path(homes[1]))
         call = lambda: httpx.post(replica.url + COMPLETE, headers=replica.auth(token),  # noqa: E731
                                   json={"messages": USER})
         assert call().status_code == 200

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import shutil
 import stat
 
 import pytest
 
 from plugin_llm.cli.main import main
-from plugin_llm.service.tokens import CACHE_SECONDS, TokenError, TokenStore, digest, parse_duration, tokens_path
+from plugin_llm.service.tokens import CACHE_SECONDS, TokenError, TokenStore, digest, parse_duration, \
+    token_key_path, tokens_path
 
 
 def test_create_prints_a_plg_token_of_32_random_bytes_and_stores_only_its_digest(hermes_home):
@@ -122,15 +124,18 @@ def test_a_replaced_token_file_is_reopened(hermes_home, tmp_path):
     server = TokenStore(hermes_home, monotonic=lambda: mono[0])
     info, token = server.create("p")
     assert server.verify(token)[1] == "ok"
-    elsewhere = TokenStore(tmp_path / "primary")  # the operator's machine: revoked there, then copied here
-    elsewhere._execute("SELECT 1", create=True)
+    primary = tmp_path / "primary"  # the operator's machine (with the same token key): revoked there, copied here
+    tokens_path(primary).parent.mkdir(parents=True)
+    shutil.copy2(token_key_path(hermes_home), token_key_path(primary))
+    shutil.copy2(tokens_path(hermes_home), tokens_path(primary))
+    elsewhere = TokenStore(primary)
+    elsewhere.revoke(info.id)
+    elsewhere.close()
     copy = tmp_path / "copy.db"
-    source = sqlite3.connect(tokens_path(hermes_home))
+    source = sqlite3.connect(tokens_path(primary))
     target = sqlite3.connect(copy)
     source.backup(target)
     source.close()
-    target.execute("UPDATE tokens SET revoked = 1 WHERE id = ?", (info.id,))
-    target.commit()
     target.close()
     copy.replace(tokens_path(hermes_home))
     mono[0] += CACHE_SECONDS

@@ -12,6 +12,7 @@ Creation and revocation are written to the audit log (without the token).
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from typing import Any
 
@@ -57,7 +58,10 @@ def _store(args: argparse.Namespace):
 def _when(value: Any) -> str:
     if value is None:
         return "-"
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(value))
+    try:
+        return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(value))
+    except (OverflowError, OSError, ValueError):  # an invalid record's time, as anyone wrote it
+        return "?"
 
 
 def _audit(home, event: str, **fields: Any) -> None:
@@ -88,9 +92,9 @@ def run_create(args: argparse.Namespace) -> int:
 
 
 def run_list(args: argparse.Namespace) -> int:
-    from plugin_llm.service.tokens import TokenError
+    from plugin_llm.service.tokens import TokenError, token_key_path
 
-    _, store = _store(args)
+    home, store = _store(args)
     try:
         rows = store.list()
     except TokenError as exc:
@@ -105,8 +109,15 @@ def run_list(args: argparse.Namespace) -> int:
         return 0
     print(f"{'ID':<17} {'PLUGIN':<30} {'CREATED':<20} {'EXPIRES':<20} STATUS")
     for row in rows:
-        print(f"{row.id:<17} {printable(row.plugin, 30):<30} {_when(row.created):<20} {_when(row.expires):<20} "
-              f"{row.status()}")
+        print(f"{printable(row.id, 17):<17} {printable(row.plugin, 30):<30} {_when(row.created):<20} "
+              f"{_when(row.expires):<20} {row.status()}")
+    invalid = sum(1 for row in rows if not row.signed)
+    if invalid:
+        print(f"{invalid} token record{'s are' if invalid != 1 else ' is'} invalid: not signed by this home's "
+              f"token key ({token_key_path(home)}), so refused like unknown tokens. A record from before records "
+              "were signed, or written into the store by anyone else: create a new token for the plugin and "
+              "revoke the invalid one. All of them: the key is missing or another machine's (copy that key here).",
+              file=sys.stderr)
     return 0
 
 

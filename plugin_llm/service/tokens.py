@@ -30,6 +30,10 @@ Verification looks the token's digest up (the token is never compared as
 text) and compares the stored digest with ``hmac.compare_digest``; unknown,
 expired and revoked tokens all give the same ``None`` to the caller, which
 answers 401 without saying which.
+
+Every record carries an HMAC-SHA256 over its fields under the home's key ``<home>/service/token_key``
+(:class:`_RecordKey`): a record the key did not sign (written into Redis or the file by anyone else) is
+refused like an unknown token, and logged.
 """
 
 from __future__ import annotations
@@ -37,13 +41,17 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import itertools
+import json
+import logging
 import os
 import re
 import secrets
 import sqlite3
+import stat
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -59,8 +67,15 @@ __all__ = [
     "parse_duration",
     "digest",
     "failures_path",
+    "token_key_path",
     "REASON_BLOCKED",
+    "REASON_BAD_SIGNATURE",
 ]
+
+_log = logging.getLogger("plugin_llm.service")
+
+#: the refusal reason (audit, metrics) of a token whose record the home's key did not sign
+REASON_BAD_SIGNATURE = "bad_signature"
 
 #: the refusal reason (audit, metrics) of a request from an address with too many failed authentications
 REASON_BLOCKED = "too_many_failures"
@@ -89,9 +104,21 @@ CREATE TABLE IF NOT EXISTS tokens (
     sha256 TEXT NOT NULL UNIQUE,
     created REAL NOT NULL,
     expires REAL,
-    revoked REAL
+    revoked REAL,
+    mac TEXT
 );
 """
+#: a record's fields, signed in this order (the tag separates this use of the key from any other)
+_MAC_TAG = "plugin-llm token record v1"
+_KEY_BYTES = 32
+_MAX_KEY_FILE = 1024
+#: digests of tokens this process has seen revoked (a record rolled back to before its revocation stays refused)
+_MAX_REVOKED_SEEN = 100_000
+_MAX_BAD_REPORTED = 1_000
+_COLUMNS = "id, plugin, created, expires, revoked, sha256, mac"
+_DIGEST_SHAPE = re.compile(r"[0-9a-f]{64}")
+#: records a Redis listing reads at most
+_MAX_LISTED = 100_000
 
 
 class TokenError(Exception):
@@ -107,9 +134,13 @@ class TokenInfo:
     created: float
     expires: float | None
     revoked: float | None
+    #: False: the home's key did not sign this record (forged, edited, signed with another key, or older)
+    signed: bool = field(default=True, compare=False)
 
     def status(self, now: float | None = None) -> str:
-        """``active``, ``expired`` or ``revoked``."""
+        """``active``, ``expired``, ``revoked``, or ``invalid`` (its record is not signed by the home's key)."""
+        if not self.signed:
+            return "invalid"
         if self.revoked is not None:
             return "revoked"
         if self.expires is not None and self.expires <= (time.time() if now is None else now):
@@ -127,6 +158,97 @@ def tokens_path(home: Path | str) -> Path:
 
 def failures_path(home: Path | str) -> Path:
     return Path(home) / "service" / "auth_failures.db"
+
+
+def token_key_path(home: Path | str) -> Path:
+    """The key that signs token records (host-only: never in a plugin's sandbox, never in Redis)."""
+    return Path(home) / "service" / "token_key"
+
+
+def _mac(key: bytes, row: tuple) -> str:
+    """HMAC-SHA256 of a record ``(id, plugin, created, expires, revoked, sha256)``, hex."""
+    token_id, plugin, created, expires, revoked, sha256 = row[:6]
+    message = json.dumps([_MAC_TAG, token_id, plugin, sha256, created, expires, revoked], separators=(",", ":"))
+    return hmac.new(key, message.encode("utf-8", "surrogatepass"), hashlib.sha256).hexdigest()
+
+
+class _RecordKey:
+    """``<home>/service/token_key``: 32 random bytes as hex, mode 0600, made at the first token.
+
+    Read again when the file changes (an operator copied a replica's key over it). A missing key signs nothing
+    and verifies nothing: every record is then refused (and the log says which file to copy).
+    """
+
+    def __init__(self, home: Path | str) -> None:
+        self.path = token_key_path(home)
+        self._lock = threading.Lock()
+        self._key: bytes | None = None
+        self._seen: tuple | None = None
+
+    def get(self, *, create: bool) -> bytes | None:
+        with self._lock:
+            try:
+                st = os.stat(self.path, follow_symlinks=False)
+            except FileNotFoundError:
+                if not create:
+                    self._key = self._seen = None
+                    return None
+                try:
+                    self._make()
+                    st = os.stat(self.path, follow_symlinks=False)
+                except OSError as exc:
+                    raise self._error(f"cannot be created ({exc.strerror or type(exc).__name__})") from None
+            except OSError as exc:
+                raise self._error(f"cannot be read ({exc.strerror or type(exc).__name__})") from None
+            seen = (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
+            if self._key is None or seen != self._seen:
+                self._key, self._seen = self._read(), seen
+            return self._key
+
+    def _error(self, problem: str) -> TokenError:
+        return TokenError(f"the token key {self.path} {problem}; it signs every token record: restore it (copy it "
+                          "from the machine where the tokens were created), or move it away and create every "
+                          "token again (plugin-llm tokens create)")
+
+    def _make(self) -> None:
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        temporary = self.path.with_name(f".{self.path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        try:
+            try:
+                os.write(fd, secrets.token_hex(_KEY_BYTES).encode() + b"\n")
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.link(temporary, self.path)  # complete when it appears; never replaces a key made meanwhile
+        except FileExistsError:
+            pass
+        finally:
+            os.unlink(temporary)
+
+    def _read(self) -> bytes:
+        try:
+            fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        except OSError as exc:
+            raise self._error(f"cannot be read ({exc.strerror or type(exc).__name__}; a symlink is refused)") from None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+                raise self._error("must be a regular file owned by this user")
+            if stat.S_IMODE(st.st_mode) & 0o077:
+                os.fchmod(fd, 0o600)
+                _log.warning("the token key %s was readable by others (mode %o); made it 0600", self.path,
+                             stat.S_IMODE(st.st_mode))
+            raw = os.read(fd, _MAX_KEY_FILE + 1)
+        finally:
+            os.close(fd)
+        try:
+            key = bytes.fromhex(raw.decode("ascii").strip())
+        except (UnicodeDecodeError, ValueError):
+            key = b""
+        if len(raw) > _MAX_KEY_FILE or len(key) < _KEY_BYTES:
+            raise self._error("is damaged (expected 64 hexadecimal digits)")
+        return key
 
 
 def digest(token: str) -> str:
@@ -147,14 +269,54 @@ class _VerifyingStore:
 
     path: Any = None
 
-    def __init__(self, *, clock=time.time, monotonic=time.monotonic) -> None:
+    def __init__(self, key: _RecordKey, *, clock=time.time, monotonic=time.monotonic) -> None:
+        self._key = key
         self._clock = clock
         self._monotonic = monotonic
         self._cache: dict[str, tuple[float, TokenInfo]] = {}
         self._blocked: dict[str, float] = {}  # client address -> wall-clock end of its block
+        self._revoked_seen: dict[str, float] = {}  # digest -> revocation time, as this process read it signed
+        self._bad_reported: set[str] = set()
 
-    def _row(self, wanted: str) -> tuple | None:  # (id, plugin, created, expires, revoked, sha256)
+    def _row(self, wanted: str) -> tuple | None:  # (id, plugin, created, expires, revoked, sha256, mac)
         raise NotImplementedError
+
+    # -- record signatures
+    def _signed(self, row: tuple, key: bytes | None = None) -> bool:
+        """Whether the home's key signed this record as it is now."""
+        key = key if key is not None else self._key.get(create=False)
+        mac = row[6] if len(row) > 6 else None
+        if key is None or not isinstance(mac, str):
+            return False
+        return hmac.compare_digest(mac.encode("utf-8", "surrogatepass"), _mac(key, row).encode())
+
+    def _report_bad(self, wanted: str, row: tuple) -> None:
+        """Tell the operator (once per record and process) that a record was refused, and why it may be."""
+        if wanted in self._bad_reported:
+            return
+        if len(self._bad_reported) >= _MAX_BAD_REPORTED:
+            self._bad_reported.clear()
+        self._bad_reported.add(wanted)
+        shown = f"token {str(row[0])[:40]!r} (plugin {str(row[1])[:80]!r})"
+        if not self._key.path.exists():
+            why = (f"there is no token key {self._key.path} here: copy it from the machine where the tokens were "
+                   "created (every machine sharing the tokens needs the same key)")
+        elif not row[6]:
+            why = ("the record has no signature: it was written into the store directly, or created before token "
+                   "records were signed; create a new token for the plugin (plugin-llm tokens create) and revoke "
+                   "this one")
+        else:
+            why = (f"its signature does not match: the record was forged or edited by someone without the key "
+                   f"{self._key.path}, or it was signed with another machine's key (copy that key here)")
+        _log.warning("token store %s: %s refused as an unknown token: %s", self.path, shown, why)
+
+    def _info(self, row: tuple, signed: bool) -> TokenInfo:
+        if signed:
+            return TokenInfo(*row[:5])
+        number = lambda value: float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) \
+            else None  # noqa: E731 - an unsigned record's fields are shown, never trusted
+        return TokenInfo(str(row[0])[:40], str(row[1])[:_MAX_PLUGIN], number(row[2]) or 0.0, number(row[3]),
+                         number(row[4]), signed=False)
 
     # -- failed authentications, per client address (shared through the store)
     def _block_end(self, client: str) -> float | None:
@@ -232,13 +394,30 @@ class _VerifyingStore:
 
         Used by :meth:`verify`; the caller must not tell the client which case refused it.
         """
+        return self._find(token)[0]
+
+    def _find(self, token: str) -> tuple[TokenInfo | None, str]:
+        """``(info, "found")``, ``(None, "unknown")``, or ``(None, REASON_BAD_SIGNATURE)`` for a record the
+        home's key did not sign (refused like an unknown token, and logged)."""
         if not isinstance(token, str) or len(token) > _MAX_TOKEN_CHARS or not _TOKEN_SHAPE.fullmatch(token):
-            return None
+            return None, "unknown"
         wanted = digest(token)
         row = self._row(wanted)
         if row is None or not hmac.compare_digest(str(row[5]), wanted):
-            return None
-        return TokenInfo(*row[:5])
+            return None, "unknown"
+        if not self._signed(row):
+            self._report_bad(wanted, row)
+            return None, REASON_BAD_SIGNATURE
+        info = TokenInfo(*row[:5])
+        if info.revoked is not None:
+            if len(self._revoked_seen) >= _MAX_REVOKED_SEEN:
+                self._revoked_seen.pop(next(iter(self._revoked_seen)))
+            self._revoked_seen[wanted] = info.revoked
+        elif wanted in self._revoked_seen:  # a signed record from before its revocation, put back
+            _log.warning("token store %s: token %s was revoked and its record is active again (an older copy was "
+                         "put back); still refused", self.path, info.id)
+            info = TokenInfo(info.id, info.plugin, info.created, info.expires, self._revoked_seen[wanted])
+        return info, "found"
 
     def cached(self, token: str) -> TokenInfo | None:
         """The active token's row when a fresh verified answer is cached (no I/O), else None."""
@@ -251,7 +430,8 @@ class _VerifyingStore:
         return info if info.expires is None or info.expires > self._clock() else None
 
     def verify(self, token: str) -> tuple[TokenInfo | None, str]:
-        """``(info, "ok")`` for an active token, else ``(info or None, "unknown" | "expired" | "revoked")``.
+        """``(info, "ok")`` for an active token, else ``(info or None, "unknown" | "expired" | "revoked" |
+        "bad_signature")``.
 
         The reason is for the audit log only. An active token is cached for
         :data:`CACHE_SECONDS` (keyed by its digest), then read again.
@@ -265,10 +445,10 @@ class _VerifyingStore:
             info = cached[1]
             if info.expires is None or info.expires > self._clock():
                 return info, "ok"
-        info = self.lookup(token)
+        info, found = self._find(token)
         if info is None:
             self._cache.pop(key, None)
-            return None, "unknown"
+            return None, found
         status = info.status(self._clock())
         if status != "active":
             self._cache.pop(key, None)
@@ -283,7 +463,7 @@ class TokenStore(_VerifyingStore):
     """The token file of one home; one connection per process, shared by its threads."""
 
     def __init__(self, home: Path | str, *, clock=time.time, monotonic=time.monotonic) -> None:
-        super().__init__(clock=clock, monotonic=monotonic)
+        super().__init__(_RecordKey(home), clock=clock, monotonic=monotonic)
         self.path = tokens_path(home)
         self._lock = threading.Lock()
         self._conn: sqlite3.Connection | None = None
@@ -318,11 +498,35 @@ class TokenStore(_VerifyingStore):
             # CACHE_SECONDS) and writes rarer still
             conn.execute("PRAGMA journal_mode=DELETE")
             conn.executescript(_SCHEMA)
+            self._sign_unsigned_file(conn)
         except (sqlite3.Error, OSError) as exc:
             raise TokenError(f"the token file {self.path} cannot be used ({type(exc).__name__}: "
                              f"{str(exc)[:200]}); check its permissions, or move it away to start afresh") from None
         self._conn, self._pid, self._opened = conn, os.getpid(), self._file_id()
         return conn
+
+    def _sign_unsigned_file(self, conn: sqlite3.Connection) -> None:
+        """A file from before records were signed gets its ``mac`` column, and its rows their signatures, once.
+
+        The file is the host's own (0600, hidden from sandboxed plugins), so its rows are what the operator
+        created; after this one step an unsigned row is refused like a forged one.
+        """
+        if any(column[1] == "mac" for column in conn.execute("PRAGMA table_info(tokens)")):
+            return
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            if not any(column[1] == "mac" for column in conn.execute("PRAGMA table_info(tokens)")):
+                conn.execute("ALTER TABLE tokens ADD COLUMN mac TEXT")
+                rows = conn.execute("SELECT id, plugin, created, expires, revoked, sha256 FROM tokens").fetchall()
+                if rows:
+                    key = self._key.get(create=True)
+                    conn.executemany("UPDATE tokens SET mac = ? WHERE id = ?", [(_mac(key, r), r[0]) for r in rows])
+                    _log.info("token file %s: signed its %d existing token records with %s", self.path, len(rows),
+                              self._key.path)
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
 
     def _file_id(self) -> tuple[int, int] | None:
         try:
@@ -353,28 +557,62 @@ class TokenStore(_VerifyingStore):
     def create(self, plugin: str, *, expires_in: float | None = None) -> tuple[TokenInfo, str]:
         """A new token for ``plugin``: its row and the token (shown once, stored nowhere)."""
         info, token = self._new(plugin, self._clock(), expires_in)
-        self._execute("INSERT INTO tokens (id, plugin, sha256, created, expires, revoked) VALUES (?, ?, ?, ?, ?, NULL)",
-                      (info.id, info.plugin, digest(token), info.created, info.expires), create=True)
+        key = self._key.get(create=True)
+        mac = _mac(key, (info.id, info.plugin, info.created, info.expires, None, digest(token)))
+        self._execute("INSERT INTO tokens (id, plugin, sha256, created, expires, revoked, mac) "
+                      "VALUES (?, ?, ?, ?, ?, NULL, ?)",
+                      (info.id, info.plugin, digest(token), info.created, info.expires, mac), create=True)
         return info, token
 
     def list(self) -> list[TokenInfo]:
-        rows = self._execute("SELECT id, plugin, created, expires, revoked FROM tokens ORDER BY created, id")
-        return [TokenInfo(*row) for row in rows]
+        """Every row; one the home's key did not sign has status ``invalid``."""
+        rows = self._execute(f"SELECT {_COLUMNS} FROM tokens ORDER BY created, id")
+        key = self._key.get(create=False) if rows else None
+        return [self._info(row, self._signed(row, key)) for row in rows]
 
     def revoke(self, token_id: str) -> TokenInfo:
-        """Revoke by id (idempotent: an already revoked token keeps its first revocation time)."""
+        """Revoke by id (idempotent: an already revoked token keeps its first revocation time), signed anew."""
         token_id = self._checked_id(token_id)
-        self._execute("UPDATE tokens SET revoked = ? WHERE id = ? AND revoked IS NULL", (self._clock(), token_id))
-        rows = self._execute("SELECT id, plugin, created, expires, revoked FROM tokens WHERE id = ?", (token_id,))
-        if not rows:
+        now = self._clock()
+
+        def work(conn: sqlite3.Connection) -> tuple | None:
+            row = conn.execute(f"SELECT {_COLUMNS} FROM tokens WHERE id = ?", (token_id,)).fetchone()
+            if row is None:
+                return None
+            key = self._key.get(create=True)
+            if row[4] is not None and self._signed(row, key):
+                return row
+            revoked = row[4] if isinstance(row[4], float) else now
+            row = (*row[:4], revoked, row[5])
+            conn.execute("UPDATE tokens SET revoked = ?, mac = ? WHERE id = ?", (revoked, _mac(key, row), token_id))
+            return (*row, _mac(key, row))
+
+        row = self._transaction(work)
+        if row is None:
             raise TokenError(f"no token {token_id} in {self.path} (see plugin-llm tokens list)")
         with self._lock:
             self._cache.clear()
-        return TokenInfo(*rows[0])
+        return self._info(row, True)
+
+    def _transaction(self, work):
+        with self._lock:
+            conn = self._connection(False)
+            if conn is None:
+                return None
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    result = work(conn)
+                except BaseException:
+                    conn.execute("ROLLBACK")
+                    raise
+                conn.execute("COMMIT")
+                return result
+            except sqlite3.Error as exc:
+                raise TokenError(f"the token file {self.path} failed ({type(exc).__name__}: {str(exc)[:200]})") from None
 
     def _row(self, wanted: str) -> tuple | None:
-        rows = self._execute("SELECT id, plugin, created, expires, revoked, sha256 FROM tokens WHERE sha256 = ?",
-                             (wanted,))
+        rows = self._execute(f"SELECT {_COLUMNS} FROM tokens WHERE sha256 = ?", (wanted,))
         return rows[0] if rows else None
 
 
@@ -463,14 +701,16 @@ class RedisTokenStore(_VerifyingStore):
     """Tokens in the Redis of ``limits.store: redis``, shared by every replica on every machine.
 
     Keys: ``<prefix>:tokens:<sha256>`` (a hash: id, plugin, created, expires,
-    revoked, sha256) and ``<prefix>:tokens:ids`` (id -> sha256). Every
+    revoked, sha256, mac) and ``<prefix>:tokens:ids`` (id -> sha256). Every
     operation is bounded by ``timeout``; a Redis that fails raises
     :class:`TokenError` (the service answers 503, never lets a call through).
+    Whoever can write that Redis can write a record, so each one is signed with
+    the key in ``home`` (:func:`token_key_path`, the same on every replica).
     """
 
-    def __init__(self, url: str, *, prefix: str = "plugin_llm", timeout: float = 2.0, clock=time.time,
-                 monotonic=time.monotonic) -> None:
-        super().__init__(clock=clock, monotonic=monotonic)
+    def __init__(self, url: str, *, home: Path | str, prefix: str = "plugin_llm", timeout: float = 2.0,
+                 clock=time.time, monotonic=time.monotonic) -> None:
+        super().__init__(_RecordKey(home), clock=clock, monotonic=monotonic)
         import redis
         from redis.backoff import NoBackoff
         from redis.retry import Retry
@@ -498,19 +738,35 @@ class RedisTokenStore(_VerifyingStore):
                              "up and limits.redis_url in config.yaml") from None
 
     @staticmethod
-    def _info(fields: dict) -> tuple | None:
-        if not fields:
+    def _fields(fields: dict) -> tuple | None:
+        """``(id, plugin, created, expires, revoked, sha256, mac)`` of a hash as it is (anyone may have written
+        it: a missing or odd field stays None or text, and only fails the signature check)."""
+        if not fields or not isinstance(fields, dict):
             return None
-        get = lambda name: fields.get(name.encode())  # noqa: E731
-        number = lambda name: float(get(name)) if get(name) not in (None, b"") else None  # noqa: E731
-        return (get("id").decode(), get("plugin").decode(), number("created"), number("expires"), number("revoked"),
-                get("sha256").decode())
+
+        def text(name: str) -> str | None:
+            value = fields.get(name.encode())
+            return value.decode("utf-8", "surrogateescape")[:_MAX_PLUGIN + 64] if isinstance(value, bytes) else None
+
+        def number(name: str) -> float | str | None:
+            value = text(name)
+            if not value:
+                return None
+            try:
+                return float(value)
+            except ValueError:
+                return value
+
+        return (text("id"), text("plugin"), number("created"), number("expires"), number("revoked"), text("sha256"),
+                text("mac"))
 
     def create(self, plugin: str, *, expires_in: float | None = None) -> tuple[TokenInfo, str]:
         info, token = self._new(plugin, self._clock(), expires_in)
         wanted = digest(token)
+        key = self._key.get(create=True)
+        mac = _mac(key, (info.id, info.plugin, info.created, info.expires, None, wanted))
         mapping = {"id": info.id, "plugin": info.plugin, "created": repr(info.created), "sha256": wanted,
-                   "expires": repr(info.expires) if info.expires is not None else "", "revoked": ""}
+                   "expires": repr(info.expires) if info.expires is not None else "", "revoked": "", "mac": mac}
 
         def work(client):
             pipe = client.pipeline(transaction=True)
@@ -521,37 +777,72 @@ class RedisTokenStore(_VerifyingStore):
         self._call(work)
         return info, token
 
+    def _record_keys(self, client) -> list[str]:
+        """Every ``<prefix>:tokens:<sha256>`` key (found by SCAN, not by the id index anyone could edit)."""
+        found = []
+        for name in client.scan_iter(match=f"{self._prefix}:*", count=1000):
+            name = name.decode("utf-8", "replace")
+            if _DIGEST_SHAPE.fullmatch(name[len(self._prefix) + 1:]):
+                found.append(name)
+                if len(found) >= _MAX_LISTED:
+                    break
+        return found
+
     def list(self) -> list[TokenInfo]:
+        """Every record in the store; one the home's key did not sign has status ``invalid``."""
         def work(client):
-            ids = client.hgetall(f"{self._prefix}:ids")
             pipe = client.pipeline(transaction=False)
-            for wanted in ids.values():
-                pipe.hgetall(f"{self._prefix}:{wanted.decode()}")
+            for name in self._record_keys(client):
+                pipe.hgetall(name)
             return pipe.execute()
 
-        rows = [self._info(fields) for fields in self._call(work)]
-        return sorted((TokenInfo(*row[:5]) for row in rows if row), key=lambda t: (t.created, t.id))
+        rows = [row for row in (self._fields(fields) for fields in self._call(work)) if row]
+        key = self._key.get(create=False) if rows else None
+        return sorted((self._info(row, self._signed(row, key)) for row in rows), key=lambda t: (t.created, t.id))
 
     def revoke(self, token_id: str) -> TokenInfo:
+        """Revoke by id, signed anew (the first revocation time is kept). The record is found through the id
+        index, else by a scan; the index is checked against the record it names."""
         token_id = self._checked_id(token_id)
+        key = self._key.get(create=True)
+
+        def find(client) -> tuple[str, tuple] | None:  # the signed record of that id, else an unsigned one
+            wanted = client.hget(f"{self._prefix}:ids", token_id)
+            indexed = [f"{self._prefix}:{wanted.decode('utf-8', 'replace')}"] if wanted is not None else []
+            unsigned = None
+
+            def scanned():  # only when the index does not name the signed record
+                yield from (n for n in self._record_keys(client) if n not in indexed)
+
+            for name in itertools.chain(indexed, scanned()):
+                row = self._fields(client.hgetall(name))
+                if row is not None and row[0] == token_id:
+                    if self._signed(row, key):
+                        return name, row
+                    unsigned = unsigned or (name, row)
+            return unsigned
 
         def work(client):
-            wanted = client.hget(f"{self._prefix}:ids", token_id)
-            if wanted is None:
+            found = find(client)
+            if found is None:
                 return None
-            key = f"{self._prefix}:{wanted.decode()}"
-            if not client.hget(key, "revoked"):
-                client.hset(key, "revoked", repr(self._clock()))
-            return client.hgetall(key)
+            name, row = found
+            if row[4] is not None and self._signed(row, key):
+                return row
+            revoked = row[4] if isinstance(row[4], float) else self._clock()
+            row = (*row[:4], revoked, row[5])
+            mac = _mac(key, row)
+            client.hset(name, mapping={"revoked": repr(revoked), "mac": mac})
+            return (*row, mac)
 
-        row = self._info(self._call(work) or {})
+        row = self._call(work)
         if row is None:
             raise TokenError(f"no token {token_id} in the token store ({self.path}) (see plugin-llm tokens list)")
         self._cache.clear()
-        return TokenInfo(*row[:5])
+        return self._info(row, self._signed(row, key))
 
     def _row(self, wanted: str) -> tuple | None:
-        return self._info(self._call(lambda client: client.hgetall(f"{self._prefix}:{wanted}")))
+        return self._fields(self._call(lambda client: client.hgetall(f"{self._prefix}:{wanted}")))
 
     # failures: <prefix>:auth_failures:count:<client> (expires window_seconds after the first failure) and
     # <prefix>:auth_failures:block:<client> (expires when the block ends): Redis's clock, one for all replicas
@@ -593,5 +884,6 @@ def token_store_for(home: Path | str, config: Any = None) -> "TokenStore | Redis
         config = get_config_source(Path(home)).current()
     settings = config.limits
     if settings.store == "redis":
-        return RedisTokenStore(settings.redis_url, prefix=settings.redis_key_prefix, timeout=settings.store_timeout)
+        return RedisTokenStore(settings.redis_url, home=home, prefix=settings.redis_key_prefix,
+                               timeout=settings.store_timeout)
     return TokenStore(home)
