@@ -180,7 +180,7 @@ def test_isolation_network_none_cuts_the_network_under_bubblewrap(hermes_home, m
     assert bubblewrap_status().usable, bubblewrap_status().reason
     write_plugin(hermes_home / "plugins", "net-on", NET)
     write_plugin(hermes_home / "plugins", "net-off", NET.replace('"connect"', '"connect_off"'))
-    _config(hermes_home, {"net-on": {"isolation": "process"},
+    _config(hermes_home, {"net-on": {"isolation": "process", "isolation_network": "host"},  # the opt-in
                           "net-off": {"isolation": "process", "isolation_network": "none"}})
     with socket.create_server(("127.0.0.1", 0)) as server:
         port = server.getsockname()[1]
@@ -215,7 +215,9 @@ def test_isolation_network_is_validated_and_known_to_trust_check(hermes_home, ca
     assert "plugins.entries.p.isolation_network: unknown value 'nnone' (did you mean 'none'?)" in typo.problems[0]
     assert settings_from_raw({"plugins": {"entries": {"p": {"isolation_network": False}}}}).entry("p") \
         .isolation_network == "none"
-    assert settings_from_raw({"plugins": {"entries": {"p": {}}}}).entry("p").isolation_network == "host"
+    assert settings_from_raw({"plugins": {"entries": {"p": {}}}}).entry("p").isolation_network is None  # unset
+    assert settings_from_raw({"plugins": {"entries": {"p": {"isolation_network": "host"}}}}).entry("p") \
+        .isolation_network == "host"
     write_plugin(hermes_home / "plugins", "p")
     _config(hermes_home, {"p": {"isolation": "process", "isolation_network": "none"}})
     code = main(["trust", "check"])

@@ -391,14 +391,21 @@ def test_without_bubblewrap_files_of_the_same_user_stay_readable(plugin_dir, her
     assert spec.argv[0] == sys.executable
 
 
-def test_network_is_the_hosts_unless_turned_off(plugin_dir, hermes_home):
+def test_network_is_none_by_default_and_the_hosts_on_request(plugin_dir, hermes_home):
     with socket.create_server(("127.0.0.1", 0)) as server:
         port = server.getsockname()[1]
-        shared, _ = run_probe(plugin_dir, hermes_home, "bubblewrap", connect=port)
+        shared, shared_spec = run_probe(plugin_dir, hermes_home, "bubblewrap", connect=port,
+                                        spec_kwargs={"share_network": True})
         cut, spec = run_probe(plugin_dir, hermes_home, "bubblewrap", connect=port,
                               spec_kwargs={"share_network": False})
+        default, default_spec = run_probe(plugin_dir, hermes_home, "bubblewrap", connect=port)
+        plain, plain_spec = run_probe(plugin_dir, hermes_home, "process", connect=port)
     assert shared["connect"] == ["ok", None]
     assert cut["connect"][0] in ("OSError", "ConnectionRefusedError") and "--unshare-net" in spec.argv
+    assert default["connect"][0] in ("OSError", "ConnectionRefusedError") and "--unshare-net" in default_spec.argv
+    assert shared_spec.share_network and not spec.share_network and not default_spec.share_network
+    # without bubblewrap a plain process cannot be cut off: the default is then the host's network, and says so
+    assert plain["connect"] == ["ok", None] and plain_spec.share_network
 
 
 def test_no_bwrap_on_path_falls_back_to_process_confinement(plugin_dir, hermes_home, tmp_path, monkeypatch, secrets):

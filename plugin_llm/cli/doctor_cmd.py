@@ -425,6 +425,8 @@ def _plugins(plugins: list[dict[str, Any]], view: Any) -> list[Check]:
             if p.get("isolation") == "process":
                 how = "confined by bubblewrap" if p.get("confinement") == "bubblewrap" else \
                     "without bubblewrap (it can read files this OS user can)"
+                if p.get("isolation_network") == "host":  # it can reach every service the host can (Redis too)
+                    how += ", with the host's network"
                 out.append(Check(OK, "plugin " + p["key"], f"runs out of process, {how}"))
             if p["missing_env"]:
                 out.append(Check(WARN, "plugin " + p["key"], f"missing environment variable{'s' if len(p['missing_env']) > 1 else ''} "
@@ -451,7 +453,8 @@ def _bubblewrap(plugins: Callable[[], list[dict[str, Any]]]) -> list[Check]:
               "(they can read files this OS user can)"
     if isolated:
         return [Check(WARN, "bubblewrap", f"{message}; isolated plugins: {', '.join(isolated[:10])}",
-                      "install bubblewrap (apt-get install bubblewrap) so isolated plugins cannot read the home")]
+                      "install bubblewrap (apt-get install bubblewrap) so isolated plugins cannot read the home "
+                      "and get no network unless isolation_network: host")]
     return [Check(OK, "bubblewrap", message)]
 
 

@@ -309,7 +309,9 @@ def _isolation_text(p: dict[str, Any]) -> str:
     else:
         text = "out of process (not started)"
     if p.get("isolation_network") == "none":
-        text += "; no network (isolation_network: none)"
+        text += "; no network"
+    elif p.get("isolation_network") == "host":  # asked for, or a plain process that cannot be cut off
+        text += "; the host's network" + (" (isolation_network: host)" if confinement == "bubblewrap" else "")
     if p.get("data_dir"):
         text += f"; its data: {p['data_dir']}"
     restarts = p.get("restarts") or 0

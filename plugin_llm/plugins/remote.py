@@ -513,7 +513,8 @@ class RemotePlugin:
         self.confinement: str | None = None
         self.confinement_reason = ""
         self.last_fault: str | None = None
-        self.network = NETWORK_HOST  # plugins.entries.<key>.isolation_network, read at each (re)start
+        self.network: str | None = None  # host | none as its process has it (isolation_network, at each start)
+        self._network_setting: str | None = None  # plugins.entries.<key>.isolation_network (None: unset)
         self.data_dir: Path | None = None  # <home>/plugin-data/<key>/: its HOME and HERMES_HOME
         with _LIVE_LOCK:
             _LIVE.add(self)
@@ -549,7 +550,7 @@ class RemotePlugin:
         try:  # limits and network as config.yaml says now: an edit applies at the next (re)start
             settings = self._manager._settings.current()
             self.limits = settings.limits_for(self.key)
-            self.network = settings.entry(self.key).isolation_network
+            self._network_setting = settings.entry(self.key).isolation_network
         except Exception:  # pragma: no cover - settings never raise; keep the last values
             pass
         self.data_dir = sandbox.plugin_data_dir(self._manager.home, self.key)
@@ -559,7 +560,8 @@ class RemotePlugin:
                                       requires_env=list(self.manifest.required_env_names),
                                       hermes_home=self._manager.home, limits=self.limits,
                                       python_args=["-m", "plugin_llm.plugins.worker"],
-                                      share_network=self.network != NETWORK_NONE, data_dir=self.data_dir)
+                                      share_network=None if self._network_setting is None
+                                      else self._network_setting != NETWORK_NONE, data_dir=self.data_dir)
             try:
                 proc = subprocess.Popen(spec.argv, env=spec.env, cwd=spec.cwd, preexec_fn=spec.preexec_fn,
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -571,6 +573,7 @@ class RemotePlugin:
 
         child = _SPAWNER.run(start)
         self.confinement, self.confinement_reason = child.spec.confinement, child.spec.reason
+        self.network = NETWORK_HOST if child.spec.share_network else NETWORK_NONE
         return child
 
     def _load_params(self) -> dict[str, Any]:

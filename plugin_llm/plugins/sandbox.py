@@ -33,11 +33,11 @@ What the child gets:
   the ``plugin_llm`` package bound back read-only, the scratch directory and
   the plugin's own data directory read-write), a private ``/proc`` in a new PID namespace (the host's
   processes and their ``environ`` are invisible), a minimal ``/dev``, all
-  capabilities dropped, ``--die-with-parent``. The network is the host's
-  (plugins may call APIs) unless ``share_network=False`` (a new, empty network
-  namespace: not even loopback reaches the host). Without bubblewrap there is no
-  way to take the network away: ``share_network=False`` then raises
-  :class:`SandboxUnavailable` rather than start a child with the network.
+  capabilities dropped, ``--die-with-parent``. By default no network (a new,
+  empty network namespace: not even loopback reaches the host, so neither does
+  the limits Redis); ``share_network=True`` gives it the host's. Without bubblewrap there is no
+  way to take the network away: the default is then the host's network, and
+  ``share_network=False`` raises :class:`SandboxUnavailable` rather than start a child with it.
 
 Without a usable ``bwrap`` the confinement is ``"process"`` and
 :attr:`ChildSpec.reason` says why: the host is made non-dumpable
@@ -272,7 +272,7 @@ class ChildSpec:
     withheld_env: tuple[str, ...] = ()  # requires_env names refused: credential variables of the host
     limits: SandboxLimits = DEFAULT_LIMITS
     data_dir: Path | None = None  # the plugin's persistent HOME and HERMES_HOME (kept by cleanup())
-    share_network: bool = True
+    share_network: bool = True  # as the child has it (child_spec's None resolved)
     _cleaned: bool = field(default=False, repr=False)
 
     def cleanup(self) -> None:
@@ -310,7 +310,7 @@ def child_spec(
     limits: SandboxLimits,
     python_args: Sequence[str],
     use_bubblewrap: bool = True,
-    share_network: bool = True,
+    share_network: bool | None = None,
     harden_host: bool = True,
     data_dir: Path | None = None,
 ) -> ChildSpec:
@@ -318,7 +318,7 @@ def child_spec(
 
     Creates the scratch directory; the caller owns it and calls :meth:`ChildSpec.cleanup`.
     ``use_bubblewrap=False`` (an operator setting) forces ``"process"`` confinement;
-    ``share_network=False`` gives a bubblewrap child no network at all. With
+    ``share_network`` True / False: the host's network / none; None: none under bubblewrap, else the host's. With
     ``"process"`` confinement the host is made non-dumpable first
     (:func:`harden_host_process`; ``harden_host=False`` skips it), because the
     child shares the host's ``/proc`` and OS user.
@@ -337,6 +337,7 @@ def child_spec(
     try:
         os.chmod(scratch, 0o700)
         env, withheld = _child_env(requires_env, hermes_home, withheld_names, scratch)
+        withheld = _without_store_secrets(env, withheld, hermes_home)
         if data is not None:
             env["HOME"] = env["HERMES_HOME"] = str(data)
         python = [sys.executable, *python_args]
@@ -346,10 +347,13 @@ def child_spec(
             status = bubblewrap_status()
             if status.usable and status.path:
                 confinement, reason = CONFINEMENT_BUBBLEWRAP, status.reason
+                share_network = bool(share_network)  # unset: no network, where bubblewrap can take it away
                 argv = [status.path, *_bwrap_options(plugin_dir, hermes_home, scratch, env, share_network, data),
                         "--", *python]
             else:
                 confinement, reason, argv = CONFINEMENT_PROCESS, status.reason, python
+        if share_network is None:  # a plain process: there is no taking the host's network away from it
+            share_network = True
         if not share_network and confinement != CONFINEMENT_BUBBLEWRAP:
             raise SandboxUnavailable(
                 f"plugin {plugin_key[:200]}: isolation_network: none needs bubblewrap to take the network away, "
@@ -469,6 +473,22 @@ def _child_env(requires_env: Sequence[str], home: Path, credential_names: frozen
             env[name] = value
     env["HOME"] = env["TMPDIR"] = str(scratch)
     return env, tuple(withheld)
+
+
+def _without_store_secrets(env: dict[str, str], withheld: tuple[str, ...], home: Path) -> tuple[str, ...]:
+    """Drop every variable whose value holds the password of ``limits.redis_url`` (the store of the tokens and
+    limits: a plugin must never be able to write what authenticates or limits it); their names join ``withheld``."""
+    try:
+        from plugin_llm.config import get_config_source
+        from plugin_llm.limits.settings import url_secrets
+
+        found = url_secrets(get_config_source(home).current().limits.redis_url)
+    except Exception:  # an unreadable config names no store the host could use
+        return withheld
+    dropped = [name for name, value in env.items() if any(secret in value for secret in found)]
+    for name in dropped:
+        del env[name]
+    return (*withheld, *dropped)
 
 
 def _home_env(home: Path) -> dict[str, str]:

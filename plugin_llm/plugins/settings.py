@@ -27,7 +27,7 @@ plugins:
       capabilities_sha256: 3f1c...         # what was consented to (see plugins.consent)
       isolation: process                   # run it in its own process (default: in_process)
       isolation_limits: {memory_mb: 512}   # that process's limits (default: plugins.isolation_limits)
-      isolation_network: none              # host (default) | none: no network at all (needs bubblewrap)
+      isolation_network: host              # none (the default under bubblewrap) | host: the host's network
 ```
 
 ``plugins.isolation_limits`` (``memory_mb``, ``cpu_seconds``, ``open_files``) are the host's
@@ -75,7 +75,8 @@ ISOLATION_IN_PROCESS = "in_process"
 ISOLATION_VALUES = (ISOLATION_IN_PROCESS, ISOLATION_PROCESS)
 NETWORK_HOST = "host"
 NETWORK_NONE = "none"
-#: ``plugins.entries.<key>.isolation_network`` values: the host's network, or none at all (bubblewrap only)
+#: ``plugins.entries.<key>.isolation_network`` values: the host's network, or none at all (bubblewrap only).
+#: Unset: none where bubblewrap confines the plugin, else the host's (a plain process cannot be cut off).
 NETWORK_VALUES = (NETWORK_HOST, NETWORK_NONE)
 
 #: Built-in names meaning "no plugin engine / provider".
@@ -94,8 +95,9 @@ class PluginEntry:
     isolation: str = ISOLATION_IN_PROCESS
     #: its process's resource limits (a ``sandbox.SandboxLimits``); None: the host default
     isolation_limits: Any = None
-    #: ``host``: its process uses the host's network; ``none``: it has none (bubblewrap's empty namespace)
-    isolation_network: str = NETWORK_HOST
+    #: ``host``: its process uses the host's network; ``none``: it has none (bubblewrap's empty namespace);
+    #: None (unset): none under bubblewrap, the host's without it
+    isolation_network: str | None = None
 
 
 @dataclass(frozen=True)
@@ -235,10 +237,10 @@ def _entries(plugins: Mapping[str, Any], problems: list[str]) -> dict[str, Plugi
     return out
 
 
-def _network(value: Any, where: str, problems: list[str]) -> str:
-    """``host`` or ``none``; anything else is ``none`` (the safer reading) with a warning."""
+def _network(value: Any, where: str, problems: list[str]) -> str | None:
+    """``host`` or ``none`` (None when unset); anything else is ``none`` (the safer reading) with a warning."""
     if value is None:
-        return NETWORK_HOST
+        return None
     if value is False:  # YAML's unquoted ``no`` / ``off``
         return NETWORK_NONE
     text = value.strip().lower() if isinstance(value, str) else None
