@@ -372,3 +372,16 @@ def test_no_store_password_reaches_an_isolated_plugin(hermes_home, managers, mon
     assert "REDIS_URL" not in seen["env"] and "CACHE_PASSWORD" not in seen["env"]
     assert all(seen[name].startswith("unreadable") for name in ("config", "key", "tokens")), seen
     assert "REDIS_URL, CACHE_PASSWORD withheld" in caplog.text
+
+
+def test_doctor_warns_of_a_plugin_with_the_network_and_a_redis_without_password(hermes_home, capsys):
+    write_plugin(hermes_home / "plugins", "netty", "def register(ctx):\n    ctx.register_command('n', lambda raw: 'ok')\n")
+    entry = {"isolation": "process", "isolation_network": "host"}
+    _redis_config(hermes_home, "redis://127.0.0.1:1/0", "p", {"enabled": ["netty"], "entries": {"netty": entry}})
+    main(["doctor"])
+    out = capsys.readouterr().out
+    assert "WARN  plugin netty: has the host's network, and limits.redis_url has no password" in out
+    _redis_config(hermes_home, "redis://:longpassword@127.0.0.1:1/0", "p",
+                  {"enabled": ["netty"], "entries": {"netty": entry}})
+    main(["doctor"])
+    assert "limits.redis_url has no password" not in capsys.readouterr().out

@@ -428,6 +428,12 @@ def _plugins(plugins: list[dict[str, Any]], view: Any) -> list[Check]:
                 if p.get("isolation_network") == "host":  # it can reach every service the host can (Redis too)
                     how += ", with the host's network"
                 out.append(Check(OK, "plugin " + p["key"], f"runs out of process, {how}"))
+                if p.get("isolation_network") == "host" and _open_redis(view):
+                    out.append(Check(WARN, "plugin " + p["key"], "has the host's network, and limits.redis_url has no "
+                                     "password: it can connect to that Redis and change the limit counts there "
+                                     "(token records are signed: it cannot make one)",
+                                     "give the Redis a password (requirepass) and put it in limits.redis_url, or "
+                                     f"drop isolation_network: host from plugins.entries.{p['key']}"))
             if p["missing_env"]:
                 out.append(Check(WARN, "plugin " + p["key"], f"missing environment variable{'s' if len(p['missing_env']) > 1 else ''} "
                                  f"{', '.join(p['missing_env'])} (it loads, but may not work)",
@@ -435,6 +441,15 @@ def _plugins(plugins: list[dict[str, Any]], view: Any) -> list[Check]:
             for warning in p.get("warnings") or ():
                 out.append(Check(WARN, "plugin " + p["key"], warning))
     return out
+
+
+def _open_redis(view: Any) -> bool:
+    """The limits (and tokens) live in a Redis that takes connections without a password."""
+    from plugin_llm.limits.settings import url_secrets
+
+    config = getattr(view, "config", None)
+    settings = getattr(config, "limits", None) if view.error is None else None
+    return settings is not None and settings.store == "redis" and not url_secrets(settings.redis_url)
 
 
 # ------------------------------------------------------------------ bubblewrap
