@@ -11,34 +11,13 @@ anything.
 from __future__ import annotations
 
 import difflib
-import functools
-import importlib.util
-import re
-from pathlib import Path
 
+from auth.env_names import litellm_providers as _litellm_providers
 from auth.providers import ENV_VARS
 
 __all__ = ["known_providers", "unknown_provider_problem"]
 
 _HOST_PROVIDERS = frozenset({"custom", "local"})
-_ENUM_MEMBER = re.compile(r'^\s+[A-Z][A-Z0-9_]*\s*=\s*"([a-z0-9_.\-]+)"', re.M)
-
-
-@functools.lru_cache(maxsize=1)
-def _litellm_providers() -> frozenset[str]:
-    spec = importlib.util.find_spec("litellm")  # locates the package without importing it
-    if spec is None or not spec.submodule_search_locations:
-        return frozenset()
-    path = Path(next(iter(spec.submodule_search_locations))) / "types" / "utils.py"
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
-        return frozenset()
-    start = text.find("class LlmProviders(")
-    if start < 0:
-        return frozenset()
-    end = text.find("\nclass ", start + 1)
-    return frozenset(_ENUM_MEMBER.findall(text[start:end if end > 0 else None]))
 
 
 def known_providers() -> frozenset[str]:
