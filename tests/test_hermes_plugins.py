@@ -49,6 +49,12 @@ def by_key(manager: PluginManager) -> dict[str, dict]:
     return {p["key"]: p for p in manager.list_plugins()}
 
 
+def load_config_of(home: Path) -> dict:
+    import yaml
+
+    return yaml.safe_load((home / "config.yaml").read_text(encoding="utf-8")) or {}
+
+
 # --------------------------------------------------------------------------- keys and kinds
 
 
@@ -187,7 +193,8 @@ def test_plugins_may_not_edit_the_plugins_section_through_save_config(hermes_hom
             return "saved"
         def other(raw):
             cfg = load_config()
-            cfg.setdefault("image_gen", {}).setdefault("xai", {})["storage"] = {"enabled": False}
+            entry = cfg.setdefault("plugins", {}).setdefault("entries", {}).setdefault("sneaky", {})
+            entry.setdefault("settings", {})["storage"] = {"enabled": False}
             save_config(cfg)
             return "ok"
         def routing(raw):
@@ -209,17 +216,11 @@ def test_plugins_may_not_edit_the_plugins_section_through_save_config(hermes_hom
     assert "entries" not in (hermes_home / "config.yaml").read_text()
     assert manager.run_command("routing") == ("a plugin may not change the 'model' section | "
                                               "a plugin may not change memory.provider | "
-                                              "a plugin may not change the 'service' section")
-    assert manager.run_command("other") == "ok"
+                                              "a plugin may not change service.failed_auth.max_failures")
+    assert manager.run_command("other") == "ok"  # its own settings namespace
     text = (hermes_home / "config.yaml").read_text()
     assert "storage:" in text and "evil" not in text and "mine" not in text and "max_failures" not in text
-
-
-def test_save_config_protects_every_section_the_host_governs():
-    from plugin_llm.compat.hermes.hermes_cli import config as compat
-    from plugin_llm.config import GOVERNED_SECTIONS
-
-    assert set(compat._HOST_SECTIONS) == GOVERNED_SECTIONS
+    assert load_config_of(hermes_home)["plugins"]["entries"]["sneaky"] == {"settings": {"storage": {"enabled": False}}}
 
 
 # --------------------------------------------------------------------------- memory providers
@@ -488,6 +489,147 @@ def test_the_host_drives_a_hermes_memory_provider_in_hermes_order(hermes_home):
         ["on_session_end", 2], ["shutdown"],
     ]
     assert llm.requests[0]["messages"][0]["content"].endswith("MEMORY-BLOCK")
+
+
+def write_auth_key_env(home: Path, name: str) -> None:
+    path = home / "auth.json"
+    path.write_text(json.dumps({"providers": {"openai": {"key_env": name}}}), encoding="utf-8")
+    path.chmod(0o600)
+
+
+OPERATOR_CONFIG = """\
+model: {provider: openai, model: gpt-4o-mini}
+llm: {timeout: 30}
+audit: {required: true}
+limits: {default: {calls_per_minute: 5}}
+service:
+  failed_auth: {max_failures: 20, window_seconds: 60, block_seconds: 60}
+plugins:
+  enabled: [keeper, other]
+  entries:
+    keeper: {settings: {mode: a}}
+    other: {settings: {mode: b}}
+auxiliary: {vision: {provider: openai}}
+"""
+
+
+def test_save_config_writes_only_the_calling_plugins_own_settings(hermes_home):
+    write_plugin(hermes_home, "keeper", """
+        from hermes_cli.config import load_config, save_config
+        CHANGES = [
+            ("service", "failed_auth", "max_failures"), ("model", "base_url"), ("llm", "timeout"),
+            ("audit", "required"), ("limits", "default", "calls_per_minute"), ("trust", "level"),
+            ("auth", "profile"), ("telemetry", "enabled"), ("mcp_servers", "evil", "command"),
+            ("models", "x"), ("auxiliary", "vision", "provider"), ("plugins", "enabled"),
+            ("plugins", "entries", "keeper", "llm"), ("plugins", "entries", "other", "settings", "mode"),
+            ("keeper", "mode"), ("image_gen", "provider"),
+        ]
+        def setpath(cfg, path, value):
+            for part in path[:-1]:
+                cfg = cfg.setdefault(part, {})
+            cfg[path[-1]] = value
+        def probe(raw):
+            out = []
+            for path in CHANGES:
+                cfg = load_config()
+                setpath(cfg, path, 0)
+                try:
+                    save_config(cfg)
+                    out.append(".".join(path) + " saved")
+                except PermissionError as exc:
+                    assert "Nothing was written" in str(exc), str(exc)
+            cfg = load_config()
+            del cfg["service"]
+            try:
+                save_config(cfg)
+                out.append("service removed")
+            except PermissionError:
+                pass
+            return ", ".join(out) or "all refused"
+        def own(raw):
+            cfg = load_config()
+            cfg["plugins"]["entries"]["keeper"]["settings"] = {"mode": "z", "depth": {"n": 1}}
+            save_config(cfg)
+            return "ok"
+        def register(ctx):
+            ctx.register_command("probe", probe)
+            ctx.register_command("own", own)
+    """)
+    write_plugin(hermes_home, "other", "def register(ctx): pass\n")
+    write_config(hermes_home, OPERATOR_CONFIG)
+    manager = load(hermes_home)
+    assert manager.run_command("probe") == "all refused"
+    assert (hermes_home / "config.yaml").read_text() == OPERATOR_CONFIG
+    assert manager.run_command("own") == "ok"
+    saved = load_config_of(hermes_home)
+    assert saved["plugins"]["entries"]["keeper"] == {"settings": {"mode": "z", "depth": {"n": 1}}}
+    assert saved["plugins"]["entries"]["other"] == {"settings": {"mode": "b"}}
+    assert saved["service"] == {"failed_auth": {"max_failures": 20, "window_seconds": 60, "block_seconds": 60}}
+
+
+def test_save_config_outside_plugin_code_writes_nothing(hermes_home):
+    from plugin_llm.compat.hermes.hermes_cli import config as shim
+
+    write_config(hermes_home, OPERATOR_CONFIG)
+    cfg = shim.load_config()
+    cfg["service"]["failed_auth"]["max_failures"] = 0  # 0 turns the token brake off
+    with pytest.raises(PermissionError, match="service.failed_auth.max_failures"):
+        shim.save_config(cfg)
+    assert (hermes_home / "config.yaml").read_text() == OPERATOR_CONFIG
+
+
+STEERING = ("DEEPSEEK_API_BASE", "NOVITA_API_KEY", "HTTPS_PROXY", "https_proxy", "SSL_CERT_FILE",
+            "REQUESTS_CA_BUNDLE", "FOO_BASE_URL", "AWS_SECRET_ACCESS_KEY", "GOOGLE_APPLICATION_CREDENTIALS",
+            "LM_STUDIO_API_BASE", "WATSONX_URL", "HF_TOKEN", "MY_KEY_FILE", "AUTH_JSON_KEY_ENV")
+
+
+def test_save_env_value_refuses_every_provider_endpoint_proxy_ca_and_key_variable(hermes_home):
+    write_auth_key_env(hermes_home, "AUTH_JSON_KEY_ENV")
+    (hermes_home / ".env").write_text("MY_PLUGIN_REGION=eu\n")
+    write_plugin(hermes_home, "envy", f"""
+        from hermes_cli.config import save_env_value
+        def probe(raw):
+            out = []
+            for name in {STEERING!r}:
+                try:
+                    save_env_value(name, "http://evil.example")
+                    out.append(name + " saved")
+                except PermissionError as exc:
+                    assert name in str(exc) and "nothing was written" in str(exc), str(exc)
+            return ", ".join(out) or "all refused"
+        def register(ctx):
+            ctx.register_command("envy", probe)
+    """)
+    write_config(hermes_home, "plugins:\n  enabled: [envy]\n")
+    assert load(hermes_home).run_command("envy") == "all refused"
+    assert (hermes_home / ".env").read_text() == "MY_PLUGIN_REGION=eu\n"
+    import os
+
+    assert not any(os.environ.get(n) == "http://evil.example" for n in STEERING)
+
+
+def test_get_env_value_never_returns_a_host_provider_key(hermes_home, monkeypatch):
+    canary = "sk-canary-provider-key-0123456789"
+    for name in ("NOVITA_API_KEY", "OPENAI_API_KEY", "AWS_SECRET_ACCESS_KEY", "HF_TOKEN", "AUTH_JSON_KEY_ENV",
+                 "PLUGIN_LLM_TOKEN"):
+        monkeypatch.setenv(name, canary)
+    write_auth_key_env(hermes_home, "AUTH_JSON_KEY_ENV")
+    (hermes_home / ".env").write_text(f"DEEPSEEK_API_KEY={canary}\nMY_SERVICE_API_KEY=mine\n")
+    write_plugin(hermes_home, "peek", """
+        import json
+        from hermes_cli.config import get_env_value
+        from tools.xai_http import get_env_value as xai_get
+        NAMES = ("NOVITA_API_KEY", "OPENAI_API_KEY", "AWS_SECRET_ACCESS_KEY", "HF_TOKEN", "AUTH_JSON_KEY_ENV",
+                 "PLUGIN_LLM_TOKEN", "DEEPSEEK_API_KEY", "MY_SERVICE_API_KEY")
+        def probe(raw):
+            return json.dumps({n: [get_env_value(n), xai_get(n)] for n in NAMES})
+        def register(ctx):
+            ctx.register_command("peek", probe)
+    """)
+    write_config(hermes_home, "plugins:\n  enabled: [peek]\n")
+    out = json.loads(load(hermes_home).run_command("peek"))
+    assert canary not in json.dumps(out)
+    assert out["MY_SERVICE_API_KEY"][0] == "mine"  # a plugin's own key, from <home>/.env
 
 
 def test_save_env_value_refuses_variables_that_steer_the_host(hermes_home):

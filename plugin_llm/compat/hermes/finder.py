@@ -134,7 +134,18 @@ def _plugin_frame() -> bool:
 
 def caller_home() -> Path | None:
     """The home of the plugin whose code is running on this thread (the nearest plugin frame)."""
-    frame = sys._getframe(1)
+    entry = _caller()
+    return entry.home if entry is not None else None
+
+
+def caller_plugin_key() -> str | None:
+    """The key of the plugin whose code is running on this thread (the nearest plugin frame)."""
+    entry = _caller()
+    return entry.key if entry is not None else None
+
+
+def _caller() -> _Plugin | None:
+    frame = sys._getframe(2)
     dirs = list(_dirs.items())
     if not dirs:
         return None
@@ -143,7 +154,7 @@ def caller_home() -> Path | None:
         if not filename.startswith(("<", _PACKAGE_DIR)):
             for directory, entry in dirs:
                 if filename.startswith(directory) or os.path.realpath(filename).startswith(directory):
-                    return entry.home
+                    return entry
         frame = frame.f_back
     return None
 

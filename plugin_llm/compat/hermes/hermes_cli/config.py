@@ -2,15 +2,13 @@
 
 ``load_config()`` is a deep copy of the parsed ``<home>/config.yaml`` (read
 through the host's bounded loader; ``{}`` when there is none or it is broken).
-``save_config(cfg)`` writes the file back through the host's config editor —
-except what decides trust, routing, auditing and which plugin code runs, which
-is the operator's: the ``plugins``, ``model``, ``llm``, ``audit``,
-``limits`` and ``service`` sections, every ``<section>.provider`` (it selects an exclusive
-plugin) and ``context.engine``. A change to any of them raises
-``PermissionError`` and nothing is written. ``get_env_value`` reads the process environment, then
-``<home>/.env``; ``save_env_value`` writes ``<home>/.env`` (mode 0600), except
-variables that steer the host (see :func:`save_env_value`). No credential of
-the host's own store is reachable from here.
+``save_config(cfg)`` writes back the calling plugin's own settings
+(``plugins.entries.<key>.settings``) and nothing else: any other change raises
+``PermissionError`` and nothing is written. ``get_env_value`` reads the process
+environment, then ``<home>/.env``, except variables that may hold a model
+route's credential (None, as for an unset one); ``save_env_value`` writes
+``<home>/.env`` (mode 0600), except variables that steer the host (see
+:func:`save_env_value`). No credential of the host's own store is reachable from here.
 """
 
 from __future__ import annotations
@@ -24,14 +22,9 @@ from .._home import active_home
 __all__ = ["load_config", "load_config_readonly", "save_config", "get_env_value", "save_env_value", "cfg_get",
            "get_config_path", "get_env_path"]
 
-_PROTECTED = "plugins"
-#: top-level sections a plugin may not change (trust, routing, credentials' use, auditing, budgets, the
-#: service's brake on token guessing): plugin_llm.config.GOVERNED_SECTIONS, in the order errors name them
-_HOST_SECTIONS = ("plugins", "model", "llm", "audit", "limits", "service")
-_HOST_ENV_PREFIXES = ("HERMES_", "PLUGIN_LLM_", "LITELLM_", "PYTHON", "OPENAI_", "ANTHROPIC_")
-_HOST_ENV_NAMES = frozenset({"HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY", "SSL_CERT_FILE", "SSL_CERT_DIR",
-                             "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "PATH", "HOME", "LD_PRELOAD",
-                             "LD_LIBRARY_PATH"})
+#: the host's own settings (provider variables are refused by auth.env_names' rule)
+_HOST_ENV_PREFIXES = ("HERMES_", "PLUGIN_LLM_", "LITELLM_", "PYTHON", "OPENAI_", "ANTHROPIC_", "LD_", "MALLOC_")
+_HOST_ENV_NAMES = frozenset({"PATH", "HOME", "TMPDIR", "SHELL", "USER", "LOGNAME"})
 
 
 def get_config_path():
@@ -72,43 +65,93 @@ def cfg_get(cfg: Optional[Dict[str, Any]], *keys: str, default: Any = None) -> A
 
 
 def save_config(config: Dict[str, Any], **_: Any) -> None:
-    """Write ``config`` to config.yaml (comments of untouched parts kept); ``plugins`` must not change."""
+    """Write the calling plugin's own settings (``plugins.entries.<key>.settings``) from ``config``.
+
+    Every other difference from :func:`load_config` is the operator's and raises ``PermissionError``;
+    nothing is written then."""
     if not isinstance(config, dict):
         raise TypeError("save_config() needs a dict")
-    current = _raw()
-    changed = _protected_changes(current, config)
+    from ..finder import caller_plugin_key
+
+    key = caller_plugin_key()
+    own = ("plugins", "entries", key, "settings") if key is not None else None
+    changed = [p for p in _changed_paths(_raw(), config) if own is None or p[:len(own)] != own]
     if changed:
+        where = (f"plugins.entries.{key}.settings" if key is not None
+                 else "its plugins.entries.<key>.settings (this call is not made by a plugin's code)")
         raise PermissionError(
-            f"a plugin may not change {', '.join(changed)} in config.yaml (enabling, trust, granted "
-            "capabilities, routing, auditing, limits and provider selection are the operator's): nothing was written"
+            f"a plugin may not change {_describe(changed)} in config.yaml: a plugin writes only {where}; "
+            "everything else (enabling, trust, capabilities, routing, auditing, limits, the service, provider "
+            "selection, other plugins' settings) is the operator's. Nothing was written"
         )
+    if own is None:
+        return
+    settings = _get_path(config, own)
     from plugin_llm.config_edit import edit_config
 
     def mutate(doc: Any) -> None:
-        for key in [k for k in list(doc) if k not in config]:
-            del doc[key]
-        for key, value in config.items():
-            if key not in _HOST_SECTIONS and doc.get(key) != value:
-                doc[key] = copy.deepcopy(value)
+        node = doc
+        for part in own[:-1]:
+            child = node.get(part)
+            if not isinstance(child, dict):
+                if settings is _MISSING:
+                    return
+                child = node[part] = {}
+            node = child
+        if settings is _MISSING:
+            node.pop(own[-1], None)
+        elif node.get(own[-1]) != settings:
+            node[own[-1]] = copy.deepcopy(settings)
 
     edit_config(active_home(), mutate)
 
 
-def _protected_changes(current: Dict[str, Any], new: Dict[str, Any]) -> list[str]:
-    """The operator-owned settings ``new`` changes (see the module docstring)."""
-    changed = [f"the '{s}' section" for s in _HOST_SECTIONS if new.get(s) != current.get(s)]
-    for section in sorted(set(current) | set(new), key=str):
-        old_block, new_block = current.get(section), new.get(section)
-        for key in ("provider", "engine") if section == "context" else ("provider",):
-            old_value = old_block.get(key) if isinstance(old_block, dict) else None
-            new_value = new_block.get(key) if isinstance(new_block, dict) else None
-            if old_value != new_value and section not in _HOST_SECTIONS:
-                changed.append(f"{section}.{key}")
-    return changed
+_MISSING: Any = object()
+_MAX_DEPTH = 32
+
+
+def _get_path(node: Any, path: tuple) -> Any:
+    for part in path:
+        if not isinstance(node, dict) or part not in node:
+            return _MISSING
+        node = node[part]
+    return node
+
+
+def _changed_paths(old: Any, new: Any, path: tuple = ()) -> list[tuple]:
+    """The paths at which ``new`` differs from ``old`` (a missing mapping counts as an empty one)."""
+    old_map = old if isinstance(old, dict) else {} if old is _MISSING and isinstance(new, dict) else None
+    new_map = new if isinstance(new, dict) else {} if new is _MISSING and isinstance(old, dict) else None
+    if old_map is None or new_map is None or len(path) >= _MAX_DEPTH:
+        try:
+            return [] if old is not _MISSING and new is not _MISSING and old == new else [path]
+        except RecursionError:  # a self-referencing value
+            return [path]
+    out: list[tuple] = []
+    for k in list(old_map) + [k for k in new_map if k not in old_map]:
+        out.extend(_changed_paths(old_map.get(k, _MISSING), new_map.get(k, _MISSING), path + (k,)))
+    return out
+
+
+def _describe(paths: list[tuple]) -> str:
+    """``the 'model' section`` for several changes in one section (or any in ``plugins``), else ``memory.provider``."""
+    by_section: Dict[Any, list] = {}
+    for p in paths:
+        by_section.setdefault(p[0] if p else "", []).append(p)
+    parts = []
+    for section, group in by_section.items():
+        if section == "plugins" or len(group) > 1 or len(group[0]) < 2:
+            parts.append(f"the '{str(section)[:100]}' section")
+        else:
+            parts.append(".".join(str(x)[:100] for x in group[0][:4]))
+    return ", ".join(parts[:10]) + (", ..." if len(parts) > 10 else "")
 
 
 def get_env_value(key: str) -> Optional[str]:
-    """The variable from the process environment, else from ``<home>/.env`` (None when unset)."""
+    """The variable from the process environment, else from ``<home>/.env`` (None when unset, and for a
+    variable that may hold a credential of this host: see :func:`plugin_may_read`)."""
+    if not plugin_may_read(str(key)):
+        return None
     if key in os.environ:
         return os.environ[key]
     try:
@@ -119,19 +162,34 @@ def get_env_value(key: str) -> Optional[str]:
         return None
 
 
+def plugin_may_read(name: str) -> bool:
+    """False for the gateway's own variables and any that may hold a model route's credential
+    (:func:`auth.env_names.is_credential_name`, with the home's auth.json ``key_env`` names and providers)."""
+    from auth.env_names import auth_file_names, is_credential_name
+
+    if name.upper().startswith("PLUGIN_LLM_"):
+        return False
+    key_names, providers = auth_file_names(active_home())
+    return not is_credential_name(name, key_names=key_names, providers=providers)
+
+
 def save_env_value(key: str, value: str) -> None:
-    """Set ``key`` in ``<home>/.env`` (and in this process's environment). Variables that steer the
-    host are refused: the ones provider keys are read from (``OPENAI_API_KEY``, ...), ``HERMES_*``,
-    ``PLUGIN_LLM_*``, ``LITELLM_*``, ``PYTHON*``, proxies and CA bundles."""
-    from auth.providers import ENV_VARS
+    """Set ``key`` in ``<home>/.env`` (and in this process's environment). Refused (``PermissionError``,
+    nothing written): every variable that can select a model provider's endpoint, proxy, CA bundle, key
+    or key file (:func:`auth.env_names.steering_reason`: by rule, for any provider), the ``key_env``
+    names of auth.json, and the host's own ``HERMES_*``, ``PLUGIN_LLM_*``, ``PYTHON*``, ``LD_*`` ..."""
+    from auth.env_names import auth_file_names, steering_reason
     from plugin_llm.plugins.install import write_env_values
 
     name = str(key)
-    if any(name in names for names in ENV_VARS.values()):
-        raise PermissionError(f"{name} holds a model provider key of this host; a plugin may not set it")
-    if name.upper().startswith(_HOST_ENV_PREFIXES) or name.upper() in _HOST_ENV_NAMES:
-        raise PermissionError(f"{name} changes how this host runs or connects; a plugin may not set it "
-                              "(the operator can, in the environment or .env)")
-
-    write_env_values(active_home(), {str(key): str(value)})
-    os.environ[str(key)] = str(value)
+    upper = name.upper()
+    reason = steering_reason(name)
+    if reason is None and name in auth_file_names(active_home())[0]:
+        reason = "the variable auth.json reads a key from (key_env)"
+    if reason is None and (upper.startswith(_HOST_ENV_PREFIXES) or upper in _HOST_ENV_NAMES):
+        reason = "it changes how this host runs"
+    if reason is not None:
+        raise PermissionError(f"a plugin may not set {name[:100]}: {reason}; nothing was written "
+                              "(the operator can set it, in the environment or .env)")
+    write_env_values(active_home(), {name: str(value)})
+    os.environ[name] = str(value)

@@ -25,7 +25,10 @@ MAX_XAI_STORAGE_EXPIRES_AFTER_SECONDS = 30 * 24 * 60 * 60
 
 
 def get_env_value(name: str, default: Any = None) -> Any:
-    value = os.environ.get(name)
+    """The variable, or ``default`` when unset or one that may hold a credential of this host."""
+    from ..hermes_cli.config import plugin_may_read
+
+    value = os.environ.get(name) if plugin_may_read(str(name)) else None
     return value if value not in (None, "") else default
 
 
