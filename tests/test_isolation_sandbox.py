@@ -190,6 +190,28 @@ def test_requires_env_naming_a_credential_variable_is_withheld(plugin_dir, herme
         assert canary not in logged and canary not in repr(spec)
 
 
+FALLBACK_KEY_VARS = ("NOVITA_API_KEY", "NSCALE_API_KEY", "LM_STUDIO_API_KEY", "GITHUB_API_KEY", "HF_TOKEN",
+                     "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AZURE_CLIENT_SECRET", "GOOGLE_APPLICATION_CREDENTIALS",
+                     "WATSONX_ZENAPIKEY", "PLUGIN_LLM_SERVICE_TOKEN", "HTTP_PROXY", "https_proxy")
+
+
+def test_requires_env_never_passes_a_variable_any_route_reads_a_key_from(plugin_dir, hermes_home, monkeypatch,
+                                                                        caplog):
+    caplog.set_level(logging.WARNING, logger="plugin_llm.plugins")
+    for name in FALLBACK_KEY_VARS[: len(FALLBACK_KEY_VARS) // 2]:
+        monkeypatch.setenv(name, f"http://user:{HOST_KEY}@proxy.internal:1")
+    monkeypatch.setenv("MY_SERVICE_API_KEY", "the-plugins-own-key")  # a plugin's own, not a provider's
+    (hermes_home / ".env").write_text("".join(f"{n}=http://user:{DOTENV_KEY}@proxy.internal:1\n"
+                                              for n in FALLBACK_KEY_VARS[len(FALLBACK_KEY_VARS) // 2:]))
+    wanted = ("MY_SERVICE_API_KEY", *FALLBACK_KEY_VARS)
+    out, spec = run_probe(plugin_dir, hermes_home, "process", spec_kwargs={"requires_env": wanted})
+    assert spec.withheld_env == FALLBACK_KEY_VARS
+    values = json.dumps(out["env"])
+    assert HOST_KEY not in values and DOTENV_KEY not in values
+    assert out["env"]["MY_SERVICE_API_KEY"] == "the-plugins-own-key"
+    assert "NOVITA_API_KEY" in caplog.text and "AWS_SECRET_ACCESS_KEY" in caplog.text and "withheld" in caplog.text
+
+
 def test_proxy_settings_pass_without_credentials_only(plugin_dir, hermes_home, monkeypatch):
     monkeypatch.setenv("HTTPS_PROXY", "http://proxy.internal:3128")
     monkeypatch.setenv("HTTP_PROXY", "http://user:secret-proxy-pass@proxy.internal:3128")

@@ -15,9 +15,10 @@ What the child gets:
   locale, ``TZ``, the interpreter's own ``PYTHON*`` settings, CA bundle paths,
   proxies without credentials) plus the plugin's own ``requires_env`` values,
   taken from the host's environment or else from ``<home>/.env``. Never
-  ``HERMES_HOME``, never a provider key variable or a ``key_env`` named in
+  ``HERMES_HOME``, never a variable any route may read a key from
+  (:func:`auth.env_names.is_credential_name`) or a ``key_env`` named in
   ``auth.json`` (even when ``requires_env`` names one: it is withheld and listed
-  in :attr:`ChildSpec.withheld_env`), never the gateway's own ``PLUGIN_LLM_TOKEN``;
+  in :attr:`ChildSpec.withheld_env`), never the gateway's own ``PLUGIN_LLM_*``;
 * its own **scratch directory** (mode 0700) as ``TMPDIR`` and cwd, deleted when it exits, and
   as ``HOME`` too unless the host gives it a **persistent data directory**
   (``data_dir=``: :func:`plugin_data_dir`, ``<home>/plugin-data/<key>/``, 0700), which is then
@@ -412,27 +413,22 @@ def _slug(key: str) -> str:
 
 
 # ------------------------------------------------------------------ environment
-def _credential_names(home: Path) -> frozenset[str]:
-    """Variables holding the host's keys: every provider's usual key variables and auth.json's ``key_env`` names."""
-    from auth.providers import ENV_VARS
+def _credential_names(home: Path) -> Callable[[str], bool]:
+    """Is a variable one of the host's credentials? The gateway's own, and every variable that may hold a
+    model route's key (:func:`auth.env_names.is_credential_name`, with auth.json's ``key_env`` names and
+    providers); proxies are passed by their own rule (without ``user:pass@``), never by ``requires_env``."""
+    from auth.env_names import auth_file_names, is_credential_name
 
-    names = set(_NEVER_ENV)
-    for variables in ENV_VARS.values():
-        names.update(variables)
-    try:
-        from auth.authfile import AUTH_FILE_NAME, load_auth
+    key_names, providers = auth_file_names(home)
 
-        spec, _ = load_auth(home / AUTH_FILE_NAME)
-        entries = list(spec.providers.values())
-        for table in spec.profiles.values():
-            entries.extend(table.values())
-        names.update(e.env_var for e in entries if e.env_var)
-    except Exception:  # an unusable auth.json holds no key_env the host would use; the provider names still apply
-        pass
-    return frozenset(names)
+    def withheld(name: str) -> bool:
+        return (name in _NEVER_ENV or name.upper().startswith("PLUGIN_LLM_")
+                or is_credential_name(name, key_names=key_names, providers=providers))
+
+    return withheld
 
 
-def _child_env(requires_env: Sequence[str], home: Path, credential_names: frozenset[str],
+def _child_env(requires_env: Sequence[str], home: Path, credential_names: Callable[[str], bool],
                scratch: Path) -> tuple[dict[str, str], tuple[str, ...]]:
     host = os.environ
     env: dict[str, str] = {}
@@ -460,9 +456,10 @@ def _child_env(requires_env: Sequence[str], home: Path, credential_names: frozen
     wanted = [n for n in dict.fromkeys(requires_env) if isinstance(n, str) and _ENV_NAME.match(n)]
     dotenv: dict[str, str] | None = None
     for name in wanted:
-        if name in credential_names:
+        if credential_names(name):
             withheld.append(name)
-            env.pop(name, None)
+            if name not in _PROXY_ENV:  # a proxy the allowlist passed (without credentials) stays
+                env.pop(name, None)
             continue
         value = host.get(name)
         if not value:  # as the host loads <home>/.env: the process environment wins, the file fills in
