@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from plugin_llm.errors import PluginLlmConfigError
+from plugin_llm.home_layout import CONFIG_FILE
 
 __all__ = [
     "ConfigEditError",
@@ -47,7 +48,7 @@ __all__ = [
     "get_value",
 ]
 
-CONFIG_NAME = "config.yaml"
+CONFIG_NAME = CONFIG_FILE
 NEW_FILE_MODE = 0o600
 #: (mapping, sequence, offset) used for a new or empty file: ``key:\n  - item``.
 DEFAULT_INDENT = (2, 4, 2)

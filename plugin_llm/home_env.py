@@ -13,11 +13,12 @@ import os
 import threading
 from pathlib import Path
 
+from plugin_llm.home_layout import ENV_FILE
 from plugin_llm.safe_files import MIB, UnsafeFileError, read_home_text
 
 __all__ = ["ENV_FILENAME", "ENV_MAX_BYTES", "read_env_text", "read_env_file", "load_home_env"]
 
-ENV_FILENAME = ".env"
+ENV_FILENAME = ENV_FILE
 #: a .env larger than this is refused unread
 ENV_MAX_BYTES = 1 * MIB
 

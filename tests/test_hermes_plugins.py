@@ -7,6 +7,7 @@ hermes-agent 0.19.0 wheel, copied unchanged (MIT licence next to them).
 from __future__ import annotations
 
 import json
+import os
 import time
 import shutil
 import sys
@@ -673,3 +674,51 @@ def test_a_context_engine_plugin_is_loaded_by_context_engine_alone(hermes_home):
     write_config(hermes_home, "context:\n  engine: compressor\n")
     unselected = by_key(load(hermes_home))["context_engine/keeper"]
     assert unselected["status"] == "not enabled"
+
+
+@pytest.fixture
+def file_safety(hermes_home):
+    from plugin_llm.compat.hermes import _home
+    from plugin_llm.compat.hermes.agent import file_safety as module
+
+    _home.set_active_home(hermes_home)
+    try:
+        yield module
+    finally:
+        _home.set_active_home(None)
+
+
+def test_file_safety_protects_the_gateways_own_stores(hermes_home, file_safety, tmp_path):
+    from plugin_llm.home_layout import HOST_PATHS, host_path
+    from plugin_llm.limits.local import DB_NAME
+    from plugin_llm.service.tokens import failures_path, tokens_path
+
+    outside_key = tmp_path / "operator-keys" / "signing.key"
+    write_config(hermes_home, f"audit:\n  signing_key: {outside_key}\n")
+    stores = [tokens_path(hermes_home), failures_path(hermes_home), hermes_home / DB_NAME,
+              hermes_home / (DB_NAME + "-wal"), hermes_home / "keys" / "audit-signing.key",
+              hermes_home / "logs" / "agent.log.checkpoints", hermes_home / "service" / ".tokens.db.lock",
+              outside_key]
+    for path in stores:
+        assert file_safety.is_write_denied(str(path)), path
+    for path in stores[:5] + [outside_key]:
+        assert file_safety.get_read_block_error(str(path)), path
+    # every host-only entry of the layout is protected: a store added there is protected with it
+    for entry in HOST_PATHS:
+        assert file_safety.is_write_denied(str(host_path(hermes_home, entry.rel))), entry.rel
+        assert file_safety.is_write_denied(str(host_path(hermes_home, entry.rel + ("/x" if entry.is_dir else ""))))
+    # a symlink or a hard link elsewhere to a store is the store
+    (hermes_home / "service").mkdir()
+    tokens_path(hermes_home).write_text("digests")
+    (hermes_home / DB_NAME).write_text("counters")
+    link = tmp_path / "innocent.txt"
+    link.symlink_to(tokens_path(hermes_home))
+    hard = tmp_path / "also-innocent.txt"
+    os.link(hermes_home / DB_NAME, hard)
+    assert file_safety.is_write_denied(str(link)) and file_safety.get_read_block_error(str(link))
+    assert file_safety.is_write_denied(str(hard)) and file_safety.get_read_block_error(str(hard))
+    # what is not the host's stays usable
+    assert not file_safety.is_write_denied(str(tmp_path / "notes.txt"))
+    assert file_safety.get_read_block_error(str(hermes_home / "config.yaml")) is None
+    assert file_safety.get_read_block_error(str(outside_key.with_suffix(".pub"))) is None  # a public key
+    assert "limit store" in file_safety.get_write_denied_error(str(hermes_home / DB_NAME))

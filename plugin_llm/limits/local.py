@@ -37,6 +37,7 @@ import time
 import weakref
 from pathlib import Path
 
+from plugin_llm.home_layout import LIMITS_DB
 from plugin_llm.limits.settings import MAX_TOTAL, PluginLimits
 from plugin_llm.limits.store import (
     LIMIT_NAMES,
@@ -58,7 +59,7 @@ from plugin_llm.limits.store import (
 
 __all__ = ["LocalStore", "DB_NAME", "SCHEMA_VERSION"]
 
-DB_NAME = "limits.sqlite3"
+DB_NAME = LIMITS_DB  # in the home (plugin_llm.home_layout)
 SCHEMA_VERSION = 4
 #: the request tables hold no rows: a schema older than this version is upgraded by recreating them
 _REQUEST_TABLES = """

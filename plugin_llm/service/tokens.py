@@ -153,11 +153,15 @@ class TokenInfo:
 
 
 def tokens_path(home: Path | str) -> Path:
-    return Path(home) / "service" / "tokens.db"
+    from plugin_llm.home_layout import TOKENS_DB, host_path
+
+    return host_path(home, TOKENS_DB)
 
 
 def failures_path(home: Path | str) -> Path:
-    return Path(home) / "service" / "auth_failures.db"
+    from plugin_llm.home_layout import AUTH_FAILURES_DB, host_path
+
+    return host_path(home, AUTH_FAILURES_DB)
 
 
 def token_key_path(home: Path | str) -> Path:

@@ -1,9 +1,12 @@
 """``agent.file_safety``: the read/write deny-list providers consult before touching a local file.
 
-Reads of the home's secrets (``auth.json``, ``.env``, ``auth/``, ``mcp-tokens/``,
-the audit signing keys) and of project ``.env`` files are refused; writes into
-the home's credential and audit files too. As in Hermes this is defence in
-depth, not a sandbox.
+The home's host-only files are :data:`plugin_llm.home_layout.HOST_PATHS`
+(credentials, ``.env``, the service's token store, the limit store, the audit
+signing keys, the audit log and its checkpoints, ``config.yaml`` ...): the
+secret ones may be neither read nor written, the others not written; the
+configured audit signing key too, wherever it is, and project ``.env`` files
+are not read. Symlinks are resolved and hard links recognised. As in Hermes
+this is defence in depth, not a sandbox.
 """
 
 from __future__ import annotations
@@ -16,36 +19,85 @@ from .._home import active_home
 
 __all__ = ["get_read_block_error", "raise_if_read_blocked", "is_write_denied", "get_write_denied_error"]
 
-_HOME_SECRETS = ("auth.json", "auth.lock", ".env", ".anthropic_oauth.json", "webhook_subscriptions.json")
-_HOME_SECRET_DIRS = ("auth", "mcp-tokens", "keys")
 _ENV_FILES = frozenset({".env", ".env.local", ".env.development", ".env.production", ".env.test",
                         ".env.staging", ".envrc"})
+_MAX_DIR_ENTRIES = 64  # files of a host-only directory compared by inode (hard links)
 
 
 def _resolved(path: str) -> Path:
     return Path(os.path.realpath(os.path.expanduser(str(path))))
 
 
-def _under(path: Path, root: Path) -> bool:
+def _signing_key_files(home: Path) -> list[Path]:
+    """The configured audit signing key (``audit.signing_key``, possibly outside the home) and its .pub."""
     try:
-        path.relative_to(root)
-        return True
-    except ValueError:
-        return False
+        from audit.signing import key_file, pub_file
+        from plugin_llm.config import get_config_source
+
+        key = key_file(home, get_config_source(home).current().audit.signing_key or None)
+    except Exception:
+        return []
+    return [key, pub_file(key)]
+
+
+def _host_inodes(home: Path) -> set[tuple[int, int]]:
+    """(device, inode) of the existing host-only files, so a hard link to one is recognised."""
+    from plugin_llm.home_layout import HOST_PATHS, host_path
+
+    out: set[tuple[int, int]] = set()
+    paths = [host_path(home, e.rel) for e in HOST_PATHS] + _signing_key_files(home)
+    for path in paths:
+        try:
+            if path.is_dir() and not path.is_symlink():
+                with os.scandir(path) as entries:
+                    for i, entry in enumerate(entries):
+                        if i >= _MAX_DIR_ENTRIES:
+                            break
+                        st = entry.stat(follow_symlinks=False)
+                        out.add((st.st_dev, st.st_ino))
+            else:
+                st = path.stat()
+                out.add((st.st_dev, st.st_ino))
+        except OSError:
+            continue
+    return out
+
+
+def _protected(path: str, *, reading: bool) -> Optional[str]:
+    """What makes ``path`` a host-only file (None when it is not one)."""
+    from plugin_llm.home_layout import host_path_of
+
+    home = Path(active_home())
+    entry = host_path_of(home, path, reading=reading)
+    if entry is not None:
+        return entry.what
+    target = _resolved(path)
+    keys = [_resolved(str(p)) for p in _signing_key_files(home)]
+    if target in keys[:1] or (not reading and target in keys):
+        return "is the audit log's signing key"
+    try:
+        st = os.stat(target)
+    except OSError:
+        return None
+    if st.st_nlink > 1 and (st.st_dev, st.st_ino) in _host_inodes(home):
+        return "is a hard link to a file of this host"
+    return None
 
 
 def get_read_block_error(path: str) -> Optional[str]:
     """An error message when ``path`` is a secret this host keeps (None when the read is fine)."""
     target = _resolved(path)
-    home = _resolved(str(active_home()))
     if target.name in _ENV_FILES:
         return f"Access denied: {path} is an environment file that may hold credentials"
-    if _under(target, home):
-        rel = target.relative_to(home)
-        if str(rel) in _HOME_SECRETS or (rel.parts and rel.parts[0] in _HOME_SECRET_DIRS):
-            return f"Access denied: {path} holds this host's credentials"
-        if rel.parts[:2] == ("skills", ".hub"):
+    why = _protected(path, reading=True)
+    if why is not None:
+        return f"Access denied: {path} {why}"
+    home = _resolved(str(active_home()))
+    try:
+        if target.relative_to(home).parts[:2] == ("skills", ".hub"):
             return f"Access denied: {path} is an internal cache file"
+    except ValueError:
+        pass
     return None
 
 
@@ -57,13 +109,9 @@ def raise_if_read_blocked(path: str) -> None:
 
 
 def get_write_denied_error(path: str, *, verb: str = "Write") -> Optional[str]:
-    target = _resolved(path)
-    home = _resolved(str(active_home()))
-    if _under(target, home):
-        rel = target.relative_to(home)
-        if str(rel) in _HOME_SECRETS or str(rel) == "config.yaml" or (rel.parts and rel.parts[0] in
-                                                                       _HOME_SECRET_DIRS + ("logs",)):
-            return f"{verb} denied: {path} is a protected file of this host"
+    why = _protected(path, reading=False)
+    if why is not None:
+        return f"{verb} denied: {path} is a protected file of this host: it {why}"
     return None
 
 
