@@ -111,7 +111,7 @@ def _family(upper: str) -> bool:
     return any(upper == f or upper.startswith(f + "_") for f in _FAMILIES)
 
 
-def steering_reason(name: str) -> str | None:
+def steering_reason(name: str, *, any_provider: bool = True) -> str | None:
     """Why a plugin may not set ``name`` (None when it may).
 
     Refused: every variable the credential store reads a provider key from;
@@ -121,7 +121,9 @@ def steering_reason(name: str) -> str | None:
     and ``<PROVIDER>_API_BASE`` for any provider a route names); a provider's
     account, project or region; the cloud SDK families (``AWS_*``,
     ``AZURE_*``, ...); proxies and TLS trust (``HTTPS_PROXY`` in any case,
-    ``SSL_CERT_FILE``, ``REQUESTS_CA_BUNDLE``, ...).
+    ``SSL_CERT_FILE``, ``REQUESTS_CA_BUNDLE``, ...). ``any_provider=False``
+    applies the key and endpoint shapes after a known provider's prefix only
+    (``DEEPSEEK_API_BASE``, not a plugin's own ``MY_SERVICE_API_KEY``).
     """
     upper = str(name).upper()
     network = _network_reason(upper)
@@ -133,6 +135,8 @@ def steering_reason(name: str) -> str | None:
         return "a cloud SDK setting this host's model routes authenticate with"
     prefixes = _provider_prefixes()
     for head, rest in _heads(upper):
+        if not any_provider and head not in prefixes:
+            continue
         if any(_is_secret_word(w) for w in rest):
             return "shaped like a key, secret or key file (a provider's key is read from such a variable)"
         if any(w in _ENDPOINT_WORDS for w in rest):

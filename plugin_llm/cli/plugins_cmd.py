@@ -467,6 +467,22 @@ def _prompt_env(
     return values
 
 
+def _without_host_variables(requirements: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """Drop (with a note) the variables that steer this host's model routes: a plugin's description must not
+    get an operator to type, say, a URL into DEEPSEEK_API_BASE, which the host would send its key to."""
+    from auth.env_names import steering_reason
+
+    kept = []
+    for name, description in requirements:
+        reason = steering_reason(name, any_provider=False)
+        if reason is None:
+            kept.append((name, description))
+        else:
+            print(f"Not asking for {printable(name, 100)}: {reason}; it changes this host's model calls, not just "
+                  "the plugin's. Set it yourself in the environment or .env if you mean to.")
+    return kept
+
+
 def _install(args: argparse.Namespace, home: Path) -> int:
     from plugin_llm.config_edit import ConfigEditError, edit_config
     from plugin_llm.plugins import install as inst
@@ -506,6 +522,7 @@ def _install(args: argparse.Namespace, home: Path) -> int:
         requirements = [(r.name, r.description) for r in staged.manifest.requires_env]
         missing = set(inst.missing_env(home, [n for n, _ in requirements]))
         requirements = [r for r in requirements if r[0] in missing]
+        requirements = _without_host_variables(requirements) if interactive else requirements
         values = _prompt_env(home, requirements) if requirements and interactive else {}
         enable = args.enable
         if enable is None and interactive:
