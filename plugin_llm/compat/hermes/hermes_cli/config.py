@@ -118,10 +118,14 @@ def _get_path(node: Any, path: tuple) -> Any:
     return node
 
 
+def _absent(value: Any) -> bool:
+    return value is _MISSING or value is None
+
+
 def _changed_paths(old: Any, new: Any, path: tuple = ()) -> list[tuple]:
-    """The paths at which ``new`` differs from ``old`` (a missing mapping counts as an empty one)."""
-    old_map = old if isinstance(old, dict) else {} if old is _MISSING and isinstance(new, dict) else None
-    new_map = new if isinstance(new, dict) else {} if new is _MISSING and isinstance(old, dict) else None
+    """The paths at which ``new`` differs from ``old`` (a missing or null mapping counts as an empty one)."""
+    old_map = old if isinstance(old, dict) else {} if _absent(old) and isinstance(new, dict) else None
+    new_map = new if isinstance(new, dict) else {} if _absent(new) and isinstance(old, dict) else None
     if old_map is None or new_map is None or len(path) >= _MAX_DEPTH:
         try:
             return [] if old is not _MISSING and new is not _MISSING and old == new else [path]
