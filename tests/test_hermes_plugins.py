@@ -621,13 +621,14 @@ def test_get_env_value_never_returns_a_host_provider_key(hermes_home, monkeypatc
         from hermes_cli.config import get_env_value
         from tools.xai_http import get_env_value as xai_get
         NAMES = ("NOVITA_API_KEY", "OPENAI_API_KEY", "AWS_SECRET_ACCESS_KEY", "HF_TOKEN", "AUTH_JSON_KEY_ENV",
-                 "PLUGIN_LLM_TOKEN", "DEEPSEEK_API_KEY", "MY_SERVICE_API_KEY")
+                 "PLUGIN_LLM_TOKEN", "DEEPSEEK_API_KEY", "ACME_API_KEY", "MY_SERVICE_API_KEY")
         def probe(raw):
             return json.dumps({n: [get_env_value(n), xai_get(n)] for n in NAMES})
         def register(ctx):
             ctx.register_command("peek", probe)
     """)
-    write_config(hermes_home, "plugins:\n  enabled: [peek]\n")
+    write_config(hermes_home, "model: {provider: acme, model: m1}\nplugins:\n  enabled: [peek]\n")
+    monkeypatch.setenv("ACME_API_KEY", canary)  # the configured route's provider, unknown to litellm
     out = json.loads(load(hermes_home).run_command("peek"))
     assert canary not in json.dumps(out)
     assert out["MY_SERVICE_API_KEY"][0] == "mine"  # a plugin's own key, from <home>/.env

@@ -414,18 +414,12 @@ def _slug(key: str) -> str:
 
 # ------------------------------------------------------------------ environment
 def _credential_names(home: Path) -> Callable[[str], bool]:
-    """Is a variable one of the host's credentials? The gateway's own, and every variable that may hold a
-    model route's key (:func:`auth.env_names.is_credential_name`, with auth.json's ``key_env`` names and
-    providers); proxies are passed by their own rule (without ``user:pass@``), never by ``requires_env``."""
-    from auth.env_names import auth_file_names, is_credential_name
+    """Is a variable one of the host's credentials (:func:`plugin_llm.plugin_env.credential_check`)? Proxies
+    are passed by their own rule (without ``user:pass@``), never by ``requires_env``."""
+    from plugin_llm.plugin_env import credential_check
 
-    key_names, providers = auth_file_names(home)
-
-    def withheld(name: str) -> bool:
-        return (name in _NEVER_ENV or name.upper().startswith("PLUGIN_LLM_")
-                or is_credential_name(name, key_names=key_names, providers=providers))
-
-    return withheld
+    credential = credential_check(home)
+    return lambda name: name in _NEVER_ENV or credential(name)
 
 
 def _child_env(requires_env: Sequence[str], home: Path, credential_names: Callable[[str], bool],

@@ -167,14 +167,10 @@ def get_env_value(key: str) -> Optional[str]:
 
 
 def plugin_may_read(name: str) -> bool:
-    """False for the gateway's own variables and any that may hold a model route's credential
-    (:func:`auth.env_names.is_credential_name`, with the home's auth.json ``key_env`` names and providers)."""
-    from auth.env_names import auth_file_names, is_credential_name
+    """False for any variable that may hold a credential of this host (:mod:`plugin_llm.plugin_env`)."""
+    from plugin_llm.plugin_env import credential_check
 
-    if name.upper().startswith("PLUGIN_LLM_"):
-        return False
-    key_names, providers = auth_file_names(active_home())
-    return not is_credential_name(name, key_names=key_names, providers=providers)
+    return not credential_check(active_home())(name)
 
 
 def save_env_value(key: str, value: str) -> None:
