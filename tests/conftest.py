@@ -18,7 +18,21 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 
 
 @pytest.fixture(autouse=True)
-def hermes_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def _environment():
+    """The process environment as it was before the test, whatever the test (or the host code it runs:
+    loading a home's ``.env``, a shim's ``save_env_value``) set in it: a proxy variable left behind
+    would send every later test's HTTP through it."""
+    before = dict(os.environ)
+    yield
+    for name in set(os.environ) - set(before):
+        del os.environ[name]
+    for name, value in before.items():
+        if os.environ.get(name) != value:
+            os.environ[name] = value
+
+
+@pytest.fixture(autouse=True)
+def hermes_home(_environment: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Every test gets its own home; HOME is moved too so ~/.hermes is never touched."""
     home = tmp_path / "hermes"
     home.mkdir()
