@@ -11,7 +11,7 @@ from tests.conftest import write_config
 
 
 def test_try_prints_result_usage_cost_and_audit_record(hermes_home, capsys):
-    assert main(["try", "--as", "my-plugin", "Summarise: the cat sat. It purred."]) == 0
+    assert main(["try", "--as", "my-plugin", "--force", "Summarise: the cat sat. It purred."]) == 0
     out = capsys.readouterr().out
     assert "the cat sat." in out
     assert "route:  local / local-echo-1" in out and "cost: $0.000000" in out
@@ -22,14 +22,14 @@ def test_try_prints_result_usage_cost_and_audit_record(hermes_home, capsys):
 
 def test_try_json_and_structured(hermes_home, capsys):
     schema = json.dumps({"type": "object", "properties": {"vendor": {"type": "string"}}, "required": ["vendor"]})
-    assert main(["try", "--as", "p", "--schema", schema, "--json", "Vendor: ACME"]) == 0
+    assert main(["try", "--as", "p", "--force", "--schema", schema, "--json", "Vendor: ACME"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["parsed"] == {"vendor": "ACME"} and out["audit_record"]["api"] == "structured"
     assert out["audit"]["call_id"] == out["audit_record"]["call_id"]
 
 
 def test_try_denied_override_is_one_line_with_the_key(hermes_home, capsys):
-    assert main(["try", "--as", "p", "--model", "gpt-4o", "hi"]) == 1
+    assert main(["try", "--as", "p", "--force", "--model", "gpt-4o", "hi"]) == 1
     err = capsys.readouterr().err
     assert "PluginLlmTrustError" in err and "plugins.entries.p.llm.allow_model_override" in err
     assert "Traceback" not in err
@@ -74,7 +74,7 @@ def test_a_hostile_plugin_id_cannot_draw_on_the_terminal_in_try_or_audit(hermes_
     """An id with an OSC title, a screen clear, a newline and a bidi override is printed escaped by
     ``try`` and by ``audit tail`` / ``audit stats``, text and --json."""
     hostile = "X\x1b]0;PWN\x07\x1b[2J\nFAKE: line\u202eevil"
-    assert main(["try", "--as", hostile, "hi"]) == 0
+    assert main(["try", "--as", hostile, "--force", "hi"]) == 0
     out = capsys.readouterr().out
     for args in (["audit", "tail"], ["audit", "tail", "--json"], ["audit", "stats"], ["audit", "stats", "--json"]):
         assert main(args) == 0

@@ -244,7 +244,7 @@ def test_try_output_shows_no_echoed_key(hermes_home, capsys):
     key = canary()
     with FakeServer([Reply(body=echo_reply)]) as fake:
         use_key(hermes_home, fake.base_url, key)
-        main(["try", "--as", "p", "--json", "hello"])
+        main(["try", "--as", "p", "--force", "--json", "hello"])
     out = capsys.readouterr()
     assert "your header was" in out.out and key not in out.out + out.err
 

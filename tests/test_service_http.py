@@ -349,7 +349,7 @@ def test_with_limits_in_redis_tokens_are_shared_across_machines_and_a_down_store
 
         out = io.StringIO()
         with redirect_stdout(out):
-            assert main(["tokens", "create", "roaming", "--json"]) == 0  # on machine A
+            assert main(["tokens", "create", "roaming", "--force", "--json"]) == 0  # on machine A
         created = json.loads(out.getvalue())
         token = created["token"]
         assert not (homes[0] / "service" / "tokens.db").exists()  # in Redis, not in a file

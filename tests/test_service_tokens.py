@@ -11,6 +11,7 @@ import pytest
 from plugin_llm.cli.main import main
 from plugin_llm.service.tokens import CACHE_SECONDS, TokenError, TokenStore, digest, parse_duration, \
     token_key_path, tokens_path
+from tests.conftest import write_config
 
 
 def test_create_prints_a_plg_token_of_32_random_bytes_and_stores_only_its_digest(hermes_home):
@@ -83,6 +84,7 @@ def test_bad_plugin_keys_and_ids_are_refused(hermes_home):
 
 
 def test_cli_create_list_revoke(hermes_home, capsys):
+    write_config(hermes_home, "plugins:\n  enabled: [my-plugin, other]\n")  # tokens are for plugins it knows
     assert main(["tokens", "create", "my-plugin", "--expires", "30d", "--json"]) == 0
     created = json.loads(capsys.readouterr().out)
     token = created["token"]

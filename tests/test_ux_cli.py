@@ -275,7 +275,7 @@ def test_provider_errors_do_not_stutter(hermes_home: Path):
             f"model:\n  provider: custom\n  model: gpt-4o\n  base_url: {server.base_url}\nllm:\n  max_retries: 0\n",
             encoding="utf-8")
         for fast in ("1", "0"):  # the fast path and the litellm fallback
-            out = cli(hermes_home, "try", "--as", "tester", "hello", env={"PLUGIN_LLM_FAST_PATH": fast})
+            out = cli(hermes_home, "try", "--as", "tester", "--force", "hello", env={"PLUGIN_LLM_FAST_PATH": fast})
             assert out.returncode == 1, out.stderr
             assert out.stderr.count("plugin-llm: error:") == 1, out.stderr
             words = out.stderr.replace(":", " ").split()

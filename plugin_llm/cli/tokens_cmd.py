@@ -1,6 +1,8 @@
 """``plugin-llm tokens create|list|revoke``: per-plugin tokens for ``plugin-llm serve``.
 
-``create PLUGIN`` prints a new token once (``plg_...``); the home keeps only
+``create PLUGIN`` prints a new token once (``plg_...``) for a plugin installed here or named in
+config.yaml (``--force`` for one that is not), valid 90 days unless ``--expires`` says otherwise
+(``never``: until revoked); the home keeps only
 its SHA-256 with the plugin key, creation time, expiry and an id
 (``<home>/service/tokens.db``, mode 0600; in Redis with ``limits.store: redis``). Whoever holds the token calls the
 gateway as that plugin: its trust policy, its limits, its audit lines.
@@ -19,7 +21,10 @@ from typing import Any
 from plugin_llm.cli._common import add_home_argument, dumps_json, home_from, printable
 from plugin_llm.cli.main import CliError
 
-__all__ = ["register"]
+__all__ = ["register", "DEFAULT_EXPIRES"]
+
+#: a token's lifetime unless --expires says otherwise (``never``: until revoked)
+DEFAULT_EXPIRES = "90d"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -27,9 +32,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                               description=__doc__.split("\n\n")[1])
     sub = p.add_subparsers(dest="tokens_command", metavar="{create,list,revoke}")
     create = sub.add_parser("create", help="a new token for a plugin, printed once")
-    create.add_argument("plugin", help="the plugin key the token calls as (e.g. my-plugin, image_gen/openai)")
-    create.add_argument("--expires", metavar="DURATION", default=None,
-                        help="lifetime such as 30d, 12h, 90m or 2w (default: until revoked)")
+    create.add_argument("plugin", help="the plugin key the token calls as (e.g. my-plugin, image_gen/openai): "
+                        "installed here or named in config.yaml")
+    create.add_argument("--expires", metavar="DURATION", default=DEFAULT_EXPIRES,
+                        help=f"lifetime such as 30d, 12h, 90m or 2w, or 'never' (default: {DEFAULT_EXPIRES})")
+    create.add_argument("--force", action="store_true",
+                        help="create it for a plugin this home does not know (e.g. one running on another machine)")
     create.add_argument("--json", action="store_true", help="machine-readable output (includes the token, once)")
     add_home_argument(create)
     create.set_defaults(func=run_create)
@@ -71,12 +79,19 @@ def _audit(home, event: str, **fields: Any) -> None:
 
 
 def run_create(args: argparse.Namespace) -> int:
+    from plugin_llm.cli.plugin_keys import plugin_key_for
     from plugin_llm.service.tokens import TokenError, parse_duration
 
+    try:
+        never = args.expires.strip().lower() == "never"
+        expires_in = None if never else parse_duration(args.expires)
+    except TokenError as exc:
+        raise CliError(f"{exc}, or 'never'") from None
+    home = home_from(args)
+    plugin = plugin_key_for(home, args.plugin, force=args.force, doing="no token was created")
     home, store = _store(args)
     try:
-        expires_in = parse_duration(args.expires) if args.expires is not None else None
-        info, token = store.create(args.plugin, expires_in=expires_in)
+        info, token = store.create(plugin.key, expires_in=expires_in)
     except TokenError as exc:
         raise CliError(str(exc)) from None
     finally:
@@ -86,8 +101,12 @@ def run_create(args: argparse.Namespace) -> int:
         print(dumps_json({**info.as_dict(), "token": token}))
     else:
         print(token)
-        print(f"token {info.id} for plugin {printable(info.plugin)}, expires {_when(info.expires)}; "
-              "shown once: store it where the plugin reads it (e.g. an environment variable)", file=__import__("sys").stderr)
+        expires = _when(info.expires) if info.expires is not None else "never (until revoked)"
+        print(f"token {info.id} for plugin {printable(info.plugin)}, expires {expires}; "
+              "shown once: store it where the plugin reads it (e.g. an environment variable)", file=sys.stderr)
+    if plugin.disabled:
+        print(f"warning: {printable(info.plugin)} is disabled (plugins.disabled): the service refuses its tokens "
+              f"until it is enabled again (plugin-llm plugins enable {printable(info.plugin)})", file=sys.stderr)
     return 0
 
 

@@ -21,7 +21,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="make one call as a plugin through the trust gate",
         description="Make one LLM call as PLUGIN, exactly as its ctx.llm would, and print the result, usage, cost and audit record.",
     )
-    p.add_argument("--as", dest="plugin", required=True, metavar="PLUGIN", help="plugin id (manifest key, e.g. my-plugin or image_gen/openai)")
+    p.add_argument("--as", dest="plugin", required=True, metavar="PLUGIN",
+                   help="plugin id (manifest key, e.g. my-plugin or image_gen/openai): installed here or named in config.yaml")
+    p.add_argument("--force", action="store_true",
+                   help="call as a plugin this home does not know or has disabled (e.g. one running on another machine)")
     p.add_argument("--provider", help="provider override (needs allow_provider_override)")
     p.add_argument("--model", help="model override (needs allow_model_override)")
     p.add_argument("--agent-id", help="agent id override (needs allow_agent_id_override)")
@@ -53,6 +56,18 @@ def _schema(text: str | None):
         raise CliError(f"--schema is not valid JSON ({exc}); pass inline JSON or @path/to/schema.json") from None
 
 
+def _plugin_key(home, args: argparse.Namespace) -> str:
+    """The key to call as: refused when no plugin here has it or it is disabled (a typo would make a real,
+    billed call under a name nobody configured), unless --force."""
+    from plugin_llm.cli.plugin_keys import plugin_key_for
+
+    plugin = plugin_key_for(home, args.plugin, force=args.force, doing="no call was made")
+    if plugin.disabled and not args.force:
+        raise CliError(f"{printable(plugin.key)} is disabled (plugins.disabled in config.yaml): it makes no calls; "
+                       f"no call was made. Enable it (plugin-llm plugins enable {printable(plugin.key)}) or use --force")
+    return plugin.key
+
+
 def run(args: argparse.Namespace) -> int:
     from plugin_llm.llm import PluginLlm
 
@@ -65,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"plugin-llm: warning: {config.error}\n  config.yaml does not parse: every plugin override is refused "
               "(fail closed) and calls use the last good route until it is fixed", file=sys.stderr)
     schema = _schema(args.schema)
-    llm = PluginLlm(args.plugin, home=home)
+    llm = PluginLlm(_plugin_key(home, args), home=home)
     common = dict(
         provider=args.provider, model=args.model, agent_id=args.agent_id, profile=args.profile,
         temperature=args.temperature, max_tokens=args.max_tokens, timeout=args.timeout, purpose=args.purpose,

@@ -14,6 +14,7 @@ Routes::
     GET  /healthz                             {"status": "ok", ...}, no token needed
     GET  /metrics                             Prometheus text, no token needed
 
+A valid token of a disabled plugin (``plugins.disabled``) gets 403 ``plugin_disabled``.
 A refused token (missing, unknown, expired, revoked) gets the same 401 and an
 audit event ``service.auth_denied`` with the reason and the token's id when
 it has one - never the token. After ``service.failed_auth.max_failures``
@@ -40,6 +41,7 @@ from starlette.routing import Route
 
 from plugin_llm.service import requests as req
 from plugin_llm.service.errors import (
+    PLUGIN_DISABLED_MESSAGE,
     STORE_RETRY_AFTER,
     TOKEN_STORE_MESSAGE,
     TOO_MANY_FAILURES_MESSAGE,
@@ -55,6 +57,8 @@ __all__ = ["create_app", "ServiceState", "EVENT_AUTH_DENIED"]
 log = logging.getLogger("plugin_llm.service")
 
 EVENT_AUTH_DENIED = "service.auth_denied"
+#: the refusal reason (audit, metrics, error code) of a valid token whose plugin is in plugins.disabled
+REASON_PLUGIN_DISABLED = "plugin_disabled"
 _JSON = "application/json"
 _STATUS_BY_CODE = {"trust_denied": "denied", "quota_exceeded": "quota", "schema_mismatch": "schema_error",
                    "timeout": "timeout", "provider_error": "provider_error", "invalid_request": "bad_request",
@@ -89,6 +93,13 @@ class ServiceState:
         self._llms: dict[str, Any] = {}
         self._factory = llm_factory
         self._outage_logged: dict[str, float] = {}
+        from plugin_llm.plugins.settings import SettingsSource
+
+        self._plugins = SettingsSource(self.home)  # plugins.disabled, as the plugin manager reads it
+
+    def plugin_disabled(self, plugin: str) -> bool:
+        """``plugin`` is in ``plugins.disabled`` (by key, or by its bare name as the manager matches it)."""
+        return self._plugins.current().is_disabled(plugin, plugin.rsplit("/", 1)[-1])
 
     def log_outage(self, store: str, detail: str) -> None:
         """Log a store's own error for the operator (never in a response), at most once per ``_OUTAGE_LOG_SECONDS``."""
@@ -133,7 +144,24 @@ def _bearer(request: Request) -> str | None:
 
 
 async def _authenticate(state: ServiceState, request: Request) -> str | Response:
-    """The plugin key of the request's token, or the refusal (401, 429, 503; audited).
+    """The plugin key of the request's token, or the refusal (401, 403, 429, 503; audited).
+
+    A valid token of a plugin in ``plugins.disabled`` gets 403 ``plugin_disabled`` (its holder
+    proved the token, so the answer may say why); ``plugins enable`` makes it work again.
+    """
+    info = await _token(state, request)
+    if isinstance(info, Response):
+        return info
+    if not state.plugin_disabled(info.plugin):
+        return info.plugin
+    state.metrics.refused(REASON_PLUGIN_DISABLED)
+    state.audit_refusal(request, REASON_PLUGIN_DISABLED, info)
+    return _json(403, ApiError(403, "PluginLlmAuthError", PLUGIN_DISABLED_MESSAGE.format(plugin=info.plugin),
+                               REASON_PLUGIN_DISABLED).body())
+
+
+async def _token(state: ServiceState, request: Request) -> Any:
+    """The request's active token (its ``TokenInfo``), or the refusal (401, 429, 503; audited).
 
     A token verified less than a second ago is answered from memory; otherwise the
     store (a file, or Redis) is asked on a worker thread, so a slow or stalled store
@@ -153,7 +181,7 @@ async def _authenticate(state: ServiceState, request: Request) -> str | Response
     else:
         cached = tokens.cached(token)
         if cached is not None:
-            return cached.plugin
+            return cached
         brake = state.config.current().service.failed_auth
         try:
             info, reason, left = await asyncio.to_thread(tokens.authenticate, token, client, brake)
@@ -163,7 +191,7 @@ async def _authenticate(state: ServiceState, request: Request) -> str | Response
         if reason == REASON_BLOCKED:
             return _blocked(state, request, left)
     if reason == "ok":
-        return info.plugin
+        return info
     if problem is not None:  # the store's error (its path or Redis address) is the operator's: log and audit only
         state.metrics.refused(reason)
         state.log_outage("token", problem)

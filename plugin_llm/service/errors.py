@@ -39,7 +39,7 @@ from plugin_llm.errors import (
     PluginLlmTrustError,
 )
 
-__all__ = ["ApiError", "error_for", "UNAUTHORIZED_MESSAGE", "TOO_MANY_FAILURES_MESSAGE", "LIMITS_STORE_MESSAGE",
+__all__ = ["ApiError", "error_for", "UNAUTHORIZED_MESSAGE", "PLUGIN_DISABLED_MESSAGE", "TOO_MANY_FAILURES_MESSAGE", "LIMITS_STORE_MESSAGE",
            "TOKEN_STORE_MESSAGE", "STORE_RETRY_AFTER", "param_of"]
 
 UNAUTHORIZED_MESSAGE = ("the token is not valid: send 'Authorization: Bearer plg_...' with a token the operator "
@@ -58,6 +58,9 @@ LIMITS_STORE_MESSAGE = ("the call was refused because the gateway's limits store
 #: token is known to be valid: it names no store, host or path)
 TOKEN_STORE_MESSAGE = ("tokens cannot be checked now: the gateway's authentication store is unavailable; retry "
                        "later (Retry-After). The operator finds the cause in the service's log")
+#: the 403 of a valid token whose plugin the operator disabled (``plugins.disabled``)
+PLUGIN_DISABLED_MESSAGE = ("the plugin this token belongs to ({plugin}) is disabled on this gateway: its calls are "
+                           "refused until the operator enables it again (plugin-llm plugins enable {plugin})")
 #: Retry-After (seconds) of both store outages: a store that is back answers the next call
 STORE_RETRY_AFTER = "1"
 _MAX_RETRY_AFTER = 86400 * 31

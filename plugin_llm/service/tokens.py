@@ -392,6 +392,10 @@ class _VerifyingStore:
                              f"got {str(token_id)[:40]!r}")
         return token_id.strip()
 
+    def revoke_plugin(self, plugin: str) -> list[TokenInfo]:
+        """Revoke every token of ``plugin`` not revoked yet (a removed plugin); the tokens revoked."""
+        return [self.revoke(info.id) for info in self.list() if info.plugin == plugin and info.revoked is None]
+
     # -- the service
     def lookup(self, token: str) -> TokenInfo | None:
         """The row of a token, whatever its status, or None when it is not one of ours.
