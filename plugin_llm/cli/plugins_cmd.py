@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -94,6 +95,13 @@ def register(subparsers: Any) -> None:
     remove.add_argument("--force", action="store_true", help="remove even with local edits in its git checkout")
     remove.add_argument("--keep-config", action="store_true",
                         help="keep its plugins.enabled entry and plugins.entries.<key> (trust grants) in config.yaml")
+    data = remove.add_mutually_exclusive_group()
+    data.add_argument("--yes", action="store_true",
+                      help="without asking, move its private data (plugin-data/<key>/: memory, stored tokens) "
+                      "aside to plugin-data/.removed/ (needed without a terminal when it has data)")
+    data.add_argument("--keep-data", action="store_true",
+                      help="leave its private data in plugin-data/<key>/ (a plugin installed later under this "
+                      "name still starts empty: install moves it aside)")
 
     new = actions.add_parser("new", parents=[again], help="create a working plugin to start from (with a test)",
                              description="Create DIR/NAME/: plugin.yaml, __init__.py (register(ctx) with a command "
@@ -163,7 +171,7 @@ Manage plugins:
         SOURCE: owner/repo, a git URL (https://, ssh://, git@host:path, file://)[#subdir], or a directory
   plugin-llm plugins update NAME        git pull --ff-only (refuses pinned installs and local edits)
   plugin-llm plugins consent NAME       review and grant the capabilities a plugin requests
-  plugin-llm plugins remove NAME        delete the plugin directory and its install record
+  plugin-llm plugins remove NAME        delete the plugin, its install record and tokens [--yes|--keep-data]
   plugin-llm plugins enable NAME        NAME: key (image_gen/openai), manifest name, or unique leaf (openai)
   plugin-llm plugins disable NAME
   plugin-llm plugins info NAME | list [--json]
@@ -548,6 +556,9 @@ def _install(args: argparse.Namespace, home: Path) -> int:
              + (" (pinned)" if entry.ref else "") + f" into {target}"]
     if entry.created_files:
         lines.append(f"Created from *.example: {', '.join(entry.created_files)} (edit them to configure the plugin)")
+    if staged.data_moved_to is not None:  # an earlier plugin's memory and tokens are never inherited
+        lines.append(f"Moved the private data an earlier plugin named {key} left aside to {staged.data_moved_to}: "
+                     f"{key} starts with none (delete it with: rm -rf {staged.data_moved_to})")
     saved: list[str] = []
     if values:
         try:
@@ -570,14 +581,14 @@ def _install(args: argparse.Namespace, home: Path) -> int:
             lines.append(f"Enabled {key} in {home / 'config.yaml'}")
         except CliError as exc:
             lines.append(f"warning: installed but not enabled: {exc}")
-            _emit(args, _install_json(entry, target, False, still_missing, saved), lines)
+            _emit(args, _install_json(entry, target, False, still_missing, saved, staged.data_moved_to), lines)
             return 1
     elif "plugins.enabled" in _config_mentions(home, key):  # kept with --accept-existing-grants: say so
         enable = True
         lines.append(f"Enabled: {key} is already in plugins.enabled of {home / 'config.yaml'}")
     else:
         lines.append(f"Not enabled; enable it with: plugin-llm plugins enable {key}")
-    _emit(args, _install_json(entry, target, enable, still_missing, saved), lines)
+    _emit(args, _install_json(entry, target, enable, still_missing, saved, staged.data_moved_to), lines)
     return 0
 
 
@@ -658,8 +669,10 @@ def _consent(args: argparse.Namespace, home: Path) -> int:
     return 0
 
 
-def _install_json(entry: Any, target: Path, enabled: bool, missing: list[str], saved: list[str]) -> dict[str, Any]:
-    data = {"key": entry.key, "path": str(target), **entry.to_json()}
+def _install_json(entry: Any, target: Path, enabled: bool, missing: list[str], saved: list[str],
+                  data_moved_to: Path | None = None) -> dict[str, Any]:
+    data = {"key": entry.key, "path": str(target), **entry.to_json(),
+            "data_moved_to": str(data_moved_to) if data_moved_to is not None else None}
     data.update(enabled=enabled, missing_env=missing, env_saved=saved)
     return data
 
@@ -712,14 +725,22 @@ def _remove(args: argparse.Namespace, home: Path) -> int:
         except ConfigEditError as exc:
             raise CliError(f"cannot remove {key}'s settings: {exc}; nothing was removed "
                            "(fix config.yaml, or use --keep-config)") from None
+    keep_data = _keep_data(args, home, key)
     try:
-        result = inst.remove_plugin(home, key, force=args.force)
+        result = inst.remove_plugin(home, key, force=args.force, keep_data=keep_data)
     except inst.InstallError as exc:
         hint = _not_removable_hint(args.name, refs)
         raise CliError(printable(f"{exc}{hint}", limit=2000)) from None
     except OSError as exc:
         raise CliError(printable(f"cannot remove {args.name}: {_os_error(exc)} (nothing was removed)", 2000)) from None
     lines = [f"Removed {result.key} ({', '.join(result.removed_paths) or 'no files left'})"]
+    lines += _data_lines(home, result, keep_data)
+    revoked, token_problem = _revoke_tokens(home, result.key)
+    if revoked:
+        lines.append(f"Revoked {len(revoked)} service token{'s' if len(revoked) != 1 else ''} of {result.key} "
+                     f"({', '.join(t.id for t in revoked)})")
+    if token_problem:
+        lines.append(f"warning: {token_problem}")
     removed_config: list[str] = []
     if cleaning:
         try:
@@ -735,8 +756,70 @@ def _remove(args: argparse.Namespace, home: Path) -> int:
         lines.append(f"config.yaml still mentions {result.key} in {', '.join(mentions)} (kept: --keep-config; "
                      "a plugin installed later under this name would inherit them)")
     _emit(args, {"key": result.key, "removed": list(result.removed_paths), "config_removed": removed_config,
-                 "config_mentions": [] if removed_config else mentions}, lines)
-    return 0
+                 "config_mentions": [] if removed_config else mentions, "data_moved_to": result.data_moved_to,
+                 "data_kept": _kept_data(home, result.key, keep_data), "tokens_revoked": [t.id for t in revoked],
+                 "tokens_error": token_problem}, lines)
+    return 1 if token_problem else 0
+
+
+def _has_data(home: Path, key: str) -> bool:
+    from plugin_llm.plugins.sandbox import plugin_data_path
+
+    return os.path.lexists(plugin_data_path(home, key))
+
+
+def _kept_data(home: Path, key: str, keep_data: bool) -> str | None:
+    from plugin_llm.plugins.sandbox import plugin_data_path
+
+    return str(plugin_data_path(home, key)) if keep_data and _has_data(home, key) else None
+
+
+def _keep_data(args: argparse.Namespace, home: Path, key: str) -> bool:
+    """Whether ``remove`` leaves the plugin's private data in place: ``--keep-data``; ``--yes`` or a yes on
+    a terminal moves it aside; without a terminal and without either, nothing is removed."""
+    from plugin_llm.plugins.sandbox import plugin_data_path
+
+    if args.keep_data or args.yes or not _has_data(home, key):
+        return bool(args.keep_data)
+    where = plugin_data_path(home, key)
+    if not args.json and _interactive():
+        print(f"{key} has private data in {where} (its memory, tokens it stored).", file=sys.stderr)
+        if _ask_yes_no(f"Remove it with the plugin (moved aside to {where.parent / '.removed'}/, to delete later)?"):
+            return False
+        raise CliError(f"nothing was removed; to remove {key} but leave its data in {where}, use --keep-data")
+    raise CliError(f"{key} has private data in {where} (its memory, tokens it stored); nothing was removed. "
+                   f"Pass --yes to move it aside with the plugin (to {where.parent / '.removed'}/), "
+                   "or --keep-data to leave it")
+
+
+def _data_lines(home: Path, result: Any, keep_data: bool) -> list[str]:
+    if result.data_moved_to:
+        return [f"Moved its private data aside to {result.data_moved_to} (no plugin can reach it there; "
+                f"delete it with: rm -rf {result.data_moved_to})"]
+    kept = _kept_data(home, result.key, keep_data)
+    if kept:
+        return [f"Kept its private data in {kept} (--keep-data); a plugin installed "
+                "later under this name does not get it: install moves it aside to plugin-data/.removed/"]
+    return []
+
+
+def _revoke_tokens(home: Path, key: str) -> tuple[list[Any], str | None]:
+    """Revoke every service token of ``key`` (audited); ``(revoked, problem)``."""
+    from plugin_llm.auditing import write_event
+    from plugin_llm.service.tokens import TokenError, token_store_for
+
+    try:
+        store = token_store_for(home)
+        try:
+            revoked = store.revoke_plugin(key)
+        finally:
+            store.close()
+    except (TokenError, OSError) as exc:
+        return [], (f"{key}'s service tokens could not be revoked ({printable(str(exc), 500)}): they still work; "
+                    f"revoke them with plugin-llm tokens list / plugin-llm tokens revoke ID")
+    for info in revoked:
+        write_event(home, "service.token_revoked", token_id=info.id, plugin_id=info.plugin, reason="plugin_removed")
+    return revoked, None
 
 
 def _remove_config(home: Path, key: str) -> tuple[list[str], Any]:
@@ -900,11 +983,30 @@ def _toggle(args: argparse.Namespace, home: Path, *, enable: bool) -> int:
         lines.append(f"warning: {target.key} cannot load as it is: {target.error}")
     if changes and not args.dry_run:
         lines.append("Takes effect the next time plugins are loaded (new sessions and commands).")
+        tokens = _active_tokens(home, target.key)
+        if tokens:
+            lines.append(f"Its service tokens ({tokens}) "
+                         + ("work again (plugin-llm serve)." if enable else
+                            "are refused by plugin-llm serve (403 plugin_disabled) while it is disabled."))
     _emit(args, {"key": target.key, "action": "enable" if enable else "disable", "changed": bool(changes),
                  "changes": changes, "dry_run": args.dry_run, "diff": result.diff,
                  "backup": str(result.backup) if result.backup else None, "missing_env": missing,
                  "clashes": clashes}, lines)
     return 0
+
+
+def _active_tokens(home: Path, key: str) -> int:
+    """How many unexpired, unrevoked service tokens ``key`` has (0 when the store cannot say)."""
+    from plugin_llm.service.tokens import TokenError, token_store_for
+
+    try:
+        store = token_store_for(home)
+        try:
+            return sum(1 for t in store.list() if t.plugin == key and t.status() == "active")
+        finally:
+            store.close()
+    except (TokenError, OSError):
+        return 0
 
 
 def _clashes(home: Path, key: str) -> list[str]:

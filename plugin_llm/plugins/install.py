@@ -52,6 +52,7 @@ from plugin_llm.safe_files import MIB, describe_file_type, read_home_text
 from plugin_llm.safe_json import loads_bounded
 
 from .manifest import MANIFEST_ALIAS_BUDGET, MANIFEST_MAX_BYTES, ManifestError, PluginManifest, find_manifest, load_manifest
+from .sandbox import plugin_data_path, quarantine_plugin_data
 
 __all__ = [
     "InstallError",
@@ -530,6 +531,8 @@ class StagedPlugin:
     revision: str | None
     created_files: list[str] = field(default_factory=list)
     plugins_dir: Path = Path()
+    #: where :func:`commit_staged` moved a data directory left under this key (a new plugin starts empty)
+    data_moved_to: Path | None = None
 
     @property
     def name(self) -> str:
@@ -782,7 +785,10 @@ def commit_staged(
         aside.mkdir()
         moved: list[tuple[Path, Path]] = []
         placed: list[Path] = []
+        data_aside: Path | None = None
         try:
+            # whatever is in plugin-data/<key>/ was an earlier plugin's (memory, stored tokens): never inherited
+            data_aside = quarantine_plugin_data(plugins_dir.parent, staged.key)
             for i, path in enumerate(old_paths):
                 dest = aside / str(i)
                 os.rename(path, dest)
@@ -814,10 +820,14 @@ def commit_staged(
             for dest, path in reversed(moved):
                 with contextlib.suppress(OSError):
                     os.rename(dest, path)
+            if data_aside is not None:
+                with contextlib.suppress(OSError):
+                    os.rename(data_aside, plugin_data_path(plugins_dir.parent, staged.key))
             _prune_empty(plugins_dir, staged.key)  # directories this attempt created
             raise
         finally:
             shutil.rmtree(staged.staging, ignore_errors=True)
+        staged.data_moved_to = data_aside
         return entry
 
 
@@ -1007,13 +1017,17 @@ class RemoveResult:
     key: str
     removed_paths: tuple[str, ...]
     had_metadata: bool
+    data_moved_to: str | None = None  # where its plugin-data/<key>/ went (None: it had none, or keep_data)
 
 
-def remove_plugin(home: Path, name: str, *, force: bool = False, timeout: float = DEFAULT_GIT_TIMEOUT) -> RemoveResult:
+def remove_plugin(home: Path, name: str, *, force: bool = False, timeout: float = DEFAULT_GIT_TIMEOUT,
+                  keep_data: bool = False) -> RemoveResult:
     """Delete a user plugin's directory (and its clone) and its metadata entry, together.
 
     A git install with local edits is refused unless ``force``. A symlink that
-    plugin-llm did not create is unlinked, never followed.
+    plugin-llm did not create is unlinked, never followed. Its private data
+    (``plugin-data/<key>/``) is moved aside to ``plugin-data/.removed/`` unless
+    ``keep_data``.
     """
     plugins_dir = Path(home) / "plugins"
     key = resolve_installed(plugins_dir, name)
@@ -1044,7 +1058,10 @@ def remove_plugin(home: Path, name: str, *, force: bool = False, timeout: float 
                     )
         trash = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX + "remove-", dir=plugins_dir))
         moved: list[tuple[Path, Path]] = []
+        data_aside: Path | None = None
         try:
+            if not keep_data:
+                data_aside = quarantine_plugin_data(Path(home), key)
             for i, path in enumerate(paths):
                 dest = trash / str(i)
                 os.rename(path, dest)  # a symlink is moved as a link: its target is untouched
@@ -1056,11 +1073,15 @@ def remove_plugin(home: Path, name: str, *, force: bool = False, timeout: float 
             for dest, path in reversed(moved):
                 with contextlib.suppress(OSError):
                     os.rename(dest, path)
+            if data_aside is not None:
+                with contextlib.suppress(OSError):
+                    os.rename(data_aside, plugin_data_path(Path(home), key))
             shutil.rmtree(trash, ignore_errors=True)
             raise
         _rmtree_no_follow(trash)
         _prune_empty(plugins_dir, key)
-    return RemoveResult(key, tuple(str(p) for p in paths), entry is not None)
+    return RemoveResult(key, tuple(str(p) for p in paths), entry is not None,
+                        str(data_aside) if data_aside is not None else None)
 
 
 def _rmtree_no_follow(path: Path) -> None:

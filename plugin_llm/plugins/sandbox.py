@@ -63,6 +63,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -88,7 +89,10 @@ __all__ = [
     "CONFINEMENT_PROCESS",
     "SandboxUnavailable",
     "plugin_data_dir",
+    "plugin_data_path",
+    "quarantine_plugin_data",
     "DATA_DIR_NAME",
+    "REMOVED_DATA_DIR_NAME",
 ]
 
 _log = logging.getLogger("plugin_llm.plugins")
@@ -97,6 +101,9 @@ CONFINEMENT_BUBBLEWRAP = "bubblewrap"
 CONFINEMENT_PROCESS = "process"
 #: ``<home>/plugin-data/``: one private, persistent directory per isolated plugin (see :func:`plugin_data_dir`)
 DATA_DIR_NAME = "plugin-data"
+#: ``<home>/plugin-data/.removed/``: data directories of removed plugins, moved aside (never a plugin's: a key's
+#: directory name never starts with a dot)
+REMOVED_DATA_DIR_NAME = ".removed"
 
 
 class SandboxUnavailable(RuntimeError):
@@ -383,13 +390,8 @@ def plugin_data_dir(hermes_home: Path, plugin_key: str) -> Path:
     a symlink or not a directory owned by this user: bound read-write into a
     child, it must never lead anywhere else.
     """
-    from urllib.parse import quote
-
-    name = quote(plugin_key, safe="")
-    if name.startswith("."):  # "." / ".." / a hidden name: never the parent, never confusable
-        name = "%2E" + name[1:]
-    parent = Path(hermes_home) / DATA_DIR_NAME
-    target = parent / name[:240]
+    target = plugin_data_path(hermes_home, plugin_key)
+    parent = target.parent
     for path in (parent, target):
         try:
             os.mkdir(path, 0o700)
@@ -406,6 +408,40 @@ def plugin_data_dir(hermes_home: Path, plugin_key: str) -> Path:
         if stat.S_IMODE(info.st_mode) != 0o700:
             os.chmod(path, 0o700)
     return target
+
+
+def plugin_data_path(hermes_home: Path, plugin_key: str) -> Path:
+    """Where :func:`plugin_data_dir` keeps ``plugin_key``'s data (nothing is created or checked)."""
+    from urllib.parse import quote
+
+    name = quote(plugin_key, safe="")
+    if name.startswith("."):  # "." / ".." / a hidden name: never the parent, never confusable
+        name = "%2E" + name[1:]
+    return Path(hermes_home) / DATA_DIR_NAME / name[:240]
+
+
+def quarantine_plugin_data(hermes_home: Path, plugin_key: str) -> Path | None:
+    """Move ``plugin_key``'s data directory aside to ``plugin-data/.removed/<name>-<UTC time>``; its new path,
+    or None when it had none. No plugin is ever given a directory under ``.removed`` (a symlink there is
+    moved as a link, never followed). Raises OSError when it cannot be moved."""
+    source = plugin_data_path(hermes_home, plugin_key)
+    if not os.path.lexists(source):
+        return None
+    removed = source.parent / REMOVED_DATA_DIR_NAME
+    try:
+        os.mkdir(removed, 0o700)
+    except FileExistsError:
+        pass
+    info = os.lstat(removed)
+    if not stat.S_ISDIR(info.st_mode):
+        raise OSError(f"{removed} is not a directory: move it away")
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    for n in range(1000):
+        dest = removed / f"{source.name[:200]}-{stamp}{'' if n == 0 else f'-{n}'}"
+        if not os.path.lexists(dest):
+            os.rename(source, dest)
+            return dest
+    raise OSError(f"{removed} has too many copies of {source.name}: empty it")
 
 
 def _slug(key: str) -> str:
