@@ -31,6 +31,8 @@ __all__ = [
     "read_home_file",
     "read_home_text",
     "describe_file_type",
+    "resolve_inside",
+    "read_text_inside",
 ]
 
 KIB = 1024
@@ -79,17 +81,67 @@ def _check(st: os.stat_result, path: Path, max_bytes: int) -> None:
         )
 
 
+def _within(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def resolve_inside(path: str | os.PathLike[str], root: str | os.PathLike[str], *, who: str) -> Path:
+    """``path`` (relative: to ``root``) with every symlink resolved, when it stays inside ``root``.
+
+    For every path a plugin hands the host (a skill's file, ...): ``root`` is the plugin's own
+    directory (resolved too: a ``--link`` install is a symlink). Raises PermissionError, starting
+    with ``who`` (e.g. ``plugin x: register_skill('guide')``), when it leads anywhere else.
+    """
+    real_root = os.path.realpath(root)
+    given = Path(path)
+    real = os.path.realpath(given if given.is_absolute() else Path(root) / given)
+    if not _within(real, real_root):
+        shown = repr(str(path)[:300])
+        raise PermissionError(f"{who}: {shown} resolves outside the plugin's own directory ({root}): a plugin may "
+                              "only hand the host files inside its own directory (a symlink or '..' leading out of "
+                              "it is refused); fix: move the file into the plugin's directory")
+    return Path(real)
+
+
+def _opened_inside(fd: int, root: str, path: Path, who: str) -> None:
+    """The file actually opened (``/proc/self/fd`` on Linux) is inside ``root``: a path swapped for a
+    symlink after it was resolved is caught here."""
+    try:
+        opened = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:  # no /proc: the resolved path was checked just before the open
+        return
+    if not _within(opened, os.path.realpath(root)):
+        raise PermissionError(f"{who}: {str(path)[:300]!r} was replaced by a link out of the plugin's own directory "
+                              f"({root}) while it was opened; refused")
+
+
+def read_text_inside(path: str | os.PathLike[str], root: str | os.PathLike[str], *, who: str,
+                     max_bytes: int) -> str | None:
+    """:func:`read_home_text` of a file a plugin named, refused (PermissionError) unless it is inside ``root``:
+    checked on the resolved path and again on the file descriptor that was opened."""
+    real = resolve_inside(path, root, who=who)
+    got = read_home_file(real, max_bytes=max_bytes, inside=(os.fspath(root), who))
+    if got is None:
+        return None
+    try:
+        return got.data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise UnsafeFileError(f"{real} is not UTF-8 text (byte offset {exc.start}): save it as UTF-8") from None
+
+
 def read_home_file(
     path: Path,
     *,
     max_bytes: int,
     check: Callable[[os.stat_result, Path], None] | None = None,
+    inside: tuple[str, str] | None = None,
 ) -> HomeFile | None:
     """The bytes of the regular file ``path`` (at most ``max_bytes``), or None when it does not exist.
 
     ``check(fstat, path)`` runs on the opened descriptor before anything is
-    read (e.g. the 0600 mode rule of ``auth.json``). Raises
-    :class:`UnsafeFileError` for anything else: not a regular file, too
+    read (e.g. the 0600 mode rule of ``auth.json``). ``inside=(root, who)``: the
+    opened file must be inside ``root`` (PermissionError otherwise; see
+    :func:`read_text_inside`). Raises :class:`UnsafeFileError` for anything else: not a regular file, too
     large, unreadable.
     """
     path = Path(path)
@@ -100,6 +152,12 @@ def read_home_file(
         return None
     except OSError as exc:
         raise UnsafeFileError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    if inside is not None:
+        try:
+            _opened_inside(fd, inside[0], path, inside[1])
+        except BaseException:
+            os.close(fd)
+            raise
     try:
         st = os.fstat(fd)
         _check(st, path, max_bytes)  # what was opened, in case the path was swapped after the stat

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from plugin_llm.safe_files import read_home_text
+from plugin_llm.safe_files import read_text_inside, resolve_inside
 
 from .engines import ContextEngine, MemoryProvider
 from .isolation import UnusableValue, plain
@@ -440,12 +440,15 @@ class PluginContext:
             raise TypeError(f"{who}: description must be a string")
         if not isinstance(path, (str, Path)):
             raise TypeError(f"{who}: path must be a str or Path")
-        skill_path = Path(path).expanduser()
-        if not skill_path.is_absolute() and self._plugin_dir is not None:
-            skill_path = self._plugin_dir / skill_path
+        if self._plugin_dir is None:
+            raise PermissionError(f"{who}: this plugin has no directory of its own, and a skill must be a file "
+                                  "inside it")
+        # every link resolved; refused when it leaves the plugin's directory (a SKILL.md linked to auth.json)
+        skill_path = resolve_inside(path, self._plugin_dir, who=who)
         if skill_path.is_dir():
-            skill_path = skill_path / "SKILL.md"
-        text = read_home_text(skill_path, max_bytes=MAX_SKILL_BYTES)  # bounded; a FIFO is refused, never opened
+            skill_path = resolve_inside(skill_path / "SKILL.md", self._plugin_dir, who=who)
+        # bounded; a FIFO is refused, never opened; the opened file is checked to be inside the directory again
+        text = read_text_inside(skill_path, self._plugin_dir, who=who, max_bytes=MAX_SKILL_BYTES)
         if text is None:
             raise FileNotFoundError(f"{who}: skill file not found: {skill_path}")
         findings = scan_for_injection(text)
@@ -458,7 +461,8 @@ class PluginContext:
             qualified_name=qualified,
             plugin_key=key,
             name=name,
-            path=skill_path.resolve(),
+            path=skill_path,
+            root=Path(self._plugin_dir),
             description=description,
             injection_findings=findings,
             _siblings=lambda: manager._registry.skill_names_of(key),

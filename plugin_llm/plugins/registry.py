@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from plugin_llm.safe_files import MIB, read_home_text
+from plugin_llm.safe_files import MIB, read_home_text, read_text_inside
 
 #: a skill file larger than this is refused (skills are prompts, not data sets)
 MAX_SKILL_BYTES = MIB
@@ -114,10 +114,15 @@ class SkillEntry:
     description: str = ""
     injection_findings: tuple[str, ...] = ()
     _siblings: Callable[[], tuple[str, ...]] | None = field(default=None, repr=False, compare=False)
+    #: the plugin's directory: the file must still be inside it when read (a link swapped in later is refused)
+    root: Path | None = None
 
     def read(self) -> str:
         """The skill text, followed by the other skills the same plugin registered."""
-        text = read_home_text(self.path, max_bytes=MAX_SKILL_BYTES)  # bounded; a FIFO is refused, never opened
+        if self.root is not None:  # bounded; a FIFO is refused, never opened
+            text = read_text_inside(self.path, self.root, who=f"skill {self.qualified_name}", max_bytes=MAX_SKILL_BYTES)
+        else:
+            text = read_home_text(self.path, max_bytes=MAX_SKILL_BYTES)
         if text is None:
             raise FileNotFoundError(f"skill {self.qualified_name}: {self.path} no longer exists")
         siblings = [s for s in (self._siblings() if self._siblings else ()) if s != self.qualified_name]

@@ -756,15 +756,8 @@ class RemotePlugin:
             handler = self._proxy(f.get("handler"), kind, shown, f"command /{shown}", limited=False)
             entry = ctx.register_command(name, handler, f.get("description", ""), f.get("args_hint", ""))
             return True if entry is not None else None
-        if kind == "skill":
-            path = f.get("path")
-            if isinstance(path, str):
-                real, root = os.path.realpath(path), os.path.realpath(self.plugin_dir)
-                if not (real == root or real.startswith(root + os.sep)):
-                    raise PermissionError(
-                        f"plugin {self.key}: register_skill({shown!r}): a plugin running out of process may only "
-                        f"register skills inside its own directory ({self.plugin_dir}), got {bounded(path, 300)}")
-            entry = ctx.register_skill(name, path, f.get("description", ""))
+        if kind == "skill":  # the path is resolved and kept inside the plugin's directory by register_skill
+            entry = ctx.register_skill(name, f.get("path"), f.get("description", ""))
             return True if entry is not None else None
         if kind == "cli_command":
             return self._register_cli_command(name, shown, f)

@@ -354,6 +354,7 @@ def child_spec(
         else:
             status = bubblewrap_status()
             if status.usable and status.path:
+                _refuse_hidden_plugin_dir(plugin_key, plugin_dir, hermes_home)
                 confinement, reason = CONFINEMENT_BUBBLEWRAP, status.reason
                 share_network = bool(share_network)  # unset: no network, where bubblewrap can take it away
                 argv = [status.path, *_bwrap_options(plugin_dir, hermes_home, scratch, env, share_network, data),
@@ -602,6 +603,18 @@ def _hidden_paths(hermes_home: Path) -> list[str]:
     return list(dict.fromkeys(out))
 
 
+def _refuse_hidden_plugin_dir(plugin_key: str, plugin_dir: Path, hermes_home: Path) -> None:
+    """A plugin whose directory is a home (``--link ~/.hermes``, ``--link ~``) cannot be isolated: the
+    directory it needs is the one it must never see. (A checkout that merely holds the home is fine: the
+    home inside it is hidden.)"""
+    real = _real(plugin_dir)
+    if real in _hidden_paths(hermes_home):
+        raise SandboxUnavailable(
+            f"plugin {plugin_key[:200]}: its directory {plugin_dir} is {real}, a directory isolated plugins must "
+            "never see (a home, or the host's temporary files); the plugin is not started. Fix: move the plugin "
+            "into a directory of its own and install it from there")
+
+
 def _needed_paths(plugin_dir: Path, env: Mapping[str, str]) -> list[str]:
     """What a bubblewrap child must read: the interpreter, the gateway's packages, the plugin, its import path."""
     paths = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
@@ -629,19 +642,25 @@ def _bwrap_options(plugin_dir: Path, hermes_home: Path, scratch: Path, env: Mapp
     A hidden directory becomes an empty tmpfs; a needed path inside one is
     bound back read-only (a needed path elsewhere is visible already). Shallow
     paths come first, so a hidden directory inside a needed one (a home inside
-    a source checkout) is hidden again after the bind. The scratch directory
-    and the plugin's own data directory (inside the hidden home) are bound
-    read-write last.
+    a source checkout) is hidden again after the bind; every bind also gets a
+    tmpfs over each hidden directory inside its source, at that directory's
+    place under the bind's destination (a linked checkout that holds the home,
+    bound at the link's path, shows no home there either). The scratch
+    directory and the plugin's own data directory (inside the hidden home) are
+    bound read-write last.
     """
     hidden = _hidden_paths(hermes_home)
 
     def inside_hidden(path: str) -> bool:
         return any(_under(path, h) and path != h for h in hidden)
 
+    def covered(path: str) -> bool:  # visible through an earlier bind, no hidden directory in between
+        return any(_under(path, b) and not any(_under(h, b) and _under(path, h) for h in hidden) for b in bound)
+
     ops: list[tuple[int, int, str, str]] = [(p.count("/"), 0, p, p) for p in hidden]
     bound: list[str] = []
     for path in sorted(_needed_paths(plugin_dir, env), key=len):
-        if inside_hidden(path) and not any(_under(path, b) for b in bound):
+        if inside_hidden(path) and not covered(path):
             bound.append(path)
             ops.append((path.count("/"), 1, path, path))
     # A plugin installed with --link is a symlink in <home>/plugins/: its target is bound above; the link
@@ -649,11 +668,15 @@ def _bwrap_options(plugin_dir: Path, hermes_home: Path, scratch: Path, env: Mapp
     logical, real = os.path.abspath(plugin_dir), _real(plugin_dir)
     if logical != real and os.path.isdir(real) and inside_hidden(logical):
         ops.append((logical.count("/"), 1, real, logical))
+    for _depth, kind, source, dest in list(ops):  # kind 2: after the bind at its depth, before deeper binds
+        if kind == 1:
+            ops += [(mirror.count("/"), 2, mirror, mirror)
+                    for mirror in (dest + h[len(source):] for h in hidden if _under(h, source))]
     options = list(_BASE_OPTIONS)
     if not share_network:
         options.append("--unshare-net")
-    for _depth, kind, source, dest in sorted(ops):
-        options += ["--tmpfs", dest] if kind == 0 else ["--ro-bind", source, dest]
+    for _depth, kind, source, dest in sorted(set(ops)):
+        options += ["--ro-bind", source, dest] if kind == 1 else ["--tmpfs", dest]
     if data_dir is not None:
         options += ["--bind", str(data_dir), str(data_dir)]
     options += ["--bind", str(scratch), str(scratch), "--chdir", str(scratch)]
