@@ -87,10 +87,9 @@ def run_create(args: argparse.Namespace) -> int:
         expires_in = None if never else parse_duration(args.expires)
     except TokenError as exc:
         raise CliError(f"{exc}, or 'never'") from None
-    home = home_from(args)
-    plugin = plugin_key_for(home, args.plugin, force=args.force, doing="no token was created")
     home, store = _store(args)
     try:
+        plugin = plugin_key_for(home, args.plugin, force=args.force, doing="no token was created")
         info, token = store.create(plugin.key, expires_in=expires_in)
     except TokenError as exc:
         raise CliError(str(exc)) from None
