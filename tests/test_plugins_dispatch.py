@@ -196,3 +196,91 @@ def register(ctx):
         assert "stuck" in result["error"] and "timed out" in result["error"]
     finally:
         stuck.EV.set()
+
+
+# --- a guard whose verdict cannot be read fails closed, in process and in its own process -----------
+
+HOSTILE_GUARD = """
+from collections.abc import Mapping
+
+class GetRaises(Mapping):  # a well-formed block that only a .get() would miss
+    def __getitem__(self, key):
+        return {"action": "block", "message": "mapping says no"}[key]
+    def __iter__(self):
+        return iter(["action", "message"])
+    def __len__(self):
+        return 2
+    def get(self, key, default=None):
+        raise RuntimeError("get is hostile")
+
+class Unreadable(Mapping):
+    def __getitem__(self, key):
+        raise RuntimeError("getitem is hostile")
+    def __iter__(self):
+        return iter(["action"])
+    def __len__(self):
+        return 1
+    def get(self, key, default=None):
+        raise RuntimeError("get is hostile")
+    def items(self):
+        raise RuntimeError("items is hostile")
+
+class HostileDict(dict):
+    def __eq__(self, other):
+        raise RuntimeError("eq is hostile")
+    __hash__ = None
+    def items(self):
+        raise RuntimeError("items is hostile")
+
+def deep():
+    value = {}
+    for _ in range(200):
+        value = {"nested": value}
+    return value
+
+VERDICTS = {
+    "get_raises": GetRaises,
+    "unreadable": Unreadable,
+    "hostile_dict": lambda: HostileDict(action="block", message="dict says no"),
+    "deep": deep,
+    "huge": lambda: {"action": "block", "pad": list(range(200_000))},
+    "int_action": lambda: {"action": 1, "message": "no"},
+    "list_action": lambda: {"action": ["block"], "message": "no"},
+}
+
+def register(ctx):
+    ctx.register_hook("pre_tool_call", lambda tool_name, args: VERDICTS[args["verdict"]]())
+"""
+
+
+def _hook_errors(home) -> list[dict]:
+    path = home / "logs" / "agent.log"
+    lines = path.read_text(encoding="utf-8").splitlines() if path.exists() else []
+    return [r for r in map(json.loads, filter(None, lines)) if r.get("event") == "hook_error"]
+
+
+@pytest.mark.parametrize("isolated", [False, True], ids=["in_process", "own_process"])
+def test_a_guard_whose_verdict_cannot_be_read_fails_closed(hermes_home, isolated):
+    write_plugin(hermes_home / "plugins", "kit", TOOLS)
+    write_plugin(hermes_home / "plugins", "hostile", HOSTILE_GUARD)
+    plugins = {"entries": {"hostile": {"isolation": "process"}}} if isolated else {}
+    configure(hermes_home, enabled=["kit", "hostile"], plugins=plugins)
+    m = PluginManager(hermes_home)
+    try:
+        kit = sys.modules[by_key(m.list_plugins())["kit"]["module"]]
+        # a mapping read by its items, a dict by its real items: its block is the guard's verdict
+        assert json.loads(m.dispatch_tool("echo", {"verdict": "get_raises"}))["error"].endswith(": mapping says no")
+        assert json.loads(m.dispatch_tool("echo", {"verdict": "hostile_dict"}))["error"].endswith(": dict says no")
+        for verdict in ("unreadable", "deep", "huge", "int_action", "list_action"):
+            for result in (m.dispatch_tool("echo", {"verdict": verdict}),
+                           asyncio.run(m.adispatch_tool("echo", {"verdict": verdict}))):
+                error = json.loads(result)["error"]
+                assert "pre_tool_call guard of plugin 'hostile' returned a verdict that could not be read" in error, (
+                    verdict, error)
+                assert "'echo' is blocked (fail-closed)" in error
+        assert kit.CALLS == []  # the tool never ran
+        audited = [e for e in _hook_errors(hermes_home) if e["plugin_id"] == "hostile"]
+        assert {e["hook"] for e in audited} == {"pre_tool_call"} and len(audited) >= 5
+        assert all(e["error.type"] == "UnusableValue" for e in audited)
+    finally:
+        m.shutdown()

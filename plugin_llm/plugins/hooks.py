@@ -179,6 +179,11 @@ class HookOutcome:
     def timed_out(self) -> bool:
         return type(self.error) is HookTimeoutError
 
+    @property
+    def unreadable(self) -> bool:
+        """It returned a value that could not be read (in process, or in its own process)."""
+        return isinstance(self.error, UnusableValue) or getattr(type(self.error), "remote_type", None) == "UnusableValue"
+
     def __repr__(self) -> str:
         value = type_name(self.value) if self.value is not None else None
         return (f"HookOutcome(plugin={self.entry.plugin_key!r}, hook={self.entry.hook!r}, "
@@ -567,14 +572,15 @@ class HookRunner:
         outcomes = _run_limited(calls, timeout)
         for outcome in outcomes:
             if outcome.error is not None:
-                self._report(outcome)
+                self.report(outcome)
         return outcomes
 
     def results(self, hook: str, kwargs: dict[str, Any]) -> list[Any]:
         """Non-None return values of the callbacks that succeeded, in registration order."""
         return [o.value for o in self.run(hook, kwargs) if o.error is None and o.value is not None]
 
-    def _report(self, outcome: HookOutcome) -> None:
+    def report(self, outcome: HookOutcome) -> None:
+        """Log and audit (once per distinct text) a failed outcome, or one its caller could not use."""
         entry, error, text = outcome.entry, outcome.error, outcome.error_text or ""
         signature = (entry.plugin_key, entry.hook, text)
         with self._lock:

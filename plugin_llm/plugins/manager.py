@@ -40,11 +40,12 @@ from .context import PluginContext
 from .discovery import SOURCE_ENTRY_POINT, PluginCandidate, candidate_location, discover_all_candidates
 from .manifest import KIND_EXCLUSIVE, KIND_MODEL_PROVIDER, KIND_PLATFORM, KIND_STANDALONE
 from .engines import ContextEngine, MemoryProvider
-from .hooks import HookEntry, HookRunner, call_limited
+from .hooks import HookEntry, HookOutcome, HookRunner, call_limited
 from .middleware import REQUEST_KINDS, RUN_KINDS, MiddlewareEntry, apply_requests, run_chain
 from .isolation import (
     MAX_TEXT,
     SIGINT_WATCH,
+    UnusableValue,
     bounded,
     error_text,
     exact_str,
@@ -201,6 +202,11 @@ def _run_awaitable(awaitable: Any) -> Any:
 
 def _tool_error(message: str) -> str:
     return json.dumps({"error": message}, ensure_ascii=False)
+
+
+def _readable_action(action: Any) -> bool:
+    """A guard's ``action`` the host can read: absent/None (no verdict) or a string."""
+    return action is None or type(action) is str
 
 
 def _guarded(fn: Callable[..., Any], *args: Any) -> tuple[Any, BaseException | None]:
@@ -1040,18 +1046,24 @@ class PluginManager:
         """The first valid block message of the pre_tool_call guards, or None.
 
         Valid: a dict with ``action == "block"`` and a non-empty string ``message``;
-        other return values are ignored. A guard that raises or times out blocks
-        (fail-closed) with a message naming its plugin.
+        other return values are ignored. A guard that raises, times out or returns a
+        verdict that cannot be read (reading it raised, too large or deep, an ``action``
+        that is not a string) blocks (fail-closed) with a message naming its plugin.
         """
         for outcome in self._hooks.run("pre_tool_call", {**kw, "tool_name": tool_name, "args": args}):
+            value = outcome.value  # plain data: exact types only (see hooks.HookOutcome)
+            if outcome.error is None and type(value) is dict and not _readable_action(value.get("action")):
+                outcome = HookOutcome(outcome.entry, None, UnusableValue(
+                    f"its 'action' is a {type_name(value.get('action'))}, not a string such as 'block'"))
+                self._hooks.report(outcome)  # audited as a failing guard is
             if outcome.error is not None:
-                what = "timed out" if outcome.timed_out else "failed"
+                what = ("timed out" if outcome.timed_out else
+                        "returned a verdict that could not be read" if outcome.unreadable else "failed")
                 name = bounded(exact_str(tool_name), 100) if issubclass(type(tool_name), str) else type_name(tool_name)
                 return (
                     f"the pre_tool_call guard of plugin '{outcome.entry.plugin_key}' {what} "
                     f"({outcome.error_text}); '{name}' is blocked (fail-closed)"
                 )
-            value = outcome.value  # plain data: exact types only (see hooks.HookOutcome)
             if type(value) is dict and value.get("action") == "block":
                 message = value.get("message")
                 if type(message) is str and message.strip():

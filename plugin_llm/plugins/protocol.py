@@ -27,6 +27,7 @@ import os
 import select
 import threading
 import time
+from collections.abc import Mapping
 from typing import Any, BinaryIO, Callable
 
 __all__ = ["MAX_MESSAGE", "PROTOCOL_VERSION", "ProtocolError", "ChannelClosed", "Channel", "encode_value",
@@ -61,9 +62,12 @@ def encode_value(value: Any, callables: Callable[[Callable[..., Any]], int] | No
         raise ValueError("value nested deeper than 60 levels")
     if isinstance(value, (bytes, bytearray, memoryview)):
         return {"$t": "bytes", "v": base64.b64encode(bytes(value)).decode("ascii")}
-    if isinstance(value, dict):
+    if isinstance(value, dict) or (not strict and isinstance(value, Mapping)):
+        # a dict subclass by its real items (as isolation.plain reads it), any other mapping (a
+        # plugin's) by its own: what it raises propagates, so an unreadable value is an error
+        pairs = dict.items(value) if isinstance(value, dict) else value.items()
         items = [(k if type(k) is str else str(k), encode_value(v, callables, depth + 1, strict))
-                 for k, v in value.items()]
+                 for k, v in pairs]
         if any(k == "$t" for k, _ in items):
             return {"$t": "map", "v": [[k, v] for k, v in items]}
         return dict(items)

@@ -673,7 +673,14 @@ class _Worker:
         make = lambda n: _HostCallable(self, n)  # noqa: E731
         args = decode_value(params.get("a") or [], make)
         kwargs = decode_value(params.get("k") or {}, make)
-        return encode_value(_resolved(fn(*args, **kwargs)))
+        value = _resolved(fn(*args, **kwargs))
+        try:
+            return encode_value(value)
+        except Exception as exc:  # its own mapping raised, or it is too deep: the host must not guess
+            from .isolation import UnusableValue
+
+            raise UnusableValue(f"it returned a {_type_name(value)} that cannot be used: "
+                                f"reading it raised {_type_name(exc)}: {_text(exc, 300)}") from None
 
     def _load(self, params: dict[str, Any]) -> Any:
         if self._loaded:
