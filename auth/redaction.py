@@ -7,7 +7,7 @@ The redactor knows two things:
   secrets long enough that four characters give nothing away);
 * common key *shapes* it was never told about (``sk-…``, ``Bearer <token>``,
   ``?key=…``, ``Authorization:``/``x-api-key:`` header values, ``api_key=…``,
-  Google ``AIza…`` keys, ...) — these become ``[REDACTED]``.
+  Google ``AIza…`` keys, URL userinfo ``https://user:pass@``, ...) — these become ``[REDACTED]``.
 
 It is applied to audit records (:func:`redact_obj`), stdlib logging
 (:class:`RedactingFilter`, :func:`install_log_redaction`), structlog
@@ -330,6 +330,13 @@ _RULES: tuple[_Rule, ...] = (
         2,
         lowercase=True,
     ),
+    # URL userinfo (https://user:pass@host, redis://:pass@host, a token as the user), also with
+    # JSON-escaped slashes: everything before the last '@' of the authority, as a URL parser reads it.
+    _rule(("://", ":\\/\\/"), r"(?::/|:\\/)(?:/|\\/)" + _NOT_ALREADY + r"([^\s/?#\"'<>\\]+)@", 1,
+          lowercase=True),
+    # ... and percent-encoded, as in a redirect or callback parameter: http%3A%2F%2Fuser%3Apass%40host
+    _rule(("%3a%2f%2f",), r"%3a%2f%2f" + _NOT_ALREADY + r"((?:(?!%2f)[^\s/?#\"'<>\\&])+)%40", 1,
+          lowercase=True),
     # OpenAI / Anthropic / OpenRouter style keys (also half-masked echoes like
     # "sk-proj-abc****wxyz" in provider error messages).
     _rule(("sk-",), r"(?<![A-Za-z0-9])sk-(?=[A-Za-z_\-]*[0-9*])[A-Za-z0-9_\-*]{12,}", 0, lowercase=False),

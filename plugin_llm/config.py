@@ -82,6 +82,40 @@ class ModelConfig:
     #: force native ``json_schema`` response_format on/off (None: ask litellm)
     supports_json_schema: bool | None = None
 
+    def __repr__(self) -> str:
+        return (f"ModelConfig(provider={self.provider!r}, model={self.model!r}, base_url={shown_url(self.base_url)!r}, "
+                f"supports_json_schema={self.supports_json_schema!r})")
+
+
+def shown_url(url: str | None) -> str | None:
+    """``url`` for messages, output and reprs: through the redactor, so its userinfo
+    (``https://user:pass@host``) and any key in it are hidden."""
+    if not url or not isinstance(url, str):
+        return url
+    from auth.redaction import redact
+
+    return redact(url)
+
+
+def register_url_secrets(url: str) -> None:
+    """Teach the redactor the credentials in an endpoint URL's userinfo, so that they are hidden
+    wherever they appear, also without the URL around them (a provider echoing them)."""
+    from urllib.parse import unquote, urlsplit
+
+    from auth.redaction import register_secret
+
+    try:
+        parts = urlsplit(url.strip())
+    except ValueError:
+        return
+    userinfo, at, _ = parts.netloc.rpartition("@")
+    if not at:
+        return
+    user, _, password = userinfo.partition(":")
+    secret = password or user  # a token alone stands in the user's place
+    register_secret(secret)
+    register_secret(unquote(secret))
+
 
 @dataclass(frozen=True)
 class LlmSettings:
@@ -98,7 +132,7 @@ class HostConfig:
     """One parsed, validated snapshot of config.yaml."""
 
     home: Path
-    raw: Mapping[str, Any] = field(default_factory=dict)
+    raw: Mapping[str, Any] = field(default_factory=dict, repr=False)  # model.base_url may hold a password
     model: ModelConfig = ModelConfig()
     llm: LlmSettings = LlmSettings()
     audit: AuditSettings = AuditSettings()
@@ -210,6 +244,8 @@ def _parse_model(raw: Any, warnings: list[str]) -> ModelConfig:
     supports = raw.get("supports_json_schema")
     if supports is not None:
         supports = parse_bool(supports, "model.supports_json_schema", warnings)
+    if base_url and isinstance(base_url, str):
+        register_url_secrets(base_url)
     return ModelConfig(provider=provider, model=model.strip(), base_url=base_url or None, supports_json_schema=supports)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from plugin_llm.config import DEFAULT_LOCAL_MODEL, LOCAL_PROVIDER, HostConfig
+from plugin_llm.config import DEFAULT_LOCAL_MODEL, LOCAL_PROVIDER, HostConfig, shown_url
 from plugin_llm.errors import PluginLlmConfigError
 
 __all__ = ["Route", "resolve_route", "call_timeout"]
@@ -25,6 +25,11 @@ class Route:
     timeout: float
     max_retries: int
     supports_json_schema: bool | None
+
+    def __repr__(self) -> str:  # the endpoint's userinfo is a secret
+        return (f"Route(provider={self.provider!r}, model={self.model!r}, litellm_model={self.litellm_model!r}, "
+                f"base_url={shown_url(self.base_url)!r}, profile={self.profile!r}, timeout={self.timeout!r}, "
+                f"max_retries={self.max_retries!r}, supports_json_schema={self.supports_json_schema!r})")
 
 
 def call_timeout(config: HostConfig, requested: float | None) -> float:

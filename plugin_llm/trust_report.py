@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 import yaml
 
-from plugin_llm.config import CONFIG_MAX_BYTES, HOST_SECTIONS, HostConfig, describe_yaml_error, parse_config
+from plugin_llm.config import CONFIG_MAX_BYTES, HOST_SECTIONS, HostConfig, describe_yaml_error, parse_config, shown_url
 from plugin_llm.safe_files import UnsafeFileError, read_home_text
 from plugin_llm.bounded_repr import short_repr
 from plugin_llm.safe_yaml import compose_yaml
@@ -899,7 +899,7 @@ def _route(config: HostConfig, overrides: Overrides) -> tuple[dict[str, Any] | N
         "provider": route.provider,
         "model": route.model,
         "litellm_model": route.litellm_model,
-        "base_url": route.base_url,
+        "base_url": shown_url(route.base_url),
         "profile": route.profile,
         "agent_id": overrides.agent_id,
         "timeout": route.timeout,

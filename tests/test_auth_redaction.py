@@ -130,6 +130,40 @@ def test_header_name_and_scheme_survive_for_readability():
     assert redact("https://h/v1?key=abcdefghijkl&alt=sse") == "https://h/v1?key=[REDACTED]&alt=sse"
 
 
+# URL userinfo: the password (or a token standing as the user) is a secret in every URL shape
+@pytest.mark.parametrize(
+    "text, hidden, kept",
+    [
+        ("cannot reach custom (https://alice:s3cretPW@gw.example.com/v1): refused", "s3cretPW",
+         "https://[REDACTED]@gw.example.com/v1"),
+        ("HTTP://Alice:s3cretPW@GW.example.com:8443/v1", "s3cretPW", "HTTP://[REDACTED]@GW.example.com:8443/v1"),
+        ("redis://:s3cretPW@127.0.0.1:6379/0", "s3cretPW", "redis://[REDACTED]@127.0.0.1:6379/0"),
+        ("https://ghtok0123456789@git.example.com/x.git", "ghtok0123456789", "https://[REDACTED]@git.example.com/x.git"),
+        ("https://alice:p@ss@w0rd@host/v1", "ss@w0rd", "https://[REDACTED]@host/v1"),  # unencoded '@': the last one ends it
+        ("https://alice:s3cret%2FPW@host/v1", "s3cret%2FPW", "https://[REDACTED]@host/v1"),
+        ("http://alice:s3cretPW@[::1]:8080/v1", "s3cretPW", "http://[REDACTED]@[::1]:8080/v1"),
+        ('{"base_url": "http:\\/\\/alice:s3cretPW@host\\/v1"}', "s3cretPW", "http:\\/\\/[REDACTED]@host"),
+        ("next=https%3A%2F%2Falice%3As3cretPW%40host%2Fv1", "s3cretPW", "https%3A%2F%2F[REDACTED]%40host%2Fv1"),
+        ("url='https://alice:s3cretPW@host' other='x'", "s3cretPW", "'https://[REDACTED]@host'"),
+        ("ünïcode https://alice:s3cretPW@host/v1", "s3cretPW", "https://[REDACTED]@host/v1"),
+    ],
+)
+def test_url_userinfo_is_a_secret(text, hidden, kept):
+    out = redact(text)
+    assert hidden not in out and kept in out
+    assert redact(out) == out  # already redacted: left alone
+    assert hidden not in json.dumps(redact_obj({"error": text}))
+
+
+@pytest.mark.parametrize("text", [
+    "see https://example.com/a@b and write to bob@example.com",
+    "https://host:8080/v1 is up; mail ops@example.com",
+    "git@github.com:org/repo.git",
+])
+def test_an_at_sign_outside_a_url_authority_is_not_userinfo(text):
+    assert redact(text) is text
+
+
 @pytest.mark.parametrize(
     "text",
     [

@@ -509,3 +509,51 @@ def test_prose_ending_in_a_word_a_registered_key_starts_with_is_not_redacted(tra
     assert clipped.startswith(filler) and "gate" not in clipped[len(filler):]
     # arrived cut (a provider truncated an echoed key): a tail of 8+ characters is hidden
     assert redact_clipped("echo: gateway-ke", 500) == "echo: [REDACTED]"
+
+
+# --------------------------------------------------------------------------- URL userinfo in base_url
+
+
+def _drain(llm: PluginLlm, mode: str):
+    """The call's text, or the PluginLlmError a plugin would catch."""
+    try:
+        if mode == "sync":
+            return llm.complete(USER).text
+        if mode == "async":
+            return asyncio.run(llm.acomplete(USER)).text
+        return "".join(str(piece) for piece in llm.stream(USER))
+    except PluginLlmError as exc:
+        return exc
+
+
+@pytest.mark.parametrize("mode", ["sync", "async", "stream"])
+@pytest.mark.parametrize("failure", ["refused", "500"])
+def test_a_base_url_password_appears_nowhere(hermes_home, mode, failure, caplog):
+    password = canary()
+    with FakeServer() as fake:
+        server = fake.base_url if failure != "refused" else f"http://127.0.0.1:{free_port()}/v1"
+        url = server.replace("http://", f"http://alice:{password}@")
+        use_key(hermes_home, url, canary())
+        fake.push(Reply.error(500, "nope"))
+        with caplog.at_level("DEBUG"):
+            llm = PluginLlm("p")
+            error = _drain(llm, mode)
+    config = parse_config(hermes_home, (hermes_home / "config.yaml").read_text(encoding="utf-8"))
+    assert isinstance(error, PluginLlmError), error
+    texts = [str(error), repr(error),
+             "".join(traceback.TracebackException.from_exception(error, capture_locals=True).format()),
+             repr(resolve_route(config)), repr(config), caplog.text]
+    texts += [p.read_text(encoding="utf-8", errors="replace") for p in hermes_home.rglob("*")
+              if p.is_file() and p.name != "config.yaml"]
+    assert_no_key(password, texts)
+    assert audit_lines(hermes_home)[-1]["status"] == "provider_error"  # the call was audited
+    if failure == "refused" and "cannot reach" in str(error):
+        assert "http://[REDACTED]@127.0.0.1" in str(error)  # the endpoint is still named, without its userinfo
+
+
+def test_a_base_url_password_is_hidden_even_without_its_url(hermes_home):
+    """A provider echoing the password alone (reply text only passes redact_secrets, no shapes)."""
+    password = canary()
+    parse_config(hermes_home, f"model:\n  provider: custom\n  model: m\n  base_url: https://alice:{password}@gw.example/v1\n")
+    assert password not in redact_secrets(f"your password is {password}")
+    assert password[:-4] not in redact_clipped(f"cut: {password[:-4]}", 200)

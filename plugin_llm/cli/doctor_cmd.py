@@ -254,6 +254,7 @@ def _trust(tr: Any, view: Any, installed: Callable[[], dict[str, str]]) -> list[
 def _route_and_credentials(view: Any, home: Path) -> list[Check]:
     from auth import KEYLESS_PROVIDERS, CredentialStore
     from plugin_llm.errors import PluginLlmConfigError, PluginLlmError
+    from plugin_llm.config import shown_url
     from plugin_llm.routing import resolve_route
 
     if view.error is not None:
@@ -263,7 +264,7 @@ def _route_and_credentials(view: Any, home: Path) -> list[Check]:
         route = resolve_route(view.config)
     except PluginLlmConfigError as exc:
         return [Check(FAIL, "route", str(exc), f"set model.provider and model.model in {view.path}")]
-    endpoint = f" at {route.base_url}" if route.base_url else ""
+    endpoint = f" at {shown_url(route.base_url)}" if route.base_url else ""
     out = [Check(OK, "route", f"{route.provider} / {route.model}{endpoint}"), _fast_path(route)]
     try:
         cred = CredentialStore(home).acquire(route.provider)

@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 from plugin_llm.errors import PluginLlmError, PluginLlmProviderError, PluginLlmTimeoutError
+from plugin_llm.config import shown_url
 from plugin_llm.routing import Route
 from plugin_llm.transport._keys import Key
 from plugin_llm.transport._types import MESSAGE_LIMIT, RETRYABLE_STATUSES
@@ -146,7 +147,7 @@ def map_error(exc: BaseException, route: Route, key: Key | None, deadline: float
         return err
     if "ConnectError" in names or "APIConnectionError" in names or any(isinstance(e, ConnectionError) for e in chain):
         return PluginLlmProviderError(
-            f"cannot reach {route.provider} ({route.base_url or 'default endpoint'}): {message}",
+            f"cannot reach {route.provider} ({shown_url(route.base_url) or 'default endpoint'}): {message}",
             status=None, provider=route.provider, retryable=True,
         )
     status = _status_of(exc)

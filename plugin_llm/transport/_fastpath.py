@@ -36,7 +36,7 @@ import os
 import threading
 import time
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from plugin_llm.routing import Route
@@ -155,10 +155,10 @@ class FastRoute:
 
     provider: str  # litellm's provider name
     model: str  # the model name the provider sees
-    api_base: str | None
+    api_base: str | None = field(repr=False)  # its userinfo is a secret
     config: Any  # litellm's provider config (a BaseConfig)
     supported: frozenset[str]
-    litellm_params: dict[str, Any]
+    litellm_params: dict[str, Any] = field(repr=False)  # holds api_base too
     prices: tuple[float, float, float | None, float | None] | None  # simple prices, or None
     priced: bool  # in the price map at all (False: cost is unknown)
     litellm: Any
