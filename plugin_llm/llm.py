@@ -818,7 +818,7 @@ class PluginLlm:
         ticket = self._limits_in_memory(call, admitted, messages, messages, params, tally)
         if ticket is None:
             ticket = yield from self._limits_store_step(call, admitted, messages, messages, params, tally)
-        request = _transport_request(admitted, messages, params)
+        request = _transport_request(admitted, messages, _bounded_output(call, admitted, params, tally))
         failure: BaseException | None = None
         try:
             progress.stream = yield StreamOpen(request)
@@ -1146,7 +1146,7 @@ class PluginLlm:
         ticket = self._limits_in_memory(call, admitted, audit_messages, messages, params, tally)
         if ticket is None:
             ticket = yield from self._limits_store_step(call, admitted, audit_messages, messages, params, tally)
-        request = _transport_request(admitted, messages, params)
+        request = _transport_request(admitted, messages, _bounded_output(call, admitted, params, tally))
         failure: BaseException | None = None
         response = None
         try:
@@ -1419,6 +1419,22 @@ def _settle_failed(ticket: "limits.Ticket", failure: BaseException, *, replied: 
         ticket.settle()
     else:
         ticket.release()
+
+
+def _bounded_output(call: _Call, admitted: _Admitted, params: dict, tally: "_Tally") -> dict:
+    """``params`` with ``max_tokens`` set to the output bound the limits reserved when they count
+    output and the plugin set none (or a larger one): the reservation is then a ceiling the
+    provider keeps (litellm names it per provider: max_completion_tokens, max_output_tokens ...)."""
+    settings = admitted.config.limits
+    if settings.for_plugin(call.plugin_id).empty:
+        return params
+    route = admitted.route
+    bound = limits.output_bound(settings, admitted.config.home, call.plugin_id, route.provider, route.model,
+                                params.get("max_tokens"))
+    if bound is None:
+        return params
+    tally.add_limits({"limits.max_tokens_sent": bound})
+    return {**params, "max_tokens": bound}
 
 
 def _transport_request(admitted: _Admitted, messages: list, params: dict) -> TransportRequest:

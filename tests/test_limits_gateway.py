@@ -381,3 +381,114 @@ def test_a_stream_a_plugin_abandons_by_raising_gives_its_slot_back_at_once(herme
         manager.shutdown()
     statuses = [r["status"] for r in audit_lines(hermes_home)]
     assert statuses == ["abandoned", "ok"] * 3
+
+
+# --- a limit that counts output sends the output bound it reserved -----------------------------------
+
+#: the provider answers at its own length unless the request bounds it: 100k tokens = $2.00 here
+LONG = 100_000
+EXPENSIVE = "  prices:\n    custom/m: {input_per_mtok: 1.0, output_per_mtok: 20.0}\n"
+
+
+def _own_length(request_json, headers, path):
+    bound = request_json.get("max_tokens") or request_json.get("max_completion_tokens")
+    completion = min(bound, LONG) if isinstance(bound, int) else LONG
+    return 200, {"id": "x", "object": "chat.completion", "created": 1, "model": "m",
+                 "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "length"}],
+                 "usage": {"prompt_tokens": 7, "completion_tokens": completion, "total_tokens": 7 + completion}}
+
+
+def _sent_bound(request) -> object:
+    body = request.json or {}
+    return body.get("max_tokens", body.get("max_completion_tokens"))
+
+
+@pytest.fixture(params=["fast", "fallback"])
+def path(request, monkeypatch):
+    from plugin_llm.transport import _fastpath
+
+    if request.param == "fallback":
+        monkeypatch.setenv(_fastpath.FAST_PATH_ENV, "0")
+    return request.param
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_budget_sends_the_output_bound_it_reserved_so_the_charge_stays_within_it(hermes_home, path, mode):
+    """On a $1.00 day, a call without max_tokens reserved ~$0.08 and the provider answered 100k tokens
+    ($2.00): the bound reserved is now sent, so the provider stops there and the charge stays within it."""
+    with FakeServer(default=Reply(body=_own_length)) as server:
+        configure(hermes_home, server.base_url, "        budget_usd: {day: 1.0}\n", EXPENSIVE)
+        llm = PluginLlm("capped")
+        result = llm.complete(USER) if mode == "sync" else asyncio.run(llm.acomplete(USER))
+        assert _sent_bound(server.requests[-1]) == 4096  # limits.default_max_output_tokens: custom/m has no limit
+    record = audit_lines(hermes_home)[-1]
+    assert record["limits.max_tokens_sent"] == 4096
+    assert result.usage.output_tokens == 4096
+    assert 0 < result.usage.cost_usd <= record["limits.reserved_usd"] < 1.0
+    limits.close_stores()
+    assert snapshot(hermes_home)["spent_usd"]["day"] <= record["limits.reserved_usd"]
+
+
+def test_the_bound_sent_is_the_bound_reserved(hermes_home, path):
+    """The model's output limit (from the price map) when it has one; a plugin's own smaller max_tokens as
+    it is; a larger one lowered to what was reserved; a token limit alone relies on the bound too."""
+    host = "  prices:\n    custom/m: {input_per_mtok: 1.0, output_per_mtok: 20.0, max_output_tokens: 1000}\n"
+    with FakeServer(default=Reply(body=_own_length)) as server:
+        configure(hermes_home, server.base_url, "        budget_usd: {day: 1.0}\n", host)
+        llm = PluginLlm("capped")
+        llm.complete(USER)
+        llm.complete(USER, max_tokens=200)
+        configure(hermes_home, server.base_url, "        tokens_per_minute: 1000000\n", host)
+        llm.complete(USER)
+        sent = [_sent_bound(r) for r in server.requests]
+    assert sent == [1000, 200, 1000]
+    records = audit_lines(hermes_home)
+    assert [r.get("limits.max_tokens_sent") for r in records] == [1000, None, 1000]
+    assert all(r["gen_ai.usage.output_tokens"] <= s for r, s in zip(records, sent))
+
+
+def test_no_bound_is_added_when_no_limit_counts_output(hermes_home, path):
+    """An unlimited plugin, or one limited in requests or concurrency only, is sent as it asked."""
+    with FakeServer() as server:
+        configure(hermes_home, server.base_url, "        requests_per_minute: 100\n        max_concurrent: 2\n")
+        PluginLlm("capped").complete(USER)
+        PluginLlm("free").complete(USER)
+        PluginLlm("free").complete(USER, max_tokens=77)
+        assert [_sent_bound(r) for r in server.requests] == [None, None, 77]
+    assert all("limits.max_tokens_sent" not in r for r in audit_lines(hermes_home))
+
+
+def test_streams_and_structured_repairs_send_the_bound_too(hermes_home, path):
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    with FakeServer() as server:
+        configure(hermes_home, server.base_url, "        budget_usd: {day: 1.0}\n", EXPENSIVE)
+        llm = PluginLlm("capped")
+        with llm.stream(USER) as stream:
+            assert "".join(stream) == "ok"
+
+        async def astream() -> str:
+            async with llm.astream(USER) as chunks:
+                return "".join([delta async for delta in chunks])
+
+        assert asyncio.run(astream()) == "ok"
+        server.push(Reply(content='{"n": "not a number"}'), Reply(content='{"n": 1}'))
+        parsed = llm.complete_structured(instructions="give n", input=[{"type": "text", "text": "n: 1"}],
+                                         json_schema=schema).parsed
+        assert parsed == {"n": 1}
+        assert [_sent_bound(r) for r in server.requests] == [4096] * 4  # two streams, a request and its repair
+    records = audit_lines(hermes_home)
+    assert [r["limits.max_tokens_sent"] for r in records] == [4096] * 3 and records[-1]["repairs"] == 1
+
+
+def test_the_bound_goes_by_the_providers_own_name(hermes_home, path):
+    """OpenAI's reasoning models take max_completion_tokens (litellm maps max_tokens per provider)."""
+    with FakeServer(default=Reply(body=_own_length)) as server:
+        write_config(hermes_home, (
+            f"model:\n  provider: custom\n  model: o3-mini\n  base_url: {server.base_url}\n"
+            "limits:\n  store: local\n  prices:\n    custom/o3-mini: {input_per_mtok: 1.0, output_per_mtok: 20.0}\n"
+            "plugins:\n  entries:\n    capped:\n      limits:\n        budget_usd: {day: 1.0}\n"
+        ))
+        result = PluginLlm("capped").complete(USER)
+        body = server.requests[-1].json
+    assert body.get("max_completion_tokens") == 4096 and "max_tokens" not in body
+    assert result.usage.output_tokens == 4096

@@ -86,6 +86,7 @@ __all__ = [
     "admit",
     "aadmit",
     "admit_in_memory",
+    "output_bound",
     "snapshot",
     "reset",
     "store_for",
@@ -404,6 +405,21 @@ def _plan(settings: LimitSettings, home: Any, plugin_id: str, provider: str, mod
         _PLANS[key] = plan
     _LAST_PLAN = plan
     return plan
+
+
+def output_bound(settings: LimitSettings, home: Any, plugin_id: str, provider: str, model: str,
+                 max_tokens: Any) -> int | None:
+    """The ``max_tokens`` a request must be sent with so that what admission reserved for its
+    output is a ceiling the provider keeps: the reserved output bound when a limit counts output
+    (a budget, a token limit) and the request has no ``max_tokens`` or a larger one; else None
+    (send the request as it is). The same plan as the admission's: the same number."""
+    plan = _plan(settings, home, plugin_id, provider, model, max_tokens)
+    limits = plan.limits
+    if limits.empty or not (limits.has_budget or limits.tokens_per_minute is not None):
+        return None
+    if type(max_tokens) is int and 0 < max_tokens <= plan.output_tokens:
+        return None
+    return plan.output_tokens
 
 
 def _prepare(settings: LimitSettings, home: Any, plugin_id: str, messages, provider: str, model: str,
