@@ -49,6 +49,8 @@ __all__ = [
     "AuditKeyError",
     "generate_key",
     "read_verifiers",
+    "read_keyring",
+    "Retirement",
     "export_records",
     "stats",
     "StatsRow",
@@ -83,6 +85,8 @@ _HOME: dict[str, str] = {
     "AuditKeyError": "audit.signing",
     "generate_key": "audit.signing",
     "read_verifiers": "audit.signing",
+    "read_keyring": "audit.signing",
+    "Retirement": "audit.signing",
     "export_records": "audit.export",
     "stats": "audit.summary",
     "StatsRow": "audit.summary",
@@ -106,7 +110,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from audit.settings import AuditSettings, parse_audit_settings
     from audit.summary import StatsRow, stats
     from audit.export import export_records
-    from audit.signing import AuditKeyError, Signer, Verifier, generate_key, read_verifiers
+    from audit.signing import AuditKeyError, Retirement, Signer, Verifier, generate_key, read_keyring, read_verifiers
     from audit.verifier import CheckpointSummary, VerifyProblem, VerifyResult, verify
     from audit.writer import AuditLog, get_audit_log
 

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
-from audit.signing import SIG_PREFIX, AuditKeyError, Signer, Verifier, parse_verifier
+from audit.signing import SIG_PREFIX, AuditKeyError, Retirement, Signer, Verifier, parse_verifier
 
 __all__ = [
     "CHECKPOINTS_SUFFIX",
@@ -309,6 +309,7 @@ class CheckpointReport:
     origin: str | None = None
     pruned: list[tuple[int, str, int]] = field(default_factory=list)  #: (through seq, its hash, line)
     keys: list[str] = field(default_factory=list)  #: key ids that signed valid checkpoints
+    pins: list[tuple[int, str]] = field(default_factory=list)  #: (seq, head) of the kept key rotation records
     problems: list[tuple[int, str, str]] = field(default_factory=list)
     more: int = 0  #: problems beyond max_findings, counted only
     warnings: list[tuple[int, str, str]] = field(default_factory=list)
@@ -338,6 +339,42 @@ def _covers(cp: Checkpoint, pending: list[Block], block_offset: int, f: BinaryIO
     return h.hexdigest() == digest and not padding.strip(b"\n")
 
 
+def _after_retirement(key: tuple[str, int], seq: int, handover: tuple[int, str, int, int]) -> str:
+    at, _head, successor, line = handover
+    where = f"at line {line}" if line else "in the rotation record kept with the public keys"
+    return (f"checkpoint for seq {seq} is signed only by key {key[1]:08x}, which was retired at seq {at} (handed over "
+            f"to key {successor:08x}, {where}): a retired key may have leaked, so it vouches for nothing after its "
+            f"retirement; the log was rewritten and re-signed with it")
+
+
+def _retired_signers(cp: Checkpoint, line: int, signers: list[tuple[str, int]],
+                     retired: dict[tuple[str, int], tuple[int, str, int, int]]) -> str | None:
+    """Why ``cp`` is refused when only retired keys signed it, else None: it comes after a signer's
+    hand-over (in seq, or in the file) or gives that hand-over's seq another head."""
+    if not retired or any(k not in retired for k in signers):
+        return None
+    for key in signers:
+        handover = retired[key]
+        at, head, _successor, at_line = handover
+        if cp.seq > at or (cp.seq == at and cp.head != head) or (at_line and line > at_line):
+            return _after_retirement(key, cp.seq, handover)
+    return None
+
+
+def _handover_clash(cp: Checkpoint, new: Verifier, signers: list[tuple[str, int]],
+                    retired: dict[tuple[str, int], tuple[int, str, int, int]]) -> str | None:
+    """A key rotation a retired key signs that is not the hand-over recorded for it (a leaked key
+    endorsing a key of its holder's), else None."""
+    for key in signers:
+        handover = retired.get(key)
+        if handover is None or key == (new.name, new.key_id):
+            continue
+        if (cp.seq, cp.head, new.key_id) != handover[:3]:
+            return (f"key rotation to key {new.key_id:08x} at seq {cp.seq} signed by key {key[1]:08x}, which was "
+                    f"handed over to key {handover[2]:08x} at seq {handover[0]}: a retired key endorses no other key")
+    return None
+
+
 def check_checkpoints(
     path: Path,
     verifiers: Sequence[Verifier] | None,
@@ -345,13 +382,18 @@ def check_checkpoints(
     *,
     file: BinaryIO | None = None,
     size: int | None = None,
+    retirements: Sequence[Retirement] = (),
 ) -> CheckpointReport:
     """Parse ``path`` and check every checkpoint's signature against ``verifiers``.
 
     A checkpoint counts only when a trusted key signed it validly; a ``key``
     line in such a checkpoint, signed by that new key as well, adds the new key
-    (key rotation). Without ``verifiers`` nothing is trusted (a warning says so).
-    Raises ``OSError`` when the file exists but cannot be read.
+    (key rotation) and retires the old one: a checkpoint only retired keys
+    signed is refused when it comes after the hand-over, in the file or in
+    ``seq``. ``retirements`` (kept by the auditor with the public keys) retire
+    keys whatever the file says, and pin the hand-over's head. Without
+    ``verifiers`` nothing is trusted (a warning says so). Raises ``OSError``
+    when the file exists but cannot be read.
     """
     from audit.logfiles import open_log_file
 
@@ -371,6 +413,14 @@ def check_checkpoints(
     reasons: dict[int, tuple[str, str]] = {}  # block offset -> (kind, detail) when it parsed but failed
 
     unknown: dict[str, list[int]] = {}  # key ids of untrusted signers -> [first line, count]
+    # a retired key -> (the hand-over's seq, head, successor key id, its line; 0: kept by the auditor)
+    retired: dict[tuple[str, int], tuple[int, str, int, int]] = {}
+    alone: dict[tuple[str, int], tuple[int, int]] = {}  # a key -> (highest seq it alone signed, line)
+    for r in retirements:
+        if (r.name, r.key_id) in trusted:
+            retired[(r.name, r.key_id)] = (r.seq, r.head, r.successor, 0)
+            report.heads.setdefault(r.seq, (r.head, 0))  # the hand-over's head pins every record up to it
+            report.pins.append((r.seq, r.head))
 
     def problem(line: int, kind: str, detail: str) -> None:
         if len(report.problems) < max_findings:
@@ -426,6 +476,14 @@ def check_checkpoints(
             elif cp.origin != report.origin:
                 problem(block.line, "checkpoint_bad", "checkpoint of another log (its origin line differs)")
                 continue
+            refusal = _retired_signers(cp, block.line, ok_sigs, retired)
+            if refusal is not None:
+                problem(block.line, "checkpoint_retired_key", refusal)
+                continue
+            if len(ok_sigs) == 1 and cp.new_key is None:
+                seen_alone = alone.get(ok_sigs[0])
+                if seen_alone is None or cp.seq > seen_alone[0]:
+                    alone[ok_sigs[0]] = (cp.seq, block.line)
             if cp.new_key is not None:
                 try:
                     new = parse_verifier(cp.new_key, f"{path}:{block.line}")
@@ -436,14 +494,22 @@ def check_checkpoints(
                 if not signed_by_new:
                     problem(block.line, "checkpoint_key", "key rotation names a new key that did not sign it")
                     continue
+                clash = _handover_clash(cp, new, ok_sigs, retired)
+                if clash is not None:
+                    problem(block.line, "checkpoint_retired_key", clash)
+                    continue
+                for old in ok_sigs:  # retired from here on in the file too (a kept record: the same hand-over)
+                    if old != (new.name, new.key_id) and (old not in retired or not retired[old][3]):
+                        retired[old] = (cp.seq, cp.head, new.key_id, block.line)
                 trusted[(new.name, new.key_id)] = new
             for _, key_id in ok_sigs:
                 keys_seen[f"{key_id:08x}"] = None
             report.valid += 1
             seen = report.heads.get(cp.seq)
             if seen is not None and seen[0] != cp.head:
+                first = f"line {seen[1]}" if seen[1] else "the key rotation record kept with the public keys"
                 problem(block.line, "checkpoint_fork", (
-                    f"two signed checkpoints for seq {cp.seq} with different heads (lines {seen[1]} and {block.line}): "
+                    f"two signed checkpoints for seq {cp.seq} with different heads ({first} and line {block.line}): "
                     f"the log was rewritten after the first one was signed"))
                 continue
             if seen is None:
@@ -462,6 +528,10 @@ def check_checkpoints(
                 f"the next writer recovers it")))
         else:
             problem(bad.line, *reasons.get(bad.offset, ("checkpoint_bad", f"not a checkpoint: {bad.error}")))
+    for key, (seq, line) in alone.items():  # signed alone, earlier in the file, past the key's later retirement
+        handover = retired.get(key)
+        if handover is not None and handover[3] and seq > handover[0]:
+            problem(line, "checkpoint_retired_key", _after_retirement(key, seq, handover))
     for ids, (line, count, seq) in unknown.items():
         also = f" (and {count - 1} later checkpoint{'s' if count > 2 else ''} signed the same way)" if count > 1 else ""
         problem(line, "checkpoint_key", (

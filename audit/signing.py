@@ -32,14 +32,18 @@ import binascii
 import hashlib
 import os
 import secrets
+import re
 import stat
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = [
     "AuditKeyError",
     "Signer",
     "Verifier",
+    "Retirement",
+    "RETIRED_PREFIX",
     "KEY_DIR",
     "KEY_NAME",
     "PUB_NAME",
@@ -49,6 +53,9 @@ __all__ = [
     "parse_verifier",
     "parse_verifiers",
     "read_verifiers",
+    "parse_retirements",
+    "read_keyring",
+    "append_retirement",
     "load_signer",
     "key_file",
     "pub_file",
@@ -65,6 +72,11 @@ SIG_PREFIX = "\u2014 "
 _ALG_ED25519 = 1
 _MAX_KEY_FILE = 64 * 1024
 _MAX_NAME = 200
+#: a line of the public keys file that records a key rotation (see :class:`Retirement`)
+RETIRED_PREFIX = "retired "
+_ID = re.compile(r"[0-9a-f]{8}")
+_SEQ = re.compile(r"0|[1-9][0-9]{0,18}")
+_HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
 class AuditKeyError(ValueError):
@@ -163,6 +175,41 @@ class Signer:
         raise TypeError("the audit signing key cannot be pickled")
 
 
+@dataclass(frozen=True)
+class Retirement:
+    """A key rotation as the auditor keeps it, one line of the public keys file:
+    ``retired <name>+<old key id> <seq> <head hex> <successor key id>``. The old key's authority
+    ends at the hand-over checkpoint of ``seq`` (head ``head``): a checkpoint it alone signs for a
+    later ``seq``, or for that ``seq`` with another head, is refused, and that head pins every
+    record up to it (a retired key may have leaked: it must not vouch for a rewritten history)."""
+
+    name: str
+    key_id: int
+    seq: int
+    head: str
+    successor: int
+
+    def text(self) -> str:
+        return f"{RETIRED_PREFIX}{self.name}+{self.key_id:08x} {self.seq} {self.head} {self.successor:08x}"
+
+
+def _parse_retirement(line: str, where: str) -> Retirement:
+    parts = line.split(" ")
+    name, _, id_hex = parts[1].rpartition("+") if len(parts) == 5 else ("", "", "")
+    if (not name or not _ID.fullmatch(id_hex) or not _SEQ.fullmatch(parts[2]) or not _HEX64.fullmatch(parts[3])
+            or not _ID.fullmatch(parts[4])):
+        raise AuditKeyError(f"{where}: not a key rotation record (expected 'retired <name>+<key id> <seq> "
+                            f"<head hash> <successor key id>', as written by `plugin-llm audit keygen --rotate`)")
+    _check_name(name, where)
+    return Retirement(name, int(id_hex, 16), int(parts[2]), parts[3], int(parts[4], 16))
+
+
+def parse_retirements(text: str, where: str) -> list[Retirement]:
+    """The key rotation records (``retired ...`` lines) of a public keys file's text."""
+    return [_parse_retirement(line.strip(), f"{where}:{number}")
+            for number, line in enumerate(text.splitlines(), 1) if line.strip().startswith(RETIRED_PREFIX)]
+
+
 def _b64(text: str, where: str) -> bytes:
     try:
         return base64.b64decode(text, validate=True)
@@ -220,7 +267,7 @@ def parse_verifiers(text: str, where: str) -> list[Verifier]:
     out: list[Verifier] = []
     for number, line in enumerate(text.splitlines(), 1):
         line = line.strip()
-        if not line or line.startswith("#"):
+        if not line or line.startswith("#") or line.startswith(RETIRED_PREFIX):
             continue
         if line.startswith("PRIVATE+"):
             raise AuditKeyError(f"{where}:{number}: this is a PRIVATE key; give auditors the public key "
@@ -252,6 +299,13 @@ def read_verifiers(path: Path | str) -> list[Verifier]:
     """The public keys in a file. Raises :class:`AuditKeyError` (or ``OSError`` when unreadable)."""
     path = Path(path)
     return parse_verifiers(_read_small(path), str(path))
+
+
+def read_keyring(path: Path | str) -> tuple[list[Verifier], list[Retirement]]:
+    """The public keys and the key rotation records of a public keys file (one read)."""
+    path = Path(path)
+    text = _read_small(path)
+    return parse_verifiers(text, str(path)), parse_retirements(text, str(path))
 
 
 def key_file(home: Path, configured: str | None = None) -> Path:
@@ -338,6 +392,16 @@ def append_public_key(pub: Path, signer: Signer) -> Path:
     fd = os.open(pub, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
     try:
         os.write(fd, (signer.verifier.text() + "\n").encode("ascii"))
+    finally:
+        os.close(fd)
+    return pub
+
+
+def append_retirement(pub: Path, retirement: Retirement) -> Path:
+    """Record a key rotation in the public keys file, after the keys (what auditors keep)."""
+    fd = os.open(pub, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+    try:
+        os.write(fd, (retirement.text() + "\n").encode("utf-8"))
     finally:
         os.close(fd)
     return pub

@@ -36,6 +36,8 @@ With public keys (``pubkeys=``, ``--pubkey``), the checkpoints file
 - ``checkpoint_signature`` a checkpoint's signature does not match its text;
 - ``checkpoint_key`` signed by no key given (nor endorsed by a key rotation);
 - ``checkpoint_fork`` two signed checkpoints give different heads for one ``seq``;
+- ``checkpoint_retired_key`` signed only by a key retired by a key rotation, after
+                 its hand-over (or a hand-over it signs to another key);
 - ``checkpoint_bad`` a block that is not a checkpoint (and no later signed
                  ``torn`` line names it), or one of another log;
 - ``checkpoint_missing`` the log has records but no checkpoints at all;
@@ -98,7 +100,7 @@ from audit.chain import (
 from audit.checkpoints import CheckpointReport, check_checkpoints, checkpoints_path
 from audit.errors import AuditLogNotFoundError
 from audit.logfiles import resolve_log_path, skip_line, snapshot
-from audit.signing import Verifier
+from audit.signing import Retirement, Verifier
 from audit.records import EVENT, EVENT_CHAIN_RESUMED
 
 __all__ = ["VerifyProblem", "VerifyResult", "CheckpointSummary", "verify", "PROBLEM_KINDS", "WARNING_KINDS"]
@@ -107,7 +109,7 @@ PROBLEM_KINDS = (
     "bad_json", "oversized", "duplicate_key", "torn", "not_a_record", "edited", "not_canonical",
     "broken_link", "seq_gap", "seq_order", "inserted", "history_start", "anchor",
     "checkpoint_mismatch", "truncated", "checkpoint_signature", "checkpoint_key", "checkpoint_fork",
-    "checkpoint_bad", "checkpoint_missing",
+    "checkpoint_bad", "checkpoint_missing", "checkpoint_retired_key",
 )
 WARNING_KINDS = ("torn", "history_start", "unverified_tail", "checkpoint_torn", "checkpoint_unchecked")
 _RESUMED_NEEDLE = b'"' + EVENT_CHAIN_RESUMED.encode() + b'"'
@@ -268,6 +270,7 @@ def verify(
     allow_pruned_head: bool = False,
     pubkeys: Sequence[Verifier] | None = None,
     max_findings: int = 1000,
+    retirements: Sequence[Retirement] = (),
 ) -> VerifyResult:
     """Check the whole chain and its signed checkpoints; see the module docstring.
 
@@ -280,7 +283,10 @@ def verify(
     files dropped by retention) with a ``history_start`` warning; a signed
     rotation checkpoint naming exactly the pruned records makes it unnecessary.
     ``pubkeys`` are the public keys checkpoints are checked with; given, the
-    log must have valid checkpoints. Raises :class:`AuditLogNotFoundError`
+    log must have valid checkpoints. ``retirements`` are the key rotation records the auditor kept
+    with them (``retired`` lines of ``audit pubkey``): a retired key vouches for nothing after its
+    hand-over, whatever the checkpoints file says, and the hand-over's head pins the records
+    before it. Raises :class:`AuditLogNotFoundError`
     when there is no log, ``OSError`` when a file cannot be read.
     """
     log_path = resolve_log_path(path_or_home)
@@ -305,7 +311,8 @@ def verify(
         if not snaps:
             raise AuditLogNotFoundError(log_path)
         cps = check_checkpoints(cp_path, pubkeys, max_findings,
-                                file=cp_snap.file if cp_snap else None, size=cp_snap.size if cp_snap else 0) \
+                                file=cp_snap.file if cp_snap else None, size=cp_snap.size if cp_snap else 0,
+                                retirements=retirements) \
             if cp_snap is not None else None
         heads = cps.heads if cps is not None and cps.checked else {}
         rotated = len(snaps) > 1 or snaps[0].path != log_path
@@ -377,9 +384,11 @@ def verify(
                     result.warnings.append(VerifyProblem(name, number, "torn", "last record lacks its final newline"))
                 signed = heads.get(fields.seq) if heads else None
                 if signed is not None and signed[0] != fields.hash:
+                    source = f"signed checkpoint at {cp_path.name}:{signed[1]}" if signed[1] else \
+                        "key rotation record kept with the public keys"
                     report(VerifyProblem(name, number, "checkpoint_mismatch", (
-                        f"seq {fields.seq} has hash {fields.hash[:16]}..., but the signed checkpoint at "
-                        f"{cp_path.name}:{signed[1]} says {signed[0][:16]}...: records up to seq {fields.seq} were "
+                        f"seq {fields.seq} has hash {fields.hash[:16]}..., but the {source} "
+                        f"says {signed[0][:16]}...: records up to seq {fields.seq} were "
                         f"rewritten after they were signed (edited, inserted or deleted, the chain recomputed)")))
                 # -- the chain itself --
                 if gap is not None:
@@ -511,6 +520,11 @@ def _checkpoint_verdicts(
     seq, digest, line, time = cps.last
     summary.last_seq, summary.last_time = seq, time
     end = prev.seq if prev is not None else 0
+    for pinned, _head in cps.pins:
+        if pinned > end and pinned > seq:
+            report(VerifyProblem(where, 0, "truncated", (
+                f"the key rotation record kept with the public keys pins seq {pinned}, but the log ends at seq "
+                f"{end} and its checkpoints at seq {seq}: records and checkpoints were deleted from its end")))
     summary.covered_seq = min(seq, end)
     if seq > end:
         report(VerifyProblem(where, line, "truncated", (

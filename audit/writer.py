@@ -99,6 +99,25 @@ def _describe(exc: BaseException) -> str:
     return type(exc).__name__
 
 
+def _stamp(path: Path) -> tuple[int, int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+
+def _retired(pub: Path, signer: Any) -> bool:
+    """Whether the public keys file records ``signer``'s key as retired by a key rotation."""
+    from audit.signing import AuditKeyError, read_keyring
+
+    try:
+        _keys, retirements = read_keyring(pub)
+    except (AuditKeyError, OSError):
+        return False
+    return any((r.name, r.key_id) == (signer.name, signer.key_id) for r in retirements)
+
+
 def _last_record(fd: int, size: int) -> tuple[LineFields, int] | None:
     """Chain fields of the last complete record in ``fd[:size]`` and the offset just after it.
 
@@ -160,7 +179,7 @@ class AuditLog:
         self._signer_auto = signer == "auto"
         self._signer: Any = None if self._signer_auto else signer
         self._signer_loaded = not self._signer_auto
-        self._signer_stamp: tuple[int, int, int] | None = None
+        self._signer_stamp: tuple[Any, ...] | None = None
         self._cp_fd: int | None = None
         self._cp_known: tuple[int, int] | None = None
         self._cp_seq: int | None = None  # head seq of the last checkpoint this instance wrote
@@ -244,12 +263,16 @@ class AuditLog:
             self._ensure_signer()
             return self._signer
 
-    def checkpoint(self, reason: str = "manual", *, signers: Any = None, extensions: tuple[str, ...] = ()) -> tuple[int, str]:
+    def checkpoint(self, reason: str = "manual", *, signers: Any = None, extensions: tuple[str, ...] = (),
+                   then: Callable[[int, str], None] | None = None) -> tuple[int, str]:
         """Append a signed checkpoint of the current head now; returns ``(seq, hash)``.
 
         ``signers`` (default: the writer's key) sign it together, e.g. the old
-        and the new key of a key rotation. Raises ``OSError`` when the files
-        cannot be written and ``AuditKeyError``-like ``ValueError`` without a key.
+        and the new key of a key rotation; ``then(seq, hash)`` runs while the
+        log is still locked (a key rotation installs the new key there, so no
+        writer signs with the old one after the hand-over). Raises ``OSError``
+        when the files cannot be written and ``AuditKeyError``-like ``ValueError``
+        without a key.
         """
         with self._tlock:
             self._prepare()
@@ -260,6 +283,8 @@ class AuditLog:
                 if not chosen:
                     raise ValueError("no audit signing key: run `plugin-llm audit keygen` first")
                 self._write_checkpoint(reason, extensions, chosen)
+                if then is not None:
+                    then(self._seq, self._hash)
                 return self._seq, self._hash
             finally:
                 fcntl.flock(self._lock_fd, fcntl.LOCK_UN)  # type: ignore[arg-type]
@@ -488,32 +513,30 @@ class AuditLog:
         """Load (or reload, when the key file changed) the signing key named by the settings."""
         if not self._signer_auto:
             return
-        from audit.signing import AuditKeyError, key_file, load_signer
+        from audit.signing import AuditKeyError, key_file, load_signer, pub_file
 
         settings = self._settings
         path = key_file(self._home(), settings.signing_key or None)
-        if self._signer_loaded:
-            if settings.key_cmd:
-                return
-            try:
-                st = os.stat(path)
-                stamp: tuple[int, int, int] | None = (st.st_ino, st.st_mtime_ns, st.st_size)
-            except OSError:
-                stamp = None
-            if stamp == self._signer_stamp:
-                return
+        pub = pub_file(path)
+        # what a key rotation changes: the key file, and the public keys file (its retired line);
+        # with key_cmd only the latter
+        stamp = (_stamp(pub),) if settings.key_cmd else (_stamp(path), _stamp(pub))
+        if self._signer_loaded and stamp == self._signer_stamp:
+            return
         self._signer_loaded = True
-        try:
-            st = os.stat(path)
-            self._signer_stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
-        except OSError:
-            self._signer_stamp = None
+        self._signer_stamp = stamp
         try:
             self._signer = load_signer(path, settings.key_cmd)
         except (AuditKeyError, OSError) as exc:
             self._signer = None
             reason = str(exc) if isinstance(exc, AuditKeyError) else f"{path}: {_describe(exc)}"
             self._report(f"audit signing key not used, so no signed checkpoints are written: {reason}")
+            return
+        if self._signer is not None and _retired(pub, self._signer):
+            where = "audit.key_cmd" if settings.key_cmd else str(path)
+            self._report(f"audit signing key {self._signer.key_id_hex} ({where}) was retired by `audit keygen "
+                         f"--rotate` ({pub}): it signs no more checkpoints; install the new key")
+            self._signer, self._signer_stamp = None, None  # looked at again before the next checkpoint
 
     def _after_record(self) -> None:
         """Lock held, a record just written: checkpoint on a multiple of N, else arm the timer."""
@@ -550,7 +573,9 @@ class AuditLog:
             self._prepare()
             try:
                 self._sync_tail()
-                self._write_checkpoint(reason, (), [self._signer])
+                self._ensure_signer()  # a key rotated since: never sign with the retired key
+                if self._signer is not None:
+                    self._write_checkpoint(reason, (), [self._signer])
             finally:
                 fcntl.flock(self._lock_fd, fcntl.LOCK_UN)  # type: ignore[arg-type]
         except Exception as exc:  # noqa: BLE001 - a checkpoint failure must not break the call
@@ -585,7 +610,9 @@ class AuditLog:
             if fields is not None:
                 extensions = (f"pruned {fields.seq} {fields.hash}",)
         try:
-            self._write_checkpoint("rotate", extensions, [self._signer])
+            self._ensure_signer()
+            if self._signer is not None:
+                self._write_checkpoint("rotate", extensions, [self._signer])
         except Exception as exc:  # noqa: BLE001
             self._checkpoint_failed(exc)
 

@@ -14,7 +14,7 @@ import pytest
 from audit import AuditLog, AuditSettings, verify
 from audit.chain import GENESIS_HASH, render_line
 from audit.checkpoints import checkpoints_path, render
-from audit.signing import generate_key, key_file, load_signer, pub_file, read_verifiers, write_new_key
+from audit.signing import generate_key, key_file, load_signer, pub_file, read_keyring, read_verifiers, write_new_key
 from plugin_llm.cli.main import main
 
 EVERY = 10
@@ -611,3 +611,127 @@ def test_a_lost_key_is_replaced_keeping_the_logs_origin(hermes_home, capsys):
     assert [v.name for v in both] == [old.name, old.name]
     assert verify(path, pubkeys=both).ok  # same origin: one log, two keys
     assert "checkpoint_key" in kinds(verify(path, pubkeys=[old]))  # the old key alone cannot vouch for the new
+
+
+# -- a retired key vouches for nothing after its retirement ---------------------------------
+
+
+def _rotated(hermes_home: Path, capsys):
+    """15 records under the old key, a rotation, 15 more under the new one: (log, old signer, kept pub file)."""
+    old = make_key(hermes_home)
+    path = write(hermes_home, 15)
+    code, out, _ = cli(capsys, "audit", "keygen", "--rotate")
+    assert code == 0 and "auditors must replace the public keys they keep" in out
+    write(hermes_home, 15, 15)
+    return path, old, pub_file(key_file(hermes_home))
+
+
+def _resign(path: Path, lines: list[bytes], signer, every: int = 10) -> None:
+    """What the holder of a leaked key does: a fresh checkpoints file for a rewritten log, signed by it."""
+    out = b""
+    for seq, raw in enumerate(lines, 1):
+        if seq % every == 0 or seq == len(lines):
+            out += render(signer.name, seq, json.loads(raw)["hash"], ("reason records",), [signer])
+    checkpoints_path(path).write_bytes(out)
+
+
+def test_a_normal_rotation_verifies_with_the_kept_rotation_record(hermes_home, capsys, tmp_path):
+    path, old, pub = _rotated(hermes_home, capsys)
+    keys, retirements = read_keyring(pub)
+    new = load_signer(key_file(hermes_home))
+    assert [r.text() for r in retirements] == [f"retired {old.name}+{old.key_id_hex} 15 {retirements[0].head} "
+                                               f"{new.key_id_hex}"]
+    result = verify(path, pubkeys=keys, retirements=retirements)
+    assert result.ok and not result.warnings and len(result.checkpoints.keys) == 2
+    code, out, _ = cli(capsys, "audit", "pubkey")
+    kept = tmp_path / "auditor.pub"
+    kept.write_text(out)  # what the auditor keeps: both keys and the rotation record
+    assert out.count("\n") == 3 and out.splitlines()[-1].startswith("retired ")
+    code, out, _ = cli(capsys, "audit", "verify", "--log", str(path), "--pubkey", str(kept))
+    assert code == 0 and out.startswith("OK: 30 records")
+
+
+def test_a_log_rewritten_and_resigned_by_a_retired_key_fails(hermes_home, capsys, tmp_path):
+    path, old, pub = _rotated(hermes_home, capsys)
+    kept = tmp_path / "auditor.pub"
+    kept.write_text(pub.read_text())
+    lines = rows(path)
+    forged = json.loads(lines[4])
+    forged["purpose"] = "nothing to see here"
+    lines[4] = json.dumps(forged).encode() + b"\n"
+    lines = rechain(lines)
+    save(path, lines)
+    _resign(path, lines, old)  # the rotation record and every checkpoint of the new key are gone
+    code, out, _ = cli(capsys, "audit", "verify", "--log", str(path), "--pubkey", str(kept))
+    assert code == 1 and "checkpoint_retired_key" in out and "was retired at seq 15" in out
+    assert "key rotation record kept with the public keys" in out  # the pinned head: records 1..15 were rewritten
+    keys, retirements = read_keyring(kept)
+    result = verify(path, pubkeys=keys, retirements=retirements)
+    assert {"checkpoint_retired_key", "checkpoint_mismatch"} <= set(kinds(result))
+    # what the kept rotation record is for: with the public keys alone, the forgery verifies
+    assert verify(path, pubkeys=keys).ok
+
+
+def test_the_retired_keys_records_past_its_retirement_cannot_be_resigned(hermes_home, capsys, tmp_path):
+    """Records 1..15 untouched (the pinned head holds), 16..30 rewritten and signed by the old key."""
+    path, old, pub = _rotated(hermes_home, capsys)
+    keys, retirements = read_keyring(pub)
+    lines = rows(path)
+    forged = json.loads(lines[20])
+    forged["purpose"] = "rewritten after the hand-over"
+    lines[20] = json.dumps(forged).encode() + b"\n"
+    lines = lines[:20] + rechain(lines)[20:]
+    save(path, lines)
+    _resign(path, lines, old)
+    result = verify(path, pubkeys=keys, retirements=retirements)
+    assert not result.ok and "checkpoint_retired_key" in kinds(result)
+
+
+def test_a_retired_key_signing_after_the_hand_over_in_the_log_is_refused(hermes_home, capsys):
+    """Without the kept record too: the rotation in the checkpoints file retires the old key from there on."""
+    path, old, pub = _rotated(hermes_home, capsys)
+    keys = read_verifiers(pub)
+    last = json.loads(rows(path)[-1])
+    with checkpoints_path(path).open("ab") as f:  # the old key vouches for the newest head as well
+        f.write(render(old.name, last["seq"], last["hash"], ("reason records",), [old]))
+    result = verify(path, pubkeys=keys)
+    assert kinds(result) == ["checkpoint_retired_key"]
+    assert "handed over" in result.problems[0].detail and "at line" in result.problems[0].detail
+
+
+def test_a_retired_key_cannot_endorse_a_key_of_its_own(hermes_home, capsys):
+    path, old, pub = _rotated(hermes_home, capsys)
+    keys, retirements = read_keyring(pub)
+    _line, mine = generate_key(old.name)
+    lines = rows(path)
+    head = json.loads(lines[9])
+    blocks = render(old.name, 10, head["hash"], ("reason key-rotation", f"key {mine.verifier.text()}"), [old, mine])
+    last = json.loads(lines[-1])
+    blocks += render(mine.name, last["seq"], last["hash"], ("reason records",), [mine])
+    checkpoints_path(path).write_bytes(blocks)  # the real hand-over (and everything signed after it) deleted
+    result = verify(path, pubkeys=keys, retirements=retirements)
+    assert "checkpoint_retired_key" in kinds(result)
+    assert any("a retired key endorses no other key" in p.detail for p in result.problems)
+
+
+def test_a_running_writer_stops_signing_with_the_old_key_after_a_rotation(hermes_home, capsys):
+    make_key(hermes_home)
+    log = AuditLog(hermes_home / "logs" / "agent.log", AuditSettings(checkpoint_every=5))
+    for i in range(7):
+        log.write({"plugin_id": "p", "status": "ok", "i": i})
+    code, _, _ = cli(capsys, "audit", "keygen", "--rotate")  # while that writer holds the old key
+    assert code == 0
+    for i in range(7, 9):  # no periodic checkpoint (seq 10) to reload the key at
+        log.write({"plugin_id": "p", "status": "ok", "i": i})
+    log.close()  # its shutdown checkpoint is signed with the key in force, not the one it loaded
+    keys, retirements = read_keyring(pub_file(key_file(hermes_home)))
+    result = verify(log.path, pubkeys=keys, retirements=retirements)
+    assert result.ok and not result.warnings, (result.problems, result.warnings)
+
+
+def test_a_malformed_rotation_record_is_a_clear_error(hermes_home, capsys, tmp_path):
+    path, _old, pub = _rotated(hermes_home, capsys)
+    kept = tmp_path / "auditor.pub"
+    kept.write_text(pub.read_text() + "retired nonsense\n")
+    code, _, err = cli(capsys, "audit", "verify", "--log", str(path), "--pubkey", str(kept))
+    assert code == 2 and "not a key rotation record" in err and "auditor.pub:4" in err

@@ -83,8 +83,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Walk every file oldest first and list every broken, missing, reordered, inserted, edited,\n"
                     "torn, re-encoded or unreadable line, and -- with public keys -- every record a signed\n"
                     "checkpoint contradicts, records deleted that a checkpoint covered, and forged, forked or\n"
-                    "missing checkpoints. Exit 0 when all is whole (warnings allowed), 1 when a problem was\n"
-                    "found, 2 when there is no log or an option is wrong.\n\n"
+                    "missing checkpoints, and checkpoints signed by a key retired by `keygen --rotate` after\n"
+                    "its hand-over (keep the `retired` lines `audit pubkey` prints with the keys). Exit 0 when\n"
+                    "all is whole (warnings allowed), 1 when a problem was found, 2 when there is no log or an\n"
+                    "option is wrong.\n\n"
                     "The chain runs across the rotated files and must start at seq 1 from the genesis hash.\n"
                     "With a signing key, the rotation checkpoint names what retention deletes, so a pruned head\n"
                     "is proven; without one, a log whose head was pruned looks exactly like one whose first\n"
@@ -100,7 +102,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "dropped old files; without it that is a failure")
     verify.add_argument("--pubkey", metavar="FILE",
                         help="public key file(s) from `plugin-llm audit pubkey`: check the signed checkpoints with "
-                             "them (default: the home's keys/audit-signing.pub, unless --log is given)")
+                             "them and its key rotation records ('retired' lines: a retired key vouches for nothing "
+                             "after its hand-over) (default: the home's keys/audit-signing.pub, unless --log is given)")
     verify.add_argument("--json", action="store_true", help="one JSON document; 'findings' lists every problem and warning")
 
     export = actions.add_parser("export", parents=[common, filters], help="records as CSV, JSON lines or OTLP JSON logs",
@@ -116,7 +119,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                             "(<home>/keys/audit-signing.key, mode 0600, or audit.signing_key) and "
                                             "write a first checkpoint. --rotate replaces it: a checkpoint signed "
                                             "by the old and the new key hands over, so auditors holding the old "
-                                            "public key can check later checkpoints too.")
+                                            "public key can check later checkpoints too; the public keys file "
+                                            "records the old key's retirement (give auditors the new file: with "
+                                            "it, the old key signs nothing after the hand-over).")
     keygen.add_argument("--rotate", action="store_true", help="replace the existing key")
     keygen.add_argument("--stdout", action="store_true",
                         help="print the private key instead of writing it (to store in a password manager "
@@ -456,7 +461,7 @@ def _key_paths(home: Path) -> tuple[Any, Path, Path]:
 
 
 def _verify(args: argparse.Namespace, log_path: Path) -> int:
-    from audit.signing import read_verifiers
+    from audit.signing import read_keyring
     from audit.verifier import verify
 
     anchor = None
@@ -468,11 +473,12 @@ def _verify(args: argparse.Namespace, log_path: Path) -> int:
                            f"as printed by `plugin-llm audit verify`")
         anchor = (int(match.group(1)), match.group(2).lower())
     pubkeys = None
+    retirements: list = []  # the key rotation records kept with the public keys
     key_source = None
     if args.pubkey is not None:
         path = Path(args.pubkey).expanduser()
         try:
-            pubkeys = read_verifiers(path)
+            pubkeys, retirements = read_keyring(path)
         except FileNotFoundError:
             raise CliError(f"--pubkey {path}: no such file (get it from the log's owner: `plugin-llm audit pubkey`)") from None
         except OSError as exc:
@@ -481,10 +487,10 @@ def _verify(args: argparse.Namespace, log_path: Path) -> int:
     elif not args.log:
         _settings, _key, pub = _key_paths(_home_of(args))
         if pub.is_file():
-            pubkeys = read_verifiers(pub)
+            pubkeys, retirements = read_keyring(pub)
             key_source = str(pub)
     result = verify(log_path, strict=args.strict, anchor=anchor, allow_pruned_head=args.allow_pruned_head,
-                    pubkeys=pubkeys)
+                    pubkeys=pubkeys, retirements=retirements)
     if args.json:
         doc = result.as_dict()
         doc["pubkey"] = key_source
@@ -559,7 +565,7 @@ def _keygen(args: argparse.Namespace, log_path: Path) -> int:
 
 
 def _make_key(args: argparse.Namespace, home: Path, log_path: Path) -> int:
-    from audit.signing import append_public_key, generate_key, load_signer, write_new_key
+    from audit.signing import Retirement, append_public_key, append_retirement, generate_key, load_signer, write_new_key
     from audit.writer import AuditLog
 
     settings, key, pub = _key_paths(home)
@@ -583,14 +589,21 @@ def _make_key(args: argparse.Namespace, home: Path, log_path: Path) -> int:
               f"be endorsed by a signed hand-over: auditors need the new public key as well", file=sys.stderr)
     line, new = generate_key(name)
     log = AuditLog(log_path, settings, signer=new)
-    try:
-        if old is not None:  # the hand-over: signed by both, naming the new key
-            seq, _ = log.checkpoint("key-rotation", signers=[old, new], extensions=(f"key {new.verifier.text()}",))
+
+    def install(seq: int = 0, head: str = "") -> None:
         if args.stdout:
             append_public_key(pub, new)
         else:
             write_new_key(key, line, new, replace=old is not None)
-        if old is None:
+        if old is not None:  # what auditors keep: the old key signs nothing after this hand-over
+            append_retirement(pub, Retirement(old.name, old.key_id, seq, head, new.key_id))
+
+    try:
+        if old is not None:  # the hand-over: signed by both, naming the new key; installed under the log's lock
+            seq, _ = log.checkpoint("key-rotation", signers=[old, new], extensions=(f"key {new.verifier.text()}",),
+                                    then=install)
+        else:
+            install()
             seq, _ = log.checkpoint("keygen")
     finally:
         log.close()
@@ -603,6 +616,10 @@ def _make_key(args: argparse.Namespace, home: Path, log_path: Path) -> int:
         return 0
     print(f"{verb} the audit signing key {key} (mode 0600, key id {new.key_id_hex}); checkpoint written at seq {seq}")
     print(f"public key{'s' if old is not None else ''} for auditors: {pub}  (`plugin-llm audit pubkey` prints them)")
+    if old is not None:
+        print(f"auditors must replace the public keys they keep with this file (it records the retirement of key "
+              f"{old.key_id_hex} at seq {seq}): with only the old one, whoever holds the old key can re-sign a "
+              f"rewritten log")
     print(new.verifier.text())
     return 0
 
@@ -632,11 +649,12 @@ def _checkpoint(args: argparse.Namespace, log_path: Path) -> int:
 
 
 def _pubkey(args: argparse.Namespace, log_path: Path) -> int:
-    from audit.signing import load_signer, read_verifiers
+    from audit.signing import load_signer, read_keyring
 
     _settings, key, pub = _key_paths(_home_of(args))
+    retirements: list = []
     if pub.is_file():
-        keys = read_verifiers(pub)
+        keys, retirements = read_keyring(pub)
     else:
         signer = load_signer(key, _settings.key_cmd) if (key.exists() or _settings.key_cmd) else None
         if signer is None:
@@ -644,11 +662,15 @@ def _pubkey(args: argparse.Namespace, log_path: Path) -> int:
                            f"create one with `plugin-llm audit keygen`")
         keys = [signer.verifier]
     if args.json:
-        print(json.dumps({"file": str(pub), "keys": [{"name": k.name, "key_id": k.key_id_hex, "key": k.text()} for k in keys]},
+        print(json.dumps({"file": str(pub), "keys": [{"name": k.name, "key_id": k.key_id_hex, "key": k.text()} for k in keys],
+                          "retired": [{"key_id": f"{r.key_id:08x}", "seq": r.seq, "hash": r.head,
+                                       "successor": f"{r.successor:08x}", "line": r.text()} for r in retirements]},
                          ensure_ascii=False, indent=2))
     else:
         for k in keys:
             print(k.text())
+        for r in retirements:  # the key rotation records: auditors keep them with the keys
+            print(r.text())
     return 0
 
 

@@ -315,7 +315,7 @@ def _audit(home: Path, view: Any) -> list[Check]:
 
 def _audit_signing(home: Path, settings: Any) -> tuple[Check, Any]:
     """Is the log signed (checkpoints an outsider can check) or only hash-chained?"""
-    from audit.signing import AuditKeyError, key_file, load_signer, pub_file, read_verifiers
+    from audit.signing import AuditKeyError, key_file, load_signer, pub_file, read_keyring
 
     key = key_file(home, getattr(settings, "signing_key", "") or None)
     key_cmd = tuple(getattr(settings, "key_cmd", ()) or ())
@@ -329,10 +329,10 @@ def _audit_signing(home: Path, settings: Any) -> tuple[Check, Any]:
         return Check(FAIL, "audit signing", f"the signing key cannot be used, so no checkpoints are signed: {exc}",
                      "fix the key, or plugin-llm audit keygen --rotate"), None
     pub = pub_file(key)
-    try:
-        pubkeys = read_verifiers(pub) if pub.is_file() else [signer.verifier]
+    try:  # the public keys with the key rotation records (a retired key vouches for nothing after it)
+        pubkeys = read_keyring(pub) if pub.is_file() else ([signer.verifier], [])
     except (AuditKeyError, OSError):
-        pubkeys = [signer.verifier]
+        pubkeys = ([signer.verifier], [])
     every = getattr(settings, "checkpoint_every", 1000)
     seconds = getattr(settings, "checkpoint_seconds", 60)
     return Check(OK, "audit signing", f"signed checkpoints (key id {signer.key_id_hex}, every {every} records "
@@ -366,13 +366,14 @@ def _audit_writable(home: Path, logs: Path, log: Path, consequence: str) -> Chec
     return Check(OK, "audit log", f"{log} does not exist yet; it is created on the first call")
 
 
-def _audit_verify(log: Path, pubkeys: Any = None) -> list[Check]:
+def _audit_verify(log: Path, keyring: Any = None) -> list[Check]:
     import audit
     from audit.errors import AuditLogNotFoundError
 
+    pubkeys, retirements = keyring if keyring is not None else (None, ())
     try:
         # retention pruning old files is normal operation: shown as a history_start warning, not a failure
-        result = audit.verify(log, allow_pruned_head=True, pubkeys=pubkeys)
+        result = audit.verify(log, allow_pruned_head=True, pubkeys=pubkeys, retirements=retirements)
     except AuditLogNotFoundError:
         return [Check(OK, "audit verify", "no audit log yet")]
     except OSError as exc:
