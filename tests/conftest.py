@@ -17,6 +17,11 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+#: set once by a library for the whole process (litellm's tokenizer module points tiktoken at its bundled
+#: encodings when first imported): removing it after the test that imported it would send tiktoken online
+_PROCESS_WIDE = frozenset({"TIKTOKEN_CACHE_DIR"})
+
+
 @pytest.fixture(autouse=True)
 def _environment():
     """The process environment as it was before the test, whatever the test (or the host code it runs:
@@ -24,7 +29,7 @@ def _environment():
     would send every later test's HTTP through it."""
     before = dict(os.environ)
     yield
-    for name in set(os.environ) - set(before):
+    for name in set(os.environ) - set(before) - _PROCESS_WIDE:
         del os.environ[name]
     for name, value in before.items():
         if os.environ.get(name) != value:

@@ -81,7 +81,7 @@ async def _async_twins(llm: Any) -> dict[str, Any]:
     structured = await llm.acomplete_structured(instructions="Count it.", input=[{"type": "text", "text": "[repair]"}],
                                                 json_schema=SCHEMA, max_tokens=50)
     stream = await _astream(llm.astream(_user("stream"), max_tokens=50))
-    closed = await _astream(await llm.astream(_user("stream] [slow"), max_tokens=50), take=2)
+    closed = await _astream(await llm.astream(_user("stream] [slow"), max_tokens=50), take=1)
     try:
         await llm.acomplete(_user("plain"), model="gpt-4o")
         denied: dict[str, Any] = {}
@@ -97,7 +97,7 @@ SCENARIOS: dict[str, Callable[[Any], Any]] = {
     "structured_repair": lambda llm: _result(_structured(llm, "repair")),
     "schema_error": lambda llm: _result(_structured(llm, "bad")),
     "stream": lambda llm: _stream(llm.stream(_user("stream"), max_tokens=50)),
-    "stream_closed_early": lambda llm: _stream(llm.stream(_user("stream] [slow"), max_tokens=50), take=2),
+    "stream_closed_early": lambda llm: _stream(llm.stream(_user("stream] [slow"), max_tokens=50), take=1),
     "async_twins": lambda llm: asyncio.run(_async_twins(llm)),
     "trust_denied": lambda llm: _result(llm.complete(_user("plain"), model="gpt-4o")),
     "quota": lambda llm: _result(llm.complete(_user("plain"), max_tokens=1_000_000)),

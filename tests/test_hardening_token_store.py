@@ -180,7 +180,7 @@ def test_records_from_before_signing_are_listed_as_invalid_with_what_to_do(herme
     client = redis.Redis.from_url(redis_server.url)
     old, old_id = _forge_in_redis(client, prefix, "kept")  # created by the previous version
     client.hset(f"{prefix}:tokens:odd", "id", "x")  # not a record at all: not listed
-    assert main(["tokens", "create", "fresh"]) == 0
+    assert main(["tokens", "create", "fresh", "--force"]) == 0
     capsys.readouterr()
     assert main(["tokens", "list", "--json"]) == 0
     listed = {row["plugin"]: row["status"] for row in json.loads(capsys.readouterr().out)}
@@ -246,7 +246,7 @@ def test_an_unusable_key_file_is_a_clear_error(hermes_home, tmp_path, capsys):
     store.close()
     key = token_key_path(hermes_home)
     key.write_text("not hex\n")
-    assert main(["tokens", "create", "q"]) == 2
+    assert main(["tokens", "create", "q", "--force"]) == 2
     err = capsys.readouterr().err
     assert f"the token key {key} is damaged" in err and "Traceback" not in err
     elsewhere = tmp_path / "elsewhere"
