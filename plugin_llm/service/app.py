@@ -287,14 +287,27 @@ def _outcome(state: ServiceState, plugin: str, endpoint: str, started: float, ex
         state.metrics.observe(plugin, endpoint, "ok", time.perf_counter() - started, usage)
         return None
     error = error_for(exc, fields)
-    if error.code == "internal_error":  # the type only: an unexpected exception's text may carry anything
-        log.error("service: %s for plugin %s failed: %s", endpoint, plugin, type(exc).__name__)
-    elif error.code == "limits_store_unavailable":  # the answer names no store: the log does (the gateway's text)
+    if error.code == "limits_store_unavailable":  # the answer names no store: the log does (the gateway's text)
         state.log_outage("limits", str(exc))
+    elif error.status >= 500:  # the answer is a fixed text: the cause (paths, addresses) is the operator's
+        log.log(logging.ERROR if error.code == "internal_error" else logging.WARNING,
+                "service: %s for plugin %s failed (%d %s): %s: %s", endpoint, plugin, error.status, error.code,
+                type(exc).__name__, _detail(exc))
     usage = getattr(exc, "usage", None)
     state.metrics.observe(plugin, endpoint, _STATUS_BY_CODE.get(error.code, "error"), time.perf_counter() - started,
                           usage if dataclasses.is_dataclass(usage) else None)
     return _error_response(error)
+
+
+def _detail(exc: BaseException) -> str:
+    """An exception's text for the service's log: one line, bounded, every known secret hidden."""
+    from auth.redaction import redact
+
+    try:
+        text = str(exc)
+    except Exception:  # noqa: BLE001 - a __str__ that raises: the type says enough
+        return "(no text)"
+    return redact(" ".join(text[:4000].split()))[:1000]
 
 
 def _client_closed(state: ServiceState, plugin: str, endpoint: str, started: float) -> Response:

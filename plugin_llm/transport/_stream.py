@@ -328,6 +328,7 @@ class _Base:
             error = map_error(exc, self.route, self._key, self.request.deadline)
         if self.delivered:
             error.args = (f"{error} (the stream broke after {self.delivered:,} characters had been delivered)",)
+            error.delivered_chars = self.delivered  # type: ignore[attr-defined] # the service's fixed 5xx text says it
         error.attempts = self.attempts  # type: ignore[attr-defined]
         error.provider_seconds = self.provider_seconds  # type: ignore[attr-defined]
         return error
