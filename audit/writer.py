@@ -479,21 +479,25 @@ class AuditLog:
         self._known = (self._ident[1], size + len(line))  # type: ignore[index]
 
     def _rotate(self) -> None:
-        """agent.log -> agent.log.1 -> ... -> agent.log.N (dropped), then a fresh agent.log."""
+        """agent.log -> agent.log.1 -> ... -> agent.log.N (dropped), then a fresh agent.log.
+
+        Retention deletes only what ``backup_count`` gives up *and*, with a signing key, only once the
+        rotation's signed checkpoint covers it: when that checkpoint cannot be written, nothing is
+        deleted (the backups shift past N) until a later rotation's checkpoint covers them all.
+        """
         keep = self._settings.backup_count
-        if self._signer is not None:
-            self._checkpoint_rotation(keep)
-        for path in list_log_files(self.path)[:-1]:
-            index = int(path.name.rsplit(".", 1)[1])
-            if index >= keep:
-                path.unlink(missing_ok=True)  # beyond retention (or about to be overwritten)
-        if keep == 0:
+        prune = self._signer is None or self._checkpoint_rotation(keep)
+        backups = sorted(int(p.name.rsplit(".", 1)[1]) for p in list_log_files(self.path)[:-1])
+        if prune:
+            for index in backups:
+                if index >= keep:
+                    backup_path(self.path, index).unlink(missing_ok=True)  # beyond retention
+            backups = [index for index in backups if index < keep]
+        if keep == 0 and prune:
             self.path.unlink(missing_ok=True)
         else:
-            for index in range(keep - 1, 0, -1):
-                src = backup_path(self.path, index)
-                if src.exists():
-                    os.replace(src, backup_path(self.path, index + 1))
+            for index in reversed(backups):
+                os.replace(backup_path(self.path, index), backup_path(self.path, index + 1))
             os.replace(self.path, backup_path(self.path, 1))
         st = self._open_log()
         if self._settings.fsync == "always":
@@ -588,8 +592,9 @@ class AuditLog:
             self._report(f"audit checkpoint could not be written to {checkpoints_path(self.path)} ({_describe(exc)}); "
                          f"records stay chained but are not covered by a signature until one can")
 
-    def _checkpoint_rotation(self, keep: int) -> None:
-        """Before rotating: a checkpoint of the head, naming the newest record retention deletes."""
+    def _checkpoint_rotation(self, keep: int) -> bool:
+        """Before rotating: a checkpoint of the head, naming the newest record retention deletes;
+        whether it was written (so the records retention deletes are covered by a signature)."""
         files = list_log_files(self.path)
         doomed = [p for p in files[:-1] if int(p.name.rsplit(".", 1)[1]) >= keep]
         if keep == 0 and files and files[-1] == self.path:
@@ -615,6 +620,8 @@ class AuditLog:
                 self._write_checkpoint("rotate", extensions, [self._signer])
         except Exception as exc:  # noqa: BLE001
             self._checkpoint_failed(exc)
+            return False
+        return True
 
     def _write_checkpoint(self, reason: str, extensions: tuple[str, ...] | list[str], signers: list[Any]) -> None:
         """Both locks held: append one checkpoint of (self._seq, self._hash), recovering a torn tail first."""
