@@ -11,6 +11,7 @@ import json
 import secrets
 import shutil
 import time
+from collections import Counter
 from pathlib import Path
 
 import httpx
@@ -42,10 +43,19 @@ def _post(url: str, token: str | None) -> httpx.Response:
         return client.post(url + COMPLETE, content=b"{", headers=headers)
 
 
-def _denials(home: Path) -> list[dict]:
+def _denials(home: Path, event: str = "service.auth_denied") -> list[dict]:
     path = home / "logs" / "agent.log"
     lines = path.read_text().splitlines() if path.exists() else []
-    return [json.loads(line) for line in lines if '"service.auth_denied"' in line]
+    return [json.loads(line) for line in lines if f'"{event}"' in line]
+
+
+def _refusals(home: Path) -> Counter:
+    """(client, reason) -> refusals: an address's first of a window has a record, the rest are in its summary."""
+    counts: Counter = Counter((d["client"], d["reason"]) for d in _denials(home))
+    for summary in _denials(home, "service.auth_denied.summary"):
+        for reason, count in summary["reasons"].items():
+            counts[(summary["client"], reason)] += count
+    return counts
 
 
 def test_after_max_failures_the_address_gets_429_and_its_token_is_not_checked(hermes_home):
@@ -66,11 +76,13 @@ def test_after_max_failures_the_address_gets_429_and_its_token_is_not_checked(he
         metrics = httpx.get(service.url + "/metrics").text
     assert 'plugin_llm_service_denials_total{plugin="",reason="too_many_failures"} 2.0' in metrics
     assert 'plugin_llm_service_denials_total{plugin="",reason="unknown"} 3.0' in metrics
-    denials = _denials(hermes_home)
-    assert [d["reason"] for d in denials] == ["unknown"] * 3 + ["too_many_failures"] * 2  # one per refusal
-    assert all(d["client"] == "127.0.0.1" for d in denials)
-    assert denials[-1]["token_id"] is None and denials[-1]["plugin_id"] is None  # the valid token: not looked up
-    assert 1 <= denials[-1]["retry_after"] <= 30
+    [first] = _denials(hermes_home)  # the address's first refusal of the window, recorded at once
+    assert first["reason"] == "unknown" and first["client"] == "127.0.0.1"
+    [summary] = _denials(hermes_home, "service.auth_denied.summary")  # the others, summarized at shutdown
+    assert summary["client"] == "127.0.0.1" and summary["count"] == 4
+    assert summary["reasons"] == {"too_many_failures": 2, "unknown": 2}
+    assert summary["token_ids"] == [] and summary["plugin_ids"] == []  # the valid token: not looked up
+    assert _refusals(hermes_home) == {("127.0.0.1", "unknown"): 3, ("127.0.0.1", "too_many_failures"): 2}
     log = (hermes_home / "logs" / "agent.log").read_text()
     for token in (valid, *guesses):
         assert token not in log and token[4:] not in log and token not in metrics
@@ -122,7 +134,9 @@ def test_two_workers_share_the_count(hermes_home):
             serve.proc.kill()
     assert code == 0, err[-3000:]
     assert (hermes_home / "service" / "auth_failures.db").stat().st_mode & 0o077 == 0  # owner only
-    assert [d["reason"] for d in _denials(hermes_home)] == ["unknown"] * 4 + ["too_many_failures"] * 20
+    # each worker records its first refusal at once and summarizes the rest when it stops: no count is lost
+    assert _refusals(hermes_home) == {("127.0.0.1", "unknown"): 4, ("127.0.0.1", "too_many_failures"): 20}
+    assert 1 <= len(_denials(hermes_home)) <= 2
 
 
 def _post_from(url: str, token: str, forwarded_for: str) -> int:
@@ -151,7 +165,8 @@ def test_x_forwarded_for_is_believed_only_from_a_configured_proxy(hermes_home, t
         assert clients == [f"203.0.113.{n}" for n in range(1, 5)]
     else:  # one connection address: blocked after two, whatever the header says
         assert answers == [401, 401, 429, 429]
-        assert clients == ["127.0.0.1"] * 4
+        assert clients == ["127.0.0.1"]  # its first refusal; the other three are in its summary
+        assert _refusals(hermes_home) == {("127.0.0.1", "unknown"): 2, ("127.0.0.1", "too_many_failures"): 2}
 
 
 def test_with_limits_in_redis_replicas_on_two_machines_share_the_count(tmp_path, own_redis_server):  # noqa: F811

@@ -17,7 +17,8 @@ Routes::
 A valid token of a disabled plugin (``plugins.disabled``) gets 403 ``plugin_disabled``.
 A refused token (missing, unknown, expired, revoked) gets the same 401 and an
 audit event ``service.auth_denied`` with the reason and the token's id when
-it has one - never the token. After ``service.failed_auth.max_failures``
+it has one - never the token (an address's first refusal in a minute; the
+rest in one summary record: refusals.py). After ``service.failed_auth.max_failures``
 refused tokens from one client address within its window, that address gets
 429 with ``Retry-After`` (reason ``too_many_failures``) until its block ends.
 """
@@ -50,13 +51,13 @@ from plugin_llm.service.errors import (
     error_for,
 )
 from plugin_llm.service.metrics import ServiceMetrics
+from plugin_llm.service.refusals import EVENT_AUTH_DENIED, RefusalAudit
 from plugin_llm.service.tokens import REASON_BLOCKED, TokenError, token_store_for
 
 __all__ = ["create_app", "ServiceState", "EVENT_AUTH_DENIED"]
 
 log = logging.getLogger("plugin_llm.service")
 
-EVENT_AUTH_DENIED = "service.auth_denied"
 #: the refusal reason (audit, metrics, error code) of a valid token whose plugin is in plugins.disabled
 REASON_PLUGIN_DISABLED = "plugin_disabled"
 _JSON = "application/json"
@@ -93,6 +94,7 @@ class ServiceState:
         self._llms: dict[str, Any] = {}
         self._factory = llm_factory
         self._outage_logged: dict[str, float] = {}
+        self.refusals = RefusalAudit(self._write_event)  # one record per client address per window
         from plugin_llm.plugins.settings import SettingsSource
 
         self._plugins = SettingsSource(self.home)  # plugins.disabled, as the plugin manager reads it
@@ -124,13 +126,16 @@ class ServiceState:
             self._llms[plugin] = llm
         return llm
 
-    def audit_refusal(self, request: Request, reason: str, info: Any, **extra: Any) -> None:
+    def _write_event(self, event: str, **fields: Any) -> None:
         from plugin_llm.auditing import write_event
 
+        write_event(self.home, event, **fields)
+
+    def audit_refusal(self, request: Request, reason: str, info: Any, **extra: Any) -> None:
+        """A refused request: recorded at once if it is its address's first in the window, else summarized."""
         client = request.client
-        write_event(self.home, EVENT_AUTH_DENIED, reason=reason, token_id=getattr(info, "id", None),
-                    plugin_id=getattr(info, "plugin", None), path=request.url.path[:200],
-                    client=f"{client.host}"[:100] if client else None, **extra)
+        self.refusals.refused(f"{client.host}" if client else None, reason, path=request.url.path[:200],
+                              token_id=getattr(info, "id", None), plugin_id=getattr(info, "plugin", None), **extra)
 
 
 def _bearer(request: Request) -> str | None:
@@ -487,7 +492,11 @@ def _quietly(function: Callable[[], Any]) -> None:
 
 
 def _shutdown(state: ServiceState) -> None:
-    """Flush queued limit settlements, close the token file and the audit logs."""
+    """Flush queued limit settlements and refusal counts, close the token file and the audit logs."""
+    try:
+        state.refusals.close()
+    except Exception as exc:  # noqa: BLE001 - shutting down must finish
+        log.error("service: writing the refusal summaries failed: %s", type(exc).__name__)
     try:
         from plugin_llm import limits
 
