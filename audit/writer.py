@@ -72,8 +72,15 @@ __all__ = ["AuditLog", "AuditWriteError", "get_audit_log", "close_all"]
 _FILE_MODE = 0o640
 _STR_ONLY = frozenset({str})
 _MIN_FREE_BYTES = 64 * 1024
+#: agent.log.lock's content: the spare-record bytes of the active file (its inode), shared by every writer
+_SPARE_TAG = b"spare"
+_SPARE_SIZE = 64
 
 WriteFn = Callable[[int, bytes], int]
+
+
+class _NoRoom(Exception):
+    """A spare record finds its file's spare room used up (nothing was written)."""
 
 
 class _Failure:
@@ -226,6 +233,17 @@ class AuditLog:
         event_dict[KIND] = KIND_EVENT
         self._emit(event_dict, raise_required=False)
 
+    def write_spare_event(self, event: str, /, *, force: bool = False, **fields: Any) -> bool:
+        """:meth:`write_event` for a record that must never push older ones out (refusals of requests
+        nobody authenticated): it is written in room that does not count toward ``max_bytes``, so it
+        never rotates the log. Each file has ``max_bytes`` of such room; False (nothing written) when it
+        is used up, unless ``force`` (a caller's one summary of what found no room). A write failure is
+        counted and reported like any event's, and returns True."""
+        event_dict = dict(fields)
+        event_dict[EVENT] = str(event)
+        event_dict[KIND] = KIND_EVENT
+        return self._emit(event_dict, raise_required=False, spare="force" if force else "room") is not None
+
     def record_event(self, event: str, /, **fields: Any) -> dict[str, Any]:
         """:meth:`write_event` for an action that must not happen unrecorded (``limits reset``):
         returns the record as written, or raises :class:`AuditWriteError` whatever
@@ -327,15 +345,15 @@ class AuditLog:
     def _make_renderer(self) -> RecordRenderer:
         return RecordRenderer(clock=self._clock, redact=self._redact, log_content=self._settings.log_content)
 
-    def _render_and_append(self, event_dict: dict[str, Any]) -> dict[str, Any]:
+    def _render_and_append(self, event_dict: dict[str, Any], spare: str = "") -> dict[str, Any]:
         """Locks held, ``seq``/``prev_hash`` set: render the line, append it, advance the head."""
         line, record = self._renderer.render(event_dict)
-        self._append_locked(line)
+        self._append_locked(line, spare)
         self._seq, self._hash = record[SEQ], record[HASH]
         return record
 
     def _emit(self, event_dict: dict[str, Any], *, raise_required: bool, always: bool = False,
-              report: bool = True) -> dict[str, Any]:
+              report: bool = True, spare: str = "") -> dict[str, Any] | None:
         with self._tlock:
             try:
                 self._prepare()
@@ -345,7 +363,10 @@ class AuditLog:
                         event_dict[AUDIT_WRITE_ERROR] = self._failure.as_field()
                     event_dict[SEQ] = self._seq + 1
                     event_dict[PREV_HASH] = self._hash
-                    record = self._render_and_append(event_dict)
+                    try:
+                        record = self._render_and_append(event_dict, spare)
+                    except _NoRoom:
+                        return None
                     if self._signer is not None:
                         self._after_record()
                     elif self._signer_auto and self._seq % self._settings.checkpoint_every == 0:
@@ -464,19 +485,47 @@ class AuditLog:
                 raise OSError(errno.EIO, "short write to the audit log")
             data = data[written:]
 
-    def _append_locked(self, line: bytes) -> None:
-        """Called by the chain's last stage, lock held: rotate if needed, append, fsync."""
+    def _append_locked(self, line: bytes, spare: str = "") -> None:
+        """Called by the chain's last stage, lock held: rotate if needed, append, fsync.
+
+        A ``spare`` record never rotates and its bytes do not count toward ``max_bytes`` (their sum per
+        file is kept in the lock file); "room" ones get at most ``max_bytes`` per file (else _NoRoom).
+        """
         assert self._known is not None and self._fd is not None
         size = self._known[1]
         max_bytes = self._settings.max_bytes
-        if max_bytes and size and size + len(line) > max_bytes and not self._no_rotate:
-            self._rotate()
-            size = 0
+        used = 0
+        if spare and max_bytes:
+            used = self._spare_bytes()
+            if spare == "room" and used + len(line) > max_bytes:
+                raise _NoRoom()
+        elif max_bytes and size and size + len(line) > max_bytes and not self._no_rotate:
+            if size - self._spare_bytes() + len(line) > max_bytes:  # spare records are not counted
+                self._rotate()
+                size = 0
         self._known = None
         self._write_all(line)
         if self._settings.fsync == "always":
             os.fsync(self._fd)
         self._known = (self._ident[1], size + len(line))  # type: ignore[index]
+        if spare and max_bytes:
+            try:
+                self._set_spare_bytes(used + len(line))
+            except OSError:  # the record is written; an undercount only makes the file rotate a little early
+                pass
+
+    def _spare_bytes(self) -> int:
+        """Bytes of spare records in the active file, as the lock file says (0 for another file's)."""
+        data = os.pread(self._lock_fd, _SPARE_SIZE, 0)  # type: ignore[arg-type]
+        parts = data.split()
+        if (len(parts) >= 3 and parts[0] == _SPARE_TAG and parts[1].isdigit() and parts[2].isdigit()
+                and int(parts[1]) == self._ident[1]):  # type: ignore[index]
+            return int(parts[2])
+        return 0
+
+    def _set_spare_bytes(self, count: int) -> None:
+        data = b"%s %d %d\n" % (_SPARE_TAG, self._ident[1], count)  # type: ignore[index]
+        os.pwrite(self._lock_fd, data.ljust(_SPARE_SIZE - 1) + b"\n", 0)  # type: ignore[arg-type]
 
     def _rotate(self) -> None:
         """agent.log -> agent.log.1 -> ... -> agent.log.N (dropped), then a fresh agent.log.

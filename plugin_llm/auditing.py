@@ -14,7 +14,7 @@ from typing import Any
 
 from plugin_llm.config import ConfigSource, HostConfig
 
-__all__ = ["host_audit_log", "write_event", "watch_config"]
+__all__ = ["host_audit_log", "write_event", "write_spare_event", "watch_config"]
 
 
 def host_audit_log(home: Path, settings: Any = None):
@@ -35,6 +35,15 @@ def write_event(home: Path, event: str, **fields: Any) -> None:
         host_audit_log(home).write_event(event, **fields)
     except Exception:  # pragma: no cover - write_event itself reports failures
         pass
+
+
+def write_spare_event(home: Path, event: str, *, force: bool = False, **fields: Any) -> bool:
+    """An event that never rotates the log (:meth:`audit.AuditLog.write_spare_event`); False when its
+    file's spare room is used up (nothing written). Never raises."""
+    try:
+        return host_audit_log(home).write_spare_event(event, force=force, **fields)
+    except Exception:  # pragma: no cover - write_spare_event itself reports failures
+        return True
 
 
 def _policy(config: HostConfig) -> dict[str, dict[str, Any]]:

@@ -67,8 +67,8 @@ class _Clock:
 def _audit(**kwargs) -> tuple[RefusalAudit, list[tuple[str, dict]], _Clock]:
     written: list[tuple[str, dict]] = []
     clock = _Clock()
-    audit = RefusalAudit(lambda event, **fields: written.append((event, fields)), clock=clock, timer=False,
-                         **kwargs)
+    audit = RefusalAudit(lambda event, force=False, **fields: written.append((event, fields)) or True, clock=clock,
+                         timer=False, **kwargs)
     return audit, written, clock
 
 
@@ -152,6 +152,76 @@ def test_a_flood_of_unauthenticated_requests_leaves_every_genuine_record_in_the_
     assert kept == call_ids  # every genuine call record of before the flood is still in the files
     assert sum(_refusal_totals(records).values()) == 10_000  # and every refusal is counted
     assert sum(r.get("event") in (EVENT_AUTH_DENIED, EVENT_AUTH_DENIED_SUMMARY) for r in records) <= 2
+
+
+async def _refused_asgi(app, client: str, token: str | None) -> int:
+    """One request straight into the ASGI app, from ``client`` (as a trusted proxy would name it)."""
+    headers = [(b"content-length", b"2")] + ([(b"authorization", f"Bearer {token}".encode())] if token else [])
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+             "path": COMPLETE, "raw_path": COMPLETE.encode(), "query_string": b"", "root_path": "",
+             "headers": headers, "client": (client, 40000), "server": ("127.0.0.1", 8080)}
+    sent: list[dict] = []
+
+    async def receive() -> dict:
+        return {"type": "http.request", "body": b"{}", "more_body": False}
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    await app(scope, receive, send)
+    return sent[0]["status"]
+
+
+def test_a_flood_from_ten_thousand_addresses_pushes_no_genuine_record_out(hermes_home, custom_route):
+    """Past the tracked addresses the refusals are summarized together, and every refusal record is a spare
+    record: it never rotates the log, so the operator's retention keeps exactly the genuine records it did."""
+    import asyncio
+
+    from plugin_llm import PluginLlm
+    from plugin_llm.service.app import create_app
+
+    with FakeServer() as upstream:
+        custom_route(upstream.base_url, extra="audit:\n  max_bytes: 8192\n  backup_count: 1\n")
+        llm = PluginLlm("genuine")
+        call_ids = [llm.complete(USER).audit["call_id"] for _ in range(5)]
+    app = create_app(hermes_home, warm=False)
+
+    async def flood() -> Counter:
+        statuses: Counter = Counter()
+        for n in range(10_000):
+            token = f"plg_made-up-{n}" if n % 10 == 0 else None
+            statuses[await _refused_asgi(app, f"10.{n // 65536}.{n // 256 % 256}.{n % 256}", token)] += 1
+        return statuses
+
+    statuses = asyncio.run(flood())
+    app.state.service.refusals.close()  # what the service's shutdown does
+    app.state.service.tokens.close()
+    assert statuses == {401: 10_000}
+    records = _all_records(hermes_home)
+    assert [r["call_id"] for r in records if r.get("event") == "llm.call"] == call_ids
+    assert sum(_refusal_totals(records).values()) == 10_000  # nothing lost for want of room
+    assert not (hermes_home / "logs" / "agent.log.1").exists()  # the flood rotated nothing
+    assert (hermes_home / "logs" / "agent.log").stat().st_size <= 8192 * 2 + 4096  # bounded on disk too
+
+
+def test_spare_records_never_rotate_and_do_not_count_toward_max_bytes(tmp_path):
+    path = tmp_path / "logs" / "agent.log"
+    log = AuditLog(path, AuditSettings(max_bytes=4000, backup_count=1), signer=None)
+    genuine = [log.write({"plugin_id": "p", "i": i, "pad": "g" * 200})["seq"] for i in range(5)]
+    other = AuditLog(path, AuditSettings(max_bytes=4000, backup_count=1), signer=None)  # another process's
+    results = [(log if i % 2 else other).write_spare_event("service.auth_denied", i=i, pad="s" * 200)
+               for i in range(1000)]
+    assert results[0] and not results[-1]  # the room (max_bytes per file, shared by every writer) ran out
+    assert sum(results) < 20 and other.write_spare_event("summary", force=True, n=1)  # force: written anyway
+    assert not path.with_name("agent.log.1").exists()  # no spare record rotated
+    for i in range(5, 100):  # genuine records rotate when *they* fill max_bytes, as without the spare ones
+        genuine.append(log.write({"plugin_id": "p", "i": i, "pad": "g" * 200})["seq"])
+        if path.with_name("agent.log.1").exists():
+            break
+    rotated = [json.loads(line) for line in path.with_name("agent.log.1").read_text().splitlines()]
+    genuine_bytes = sum(len(json.dumps(r)) for r in rotated if r.get("event") == "llm.call")
+    assert genuine_bytes > 4000 - 600  # the file held max_bytes of genuine records besides the spare ones
+    assert verify(path).ok
 
 
 # --------------------------------------------------------------------------- retention and checkpoints

@@ -126,10 +126,10 @@ class ServiceState:
             self._llms[plugin] = llm
         return llm
 
-    def _write_event(self, event: str, **fields: Any) -> None:
-        from plugin_llm.auditing import write_event
+    def _write_event(self, event: str, *, force: bool = False, **fields: Any) -> bool:
+        from plugin_llm.auditing import write_spare_event
 
-        write_event(self.home, event, **fields)
+        return write_spare_event(self.home, event, force=force, **fields)  # never rotates the log
 
     def audit_refusal(self, request: Request, reason: str, info: Any, **extra: Any) -> None:
         """A refused request: recorded at once if it is its address's first in the window, else summarized."""
