@@ -172,3 +172,20 @@ def test_no_error_body_names_a_path_address_or_url(hermes_home, caplog, exc, sta
     if code == "provider_error" and getattr(exc, "status", None) == 404:
         assert "no model here" in answers[0].json()["error"]["message"]  # the provider's own words stay
     assert CANARY in caplog.text  # the operator's log has the detail
+
+
+def test_the_cause_of_repeated_failures_is_logged_at_most_every_ten_seconds(hermes_home, caplog, monkeypatch):
+    from plugin_llm.service import app as service_app
+
+    state = service_app.ServiceState(hermes_home)
+    now = [1000.0]
+    monkeypatch.setattr(service_app.time, "monotonic", lambda: now[0])
+    caplog.set_level(logging.WARNING, logger="plugin_llm.service")
+    for n in range(50):  # a plugin repeating a call that fails: one line, not fifty
+        service_app._outcome(state, "p", "complete", 0.0, PluginLlmConfigError(f"missing key {n}"), None,
+                             frozenset())
+    now[0] += 10.5
+    service_app._outcome(state, "p", "complete", 0.0, PluginLlmConfigError("missing key again"), None, frozenset())
+    lines = [r.getMessage() for r in caplog.records if "missing key" in r.getMessage()]
+    assert len(lines) == 2 and "missing key 0" in lines[0] and "missing key again" in lines[1]
+    state.tokens.close()

@@ -113,6 +113,16 @@ class ServiceState:
         log.warning("service: the %s store is unavailable, requests that need it get 503 (logged at most every "
                     "%g s): %s", store, _OUTAGE_LOG_SECONDS, " ".join(detail.split())[:1000])
 
+    def log_failure(self, code: str, level: int, message: str, *args: Any) -> None:
+        """Log the cause of a 5xx (its answer is a fixed text), at most once per ``_OUTAGE_LOG_SECONDS`` per code
+        (a plugin repeating a failing call cannot flood the log; every call's audit record has its cause)."""
+        now = time.monotonic()
+        last = self._outage_logged.get(f"failure:{code}")
+        if last is not None and now - last < _OUTAGE_LOG_SECONDS:
+            return
+        self._outage_logged[f"failure:{code}"] = now
+        log.log(level, message + " (logged at most every %g s)", *args, _OUTAGE_LOG_SECONDS)
+
     def llm(self, plugin: str) -> Any:
         """The pipeline bound to ``plugin`` (built once per plugin and kept)."""
         llm = self._llms.get(plugin)
@@ -295,9 +305,9 @@ def _outcome(state: ServiceState, plugin: str, endpoint: str, started: float, ex
     if error.code == "limits_store_unavailable":  # the answer names no store: the log does (the gateway's text)
         state.log_outage("limits", str(exc))
     elif error.status >= 500:  # the answer is a fixed text: the cause (paths, addresses) is the operator's
-        log.log(logging.ERROR if error.code == "internal_error" else logging.WARNING,
-                "service: %s for plugin %s failed (%d %s): %s: %s", endpoint, plugin, error.status, error.code,
-                type(exc).__name__, _detail(exc))
+        state.log_failure(error.code, logging.ERROR if error.code == "internal_error" else logging.WARNING,
+                          "service: %s for plugin %s failed (%d %s): %s: %s", endpoint, plugin, error.status,
+                          error.code, type(exc).__name__, _detail(exc))
     usage = getattr(exc, "usage", None)
     state.metrics.observe(plugin, endpoint, _STATUS_BY_CODE.get(error.code, "error"), time.perf_counter() - started,
                           usage if dataclasses.is_dataclass(usage) else None)
