@@ -136,7 +136,7 @@ def test_two_workers_share_the_count(hermes_home):
     assert (hermes_home / "service" / "auth_failures.db").stat().st_mode & 0o077 == 0  # owner only
     # each worker records its first refusal at once and summarizes the rest when it stops: no count is lost
     assert _refusals(hermes_home) == {("127.0.0.1", "unknown"): 4, ("127.0.0.1", "too_many_failures"): 20}
-    assert 1 <= len(_denials(hermes_home)) <= 2
+    assert 1 <= len(_denials(hermes_home)) <= 4  # a first record per worker (and per minute)
 
 
 def _post_from(url: str, token: str, forwarded_for: str) -> int:
