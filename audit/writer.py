@@ -515,12 +515,13 @@ class AuditLog:
                 pass
 
     def _spare_bytes(self) -> int:
-        """Bytes of spare records in the active file, as the lock file says (0 for another file's)."""
+        """Bytes of spare records in the active file, as the lock file says (0 for another file's); at most
+        twice ``max_bytes``, so no count there can keep the file from ever rotating."""
         data = os.pread(self._lock_fd, _SPARE_SIZE, 0)  # type: ignore[arg-type]
         parts = data.split()
         if (len(parts) >= 3 and parts[0] == _SPARE_TAG and parts[1].isdigit() and parts[2].isdigit()
                 and int(parts[1]) == self._ident[1]):  # type: ignore[index]
-            return int(parts[2])
+            return min(int(parts[2]), 2 * self._settings.max_bytes)
         return 0
 
     def _set_spare_bytes(self, count: int) -> None:

@@ -261,3 +261,14 @@ def test_retention_never_deletes_records_no_signed_checkpoint_covers(hermes_home
     result = verify(log_path, pubkeys=pubkeys)  # what retention pruned is proven by the signed rotation
     assert result.ok and not result.warnings, (result.problems, result.warnings)
     assert result.head_seq == 230
+
+
+def test_a_forged_spare_count_cannot_stop_rotation(tmp_path):
+    path = tmp_path / "logs" / "agent.log"
+    log = AuditLog(path, AuditSettings(max_bytes=2000, backup_count=1), signer=None)
+    log.write({"i": 0})
+    ino = path.stat().st_ino
+    path.with_name("agent.log.lock").write_bytes(f"spare {ino} {10**15}\n".encode())
+    for i in range(1, 100):
+        log.write({"i": i, "pad": "g" * 200})
+    assert path.with_name("agent.log.1").exists() and path.stat().st_size < 2000 * 3 + 400
