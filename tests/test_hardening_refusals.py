@@ -2,7 +2,8 @@
 
 Refusals of unauthenticated requests are aggregated (plugin_llm.service.refusals): an address's first refusal
 in a window is recorded at once, the rest in one summary record when the window closes or the service stops,
-with bounded memory. And retention never deletes what no signed checkpoint covers (audit.writer._rotate).
+with bounded memory. They are spare records (AuditLog.write_spare_event): they never rotate the log. And
+retention never deletes what no signed checkpoint covers (audit.writer._rotate).
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from audit import AuditLog, AuditSettings, verify
 from audit.signing import generate_key, key_file, pub_file, read_verifiers, write_new_key
 from plugin_llm import limits
 from plugin_llm.service.refusals import EVENT_AUTH_DENIED, EVENT_AUTH_DENIED_SUMMARY, RefusalAudit
-from tests.conftest import write_config
 from tests.servers import FakeServer
 from tests.service_server import ServiceServer
 
