@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from typing import Any
 
 from auth.redaction import redact
@@ -162,11 +163,11 @@ def _field(name: str, value: Any) -> Any:
     return None
 
 
-def encode_error(exc: BaseException, message: str | None = None) -> dict[str, Any]:
-    """An error as JSON values: ``type`` (see :func:`public_type`), ``message`` (redacted; ``message``
-    replaces the exception's own text where the caller must not see it) and its fields."""
-    text = _str(exc) if message is None else message
-    return {"type": public_type(exc), "message": redact(text[: MAX_MESSAGE * 4])[:MAX_MESSAGE], **error_fields(exc)}
+def encode_error(exc: BaseException, *, remote: bool = False) -> dict[str, Any]:
+    """An error as JSON values: ``type`` (see :func:`public_type`), ``message`` (redacted; for a
+    ``remote`` caller, what :func:`remote_message` says) and its fields."""
+    text = redact(_str(exc)[: MAX_MESSAGE * 4])[:MAX_MESSAGE]
+    return {"type": public_type(exc), "message": remote_message(exc, text) if remote else text, **error_fields(exc)}
 
 
 def _str(exc: BaseException) -> str:
@@ -175,6 +176,57 @@ def _str(exc: BaseException) -> str:
     except Exception:  # noqa: BLE001 - a hostile __str__
         return f"<{type(exc).__name__}>"
     return text if type(text) is str else f"<{type(exc).__name__}>"
+
+
+# ------------------------------------------------------------------ what a remote caller is told
+#: the 500 of a call the host's own configuration cannot serve (a provider without a key, a broken auth.json):
+#: its text names host files and settings, so it goes to the gateway's log and the audit record only
+CONFIG_MESSAGE = ("the gateway cannot make this call because of its own configuration (for example a provider "
+                  "without a key); nothing is wrong with the request. The operator finds the cause in the "
+                  "gateway's log and the audit record")
+#: the 500 of any other gateway failure (a PluginLlmError that is none of the above, or an unexpected exception)
+INTERNAL_MESSAGE = ("the gateway failed on this request; the operator can find the cause in the gateway's "
+                    "log and the audit record")
+#: the 504 of a call whose deadline expired (the transport's text can name the provider's address)
+TIMEOUT_MESSAGE = ("the provider did not answer within the call's deadline (the request's timeout, or the "
+                   "operator's); retry later or with a longer timeout")
+#: the 502 of a provider that could not be reached or sent no usable reply (no HTTP status of its own): the
+#: transport's text names the endpoint's address, so only the provider's name and retryable are given
+PROVIDER_FAILED_MESSAGE = ("the call to the provider failed before it answered (unreachable, or a reply that could "
+                           "not be read); the operator finds the cause in the gateway's log and the audit record")
+
+
+def remote_message(exc: BaseException, message: str) -> str:
+    """The message a caller in another process or on another machine gets for ``exc`` (``message`` is its
+    redacted text). A failure of the host rather than of the request names host files, addresses and
+    exception text: the caller gets a fixed message, the detail stays in the log and the audit record."""
+    delivered = getattr(exc, "delivered_chars", None)
+    broke = (f" (the stream broke after {delivered:,} characters had been delivered)"
+             if type(delivered) is int and delivered > 0 else "")
+    if isinstance(exc, errors.PluginLlmTimeoutError):
+        return TIMEOUT_MESSAGE + broke
+    if isinstance(exc, errors.PluginLlmProviderError):
+        # an HTTP answer is the provider's words about the request (kept, without any address or path)
+        return scrub_host_details(message) if type(exc.status) is int else PROVIDER_FAILED_MESSAGE + broke
+    if isinstance(exc, errors.PluginLlmConfigError):
+        return CONFIG_MESSAGE
+    if isinstance(exc, (errors.PluginLlmTrustError, errors.PluginLlmQuotaError, errors.PluginLlmSchemaError,
+                        ValueError, TypeError)):
+        return message
+    return INTERNAL_MESSAGE
+
+
+_URL = re.compile(r"\b[A-Za-z][A-Za-z0-9+.-]{1,15}://[^\s'\"<>)\]]*")
+_ADDRESS = re.compile(r"\[?\b(?:\d{1,3}\.){3}\d{1,3}\b\]?(?::\d{1,5})?|\[[0-9A-Fa-f:]{2,}\](?::\d{1,5})?"
+                      r"|\blocalhost(?::\d{1,5})?\b")
+_PATH = re.compile(r"(?<![\w.:/])(?:~|\.{1,2})?/(?:[^\s/'\"<>:,;()]+/)+[^\s/'\"<>:,;()]*")
+
+
+def scrub_host_details(text: str) -> str:
+    """``text`` without URLs, IP addresses (with a port) and file paths: what the provider said, not where."""
+    text = _URL.sub("<url>", text)
+    text = _ADDRESS.sub("<address>", text)
+    return _PATH.sub("<path>", text)
 
 
 def decode_error(data: Any) -> BaseException:

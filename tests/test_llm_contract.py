@@ -272,6 +272,13 @@ def test_errors_say_the_same_on_every_carrier(world, name):
     assert len(set(messages.values())) == 1, messages
 
 
+@pytest.mark.parametrize("name", ["timeout", "provider_error"])
+def test_a_remote_caller_is_told_the_same_of_a_host_failure_and_no_host_detail(world, name):
+    remote = {carrier: _run(world, name, carrier)["message"] for carrier in ("isolated", "http")}
+    assert len(set(remote.values())) == 1, remote
+    assert str(world["home"]) not in remote["http"] and "127.0.0.1" not in remote["http"]
+
+
 # ------------------------------------------------------------------ the contract's shape
 @pytest.mark.parametrize("cls", [PluginLlm, RemoteLlm, GatewayClient], ids=lambda c: c.__name__)
 def test_every_carrier_has_the_contracts_methods_and_signatures(cls):

@@ -918,7 +918,7 @@ class RemotePlugin:
         from .isolation import safe_str, type_name
 
         if isinstance(exc, PluginLlmError):
-            return wire.encode_error(exc)
+            return wire.encode_error(exc, remote=True)  # the plugin is told what a remote caller is
         return {"type": type_name(exc), "message": redact(safe_str(exc, 4000) or "")}
 
     # --- invoking what the plugin registered ----------------------------------------------

@@ -30,6 +30,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from plugin_llm import wire
+from plugin_llm.wire import (  # noqa: F401 - re-exported: the service's fixed texts
+    CONFIG_MESSAGE,
+    INTERNAL_MESSAGE,
+    PROVIDER_FAILED_MESSAGE,
+    TIMEOUT_MESSAGE,
+    scrub_host_details,
+)
 from plugin_llm.errors import (
     PluginLlmConfigError,
     PluginLlmError,
@@ -63,21 +70,6 @@ TOKEN_STORE_MESSAGE = ("tokens cannot be checked now: the gateway's authenticati
 #: the 403 of a valid token whose plugin the operator disabled (``plugins.disabled``)
 PLUGIN_DISABLED_MESSAGE = ("the plugin this token belongs to ({plugin}) is disabled on this gateway: its calls are "
                            "refused until the operator enables it again (plugin-llm plugins enable {plugin})")
-#: the 500 of a call the host's own configuration cannot serve (a provider without a key, a broken auth.json):
-#: its text names host files and settings, so it goes to the service's log and the audit record only
-CONFIG_MESSAGE = ("the gateway cannot make this call because of its own configuration (for example a provider "
-                  "without a key); nothing is wrong with the request. The operator finds the cause in the "
-                  "service's log and the audit record")
-#: the 500 of any other gateway failure (a PluginLlmError that is none of the above, or an unexpected exception)
-INTERNAL_MESSAGE = ("the gateway service failed on this request; the operator can find the cause in the service's "
-                    "log and the audit record")
-#: the 504 of a call whose deadline expired (the transport's text can name the provider's address)
-TIMEOUT_MESSAGE = ("the provider did not answer within the call's deadline (the request's timeout, or the "
-                   "operator's); retry later or with a longer timeout")
-#: the 502 of a provider that could not be reached or sent no usable reply (no HTTP status of its own): the
-#: transport's text names the endpoint's address, so only the provider's name and retryable are given
-PROVIDER_FAILED_MESSAGE = ("the call to the provider failed before it answered (unreachable, or a reply that could "
-                           "not be read); the operator finds the cause in the service's log and the audit record")
 #: Retry-After (seconds) of both store outages: a store that is back answers the next call
 STORE_RETRY_AFTER = "1"
 _MAX_RETRY_AFTER = 86400 * 31
@@ -143,32 +135,14 @@ def error_for(exc: BaseException, fields: frozenset[str] | set[str] = frozenset(
                         headers={"Retry-After": retry} if retry is not None else None)
     if isinstance(exc, PluginLlmSchemaError):
         return ApiError(422, name, message, "schema_mismatch", extra=encoded)
-    # 5xx: the host's failure, not the caller's request. Its text (paths, addresses, URLs, exception text) is
-    # the operator's: a fixed message here, the detail in the service's log and the audit record
-    delivered = getattr(exc, "delivered_chars", None)
-    broke = (f" (the stream broke after {delivered:,} characters had been delivered)"
-             if type(delivered) is int and delivered > 0 else "")
+    # 5xx: the host's failure, not the caller's request: what a remote caller is told (wire.remote_message)
+    text = wire.remote_message(exc, message)
     if isinstance(exc, PluginLlmTimeoutError):
-        return ApiError(504, name, TIMEOUT_MESSAGE + broke, "timeout")
+        return ApiError(504, name, text, "timeout")
     if isinstance(exc, PluginLlmProviderError):
-        # an HTTP answer is the provider's words about the request (kept, without any address or path)
-        text = scrub_host_details(message) if type(encoded.get("status")) is int else PROVIDER_FAILED_MESSAGE + broke
         return ApiError(502, name, text, "provider_error", extra=encoded)
     if isinstance(exc, PluginLlmConfigError):
-        return ApiError(500, name, CONFIG_MESSAGE, "config_error")
+        return ApiError(500, name, text, "config_error")
     if isinstance(exc, PluginLlmError):
-        return ApiError(500, name, INTERNAL_MESSAGE, "gateway_error")
+        return ApiError(500, name, text, "gateway_error")
     return ApiError(400, name, message, "invalid_request", param=param_of(message, fields))
-
-
-_URL = re.compile(r"\b[A-Za-z][A-Za-z0-9+.-]{1,15}://[^\s'\"<>)\]]*")
-_ADDRESS = re.compile(r"\[?\b(?:\d{1,3}\.){3}\d{1,3}\b\]?(?::\d{1,5})?|\[[0-9A-Fa-f:]{2,}\](?::\d{1,5})?"
-                      r"|\blocalhost(?::\d{1,5})?\b")
-_PATH = re.compile(r"(?<![\w.:/])(?:~|\.{1,2})?/(?:[^\s/'\"<>:,;()]+/)+[^\s/'\"<>:,;()]*")
-
-
-def scrub_host_details(text: str) -> str:
-    """``text`` without URLs, IP addresses (with a port) and file paths: what the provider said, not where."""
-    text = _URL.sub("<url>", text)
-    text = _ADDRESS.sub("<address>", text)
-    return _PATH.sub("<path>", text)
