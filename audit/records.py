@@ -24,6 +24,7 @@ import hashlib
 import json
 import uuid
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
@@ -38,7 +39,12 @@ __all__ = [
     "COST_USD", "ATTEMPTS", "LATENCY_MS", "OVERHEAD_MS", "SCHEMA_NAME", "SCHEMA_SHA256",
     "VALIDATION", "PROMPT_SHA256", "RESPONSE_SHA256", "AUDIT_WRITE_ERROR", "USAGE_ANOMALY", "ERROR_CAUSE",
     "INPUT_MESSAGES", "OUTPUT_MESSAGES", "SYSTEM_INSTRUCTIONS", "OUTPUT_TEXT", "CONTENT_FIELDS",
-    "CALL_FIELDS",
+    "CALL_FIELDS", "OPTIONAL_CALL_FIELDS", "DECISION_KEY", "ERROR_MESSAGE", "CONFIG_ERROR", "DENIED_ARGUMENTS",
+    "REPAIRS", "AUDIT_RECORD_ERROR", "LIMITS_RESERVED_USD", "LIMITS_RESERVED_TOKENS", "LIMITS_STORE_ERROR",
+    "LIMITS_LIMIT", "LIMITS_RESETS_AT", "LIMITS_REPAIR_REFUSED", "LIMITS_REPAIR_REFUSED_KEY", "LIMITS_MAX_TOKENS_SENT",
+    "STREAM", "STREAM_PARTIAL", "STREAM_DELIVERED_CHARS",
+    # builders
+    "CallFacts", "denial_record", "error_record", "outcome_record",
     # values
     "APIS", "MODES", "DECISIONS", "STATUSES", "VALIDATIONS",
     # events
@@ -90,6 +96,29 @@ SCHEMA_SHA256 = "schema_sha256"
 VALIDATION = "validation"
 PROMPT_SHA256 = "prompt_sha256"
 RESPONSE_SHA256 = "response_sha256"
+#: the exact config key that would allow a trust denial, or the limit's key of a limits refusal
+DECISION_KEY = "decision_key"
+ERROR_MESSAGE = "error.message"
+#: on denials while config.yaml is unparsable (the gate was failing closed): the parse error
+CONFIG_ERROR = "config_error"
+#: an endpoint or key argument a plugin passed (a trust denial): the argument names, never values
+DENIED_ARGUMENTS = "denied_arguments"
+REPAIRS = "repairs"
+#: the outcome record could not be built in full (a defect): the exception type, and the fields it could build
+AUDIT_RECORD_ERROR = "audit_record_error"
+# -- limits (see docs: Budgets and rate limits) ----------------------------------------
+LIMITS_RESERVED_USD = "limits.reserved_usd"
+LIMITS_RESERVED_TOKENS = "limits.reserved_tokens"
+LIMITS_STORE_ERROR = "limits.store_error"
+LIMITS_LIMIT = "limits.limit"
+LIMITS_RESETS_AT = "limits.resets_at"
+LIMITS_REPAIR_REFUSED = "limits.repair_refused"
+LIMITS_REPAIR_REFUSED_KEY = "limits.repair_refused_key"
+LIMITS_MAX_TOKENS_SENT = "limits.max_tokens_sent"
+# -- streams -----------------------------------------------------------------------------
+STREAM = "stream"
+STREAM_PARTIAL = "stream.partial"
+STREAM_DELIVERED_CHARS = "stream.delivered_chars"
 #: added by the writer to the first line written after lines were lost
 AUDIT_WRITE_ERROR = "audit_write_error"
 #: present only when needed: what provider-reported usage had to be clamped
@@ -112,6 +141,13 @@ CALL_FIELDS: tuple[str, ...] = (
     STATUS, ERROR_TYPE, OPERATION_NAME, PROVIDER_NAME, REQUEST_MODEL, RESPONSE_MODEL,
     AGENT_ID, PROFILE, INPUT_TOKENS, OUTPUT_TOKENS, COST_USD, ATTEMPTS, LATENCY_MS,
     OVERHEAD_MS, SCHEMA_NAME, SCHEMA_SHA256, VALIDATION, PROMPT_SHA256, RESPONSE_SHA256,
+)
+#: fields a call record has only when they apply (each documented in the record schema reference)
+OPTIONAL_CALL_FIELDS: tuple[str, ...] = (
+    DECISION_KEY, ERROR_MESSAGE, ERROR_CAUSE, CONFIG_ERROR, DENIED_ARGUMENTS, REPAIRS, USAGE_ANOMALY,
+    AUDIT_WRITE_ERROR, AUDIT_RECORD_ERROR, LIMITS_RESERVED_USD, LIMITS_RESERVED_TOKENS, LIMITS_STORE_ERROR,
+    LIMITS_LIMIT, LIMITS_RESETS_AT, LIMITS_REPAIR_REFUSED, LIMITS_REPAIR_REFUSED_KEY, LIMITS_MAX_TOKENS_SENT,
+    STREAM, STREAM_PARTIAL, STREAM_DELIVERED_CHARS, *CONTENT_FIELDS,
 )
 
 APIS = ("complete", "structured")
@@ -222,8 +258,86 @@ def sha256_json(value: Any) -> str:
 
 
 def new_call_id() -> str:
-    """A fresh call id (``call_`` + 32 hex digits), unique across hosts."""
-    return "call_" + uuid.uuid4().hex
+    """A fresh call id (32 hex digits), unique across hosts: the ``call_id`` of the record and of the result."""
+    return uuid.uuid4().hex
+
+
+@dataclass(frozen=True)
+class CallFacts:
+    """What every record of one call says of it, known before anything is sent."""
+
+    call_id: str
+    plugin_id: str
+    api: str
+    mode: str
+    purpose: str | None
+    agent_id: str | None
+    profile: str | None
+    schema_name: str | None
+
+
+def _opening(facts: CallFacts, decision: str, provider: str | None, request_model: str | None,
+             latency_ms: float) -> dict[str, Any]:
+    return {
+        EVENT: EVENT_LLM_CALL, CALL_ID: facts.call_id, PLUGIN_ID: facts.plugin_id, PURPOSE: facts.purpose,
+        API: facts.api, MODE: facts.mode, DECISION: decision, OPERATION_NAME: "chat", PROVIDER_NAME: provider,
+        REQUEST_MODEL: request_model, AGENT_ID: facts.agent_id, PROFILE: facts.profile,
+        SCHEMA_NAME: facts.schema_name, LATENCY_MS: round(latency_ms, 3),
+    }
+
+
+def denial_record(facts: CallFacts, *, provider: str | None, request_model: str | None, latency_ms: float,
+                  reason: str, key: str | None, error_type: str, config_error: str | None = None,
+                  denied_arguments: list[str] | None = None) -> dict[str, Any]:
+    """The record of a call the trust gate refused: nothing was sent."""
+    record = _opening(facts, "denied", provider, request_model, latency_ms)
+    record.update({DECISION_REASON: reason, DECISION_KEY: key, STATUS: "denied", ERROR_TYPE: error_type,
+                   ATTEMPTS: 0, CONFIG_ERROR: config_error})
+    if denied_arguments is not None:
+        record[DENIED_ARGUMENTS] = denied_arguments
+    return record
+
+
+def error_record(facts: CallFacts, *, provider: str | None, request_model: str | None, latency_ms: float,
+                 status: str, error_type: str | None, decision_reason: str | None, attempts: int | None = None,
+                 error_message: str | None = None, record_error: str | None = None) -> dict[str, Any]:
+    """The record of a call that failed before a full outcome could be told: no route for it, or an outcome
+    record that could not be built (``record_error``, a defect)."""
+    record = _opening(facts, "allowed", provider, request_model, latency_ms)
+    record.update({STATUS: status, ERROR_TYPE: error_type, DECISION_REASON: decision_reason})
+    if error_message is not None:
+        record[ERROR_MESSAGE] = error_message
+    if attempts is not None:
+        record[ATTEMPTS] = attempts
+    if record_error is not None:
+        record[AUDIT_RECORD_ERROR] = record_error
+    return record
+
+
+def outcome_record(facts: CallFacts, *, provider: str | None, request_model: str | None, latency_ms: float,
+                   decision_reason: str | None, status: str, error: BaseException | None,
+                   response_model: str | None, usage: tuple[int, int, float | None], attempts: int,
+                   overhead_ms: float, prompt_sha256: str | None, response_sha256: str | None,
+                   anomalies: list[str] | None = None, structured: tuple[str | None, str, int] | None = None,
+                   content: tuple[Any, str | None] | None = None) -> dict[str, Any]:
+    """The record of a call that was admitted: its outcome, usage and hashes. ``usage`` is (input tokens,
+    output tokens, cost), ``structured`` (schema digest, validation, repairs) for a structured call,
+    ``content`` (messages, reply text) only when the operator logs content."""
+    record = _opening(facts, "allowed", provider, request_model, latency_ms)
+    record.update({
+        DECISION_REASON: decision_reason, STATUS: status,
+        ERROR_TYPE: type(error).__name__ if error else None, ERROR_MESSAGE: str(error) if error else None,
+        RESPONSE_MODEL: response_model, INPUT_TOKENS: usage[0], OUTPUT_TOKENS: usage[1], COST_USD: usage[2],
+        ATTEMPTS: attempts, OVERHEAD_MS: round(max(0.0, overhead_ms), 3), PROMPT_SHA256: prompt_sha256,
+        RESPONSE_SHA256: response_sha256,
+    })
+    if anomalies:
+        record[USAGE_ANOMALY] = list(anomalies)
+    if structured is not None:
+        record[SCHEMA_SHA256], record[VALIDATION], record[REPAIRS] = structured
+    if content is not None:
+        record[INPUT_MESSAGES], record[OUTPUT_TEXT] = content
+    return record
 
 
 def _check(name: str, value: str | None, allowed: Iterable[str]) -> None:

@@ -16,11 +16,11 @@ import json
 import logging
 import math
 import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Generator, NoReturn
 
+from audit import records
 from plugin_llm import limits, structured
 from plugin_llm.call_options import FORBIDDEN, check_options
 from plugin_llm.safe_json import loads_bounded
@@ -86,17 +86,9 @@ class HostChatResult:
 
 
 @dataclass(frozen=True)
-class _Call:
-    """Everything known about one call before it reaches the provider."""
+class _Call(records.CallFacts):
+    """Everything known about one call before it reaches the provider: what its records say, and when it began."""
 
-    call_id: str
-    plugin_id: str
-    api: str
-    mode: str
-    purpose: str | None
-    agent_id: str | None
-    profile: str | None
-    schema_name: str | None
     started: float
 
 
@@ -126,9 +118,8 @@ MAX_NESTING = 32
 MAX_VALUES = 1_000_000
 #: the longest identifier a plugin may pass (purpose, agent_id, profile, provider, model)
 _MAX_NAME = 256
-#: written before the provider call when ``audit.required`` is true (``PluginLlm._write_begin``);
-#: the same name as ``audit.records.EVENT_LLM_CALL_BEGIN`` (not imported: plugin_llm loads audit lazily)
-EVENT_CALL_BEGIN = "llm.call.begin"
+#: written before the provider call when ``audit.required`` is true (``PluginLlm._write_begin``)
+EVENT_CALL_BEGIN = records.EVENT_LLM_CALL_BEGIN
 _MAX_DETAIL = 160  # characters of an unexpected exception's text shown in a message
 _MAX_ANOMALIES = 16
 _MAX_ATTEMPTS = 1000
@@ -910,8 +901,8 @@ class PluginLlm:
                 response = yield from self._provider_call(call, admitted, first_messages, params, tally, messages=messages)
             except _RepairRefused as exc:  # no repair can be sent: the last reply is the outcome
                 refused = exc.failure
-                tally.add_limits({"limits.repair_refused": refused.denial.limit,
-                                  "limits.repair_refused_key": refused.denial.config_key})
+                tally.add_limits({records.LIMITS_REPAIR_REFUSED: refused.denial.limit,
+                                  records.LIMITS_REPAIR_REFUSED_KEY: refused.denial.config_key})
                 break
             finally:
                 tally.repairing = False
@@ -992,12 +983,10 @@ class PluginLlm:
         if error is None:
             return
         config = self._config.current()
-        record = self._base_record(call, config, None)
-        record.update({
-            "decision": "denied", "decision_reason": str(error), "decision_key": None, "status": "denied",
-            "error.type": type(error).__name__, "gen_ai.request.model": config.model.model, "attempts": 0,
-            "denied_arguments": sorted(set(options) & FORBIDDEN),
-        })
+        record = records.denial_record(call, provider=config.model.provider or None, request_model=config.model.model,
+                                       latency_ms=self._elapsed_ms(call), reason=str(error), key=None,
+                                       error_type=type(error).__name__,
+                                       denied_arguments=sorted(set(options) & FORBIDDEN))
         self._write_audit(call, config, record)
         raise error
 
@@ -1008,7 +997,7 @@ class PluginLlm:
             if len(purpose) > _MAX_NAME:
                 raise ValueError(f"purpose must be a short label of at most {_MAX_NAME} characters, got {len(purpose):,}")
         return _Call(
-            call_id=uuid.uuid4().hex,
+            call_id=records.new_call_id(),
             plugin_id=self._plugin_id,
             api=api,
             mode=mode,
@@ -1039,9 +1028,11 @@ class PluginLlm:
             route = resolve_route(config, provider=provider, model=model, profile=call.profile, timeout=timeout)
             admitted = _Admitted(config, route, decision, time.monotonic() + route.timeout)
         except PluginLlmError as exc:
-            record = self._base_record(call, config, None)
-            record.update({"status": "error", "error.type": type(exc).__name__, "error.message": str(exc),
-                           "gen_ai.request.model": model or config.model.model, "decision_reason": decision.reason})
+            record = records.error_record(call, provider=config.model.provider or None,
+                                          request_model=model or config.model.model,
+                                          latency_ms=self._elapsed_ms(call), status="error",
+                                          error_type=type(exc).__name__, decision_reason=decision.reason,
+                                          error_message=str(exc))
             self._write_audit(call, config, record)
             raise
         if config.audit.required:
@@ -1263,39 +1254,14 @@ class PluginLlm:
         except Exception:  # noqa: BLE001 - a broken logging setup neither
             pass
 
-    def _base_record(self, call: _Call, config: HostConfig, route: Route | None) -> dict[str, Any]:
-        elapsed_ms = (self._clock() - call.started) * 1000.0
-        return {
-            "event": "llm.call",
-            "call_id": call.call_id,
-            "plugin_id": call.plugin_id,
-            "purpose": call.purpose,
-            "api": call.api,
-            "mode": call.mode,
-            "decision": "allowed",
-            "gen_ai.operation.name": "chat",
-            "gen_ai.provider.name": route.provider if route else (config.model.provider or None),
-            "gen_ai.request.model": route.model if route else None,
-            "agent_id": call.agent_id,
-            "profile": call.profile,
-            "schema_name": call.schema_name,
-            "latency_ms": round(elapsed_ms, 3),
-        }
+    def _elapsed_ms(self, call: _Call) -> float:
+        return (self._clock() - call.started) * 1000.0
 
     def _denial_record(self, call: _Call, config: HostConfig, overrides: Overrides, exc: PluginLlmTrustError) -> dict[str, Any]:
-        record = self._base_record(call, config, None)
-        record.update({
-            "decision": "denied",
-            "decision_reason": str(exc),
-            "decision_key": exc.config_key or None,
-            "status": "denied",
-            "error.type": type(exc).__name__,
-            "gen_ai.request.model": overrides.model or config.model.model,
-            "gen_ai.provider.name": overrides.provider or config.model.provider,
-            "attempts": 0,
-            "config_error": config.error,
-        })
-        return record
+        return records.denial_record(call, provider=overrides.provider or config.model.provider,
+                                     request_model=overrides.model or config.model.model,
+                                     latency_ms=self._elapsed_ms(call), reason=str(exc), key=exc.config_key or None,
+                                     error_type=type(exc).__name__, config_error=config.error)
 
     def _audit_outcome(self, call: _Call, admitted: _Admitted, status: str, *, messages, response, tally: "_Tally",
                        error: BaseException | None = None, cause: str | None = None) -> None:
@@ -1306,46 +1272,35 @@ class PluginLlm:
         except Exception as exc:  # noqa: BLE001 - defence in depth: every input was checked already
             if status == "ok":
                 raise  # not written yet: _guarded records the failure as the outcome
-            record = self._base_record(call, config, admitted.route)
-            record.update({"status": status, "error.type": type(error).__name__ if error else None,
-                           "decision_reason": admitted.decision.reason, "attempts": tally.attempts,
-                           "audit_record_error": type(exc).__name__})
+            record = records.error_record(call, provider=admitted.route.provider, request_model=admitted.route.model,
+                                          latency_ms=self._elapsed_ms(call), status=status,
+                                          error_type=type(error).__name__ if error else None,
+                                          decision_reason=admitted.decision.reason, attempts=tally.attempts,
+                                          record_error=type(exc).__name__)
         if cause is not None:
-            record["error.cause"] = cause
+            record[records.ERROR_CAUSE] = cause
         if tally.stream is not None:
             record.update(tally.stream.fields())
         tally.audited = True
         self._write_audit(call, config, record, sent=response is not None or tally.attempts > 0)
 
     def _outcome_record(self, call, admitted, status, messages, response, tally, error) -> dict[str, Any]:
-        config = admitted.config
-        record = self._base_record(call, config, admitted.route)
-        latency_ms = record["latency_ms"]
-        record.update({
-            "decision_reason": admitted.decision.reason,
-            "status": status,
-            "error.type": type(error).__name__ if error else None,
-            "error.message": str(error) if error else None,
-            "gen_ai.response.model": response.model if response else None,
-            "gen_ai.usage.input_tokens": tally.usage.input_tokens,
-            "gen_ai.usage.output_tokens": tally.usage.output_tokens,
-            "cost_usd": tally.usage.cost_usd,
-            "attempts": tally.attempts,
-            "overhead_ms": round(max(0.0, latency_ms - tally.provider_seconds * 1000.0), 3),
-            "prompt_sha256": _sha256_json(messages) if messages is not None else None,
-            "response_sha256": _sha256_text(response.text or "") if response else None,
-        })
-        if tally.anomalies:
-            record["usage_anomaly"] = list(tally.anomalies)
+        config, usage = admitted.config, tally.usage
+        latency_ms = self._elapsed_ms(call)
+        record = records.outcome_record(
+            call, provider=admitted.route.provider, request_model=admitted.route.model, latency_ms=latency_ms,
+            decision_reason=admitted.decision.reason, status=status, error=error,
+            response_model=response.model if response else None,
+            usage=(usage.input_tokens, usage.output_tokens, usage.cost_usd), attempts=tally.attempts,
+            overhead_ms=latency_ms - tally.provider_seconds * 1000.0,
+            prompt_sha256=_sha256_json(messages) if messages is not None else None,
+            response_sha256=_sha256_text(response.text or "") if response else None,
+            anomalies=tally.anomalies or None,
+            structured=((structured.schema_sha256(tally.schema), tally.validation, tally.repairs)
+                        if call.api == "structured" else None),
+            content=(messages, response.text if response else None) if config.audit.log_content else None)
         if tally.limit_fields:
             record.update(tally.limit_fields)
-        if call.api == "structured":
-            record["schema_sha256"] = structured.schema_sha256(tally.schema)
-            record["validation"] = tally.validation
-            record["repairs"] = tally.repairs
-        if config.audit.log_content:
-            record["gen_ai.input.messages"] = messages
-            record["gen_ai.output.text"] = response.text if response else None
         return record
 
 
@@ -1355,6 +1310,10 @@ class _Admitted:
     route: Route
     decision: Decision
     deadline: float
+
+
+#: limits fields that add up over a call's requests (a structured call's repairs reserve again)
+_SUMMED_LIMIT_FIELDS = frozenset({records.LIMITS_RESERVED_USD, records.LIMITS_RESERVED_TOKENS})
 
 
 class _Tally:
@@ -1385,7 +1344,7 @@ class _Tally:
             self.limit_fields = fields
             return
         for key, value in fields.items():
-            if key.startswith("limits.reserved_") and key in self.limit_fields:
+            if key in _SUMMED_LIMIT_FIELDS and key in self.limit_fields:
                 value = round(self.limit_fields[key] + value, 9)
             self.limit_fields[key] = value
 
@@ -1433,7 +1392,7 @@ def _bounded_output(call: _Call, admitted: _Admitted, params: dict, tally: "_Tal
                                 params.get("max_tokens"))
     if bound is None:
         return params
-    tally.add_limits({"limits.max_tokens_sent": bound})
+    tally.add_limits({records.LIMITS_MAX_TOKENS_SENT: bound})
     return {**params, "max_tokens": bound}
 
 

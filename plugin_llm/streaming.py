@@ -24,6 +24,8 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Generator
 
+from audit import records
+
 __all__ = ["PluginLlmStream", "PluginLlmAsyncStream", "StreamOpen", "StreamRead", "Emit", "StreamProgress"]
 
 
@@ -60,7 +62,8 @@ class StreamProgress:
         self.call_id: str | None = None
 
     def fields(self) -> dict[str, Any]:
-        return {"stream": True, "stream.partial": self.partial, "stream.delivered_chars": self.delivered}
+        return {records.STREAM: True, records.STREAM_PARTIAL: self.partial,
+                records.STREAM_DELIVERED_CHARS: self.delivered}
 
 
 _Flow = Generator[Any, Any, Any]

@@ -190,7 +190,11 @@ def _records(home: Path, call_id: str) -> list[dict]:
 
 
 def _one_record(home: Path, call_id: str | None, status: str) -> dict:
+    from tests.stream_server import wait_for
+
     assert call_id, "the outcome has no call id"
+    # a stream closed over HTTP is recorded once the service has seen the client go: wait for it (bounded)
+    wait_for(lambda: _records(home, call_id), 20)
     records = _records(home, call_id)
     assert [r["status"] for r in records] == [status]
     assert records[0]["plugin_id"] == PLUGIN
@@ -326,3 +330,31 @@ def test_an_isolated_plugins_streams_are_bounded_and_end_with_its_process(world,
     streams.abandon_all()  # what the host does when the plugin's process stops
     for stream in opened:
         assert _one_record(world["home"], stream["call_id"], "abandoned")
+
+
+# ------------------------------------------------------------------ the records those calls left
+def test_every_key_of_every_call_record_is_declared_and_documented(world):
+    from audit import records
+
+    for name in llm_scenarios.SCENARIOS:  # every outcome, from every carrier
+        for carrier in CARRIERS:
+            _run(world, name, carrier)
+    lines = (world["home"] / "logs" / "agent.log").read_text(encoding="utf-8").split("\n")
+    calls = [json.loads(line) for line in lines if line.strip() and json.loads(line).get("event") == "llm.call"]
+    assert {r["status"] for r in calls} >= {"ok", "denied", "quota", "timeout", "provider_error", "schema_error",
+                                            "abandoned"}
+    envelope = {records.SCHEMA, records.SEQ, records.PREV_HASH, records.HASH}
+    declared = set(records.CALL_FIELDS) | set(records.OPTIONAL_CALL_FIELDS) | envelope
+    emitted = {key for record in calls for key in record}
+    assert emitted <= declared, f"keys written but not declared in audit.records: {sorted(emitted - declared)}"
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "reference" / "audit-schema.md").read_text("utf-8")
+    rows = [line for line in doc.splitlines() if line.startswith("| `")]
+
+    def documented(key: str) -> bool:
+        if any(f"`{key}`" in row for row in rows):
+            return True
+        prefix, _, leaf = key.partition(".")
+        return any(f"`{prefix}.*`" in row.split("|")[1] and f"`{leaf}`" in row for row in rows)
+
+    assert not [k for k in sorted(declared - envelope - {records.KIND}) if not documented(k)], \
+        [k for k in sorted(declared - envelope - {records.KIND}) if not documented(k)]

@@ -41,6 +41,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
+from audit import records
 from plugin_llm.limits import leases
 from plugin_llm.limits.checks import check_limits
 from plugin_llm.limits.pricing import (
@@ -219,10 +220,10 @@ class Ticket:
             return {}
         fields: dict[str, Any] = {}
         if self._admission is not None:
-            fields["limits.reserved_usd"] = self._admission.cost_nano / NANO
-            fields["limits.reserved_tokens"] = self._admission.tokens
+            fields[records.LIMITS_RESERVED_USD] = self._admission.cost_nano / NANO
+            fields[records.LIMITS_RESERVED_TOKENS] = self._admission.tokens
         if self.store_error is not None:
-            fields["limits.store_error"] = self.store_error
+            fields[records.LIMITS_STORE_ERROR] = self.store_error
         return fields
 
 

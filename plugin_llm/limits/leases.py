@@ -69,6 +69,7 @@ import time
 import weakref
 from typing import TYPE_CHECKING, Callable
 
+from audit import records
 from plugin_llm.limits.pricing import Estimate, actual_cost_nano, reports_a_cost, usage_count
 from plugin_llm.limits.settings import MAX_CALL_NANO, MAX_CALL_TOKENS, MAX_TOTAL, NANO
 from plugin_llm.limits.store import Buckets, Denial, LeaseGrant, LeaseOp, StoreError, buckets_at, new_reservation_id
@@ -209,8 +210,8 @@ class LeasedTicket:
         self.release()
 
     def audit_fields(self) -> dict:
-        return {"limits.reserved_usd": (self.cost or 0) / NANO,
-                "limits.reserved_tokens": self.input_tokens + self.output_tokens}
+        return {records.LIMITS_RESERVED_USD: (self.cost or 0) / NANO,
+                records.LIMITS_RESERVED_TOKENS: self.input_tokens + self.output_tokens}
 
 
 class Lease:

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Callable
 
+from audit import records
 from plugin_llm.errors import PluginLlmLimitError
 from plugin_llm.limits.settings import NANO, PluginLimits
 
@@ -258,11 +259,11 @@ class Denial:
     def audit_fields(self) -> dict[str, Any]:
         """Fields for the ``quota`` audit record of this denial."""
         return {
-            "decision": "denied",
-            "decision_reason": self.message,
-            "decision_key": self.config_key,
-            "limits.limit": self.limit,
-            "limits.resets_at": iso_utc(self.resets_at),
+            records.DECISION: "denied",
+            records.DECISION_REASON: self.message,
+            records.DECISION_KEY: self.config_key,
+            records.LIMITS_LIMIT: self.limit,
+            records.LIMITS_RESETS_AT: iso_utc(self.resets_at),
         }
 
     def error(self) -> "PluginLlmLimitError":
