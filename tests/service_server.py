@@ -22,14 +22,18 @@ __all__ = ["ServiceServer"]
 
 
 class ServiceServer:
-    def __init__(self, home: Path, **app_kwargs: Any) -> None:
+    def __init__(self, home: Path, *, http: Any = "auto", connections: Any = None, **app_kwargs: Any) -> None:
+        """``http``: uvicorn's protocol (e.g. ``plugin_llm.service.connections.PROTOCOL``, what ``serve`` runs);
+        ``connections``: its ``ConnectionLimits``."""
         self.home = Path(home)
         self.app = create_app(self.home, **app_kwargs)
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind(("127.0.0.1", 0))
         self.port = self._sock.getsockname()[1]
-        config = uvicorn.Config(self.app, log_level="warning", lifespan="on", access_log=False)
+        config = uvicorn.Config(self.app, log_level="warning", lifespan="on", access_log=False, http=http)
+        if connections is not None:
+            config.plugin_llm_connections = connections
         self.server = uvicorn.Server(config)
         self._thread: threading.Thread | None = None
 

@@ -146,9 +146,22 @@ def serve(options: ServeOptions, out: TextIO = sys.stdout) -> int:
     import uvicorn
 
     from plugin_llm.config import get_config_source
+    from plugin_llm.service.connections import (
+        H11_PROTOCOL,
+        PROTOCOL,
+        GuardedHttpToolsProtocol,
+        connection_limits,
+        raise_file_limit,
+    )
 
     os.environ["HERMES_HOME"] = str(options.home)  # the workers' app factory reads it
-    max_timeout = get_config_source(options.home).current().llm.max_timeout
+    host_config = get_config_source(options.home).current()
+    max_timeout = host_config.llm.max_timeout
+    files = raise_file_limit()  # before any worker starts: they inherit it
+    connections, problems = connection_limits(host_config.service, files[1] if files else None,
+                                              options.forwarded_allow_ips)
+    for problem in [w for w in host_config.warnings if w.startswith("service")] + problems:
+        print(f"plugin-llm serve: warning: {problem}", file=sys.stderr, flush=True)
     metrics_dir = None
     if options.workers > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         metrics_dir = tempfile.mkdtemp(prefix="plugin-llm-metrics-")
@@ -158,7 +171,9 @@ def serve(options: ServeOptions, out: TextIO = sys.stdout) -> int:
     config = uvicorn.Config(
         "plugin_llm.service.app:app_from_env",
         factory=True,
-        http="plugin_llm.service.protocol:CoalescingHttpToolsProtocol",  # a response's head and body in one write
+        # a response's head and body in one write; header and write timeouts, connection caps (connections.py)
+        http=PROTOCOL if GuardedHttpToolsProtocol is not None else H11_PROTOCOL,
+        ws="none",  # no WebSocket routes: an upgrade would leave the guard's protocol
         workers=options.workers,
         log_level=options.log_level,
         access_log=False,  # request lines carry nothing an operator needs that the audit log lacks
@@ -172,6 +187,7 @@ def serve(options: ServeOptions, out: TextIO = sys.stdout) -> int:
         proxy_headers=options.forwarded_allow_ips is not None,
         forwarded_allow_ips=options.forwarded_allow_ips,
     )
+    config.plugin_llm_connections = connections  # read by each worker's protocol (pickled with the config)
     stopped_by: list[int] = []
     for signum in (signal.SIGTERM, signal.SIGINT):
         # uvicorn re-raises the signal that stopped it once it has drained; this handler takes it, so a
@@ -181,6 +197,11 @@ def serve(options: ServeOptions, out: TextIO = sys.stdout) -> int:
     print(f"plugin-llm serve: listening on {url} ({options.workers} worker{'s' if options.workers != 1 else ''}, "
           f"home {options.home}); SIGTERM drains calls in flight (up to {max_timeout + _DRAIN_MARGIN:g}s)",
           file=out, flush=True)
+    print(f"plugin-llm serve: per worker at most {connections.max_connections:,} connections, "
+          f"{connections.max_connections_per_address:,} per client address; a request head within "
+          f"{connections.header_timeout:g}s, a stalled answer dropped after {connections.write_timeout:g}s"
+          + (f"; open-file limit {files[1]:,}" + (f" (raised from {files[0]:,})" if files[0] != files[1] else "")
+             if files else ""), file=out, flush=True)
     try:
         if balanced:
             _balanced_multiprocess(config, sock, options.host).run()
