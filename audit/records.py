@@ -42,7 +42,7 @@ __all__ = [
     "CALL_FIELDS", "OPTIONAL_CALL_FIELDS", "DECISION_KEY", "ERROR_MESSAGE", "CONFIG_ERROR", "DENIED_ARGUMENTS",
     "REPAIRS", "AUDIT_RECORD_ERROR", "LIMITS_RESERVED_USD", "LIMITS_RESERVED_TOKENS", "LIMITS_STORE_ERROR",
     "LIMITS_LIMIT", "LIMITS_RESETS_AT", "LIMITS_REPAIR_REFUSED", "LIMITS_REPAIR_REFUSED_KEY", "LIMITS_MAX_TOKENS_SENT",
-    "STREAM", "STREAM_PARTIAL", "STREAM_DELIVERED_CHARS",
+    "STREAM", "STREAM_PARTIAL", "STREAM_DELIVERED_CHARS", "STREAM_ABANDONED_BY",
     # builders
     "CallFacts", "denial_record", "error_record", "outcome_record",
     # values
@@ -119,6 +119,8 @@ LIMITS_MAX_TOKENS_SENT = "limits.max_tokens_sent"
 STREAM = "stream"
 STREAM_PARTIAL = "stream.partial"
 STREAM_DELIVERED_CHARS = "stream.delivered_chars"
+#: why the host ended a stream early (``deadline``: its client stopped reading; ``write_timeout``)
+STREAM_ABANDONED_BY = "stream.abandoned_by"
 #: added by the writer to the first line written after lines were lost
 AUDIT_WRITE_ERROR = "audit_write_error"
 #: present only when needed: what provider-reported usage had to be clamped
@@ -147,7 +149,7 @@ OPTIONAL_CALL_FIELDS: tuple[str, ...] = (
     DECISION_KEY, ERROR_MESSAGE, ERROR_CAUSE, CONFIG_ERROR, DENIED_ARGUMENTS, REPAIRS, USAGE_ANOMALY,
     AUDIT_WRITE_ERROR, AUDIT_RECORD_ERROR, LIMITS_RESERVED_USD, LIMITS_RESERVED_TOKENS, LIMITS_STORE_ERROR,
     LIMITS_LIMIT, LIMITS_RESETS_AT, LIMITS_REPAIR_REFUSED, LIMITS_REPAIR_REFUSED_KEY, LIMITS_MAX_TOKENS_SENT,
-    STREAM, STREAM_PARTIAL, STREAM_DELIVERED_CHARS, *CONTENT_FIELDS,
+    STREAM, STREAM_PARTIAL, STREAM_DELIVERED_CHARS, STREAM_ABANDONED_BY, *CONTENT_FIELDS,
 )
 
 APIS = ("complete", "structured")

@@ -793,6 +793,7 @@ class PluginLlm:
         _check_params(temperature, max_tokens, timeout)
         params: dict[str, Any] = {"temperature": temperature, "max_tokens": max_tokens, **extra}
         admitted = self._admit(call, provider, model, timeout)
+        progress.deadline = admitted.deadline
         tally = _Tally()
         tally.stream = progress
         steps = self._stream_steps(call, admitted, tally, messages, params, progress)

@@ -53,17 +53,22 @@ class Emit:
 class StreamProgress:
     """What a stream delivered so far (for the audit record of a partial stream)."""
 
-    __slots__ = ("delivered", "partial", "stream", "call_id")
+    __slots__ = ("delivered", "partial", "stream", "call_id", "deadline", "abandoned_by")
 
     def __init__(self) -> None:
         self.delivered = 0
         self.partial = True
         self.stream: Any = None  # the open transport stream
         self.call_id: str | None = None
+        self.deadline: float | None = None  # the call's (time.monotonic), once admitted
+        self.abandoned_by: str | None = None  # why the host ended it early (e.g. the service's "deadline")
 
     def fields(self) -> dict[str, Any]:
-        return {records.STREAM: True, records.STREAM_PARTIAL: self.partial,
-                records.STREAM_DELIVERED_CHARS: self.delivered}
+        fields = {records.STREAM: True, records.STREAM_PARTIAL: self.partial,
+                  records.STREAM_DELIVERED_CHARS: self.delivered}
+        if self.abandoned_by is not None:
+            fields[records.STREAM_ABANDONED_BY] = self.abandoned_by
+        return fields
 
 
 _Flow = Generator[Any, Any, Any]
@@ -213,6 +218,17 @@ class _Common:
     def finish_reason(self) -> str | None:
         """Why the provider ended the reply (``stop``, ``length``, ...), once it has."""
         return getattr(self._driver.progress.stream, "finish_reason", None)
+
+    @property
+    def deadline(self) -> float | None:
+        """The call's deadline (``time.monotonic()``), once it has been admitted."""
+        return self._driver.progress.deadline
+
+    def _abandon(self, why: str) -> None:
+        """End the stream now, recorded as abandoned by the host for ``why`` (``stream.abandoned_by``)."""
+        if not self._driver.done:
+            self._driver.progress.abandoned_by = why
+        self._driver.abandon()
 
     @property
     def finished(self) -> bool:

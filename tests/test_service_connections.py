@@ -24,8 +24,9 @@ from plugin_llm.service.connections import (
     derived_max_connections,
 )
 from plugin_llm.service.settings import ServiceSettings, parse_service_settings
-from tests.conftest import write_config
+from tests.conftest import audit_lines, write_config
 from tests.service_server import ServiceServer
+from tests.stream_server import Stream, StreamServer, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 USER = [{"role": "user", "content": "hello"}]
@@ -209,3 +210,41 @@ def test_serve_raises_the_file_limit_and_answers_a_real_client_under_a_flood(her
             sock.close()
         proc.terminate()
         proc.communicate(timeout=60)
+
+
+def _stream_request(token: str, timeout: float) -> bytes:
+    import json
+
+    body = json.dumps({"messages": USER, "stream": True, "timeout": timeout}).encode()
+    return (b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer " + token.encode()
+            + b"\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+
+
+@pytest.mark.parametrize("which", ["deadline", "write_timeout", "deadline:uvicorn"])
+def test_a_stream_its_client_stops_reading_ends_and_frees_its_slot(hermes_home, custom_route, which):
+    """A client takes the first bytes of a long stream and stops reading: at the call's deadline (or after the
+    write timeout, whichever comes first) the stream is abandoned - one record, its max_concurrent slot free.
+    Under uvicorn's own protocol (no write timeout) the deadline still holds for the call."""
+    which, _, protocol = which.partition(":")
+    long = Stream(pieces=["x" * 4000] * 1500)  # 6 MB: far past every buffer between the service and the client
+    with StreamServer(default=long) as upstream:
+        custom_route(upstream.base_url, extra="plugins:\n  entries:\n    reader:\n      limits:\n"
+                                              "        max_concurrent: 1\n")
+        guard = ConnectionLimits(header_timeout=30, write_timeout=1.0 if which == "write_timeout" else 60,
+                                 max_connections=50)
+        with ServiceServer(hermes_home, http="auto" if protocol else PROTOCOL, connections=guard) as service:
+            token = service.token("reader")
+            with _connect(service.port, rcvbuf=4096) as slow:
+                slow.sendall(_stream_request(token, 2.0 if which == "deadline" else 60))
+                assert slow.recv(1024).startswith(b"HTTP/1.1 200 ")  # the first bytes; then it reads no more
+                assert wait_for(lambda: len(audit_lines(hermes_home)) == 1, 30)
+                [record] = audit_lines(hermes_home)
+                assert record["status"] == "abandoned" and record["stream.abandoned_by"] == which
+                assert record["plugin_id"] == "reader" and record["stream.partial"] is True
+                upstream.default = Stream(pieces=["ok"])
+                second = httpx.post(service.url + "/v1/chat/completions", headers=service.auth(token),
+                                    json={"messages": USER, "stream": True}, timeout=20)  # admitted: the slot is free
+                assert second.status_code == 200 and "data: [DONE]" in second.text, second.text
+                if not protocol:
+                    assert _closed_by_server(slow)  # and its connection is gone
+    assert [r["status"] for r in audit_lines(hermes_home)] == ["abandoned", "ok"]

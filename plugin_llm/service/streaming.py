@@ -16,11 +16,14 @@ OpenAI clients ignore and ``GatewayClient.stream`` reads), then - only when the 
 headers is an event with the same error body as a non-streaming answer
 (``{"error": {"type", "message", "code", ...}}``; OpenAI SDKs raise it) and
 no ``[DONE]``. A client that disconnects mid-stream abandons it: the pipeline
-records it once as ``abandoned`` and releases its reservation.
+records it once as ``abandoned`` and releases its reservation. So does a
+client that stops reading: at the call's deadline an answer still blocked on
+it is abandoned (``stream.abandoned_by: deadline``) and its connection dropped.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from typing import Any, AsyncIterator, Callable
@@ -60,19 +63,92 @@ async def chat_stream(llm: Any, messages: Any, kwargs: dict[str, Any], stream_op
         stream = await llm.astream(messages, **kwargs)
     except Exception as exc:  # noqa: BLE001 - nothing sent yet: the ordinary error answer
         return refuse(exc)
-    return _SseResponse(_events(stream, include_usage, metrics, plugin, started, fields),
-                        media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    response = _SseResponse(_events(stream, include_usage, metrics, plugin, started, fields),
+                            media_type="text/event-stream",
+                            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    response.stream = stream
+    return response
+
+
+#: after the deadline, how often a stream still open is checked for an answer blocked on its client
+_RECHECK_SECONDS = 0.1
 
 
 class _SseResponse(StreamingResponse):
-    """A StreamingResponse that always closes its event generator: after a client disconnect Starlette
-    stops iterating it without closing it, which would leave the stream open until garbage collection."""
+    """A StreamingResponse that always closes its event generator (after a client disconnect Starlette
+    stops iterating it without closing it, which would leave the stream open until garbage collection),
+    and holds the call's deadline against a client that stops reading (:class:`_DeadlineWatch`)."""
+
+    stream: Any = None
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        # the connection, under the service's protocol (connections.SCOPE_KEY): it can be dropped without a flush
+        watch = _DeadlineWatch(self.stream, scope.get("plugin_llm.connection"), send)
         try:
-            await super().__call__(scope, receive, send)
+            await super().__call__(scope, receive, watch.send)
+        except asyncio.CancelledError:
+            if not watch.cancelled_it():
+                raise
         finally:
+            watch.stop()
             await self.body_iterator.aclose()  # type: ignore[attr-defined]
+
+
+class _DeadlineWatch:
+    """At the stream's deadline, an answer blocked on a client that does not read (its send buffer full)
+    abandons the stream (recorded once, its slot and reservation released) and drops the connection.
+
+    ``send`` only awaits while the transport's buffer is over its limit, so a send still pending when the
+    timer fires is one the client holds up. A stream past its deadline that is not sending is reading the
+    provider, which ends at the same deadline; the watch checks again shortly, for its error event."""
+
+    __slots__ = ("stream", "connection", "_send", "sending", "timer", "task", "cancelled")
+
+    def __init__(self, stream: Any, connection: Any, send: Any) -> None:
+        self.stream = stream
+        self.connection = connection
+        self._send = send
+        self.sending = False
+        self.cancelled = False
+        self.timer: asyncio.TimerHandle | None = None
+        self.task = asyncio.current_task()
+        deadline = getattr(stream, "deadline", None)
+        if deadline is not None:
+            self.timer = asyncio.get_running_loop().call_later(max(deadline - time.monotonic(), 0.0), self._check)
+
+    async def send(self, message: Any) -> None:
+        self.sending = True
+        try:
+            await self._send(message)
+        finally:
+            self.sending = False
+        connection = self.connection
+        if connection is not None and connection.closed_by is not None:  # dropped (write timeout): sends are void
+            _abandon(self.stream, connection.closed_by)
+
+    def _check(self) -> None:
+        if not self.sending:
+            self.timer = asyncio.get_running_loop().call_later(_RECHECK_SECONDS, self._check)
+            return
+        self.timer = None
+        _abandon(self.stream, "deadline")  # a no-op for a stream that has ended (its error event is blocked)
+        if self.connection is not None:
+            self.connection.drop("deadline")  # the blocked send returns; Starlette sees the disconnect
+        elif self.task is not None:  # not under the service's protocol: stop waiting on the client
+            self.cancelled = True
+            self.task.cancel()
+
+    def cancelled_it(self) -> bool:
+        """True when the cancellation is this watch's (then taken back: the answer just ends)."""
+        if self.cancelled and self.task is not None:
+            self.task.uncancel()
+            return True
+        return False
+
+    def stop(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
 
 
 async def _events(stream: Any, include_usage: bool, metrics: Any, plugin: str, started: float,
@@ -98,6 +174,8 @@ async def _events(stream: Any, include_usage: bool, metrics: Any, plugin: str, s
             yield _event(error.body())
             return
         result = stream.result
+        if result is None:  # abandoned while this generator waited on its client (the call's deadline)
+            return
         status = "ok"
         usage = result.usage
         base["model"] = result.model
@@ -114,6 +192,14 @@ async def _events(stream: Any, include_usage: bool, metrics: Any, plugin: str, s
         result = stream.result
         metrics.observe(plugin, "chat", status, time.perf_counter() - started,
                         result.usage if result is not None else None)
+
+
+def _abandon(stream: Any, why: str) -> None:
+    abandon = getattr(stream, "_abandon", None)
+    if abandon is not None:
+        abandon(why)
+    else:
+        stream.close()
 
 
 _STATUSES = {"trust_denied": "denied", "quota_exceeded": "quota", "schema_mismatch": "schema_error",
