@@ -18,6 +18,8 @@ import asyncio
 import ipaddress
 import json
 import math
+import socket
+import struct
 from dataclasses import dataclass
 from typing import Any
 
@@ -143,6 +145,8 @@ def _refusal_bytes() -> bytes:
 
 
 _REFUSAL = _refusal_bytes()
+#: SO_LINGER on, 0 s: close() resets the connection instead of flushing it
+_RESET = struct.pack("ii", 1, 0)
 
 
 class ConnectionGuard:
@@ -210,7 +214,14 @@ class ConnectionGuard:
         """Close ``conn`` now, without flushing what it has not sent (its client is not reading, or must go)."""
         self.release(conn)
         conn.closed_by = why
-        conn.transport.abort()
+        transport = conn.transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None:  # a reset: the kernel drops what it still holds for the client, too
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET)
+            except (OSError, AttributeError, TypeError):
+                pass
+        transport.abort()
 
     # deadlines
     def arm(self, conn: Any) -> None:
