@@ -152,6 +152,7 @@ def test_at_a_cap_the_connection_waiting_longest_for_a_head_makes_room(hermes_ho
         time.sleep(0.2)
         assert _healthz(service.port, source="127.0.0.3").startswith(b"HTTP/1.1 200 ")  # the total: the oldest
         assert _closed_by_server(slow[1])
+        assert service.server.server_state.plugin_llm_guard.counts["evicted"] == 2
         for sock in slow + other:
             sock.close()
 

@@ -136,7 +136,7 @@ class _Exempt:
 
 def _refusal_bytes() -> bytes:
     body = json.dumps({"error": {
-        "type": "PluginLlmServiceBusy", "param": None, "code": "too_many_connections",
+        "type": "PluginLlmError", "param": None, "code": "too_many_connections",
         "message": "the gateway has too many open connections (from this address, or in all); retry later "
                    "(Retry-After). The operator sets the caps in config.yaml, service.max_connections and "
                    "service.max_connections_per_address"}}).encode()
@@ -147,6 +147,8 @@ def _refusal_bytes() -> bytes:
 _REFUSAL = _refusal_bytes()
 #: SO_LINGER on, 0 s: close() resets the connection instead of flushing it
 _RESET = struct.pack("ii", 1, 0)
+#: drops of a connection whose client reads (an idle keep-alive one, a slow head): closed as usual
+_GRACEFUL = frozenset({"header_timeout", "evicted"})
 
 
 class ConnectionGuard:
@@ -163,7 +165,7 @@ class ConnectionGuard:
         self._exempt = _Exempt(limits.exempt)
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = math.inf
-        #: what the guard did (read by tests and benchmarks)
+        #: what the guard did (read by tests)
         self.counts = {"refused": 0, "evicted": 0, "header_timeout": 0, "write_timeout": 0}
 
     # admission
@@ -215,8 +217,8 @@ class ConnectionGuard:
         self.release(conn)
         conn.closed_by = why
         transport = conn.transport
-        sock = transport.get_extra_info("socket")
-        if sock is not None:  # a reset: the kernel drops what it still holds for the client, too
+        sock = transport.get_extra_info("socket") if why not in _GRACEFUL else None
+        if sock is not None:  # a reset: the kernel drops what it still holds for a client that does not read
             try:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET)
             except (OSError, AttributeError, TypeError):
