@@ -21,6 +21,7 @@ import uvicorn
 from plugin_llm import limits
 from plugin_llm.safe_json import JsonTooDeepError, loads_bounded
 from plugin_llm.service import requests as req
+from plugin_llm.service.connections import PROTOCOL as GUARDED
 from plugin_llm.service.protocol import PROTOCOL, _CoalescingTransport
 from tests.bounded import run_bounded
 from tests.servers import FakeServer, Reply
@@ -81,9 +82,10 @@ def _exchange(port: int, data: bytes, answers: int) -> list[tuple[bytes, list[tu
 
 
 def _both(home, fn):
-    """``fn(server)`` on the service with uvicorn's httptools protocol and with the coalescing one."""
+    """``fn(server)`` on the service with uvicorn's httptools protocol, with the coalescing one, and with the
+    coalescing one under the connection guard (what ``serve`` runs)."""
     results = []
-    for http in ("httptools", PROTOCOL):
+    for http in ("httptools", PROTOCOL, GUARDED):
         with _Server(home, http) as server:
             results.append(run_bounded(lambda: fn(server), 60))
     return results
@@ -114,11 +116,12 @@ def test_answers_are_the_same_bytes_with_one_write_as_with_uvicorns_two(hermes_h
         ]
         return [_exchange(server.port, data, 1)[0] for data in sent]
 
-    plain, coalesced = _both(hermes_home, answers)
+    plain, coalesced, guarded = _both(hermes_home, answers)
     assert [status for status, _, _ in coalesced] == [status for status, _, _ in plain]
     assert [s.split()[1] for s, _, _ in coalesced] == [b"200", b"401", b"400", b"400", b"405", b"307", b"404",
                                                        b"200", b"200"]
-    for (_, headers_a, body_a), (_, headers_b, body_b) in zip(plain, coalesced):
+    assert [status for status, _, _ in guarded] == [status for status, _, _ in plain]
+    for (_, headers_a, body_a), (_, headers_b, body_b) in [*zip(plain, coalesced), *zip(plain, guarded)]:
         if headers_a != headers_b:  # only a call's own ids may change a body's length
             assert [h for h in headers_a if h[0] != b"content-length"] == \
                    [h for h in headers_b if h[0] != b"content-length"]
@@ -233,9 +236,13 @@ def test_the_transport_sends_a_head_with_its_body_and_never_holds_a_head_past_th
 def test_serve_runs_uvicorn_with_the_coalescing_protocol():
     import inspect
 
-    from plugin_llm.service import server
+    from plugin_llm.service import connections, server
+    from plugin_llm.service.protocol import CoalescingHttpToolsProtocol
 
-    assert f'http="{PROTOCOL}"' in inspect.getsource(server.serve)
+    # serve's protocol is the coalescing one under the connection guard (service/connections.py)
+    assert "http=PROTOCOL if GuardedHttpToolsProtocol is not None" in inspect.getsource(server.serve)
+    assert connections.PROTOCOL.endswith(":GuardedHttpToolsProtocol") and PROTOCOL.endswith(":CoalescingHttpToolsProtocol")
+    assert issubclass(connections.GuardedHttpToolsProtocol, CoalescingHttpToolsProtocol)
 
 
 def test_the_reused_decoder_keeps_the_bounds():
