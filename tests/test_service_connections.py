@@ -4,6 +4,7 @@ raised at start, and a streamed answer that its client stops reading ended at th
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 import socket
@@ -25,6 +26,7 @@ from plugin_llm.service.connections import (
 )
 from plugin_llm.service.settings import ServiceSettings, parse_service_settings
 from tests.conftest import audit_lines, write_config
+from tests.servers import FakeServer, Reply
 from tests.service_server import ServiceServer
 from tests.stream_server import Stream, StreamServer, wait_for
 
@@ -115,26 +117,42 @@ def test_a_half_sent_request_head_is_closed_after_the_header_timeout(hermes_home
         assert _healthz(service.port).startswith(b"HTTP/1.1 200 ")  # a whole request is answered as before
 
 
-def test_the_per_address_cap_refuses_one_more_while_another_address_is_served(hermes_home):
+def test_the_per_address_cap_refuses_one_more_while_another_address_is_served(hermes_home, custom_route):
     guard = ConnectionLimits(header_timeout=30, max_connections=50, max_connections_per_address=3)
-    with ServiceServer(hermes_home, http=PROTOCOL, connections=guard, warm=False) as service:
-        token = service.token("busy")
-        busy = []
-        for _ in range(3):  # requests under way: a whole head, half a body the app waits for
-            sock = _connect(service.port)
+    with FakeServer(default=Reply(content="late", delay=3.0)) as upstream:
+        custom_route(upstream.base_url)
+        with ServiceServer(hermes_home, http=PROTOCOL, connections=guard) as service:
+            token = service.token("busy")
+            body = json.dumps({"messages": USER}).encode()
+            busy = []
+            for _ in range(3):  # calls in flight (the provider takes its time): nothing to evict
+                sock = _connect(service.port)
+                sock.sendall(b"POST /v1/plugin-llm/complete HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer "
+                             + token.encode() + b"\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+                             % len(body) + body)
+                busy.append(sock)
+            assert wait_for(lambda: len(upstream.requests) == 3, 20)
+            with _connect(service.port) as one_more:
+                one_more.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+                refused = _answer(one_more)
+            assert refused == b"" or refused.startswith(b"HTTP/1.1 503 "), refused[:200]
+            if refused:
+                assert b"too_many_connections" in refused and b"retry-after: 1" in refused
+            assert _healthz(service.port, source="127.0.0.2").startswith(b"HTTP/1.1 200 ")
+            assert all(_answer(sock).startswith(b"HTTP/1.1 200 ") for sock in busy)  # the calls were not touched
+            for sock in busy:
+                sock.close()
+
+
+@pytest.mark.parametrize("http", [PROTOCOL, H11_PROTOCOL], ids=["httptools", "h11"])
+def test_a_request_body_sent_too_slowly_is_closed_too(hermes_home, http):
+    guard = ConnectionLimits(header_timeout=0.3, max_connections=50)
+    with ServiceServer(hermes_home, http=http, connections=guard, warm=False) as service:
+        token = service.token("slow-body")
+        with _connect(service.port) as sock:
             sock.sendall(b"POST /v1/plugin-llm/complete HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer "
                          + token.encode() + b"\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{")
-            busy.append(sock)
-        time.sleep(0.3)  # the heads are read (the app awaits their bodies)
-        with _connect(service.port) as one_more:
-            one_more.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
-            refused = _answer(one_more)
-        assert refused == b"" or refused.startswith(b"HTTP/1.1 503 "), refused[:200]
-        if refused:
-            assert b"too_many_connections" in refused and b"retry-after: 1" in refused
-        assert _healthz(service.port, source="127.0.0.2").startswith(b"HTTP/1.1 200 ")
-        for sock in busy:
-            sock.close()
+            assert _closed_by_server(sock)
 
 
 def test_at_a_cap_the_connection_waiting_longest_for_a_head_makes_room(hermes_home):
@@ -214,7 +232,6 @@ def test_serve_raises_the_file_limit_and_answers_a_real_client_under_a_flood(her
 
 
 def _stream_request(token: str, timeout: float) -> bytes:
-    import json
 
     body = json.dumps({"messages": USER, "stream": True, "timeout": timeout}).encode()
     return (b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer " + token.encode()

@@ -6,7 +6,7 @@ byte; at the open-file limit ``accept`` fails and every new client waits).
 The protocols here (uvicorn's httptools or h11 protocol plus
 :class:`ConnectionGuard`) close a connection that has not sent a whole head
 within ``service.header_timeout`` (from its start, or from its previous
-answer), cap the connections of a worker in total and per client address
+answer; a body gets as long after its head), cap the connections of a worker in total and per client address
 (a new one beyond a cap takes the place of the connection that has waited
 longest for a head, else it gets 503), and drop a connection whose answer has
 waited on a client that does not read for ``service.write_timeout``.
@@ -227,7 +227,7 @@ class ConnectionGuard:
 
     # deadlines
     def arm(self, conn: Any) -> None:
-        """``conn`` now waits for a request head: it has ``header_timeout`` seconds to send one."""
+        """``conn`` now waits on its client for a request head (or body): ``header_timeout`` seconds from now."""
         if conn._head_by is not None:
             del self.waiting[conn]
         when = conn._head_by = self.loop.time() + self.limits.header_timeout
@@ -268,7 +268,8 @@ class ConnectionGuard:
             conn = next(iter(self.waiting))
             if conn._head_by > now:
                 break
-            if conn._stall_by is not None:  # its last answer still waits on the client: the write timeout's turn
+            if conn._stall_by is not None or conn.flow.read_paused:
+                # its last answer still waits on the client (the write timeout's turn), or the app is not reading
                 del self.waiting[conn]
                 conn._head_by = now + self.limits.header_timeout
                 self.waiting[conn] = None
@@ -356,10 +357,16 @@ class GuardedH11Protocol(_Guarded, H11Protocol):
     def handle_events(self) -> None:
         super().handle_events()
         cycle = self.cycle
-        if cycle is not self._seen_cycle and cycle is not None:  # a request head arrived
+        if cycle is None or cycle.response_complete:
+            return
+        if cycle is not self._seen_cycle:  # a request head arrived
             self._seen_cycle = cycle
             self._head_done()
             cycle.scope[SCOPE_KEY] = self  # type: ignore[literal-required]
+            if cycle.more_body and not cycle.waiting_for_100_continue:  # its body: within header_timeout too
+                self._guard.arm(self)
+        elif not cycle.more_body:
+            self._head_done()
 
     def on_response_complete(self) -> None:
         if self._guard_addr is not None:
@@ -376,11 +383,18 @@ else:
         """The service's httptools protocol (one write per buffered answer) under the guard."""
 
         def on_headers_complete(self) -> None:
-            if self._head_by is not None:
-                self._head_by = None
-                del self._guard.waiting[self]
             self.scope[SCOPE_KEY] = self  # type: ignore[literal-required]
             super().on_headers_complete()
+            if self.expect_100_continue:  # the client waits for the app to ask for the body
+                self._head_done()
+            else:  # the body: within header_timeout too (a bodiless request completes at once)
+                self._guard.arm(self)
+
+        def on_message_complete(self) -> None:
+            super().on_message_complete()
+            if self._head_by is not None and not self.cycle.response_complete:  # else: armed for the next head
+                self._head_by = None
+                del self._guard.waiting[self]
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
