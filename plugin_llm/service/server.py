@@ -160,7 +160,7 @@ def serve(options: ServeOptions, out: TextIO = sys.stdout) -> int:
     files = raise_file_limit()  # before any worker starts: they inherit it
     connections, problems = connection_limits(host_config.service, files[1] if files else None,
                                               options.forwarded_allow_ips)
-    for problem in [w for w in host_config.warnings if w.startswith("service")] + problems:
+    for problem in problems:  # the config's own warnings are printed as it is read
         print(f"plugin-llm serve: warning: {problem}", file=sys.stderr, flush=True)
     metrics_dir = None
     if options.workers > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
