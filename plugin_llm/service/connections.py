@@ -228,6 +228,8 @@ class ConnectionGuard:
     # deadlines
     def arm(self, conn: Any) -> None:
         """``conn`` now waits on its client for a request head (or body): ``header_timeout`` seconds from now."""
+        if conn._guard_addr is None:  # closed by the guard while its parser still runs: nothing to wait for
+            return
         if conn._head_by is not None:
             del self.waiting[conn]
         when = conn._head_by = self.loop.time() + self.limits.header_timeout
@@ -369,8 +371,7 @@ class GuardedH11Protocol(_Guarded, H11Protocol):
             self._head_done()
 
     def on_response_complete(self) -> None:
-        if self._guard_addr is not None:
-            self._guard.arm(self)  # a pipelined request's head (handled below) disarms it again
+        self._guard.arm(self)  # a pipelined request's head (handled below) disarms it again
         super().on_response_complete()
 
 
@@ -398,5 +399,5 @@ else:
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
-            if not self.pipeline and self._guard_addr is not None:  # else the next head is already here
+            if not self.pipeline:  # else the next head is already here
                 self._guard.arm(self)
