@@ -241,7 +241,8 @@ def test_serve_runs_uvicorn_with_the_coalescing_protocol():
 
     # serve's protocol is the coalescing one under the connection guard (service/connections.py)
     assert "http=PROTOCOL if GuardedHttpToolsProtocol is not None" in inspect.getsource(server.serve)
-    assert connections.PROTOCOL.endswith(":GuardedHttpToolsProtocol") and PROTOCOL.endswith(":CoalescingHttpToolsProtocol")
+    assert connections.PROTOCOL.endswith(":GuardedHttpToolsProtocol")
+    assert PROTOCOL.endswith(":CoalescingHttpToolsProtocol")
     assert issubclass(connections.GuardedHttpToolsProtocol, CoalescingHttpToolsProtocol)
 
 

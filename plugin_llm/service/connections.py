@@ -86,7 +86,8 @@ def derived_max_connections(soft: int) -> int:
     return max(1, min(_CEILING, (soft - RESERVED_FILES) // 2))
 
 
-def connection_limits(settings: Any, soft: int | None, forwarded_allow_ips: str | None) -> tuple[ConnectionLimits, list[str]]:
+def connection_limits(settings: Any, soft: int | None,
+                      forwarded_allow_ips: str | None) -> tuple[ConnectionLimits, list[str]]:
     """The limits ``settings`` (a ``ServiceSettings``) ask for under the open-file limit ``soft``, and the
     warnings of what could not be honoured."""
     warnings: list[str] = []
