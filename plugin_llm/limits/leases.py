@@ -573,6 +573,11 @@ class LeaseBook:
         _start_keeper()
         _WAKE.set()
 
+    def close(self) -> None:
+        """Stop using this book (its store is being closed): no more admissions, no more renewals."""
+        self.closed = True
+        _BOOKS.discard(self)
+
     def forget(self) -> None:
         """In a forked child: the parent's leases are the parent's."""
         self.lock = threading.Lock()
@@ -647,19 +652,6 @@ def _keep() -> None:
                                book.store.name, book.plugin_id, exc)
             except Exception:  # noqa: BLE001 - the keeper must survive a store defect
                 _log.exception("limits: renewing a lease of plugin '%s' failed", book.plugin_id)
-
-
-def close_books(store: "LimitStore", timeout: float) -> None:
-    """Give back every lease of ``store`` and stop using its books (the store is being closed)."""
-    books = store.__dict__.get("_lease_books") or {}
-    try:
-        for book in list(books.values()):
-            book.give_back(timeout)
-    finally:
-        for book in list(books.values()):
-            book.closed = True
-            _BOOKS.discard(book)
-        books.clear()
 
 
 def _after_fork_in_child() -> None:

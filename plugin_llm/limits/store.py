@@ -477,10 +477,16 @@ class LimitStore(ABC):
 
     def close_leases(self, *, timeout: float) -> None:
         """Give back every lease of this process and stop using them (closing the store)."""
-        if self.__dict__.get("_lease_books"):
-            from plugin_llm.limits.leases import close_books
-
-            close_books(self, timeout)
+        books = self.__dict__.get("_lease_books")
+        if not books:
+            return
+        try:
+            for book in list(books.values()):
+                book.give_back(timeout)
+        finally:
+            for book in list(books.values()):
+                book.close()
+            books.clear()
 
     def settle_later(self, admission: Admission, cost_nano: int, tokens: int) -> None:
         """:meth:`settle`, off the caller's path: queued, then applied in the same transaction (or
