@@ -24,7 +24,7 @@ from plugin_llm.service.connections import (
     connection_limits,
     derived_max_connections,
 )
-from plugin_llm.service.settings import ServiceSettings, parse_service_settings
+from plugin_llm.config.service import ServiceSettings, parse_service_settings
 from tests.conftest import audit_lines, write_config
 from tests.servers import FakeServer, Reply
 from tests.service_server import ServiceServer

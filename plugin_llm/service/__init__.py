@@ -1,13 +1,13 @@
-"""The gateway as a service: ``plugin-llm serve`` (issue 14).
+"""The gateway as a service: ``plugin-llm serve``.
 
 A Starlette app (:func:`create_app`) that lets a plugin in another process,
 language or machine call the gateway with a per-plugin token
 (:class:`TokenStore`, or :class:`RedisTokenStore` with ``limits.store: redis``), through the same pipeline as ``ctx.llm``. Modules:
 ``tokens`` (the token file), ``requests`` (body checks), ``errors`` (errors as
-HTTP), ``metrics`` (Prometheus), ``settings`` (the ``service:`` section of
-config.yaml), ``app`` (routes), ``server`` (uvicorn, signals, workers).
-Importing this package loads nothing else (``config.py`` imports ``settings``
-on every start); the names below load their module on first use.
+HTTP), ``metrics`` (Prometheus), ``app`` (routes), ``server`` (uvicorn, signals,
+workers); the ``service:`` section of config.yaml is read by
+``plugin_llm.config.service``. Importing this package loads nothing else; the
+names below load their module on first use.
 """
 
 from __future__ import annotations
