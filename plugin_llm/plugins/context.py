@@ -554,8 +554,6 @@ def _provider_name(provider: Any, default: str) -> str:
 
 
 def _builtin_cli_commands() -> frozenset[str]:
-    try:
-        from plugin_llm.cli.main import SUBCOMMANDS
-    except Exception:  # pragma: no cover
-        return frozenset()
-    return frozenset(SUBCOMMANDS) | {"help"}
+    from plugin_llm.commands import BUILTIN_NAMES
+
+    return BUILTIN_NAMES
