@@ -11,15 +11,17 @@ anything.
 from __future__ import annotations
 
 import difflib
+import functools
 
 from auth.env_names import litellm_providers as _litellm_providers
 from auth.providers import ENV_VARS
 
-__all__ = ["known_providers", "unknown_provider_problem"]
+__all__ = ["known_providers", "unknown_provider_problem", "provider_fix"]
 
 _HOST_PROVIDERS = frozenset({"custom", "local"})
 
 
+@functools.lru_cache(maxsize=1)
 def known_providers() -> frozenset[str]:
     """Every provider name a route may use (empty litellm list when litellm cannot be read)."""
     return _HOST_PROVIDERS | frozenset(ENV_VARS) | _litellm_providers()
@@ -33,7 +35,20 @@ def unknown_provider_problem(name: str) -> str | None:
     known = known_providers()
     if name in known or len(known) <= len(_HOST_PROVIDERS) + len(ENV_VARS):
         return None  # litellm's list is unreadable: do not guess
-    close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.75)
-    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    close = _closest(name, known)
+    hint = f" (did you mean {close!r}?)" if close else ""
     return (f"unknown provider {name!r}{hint}: use one of litellm's provider names (openai, anthropic, "
             "openrouter, gemini, ollama, ...), custom (an OpenAI-compatible model.base_url) or local")
+
+
+def _closest(name: str, known: frozenset[str]) -> str | None:
+    close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.75)
+    return close[0] if close else None
+
+
+def provider_fix(name: str, key: str = "model.provider") -> str:
+    """The fix for an unknown provider ``name`` written at ``key``: never the misspelt name itself."""
+    close = _closest(name.strip().lower(), known_providers())
+    if close:
+        return f"set {key}: {close}"
+    return f"set {key} to a provider name litellm knows (openai, anthropic, openrouter, gemini, ollama, ...), custom or local"

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from plugin_llm.config import DEFAULT_LOCAL_MODEL, LOCAL_PROVIDER, HostConfig, shown_url
 from plugin_llm.errors import PluginLlmConfigError
+from plugin_llm.provider_names import provider_fix, unknown_provider_problem
 
 __all__ = ["Route", "resolve_route", "call_timeout"]
 
@@ -68,6 +69,11 @@ def resolve_route(
         raise PluginLlmConfigError(
             f"cannot tell which provider serves model {base.model!r}: set model.provider in {config.path}"
         )
+    problem = unknown_provider_problem(chosen_provider)
+    if problem is not None:  # refused before prices and keys: their fixes would repeat the typo
+        if provider:
+            raise PluginLlmConfigError(f"provider override: {problem}; the call was not sent")
+        raise PluginLlmConfigError(f"model.provider in {config.path}: {problem}. Fix: {provider_fix(chosen_provider)}")
     chosen_model = (model if model is not None else base.model).strip()
     if chosen_model.lower().startswith(chosen_provider + "/"):
         chosen_model = chosen_model[len(chosen_provider) + 1 :]

@@ -695,12 +695,23 @@ class _Checker:
                 what = "provider" if key == "allowed_providers" else "model"
                 self.add(WARNING, keys + (i,), f"'*' allows any {what}: this allowlist restricts nothing",
                          f"list the allowed {what}s instead, or delete {key} if any {what} is really fine", plugin_id)
+            elif key == "allowed_providers" and self._unknown_provider(item):
+                from plugin_llm.provider_names import provider_fix, unknown_provider_problem
+
+                self.add(WARNING, keys + (i,), f"{unknown_provider_problem(item)}; allowing it allows nothing",
+                         provider_fix(item, f"{key}[{i}]"), plugin_id)
             elif key == "allowed_models" and not _model_unchecked(item) and self.model_known(item) is False:
                 names = litellm_model_names() or frozenset()
                 guess = _did_you_mean(item.lower(), names, cutoff=0.85) if len(names) else None
                 hint = f" (did you mean {guess!r}?)" if guess else ""
                 self.add(WARNING, keys + (i,), f"litellm does not know the model {short_repr(item)}{hint}",
                          "check the spelling; a model served by a custom or local endpoint is fine to keep", plugin_id)
+
+    @staticmethod
+    def _unknown_provider(name: str) -> bool:
+        from plugin_llm.provider_names import unknown_provider_problem
+
+        return unknown_provider_problem(name) is not None
 
     def duplicates(self) -> None:
         """Duplicates outside GOVERNED_SECTIONS (those make the file unusable: a parse error above)."""
@@ -727,6 +738,17 @@ class _Checker:
                 fix = "remove it, or correct its name (this host reads " + ", ".join(HOST_SECTIONS) + ")"
             self.add(ERROR, (name,), problem, fix)
 
+    def provider(self) -> None:
+        """An unknown ``model.provider`` refuses every call: reported before what it causes (no price,
+        no key), whose fixes would repeat the typo."""
+        from plugin_llm.provider_names import provider_fix, unknown_provider_problem
+
+        provider = self.view.config.model.provider
+        problem = unknown_provider_problem(provider) if provider else None
+        if problem is not None:
+            keys = ("model", "provider") if isinstance(self.view.raw.get("model"), Mapping) else ("model",)
+            self.add(ERROR, keys, f"{problem}; every call is refused until it is fixed", provider_fix(provider))
+
     def run(self) -> list[Finding]:
         view = self.view
         if view.error is not None:
@@ -735,6 +757,7 @@ class _Checker:
                 "fix the YAML at that position; until then every plugin override is refused (fail closed)", view.error_line,
             ))
             return self.findings
+        self.provider()
         self.top_level()
         self.duplicates()
         plugins = view.raw.get("plugins")
@@ -766,7 +789,9 @@ def check_plugins(
     """Every problem in the ``plugins:`` section, the limits and the top-level keys (and a parse error)."""
     findings = _Checker(view, installed, model_known).run() + _limit_findings(view)
     order = {ERROR: 0, WARNING: 1}
-    return sorted(findings, key=lambda f: (order.get(f.severity, 2), f.line if f.line is not None else 0))
+    # the route's provider first: every call depends on it
+    return sorted(findings, key=lambda f: (f.path not in ("model.provider", "model"), order.get(f.severity, 2),
+                                           f.line if f.line is not None else 0))
 
 
 def _limit_findings(view: ConfigView) -> list[Finding]:

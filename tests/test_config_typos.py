@@ -121,3 +121,49 @@ def test_hermes_own_top_level_sections_are_accepted(hermes_home, capsys):
     assert code == 0 and findings == []
     code, checks = _doctor(capsys)
     assert not any(c["status"] == "FAIL" and c["check"] in ("config", "trust") for c in checks), checks
+
+
+# ---- an unknown provider is a configuration error, reported first; no fix repeats the typo
+TYPO_ROUTE = ("model:\n  provider: opeanai\n  model: gpt-4o-mini\n"
+              "limits:\n  defaults:\n    budget_usd: {day: 1}\n"
+              "plugins:\n  entries:\n    p:\n      llm: {allow_provider_override: true, allowed_providers: [antropic]}\n")
+
+
+def test_an_unknown_provider_is_the_first_error_and_no_fix_repeats_it(hermes_home, capsys):
+    write_config(hermes_home, TYPO_ROUTE)
+    code, findings = _trust_check(capsys)
+    assert code == 1
+    first = findings[0]
+    assert first["path"] == "model.provider" and first["severity"] == "error" and first["line"] == 2
+    assert "unknown provider 'opeanai' (did you mean 'openai'?)" in first["problem"]
+    assert first["fix"] == "set model.provider: openai"
+    (listed,) = [f for f in findings if f["path"].startswith("plugins.entries.p.llm.allowed_providers")]
+    assert "did you mean 'anthropic'?" in listed["problem"] and "anthropic" in listed["fix"]
+    for finding in findings:  # the price of "opeanai/..." is not what needs fixing
+        assert "opeanai" not in finding["fix"] and "antropic" not in finding["fix"], finding
+        assert "limits.prices" not in finding["path"], finding
+    code, checks = _doctor(capsys)
+    assert code == 1
+    (trust,) = [c for c in checks if c["check"] == "trust"]
+    assert trust["status"] == "FAIL" and "first: model.provider" in trust["message"]
+    for check in checks:
+        assert "opeanai" not in (check["fix"] or ""), check
+        if check["check"] != "trust":
+            assert "opeanai" not in check["message"], check
+
+
+def test_a_call_on_an_unknown_provider_is_a_config_error_not_a_price_or_key_problem(hermes_home):
+    import pytest
+
+    from plugin_llm import PluginLlm
+    from plugin_llm.errors import PluginLlmConfigError
+    from tests.conftest import audit_lines
+
+    write_config(hermes_home, TYPO_ROUTE)
+    with pytest.raises(PluginLlmConfigError) as caught:
+        PluginLlm("p").complete([{"role": "user", "content": "hi"}])
+    message = str(caught.value)
+    assert "unknown provider 'opeanai' (did you mean 'openai'?)" in message and "set model.provider: openai" in message
+    assert "limits.prices" not in message and "auth add" not in message
+    (record,) = [r for r in audit_lines(hermes_home) if r.get("status") == "error"]
+    assert record["error.type"] == "PluginLlmConfigError"

@@ -224,7 +224,9 @@ def _config(view: Any) -> list[Check]:
 
     # an unknown top-level section is a trust check error too (the trust line FAILs for it)
     counted = {str(issue) for issue in limit_parse_issues(view.config.raw)} | set(top_level_warnings(view.config.raw))
-    problems = [w for w in view.config.warnings if not w.startswith("plugins") and w not in counted]
+    # so is an unknown model.provider (the first finding of the trust line)
+    problems = [w for w in view.config.warnings if not w.startswith(("plugins", "model.provider: unknown provider"))
+                and w not in counted]
     problems += [p for p in settings_from_raw(view.config.raw).problems if not p.startswith("plugins")]
     for problem in problems:
         # a non-boolean audit.required already fails closed: a FAIL, so it is fixed rather than lived with
@@ -260,6 +262,12 @@ def _route_and_credentials(view: Any, home: Path) -> list[Check]:
     if view.error is not None:
         return [Check(WARN, "route", "unknown while config.yaml does not parse (a running gateway keeps its last good route)",
                       "fix config.yaml")]
+    from plugin_llm.provider_names import unknown_provider_problem
+
+    if view.config.model.provider and unknown_provider_problem(view.config.model.provider):
+        # the trust line FAILs for it; the route and its key cannot be checked, and their fixes would repeat it
+        return [Check(WARN, "route", "not checked: model.provider is not a known provider (see the trust line)",
+                      "fix model.provider first (plugin-llm trust check shows the fix)")]
     try:
         route = resolve_route(view.config)
     except PluginLlmConfigError as exc:

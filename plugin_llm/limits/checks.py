@@ -15,6 +15,7 @@ import json
 from typing import Iterable, Mapping
 
 from plugin_llm.limits.pricing import find_price, input_token_bound
+from plugin_llm.provider_names import unknown_provider_problem
 from plugin_llm.limits.settings import ERROR, WARNING, LimitIssue, LimitSettings, PluginLimits, plugin_phrase
 
 __all__ = ["check_limits"]
@@ -40,8 +41,8 @@ def _plugin_findings(plugin_id: str | None, limits: PluginLimits, settings: Limi
     seen: set[str] = set()
     for provider, model in models:
         name = f"{provider}/{model}"
-        if name in seen or not provider or not model or model == "*":
-            continue
+        if name in seen or not provider or not model or model == "*" or unknown_provider_problem(provider):
+            continue  # an unknown provider is its own error; a price for it would repeat the typo
         seen.add(name)
         price = find_price(provider, model, settings.prices)
         if limits.has_budget and price is None:
