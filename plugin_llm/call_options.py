@@ -17,7 +17,7 @@ from typing import Any, Callable, Mapping
 
 from plugin_llm.structured import _snippet, check_schema, check_text
 
-__all__ = ["FORBIDDEN", "SAMPLING", "COMPLETE_ONLY", "check_options"]
+__all__ = ["FORBIDDEN", "SAMPLING", "COMPLETE_ONLY", "check_options", "check_temperature"]
 
 #: parameters a plugin can never pass: endpoints and keys are the operator's
 FORBIDDEN = frozenset({"api_base", "base_url", "api_key", "api_version", "headers", "extra_headers",
@@ -128,6 +128,9 @@ def _tool_choice(value: Any) -> str | dict[str, Any]:
     raise ValueError("tool_choice must be 'auto', 'none', 'required' or {'type': 'function', 'function': "
                      f"{{'name': '<tool>'}}}}, got {_snippet(value)}")
 
+
+#: the named ``temperature=``: OpenAI's documented range (a provider with a narrower one refuses the rest itself)
+check_temperature = _number("temperature", 0, 2, "0.2")
 
 _CHECKS: dict[str, Callable[[Any], Any]] = {
     "top_p": _number("top_p", 0, 1, "0.9"),

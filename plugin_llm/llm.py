@@ -22,7 +22,7 @@ from typing import Any, Callable, Generator, NoReturn
 
 from audit import records
 from plugin_llm import limits, structured
-from plugin_llm.call_options import FORBIDDEN, check_options
+from plugin_llm.call_options import FORBIDDEN, check_options, check_temperature
 from plugin_llm.safe_json import loads_bounded
 from plugin_llm.auditing import host_audit_log, watch_config
 from plugin_llm.config import ConfigSource, HostConfig, get_config_source
@@ -428,10 +428,8 @@ def _check_optional_str(name: str, value: Any) -> str | None:
 
 def _check_params(temperature: Any, max_tokens: Any, timeout: Any) -> None:
     """The numeric call parameters, before anything is sent."""
-    if temperature is not None and (
-        isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 <= temperature <= 100
-    ):
-        raise ValueError(f"temperature must be a number >= 0 such as 0.2, got {_snippet(temperature)}")
+    if temperature is not None:
+        check_temperature(temperature)
     if max_tokens is not None and (
         isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or not 1 <= max_tokens < _INT_LIMIT
     ):

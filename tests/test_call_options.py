@@ -57,6 +57,10 @@ def test_tools_and_tool_choice_are_forwarded_and_tool_calls_returned(server):
 
 @pytest.mark.parametrize("options, message", [
     ({"top_p": 1.5}, "top_p must be a number from 0 to 1"),
+    ({"temperature": 5}, "temperature must be a number from 0 to 2"),
+    ({"temperature": 2.01}, "temperature must be a number from 0 to 2"),
+    ({"temperature": -1}, "temperature must be a number from 0 to 2"),
+    ({"temperature": float("inf")}, "temperature must be a number from 0 to 2"),
     ({"top_p": True}, "top_p must be a number"),
     ({"stop": ["a", "b", "c", "d", "e"]}, "stop must be a string or a list of 1 to 4"),
     ({"seed": 1.5}, "seed must be a whole number"),
@@ -75,6 +79,12 @@ def test_bad_values_are_refused_before_anything_is_sent(server, hermes_home, opt
     with pytest.raises(ValueError, match=message):
         PluginLlm("sampler").complete(USER, **options)
     assert server.requests == [] and audit_lines(hermes_home) == []
+
+
+def test_the_ends_of_the_temperature_range_are_forwarded(server):
+    for temperature in (0, 2):
+        PluginLlm("sampler").complete(USER, temperature=temperature)
+    assert [r.json["temperature"] for r in server.requests] == [0, 2]
 
 
 def test_unknown_and_complete_only_names_are_type_errors_with_a_hint(server):

@@ -121,6 +121,8 @@ def test_every_bad_token_gets_the_same_401_and_an_audit_event_without_the_token(
     (b'{"messages": [{"role": "robot", "content": "x"}]}', "ValueError", "messages", "messages[0]['role']"),
     (b'{"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}', "ValueError", "temperature",
      "temperature must be a number"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "temperature": 5}', "ValueError", "temperature",
+     "temperature must be a number from 0 to 2"),
     (b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 1.5}', "ValueError", "max_tokens",
      "whole number"),
     (b'{"messages": [{"role": "user", "content": "x"}], "top_p": 7}', "ValueError", "top_p", "top_p must be"),
