@@ -127,9 +127,14 @@ def _norm(value: str) -> str:
 
 
 def _listed(value: str, allowlist: tuple[str, ...], *, prefix: str | None = None) -> bool:
+    """``prefix`` is the route's provider: ``gpt-4o`` and ``<prefix>/gpt-4o`` are then the same model
+    (the route drops its own prefix); another provider's prefix stays part of the name."""
     wanted = {_norm(value)}
     if prefix:
-        wanted.add(_norm(f"{prefix}/{value}"))
+        prefix = _norm(prefix)
+        wanted.add(f"{prefix}/{_norm(value)}")
+        if _norm(value).startswith(prefix + "/"):
+            wanted.add(_norm(value)[len(prefix) + 1:].strip())
     for item in allowlist:
         item = _norm(item)
         if item == "*" or item in wanted:

@@ -279,6 +279,22 @@ def test_async_openai_sdk_with_a_trusted_model_override(hermes_home, custom_rout
     assert [line["gen_ai.request.model"] for line in audit_lines(hermes_home)] == ["other-model"] * 8
 
 
+def test_a_provider_qualified_model_on_the_routes_provider_is_the_allowlisted_model(hermes_home, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-" + "0" * 20)
+    with FakeServer() as upstream:
+        write_config(hermes_home, f"model:\n  provider: openai\n  model: gpt-4o-mini\n  base_url: {upstream.base_url}\n"
+                                  "plugins:\n  entries:\n    lite:\n      llm:\n        allow_model_override: true\n"
+                                  "        allowed_models: [gpt-4o]\n")
+        with ServiceServer(hermes_home) as service:
+            headers = service.auth(service.token("lite"))
+            ok = httpx.post(service.url + CHAT, headers=headers, json={"model": "openai/gpt-4o", "messages": USER})
+            other = httpx.post(service.url + CHAT, headers=headers, json={"model": "anthropic/gpt-4o", "messages": USER})
+        assert ok.status_code == 200, ok.text
+        assert [r.json["model"] for r in upstream.requests if r.json] == ["gpt-4o"]
+    assert other.status_code == 403 and "allowed_models" in other.text
+    assert [line["status"] for line in audit_lines(hermes_home)] == ["ok", "denied"]
+
+
 def test_healthz_and_metrics(service):
     token = service.token("metered")
     assert httpx.get(service.url + "/healthz").json()["status"] == "ok"

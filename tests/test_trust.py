@@ -100,6 +100,15 @@ def test_model_allowlist_accepts_provider_qualified_entries():
     assert not decide(PLUGIN, policy, Overrides(model="gpt-4o-mini", active_provider="anthropic")).allowed
 
 
+def test_the_routes_own_provider_prefix_names_the_same_model_never_another_providers():
+    policy = TrustPolicy(allow_model_override=True, allowed_models=("gpt-4o",))
+    assert decide(PLUGIN, policy, Overrides(model="openai/gpt-4o", active_provider="openai")).allowed
+    assert decide(PLUGIN, policy, Overrides(model=" OpenAI/GPT-4o ", active_provider="openai")).allowed
+    assert not decide(PLUGIN, policy, Overrides(model="anthropic/gpt-4o", active_provider="openai")).allowed
+    assert not decide(PLUGIN, policy, Overrides(model="openai/gpt-4o", active_provider="custom")).allowed
+    assert not decide(PLUGIN, policy, Overrides(model="openai/gpt-4o")).allowed  # no route: no prefix to drop
+
+
 def test_unknown_key_never_grants_and_hints(tmp_path):
     config = parse_config(tmp_path, f"plugins:\n  entries:\n    {PLUGIN}:\n      llm:\n        allow_modle_override: true\n")
     assert not decide(PLUGIN, config.trust_for(PLUGIN), Overrides(model="x")).allowed

@@ -441,6 +441,20 @@ def test_explain_allowed_by_flag_and_allowlist_uses_the_active_provider(home, ca
     assert code == 1 and "'gpt-4o-mini' is not on allowed_models [openai/gpt-4o-mini]" in out
 
 
+def test_explain_takes_the_routes_own_provider_prefix_as_the_listed_model(home, capsys):
+    config(home, """
+        model: {provider: openai, model: gpt-4o-mini}
+        plugins:
+          entries:
+            tldr:
+              llm: {allow_model_override: true, allowed_models: [gpt-4o]}
+    """)
+    code, out, _ = run(capsys, "trust", "explain", "tldr", "--model", "openai/gpt-4o")
+    assert code == 0 and "route: openai / gpt-4o (litellm openai/gpt-4o)" in out
+    code, out, _ = run(capsys, "trust", "explain", "tldr", "--model", "openrouter/gpt-4o")
+    assert code == 1 and "'openrouter/gpt-4o' is not on allowed_models [gpt-4o]" in out
+
+
 def test_explain_denied_flag_off_prints_snippet_that_works(home, capsys):
     config(home, "# keep me\nmodel: {provider: openai, model: gpt-4o-mini}\n")
     code, out, _ = run(capsys, "trust", "explain", "tldr", "--model", "gpt-4o")
