@@ -149,11 +149,13 @@ def decide(plugin_id: str, policy: TrustPolicy, overrides: Overrides) -> Decisio
         flag = FLAG_KEYS[name]
         if policy.grants(name) is None:
             key = config_path(plugin_id, flag)
+            list_key = LIST_KEYS.get(name)
+            only = f"; to allow only this {name}, set it with {list_key}: [{value}]" if list_key else ""
             return Decision(
                 False,
                 f"plugin '{plugin_id}' may not override {name} (asked for {value!r}): "
                 f"the operator has not set {key}: true in config.yaml "
-                f"(nor granted the capability {CAPABILITY_FOR[name]})",
+                f"(nor granted the capability {CAPABILITY_FOR[name]}){only}",
                 key,
                 name,
             )

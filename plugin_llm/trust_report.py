@@ -246,6 +246,8 @@ class Explanation:
     snippet: str | None = None
     #: equivalent ``plugin-llm trust grant`` commands
     commands: tuple[str, ...] = ()
+    #: broader grants that would allow the call too, second choice: ``(command, what it allows)``
+    broader: tuple[tuple[str, str], ...] = ()
     route: Mapping[str, Any] | None = None
     route_error: str | None = None
     config_error: str | None = None
@@ -264,6 +266,7 @@ class Explanation:
             "changes": {k: (list(v) if isinstance(v, (list, tuple)) else v) for k, v in self.changes.items()},
             "snippet": self.snippet,
             "commands": list(self.commands),
+            "broader": [{"command": c, "allows": a} for c, a in self.broader],
             "route": dict(self.route) if self.route is not None else None,
             "route_error": self.route_error,
             "config_error": self.config_error,
@@ -418,23 +421,53 @@ def effective_policy(view: ConfigView, plugin_id: str, installed: Mapping[str, s
         value = getattr(policy, key)
         keys = ("plugins", "entries", plugin_id, "llm", key)
         written = None
+        line = None
+        if key == "granted_capabilities":  # written beside llm:, not in it
+            keys = keys[:3] + (key,)
+            block_of_key: Mapping[Any, Any] = entry if isinstance(entry, Mapping) else {}
+        else:
+            block_of_key = block
         if view.error is not None:
             source = f"fail closed ({view.path.name} does not parse)"
-        elif key in block:
-            source = view.source(*keys)
-            raw = block[key]
-            if key in _LIST_FLAG:
+        elif key in block_of_key:
+            line = _written_line(view, keys)
+            source = f"{view.path.name} line {line}" if line is not None else view.path.name
+            raw = block_of_key[key]
+            if key in _LIST_FLAG or key == "granted_capabilities":
                 written = raw if raw is not None and not isinstance(raw, list) else None
+                if key == "granted_capabilities" and isinstance(raw, list) and raw and not value:
+                    written = raw  # written, but not by a consent (its digest does not match): nothing granted
             elif not isinstance(raw, bool):
                 written = raw
         else:
             source = _DEFAULT_LIST if key in _LIST_FLAG else _DEFAULT_FLAG
-        settings.append(Setting(key, value, source, view.line(*keys) if key in block else None, written))
+        settings.append(Setting(key, value, source, line, written))
     mine = tuple(f for f in findings if f.plugin_id == plugin_id)
     return PluginTrust(
         plugin_id, plugin_id in installed, has_entry, view.line("plugins", "entries", plugin_id),
         policy, tuple(settings), mine, fail_closed=view.error is not None,
     )
+
+
+def _written_line(view: ConfigView, keys: tuple[Any, ...]) -> int | None:
+    """The line of a key read from the file: its own, else (merged in by ``<<: *anchor``) the merge key's,
+    else its block's."""
+    line = view.line(*keys)
+    if line is None:
+        line = view.line(*keys[:-1], "<<")
+    return line if line is not None else view.line(*keys[:-1])
+
+
+def _source(view: ConfigView, keys: tuple[Any, ...]) -> str:
+    """Where a trust key's value came from: its line when it is in the parsed file (merged in or not),
+    else the fail-closed default."""
+    block: Any = view.raw
+    for key in keys[:-1]:
+        block = next((v for k, v in block.items() if str(k) == key), None) if isinstance(block, Mapping) else None
+    if not isinstance(block, Mapping) or keys[-1] not in block:
+        return view.source(*keys)
+    line = _written_line(view, keys)
+    return f"{view.path.name} line {line}" if line is not None else view.path.name
 
 
 def effective_policies(view: ConfigView, installed: Mapping[str, str], findings: Iterable[Finding] = ()) -> list[PluginTrust]:
@@ -853,6 +886,7 @@ def explain(view: ConfigView, plugin_id: str, overrides: Overrides, installed: M
     rules: list[str] = []
     changes: dict[str, Any] = {}
     commands: list[str] = []
+    broader: list[tuple[str, str]] = []
     for name, value in requested.items():
         flag = FLAG_KEYS[name]
         flag_keys = ("plugins", "entries", plugin_id, "llm", flag)
@@ -863,28 +897,34 @@ def explain(view: ConfigView, plugin_id: str, overrides: Overrides, installed: M
                          f"(plugins.entries.{entry_key(plugin_id)}.granted_capabilities, consented); {flag} is false")
             with_flag = policy
         elif not getattr(policy, flag):
-            where = view.source(*flag_keys) if view.error is None else f"fail closed ({view.path.name} does not parse)"
+            where = _source(view, flag_keys) if view.error is None else f"fail closed ({view.path.name} does not parse)"
             rules.append(f"{name}={value!r}: refused: {flag} is false, {where}, and the capability {capability} "
                          "is not granted")
             changes[flag] = True
             with_flag = replace(policy, **{flag: True})
         else:
-            rules.append(f"{name}={value!r}: {flag} is true, {view.source(*flag_keys)}")
+            rules.append(f"{name}={value!r}: {flag} is true, {_source(view, flag_keys)}")
             with_flag = policy
         list_key = LIST_KEYS.get(name)
         allowlist = getattr(policy, list_key) if list_key else None
         if list_key is None or view.error is not None:
             add: list[str] = []
+        elif allowlist is None and flag in changes:
+            # least privilege first: the flag with a list of this one value; the flag alone allows any value
+            rules.append(f"  no {list_key} list: any {name} would be allowed once the flag is on")
+            changes[list_key] = [value]
+            add = [value]
+            broader.append((_grant_command(plugin_id, name, []), f"any {name}, not only {value!r}"))
         elif allowlist is None:
             rules.append(f"  no {list_key} list: any {name} is allowed once the flag is on")
             add = []
         elif decide(plugin_id, with_flag, alone).allowed:
-            rules.append(f"  {value!r} is on {list_key}, {view.source('plugins', 'entries', plugin_id, 'llm', list_key)}")
+            rules.append(f"  {value!r} is on {list_key}, {_source(view, flag_keys[:-1] + (list_key,))}")
             add = []
         else:
             shown = ", ".join(allowlist) if allowlist else "empty: nothing is allowed"
             rules.append(f"  {value!r} is not on {list_key} [{shown}], "
-                         f"{view.source('plugins', 'entries', plugin_id, 'llm', list_key)}")
+                         f"{_source(view, flag_keys[:-1] + (list_key,))}")
             changes[list_key] = [*allowlist, value]
             add = [value]
         if flag in changes or add:
@@ -906,6 +946,7 @@ def explain(view: ConfigView, plugin_id: str, overrides: Overrides, installed: M
         changes=changes if not decision.allowed else {},
         snippet=snippet,
         commands=tuple(commands) if not decision.allowed and view.error is None else (),
+        broader=tuple(broader) if not decision.allowed and view.error is None else (),
         route=route,
         route_error=route_error,
         config_error=view.error,

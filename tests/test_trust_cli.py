@@ -344,6 +344,35 @@ def test_show_json_and_single_plugin(home, capsys):
     assert [w["path"] for w in plugin["warnings"]] == ['plugins.entries."image_gen/openai".llm.allow_provider_override']
 
 
+def test_show_and_explain_give_the_line_of_a_grant_merged_in_or_consented(home, capsys):
+    from plugin_llm.trust import consent_digest
+
+    digest = consent_digest("image_gen/openai", ["llm.profile_override"])
+    config(home, f"""
+        x-grants: &grants
+          allow_model_override: true
+        plugins:
+          entries:
+            tldr:
+              llm:
+                <<: *grants
+                allowed_models: [gpt-4o]
+            image_gen/openai:
+              granted_capabilities: [llm.profile_override]
+              capabilities_sha256: {digest}
+    """)
+    code, out, _ = run(capsys, "trust", "show", "--json")
+    plugins = {p["plugin_id"]: {s["key"]: s for s in p["settings"]} for p in json.loads(out)["plugins"]}
+    assert plugins["tldr"]["allow_model_override"]["value"] is True
+    assert plugins["tldr"]["allow_model_override"]["source"] == "config.yaml line 7"  # the merge key's line
+    consented = plugins["image_gen/openai"]["granted_capabilities"]
+    assert consented["value"] == ["llm.profile_override"] and consented["source"] == "config.yaml line 10"
+    assert not any("fail closed" in s["source"] and s["value"] not in (False, None, [])
+                   for settings in plugins.values() for s in settings.values())
+    code, out, _ = run(capsys, "trust", "explain", "tldr", "--model", "gpt-4o")
+    assert code == 0 and "allow_model_override is true, config.yaml line 7" in out
+
+
 def test_show_resolves_a_bare_leaf_and_rejects_unknown_plugins(home, capsys):
     config(home, SHOW_CONFIG)
     code, out, err = run(capsys, "trust", "show", "openai")
@@ -462,11 +491,23 @@ def test_explain_denied_flag_off_prints_snippet_that_works(home, capsys):
     assert out.startswith("DENIED  plugin 'tldr' may not override model (asked for 'gpt-4o')")
     assert "refused: allow_model_override is false, default (fail closed)" in out
     snippet = snippet_of(out)
-    assert snippet == "plugins:\n  entries:\n    tldr:\n      llm:\n        allow_model_override: true\n"
-    assert "plugin-llm trust grant tldr model" in out
+    # least privilege first: this one model; the flag alone (any model) second, saying so
+    assert snippet == ("plugins:\n  entries:\n    tldr:\n      llm:\n        allow_model_override: true\n"
+                       "        allowed_models: [gpt-4o]\n")
+    assert "to allow only this model, set it with allowed_models: [gpt-4o]" in out.splitlines()[0]
+    grants = [line.strip() for line in out.splitlines() if line.strip().startswith("plugin-llm trust grant")]
+    assert grants == ["plugin-llm trust grant tldr model gpt-4o", "plugin-llm trust grant tldr model"]
+    assert "broader (allows any model, not only 'gpt-4o'):\n  plugin-llm trust grant tldr model\n" in out
+    assert "replaces the existing one" not in out  # there was no list
+    code, out, _ = run(capsys, "trust", "explain", "tldr", "--model", "gpt-4o", "--json")
+    doc = json.loads(out)
+    assert doc["commands"] == ["plugin-llm trust grant tldr model gpt-4o"]
+    assert doc["broader"] == [{"command": "plugin-llm trust grant tldr model", "allows": "any model, not only 'gpt-4o'"}]
     apply_snippet(home, snippet)
     code, out, _ = run(capsys, "trust", "explain", "tldr", "--model", "gpt-4o")
     assert code == 0 and out.startswith("ALLOWED")
+    code, out, _ = run(capsys, "trust", "explain", "tldr", "--model", "gpt-4o-mini")
+    assert code == 1  # only the one asked for
 
 
 def test_explain_denied_allowlist_miss(home, capsys):
@@ -521,7 +562,9 @@ def test_explain_nested_key_is_quoted_and_every_needed_key_is_in_the_snippet(hom
             "image_gen/openai":
               llm:
                 allow_provider_override: true
+                allowed_providers: [anthropic]
                 allow_model_override: true
+                allowed_models: [claude-3-5-haiku-latest]
                 allow_agent_id_override: true
                 allow_profile_override: true
     """)

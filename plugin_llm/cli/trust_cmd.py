@@ -344,12 +344,16 @@ def _explain(tr: Any, view: Any, installed: Mapping[str, str], args: argparse.Na
     if not d.allowed and result.snippet:
         print(f"\nto allow it, add to {view.path}:\n")
         print(result.snippet, end="")
-        if "allowed_providers" in result.changes or "allowed_models" in result.changes:
+        policy = view.config.trust_for(plugin_id)
+        if any(getattr(policy, key) is not None for key in ("allowed_providers", "allowed_models")
+               if key in result.changes):
             print("(a list shown here replaces the existing one)")
         if result.commands:
             print("\nor run:")
             for command in result.commands:
                 print(f"  {command}")
+        for command, allows in result.broader:  # second choice, with what it allows
+            print(f"\nbroader (allows {allows}):\n  {command}")
     if d.allowed:
         if result.route is not None:
             r = result.route
