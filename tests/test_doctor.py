@@ -39,8 +39,10 @@ def status(checks: list[dict], name: str) -> str:
 
 
 @pytest.fixture
-def healthy(hermes_home: Path) -> Path:
+def healthy(hermes_home: Path, capsys) -> Path:
     os.chmod(hermes_home, 0o700)
+    assert main(["audit", "keygen"]) == 0  # a log with records and no signing key is a WARN
+    capsys.readouterr()
     write_plugin(hermes_home / "plugins", "tldr", "def register(ctx):\n    ctx.register_command('tldr', lambda raw: 'ok')\n")
     write_config(hermes_home, textwrap.dedent("""\
         model: {provider: local, model: local-echo-1}
@@ -230,3 +232,17 @@ def test_a_known_malicious_litellm_is_a_fail(healthy, capsys, monkeypatch):
     code, checks = doctor(capsys)
     assert code == 1 and status(checks, "litellm") == "FAIL"
     assert any("1.82.7 is a known-malicious release" in c["message"] for c in lines(checks, "litellm"))
+
+
+def test_an_unsigned_log_is_a_warning_once_it_has_records(hermes_home, capsys):
+    write_config(hermes_home, "model: {provider: local}\n")
+    _, checks = doctor(capsys)
+    (signing,) = lines(checks, "audit signing")
+    assert signing["status"] == "OK" and "no signing key" in signing["message"]  # nothing to protect yet
+    log = AuditLog(hermes_home / "logs" / "agent.log")
+    log.write_event("config_reloaded", trust_policy_sha256="a" * 64, changed_entries=[])
+    log.close()
+    code, checks = doctor(capsys)
+    (signing,) = lines(checks, "audit signing")
+    assert signing["status"] == "WARN" and "no signing key" in signing["message"]
+    assert "plugin-llm audit keygen" in signing["fix"] and code == 0

@@ -215,6 +215,48 @@ def test_update_and_remove(hermes_home, make_repo, capsys):
     assert code == 2 and "no installed plugin 'tool'" in err
 
 
+def test_remove_after_disable_leaves_no_name_behind_for_doctor(hermes_home, make_repo, capsys):
+    repo = make_repo("tool", plugin_files("tool", "1.0"))
+    run(capsys, "plugins", "install", repo.url, "--enable")
+    assert run(capsys, "plugins", "disable", "tool")[0] == 0
+    assert plugins_section(hermes_home)["disabled"] == ["tool"]
+    code, out, err = run(capsys, "plugins", "remove", "tool")
+    assert code == 0, err
+    assert "tool from plugins.disabled" in out
+    assert "tool" not in (plugins_section(hermes_home).get("disabled") or [])
+    assert main(["doctor", "--json"]) == 0
+    checks = json.loads(capsys.readouterr().out)["checks"]
+    assert not any("tool" in c["message"] and c["status"] != "OK" for c in checks), checks
+
+
+def test_consent_without_a_terminal_says_pass_yes_and_exits_2(hermes_home, tmp_path, capsys):
+    src = tmp_path / "src" / "capper"
+    src.mkdir(parents=True)
+    (src / "plugin.yaml").write_text("name: capper\nversion: '1'\ncapabilities: [llm.model_override]\n")
+    (src / "__init__.py").write_text("def register(ctx):\n    pass\n")
+    assert run(capsys, "plugins", "install", str(src))[0] == 0
+    code, out, err = run(capsys, "plugins", "consent", "capper")
+    assert code == 2
+    assert "not a terminal: pass --yes to grant llm.model_override to capper" in err
+    assert "plugins consent capper" not in out + err  # never "run the command you just ran"
+    code, _, err = run(capsys, "plugins", "consent", "capper", "--json")
+    assert code == 2 and "--json: pass --yes" in err
+    assert not (hermes_home / "config.yaml").exists()  # nothing was granted
+    code, out, err = run(capsys, "plugins", "consent", "capper", "--yes")
+    assert code == 0 and "Granted llm.model_override" in out
+    assert run(capsys, "plugins", "consent", "capper")[0] == 0  # nothing pending: nothing to ask
+
+
+def test_install_link_says_it_linked_not_installed_into(hermes_home, tmp_path, capsys):
+    dev = write_plugin(tmp_path / "dev", "linked", "def register(ctx):\n    pass\n")
+    code, out, err = run(capsys, "plugins", "install", "--link", str(dev))
+    assert code == 0, err
+    target = hermes_home / "plugins" / "linked"
+    assert target.is_symlink()
+    assert f"Linked linked 0.1: {target} is a symlink to {Path(dev).resolve()}" in out
+    assert "Installed" not in out and " into " not in out
+
+
 def test_update_local_edit_refusal_message(hermes_home, make_repo, capsys):
     repo = make_repo("tool")
     run(capsys, "plugins", "install", repo.url)

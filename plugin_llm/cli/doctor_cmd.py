@@ -315,20 +315,30 @@ def _audit(home: Path, view: Any) -> list[Check]:
     out = [writable]
     if writable.status == FAIL and not logs.is_dir():
         return out
-    signing, pubkeys = _audit_signing(home, view.config.audit)
+    signing, pubkeys = _audit_signing(home, view.config.audit, has_records=_has_records(logs))
     out.append(signing)
     out.extend(_audit_verify(log, pubkeys))
     return out
 
 
-def _audit_signing(home: Path, settings: Any) -> tuple[Check, Any]:
-    """Is the log signed (checkpoints an outsider can check) or only hash-chained?"""
+def _has_records(logs: Path) -> bool:
+    """Whether the audit log (the live file or a rotated one) holds anything yet."""
+    try:
+        return any(p.is_file() and p.stat().st_size > 0 for p in logs.glob("agent.log*"))
+    except OSError:
+        return False
+
+
+def _audit_signing(home: Path, settings: Any, *, has_records: bool = False) -> tuple[Check, Any]:
+    """Is the log signed (checkpoints an outsider can check) or only hash-chained? Unsigned is a WARN
+    once the log holds records (they can be rewritten unnoticed), OK before the first call."""
     from audit.signing import AuditKeyError, key_file, load_signer, pub_file, read_keyring
 
     key = key_file(home, getattr(settings, "signing_key", "") or None)
     key_cmd = tuple(getattr(settings, "key_cmd", ()) or ())
     if not key_cmd and not key.exists():
-        return Check(OK, "audit signing", "no signing key: the log is tamper-evident against accidents only "
+        return Check(WARN if has_records else OK, "audit signing",
+                     "no signing key: the log is tamper-evident against accidents only "
                      "(anyone who can write it can rewrite it and recompute the chain)",
                      "plugin-llm audit keygen (signed checkpoints an auditor checks with the public key)"), None
     try:

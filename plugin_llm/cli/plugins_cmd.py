@@ -551,9 +551,13 @@ def _install(args: argparse.Namespace, home: Path) -> int:
     finally:
         inst.discard_staged(staged)
 
-    lines = [f"Installed {key}" + (f" {staged.manifest.version}" if staged.manifest.version else "")
-             + f" from {entry.source}" + (f" at {entry.revision[:12]}" if entry.revision else "")
-             + (" (pinned)" if entry.ref else "") + f" into {target}"]
+    version = f" {staged.manifest.version}" if staged.manifest.version else ""
+    if entry.kind == "link":  # nothing was copied: say what was made
+        lines = [f"Linked {key}{version}: {target} is a symlink to {entry.location} (edits there apply on the "
+                 "next load; remove deletes only the link)"]
+    else:
+        lines = [f"Installed {key}{version} from {entry.source}" + (f" at {entry.revision[:12]}" if entry.revision else "")
+                 + (" (pinned)" if entry.ref else "") + f" into {target}"]
     if entry.created_files:
         lines.append(f"Created from *.example: {', '.join(entry.created_files)} (edit them to configure the plugin)")
     if staged.data_moved_to is not None:  # an earlier plugin's memory and tokens are never inherited
@@ -660,7 +664,11 @@ def _consent(args: argparse.Namespace, home: Path) -> int:
     if not state.valid:
         lines.append("  the recorded grant does not match its capabilities_sha256: it grants nothing")
     if state.pending:
-        grant = args.yes or (not args.json and _interactive() and _ask_consent(key, state.pending))
+        if not args.yes and (args.json or not _interactive()):  # nobody to ask: never "run this command again"
+            why = "--json" if args.json else "not a terminal"
+            raise CliError(printable(f"{why}: pass --yes to grant {', '.join(state.pending)} to {key} "
+                                     "(nothing was granted)", limit=2000))
+        grant = args.yes or _ask_consent(key, state.pending)
         already = tuple(c for c in state.granted if c in requested) if state.valid else ()
         lines.append(_record_consent(home, key, state.pending, bool(grant), already))
     after = consent_state(home, key, requested)
@@ -717,8 +725,9 @@ def _remove(args: argparse.Namespace, home: Path) -> int:
     if closed is not None and not args.keep_config:  # its enabled entry and grants would stay behind
         raise CliError(f"{closed}; whether it still enables or trusts {key} cannot be read, so nothing was "
                        "removed (fix config.yaml, or use --keep-config)")
-    mentions = [m for m in _config_mentions(home, key) if m != "plugins.disabled"]  # disabled: harmless, kept
-    cleaning = bool(mentions) and not args.keep_config
+    every_mention = _config_mentions(home, key)
+    mentions = [m for m in every_mention if m != "plugins.disabled"]  # disabled: harmless if kept (--keep-config)
+    cleaning = bool(every_mention) and not args.keep_config  # a name left in disabled is a doctor warning
     if cleaning:  # refuse before deleting anything when config.yaml cannot be edited
         try:
             edit_config(home, lambda doc: None, dry_run=True)
@@ -829,8 +838,9 @@ def _remove_config(home: Path, key: str) -> tuple[list[str], Any]:
     removed: list[str] = []
 
     def mutate(doc: Any) -> None:
-        if list_remove(doc, ("plugins", "enabled"), key):
-            removed.append(f"{key} from plugins.enabled")
+        for section in ("enabled", "disabled"):
+            if list_remove(doc, ("plugins", section), key):
+                removed.append(f"{key} from plugins.{section}")
         entry = get_value(doc, ("plugins", "entries", key))
         if entry is not None:
             what = ", ".join(printable(k, 60) for k in entry) if isinstance(entry, Mapping) else "its value"
