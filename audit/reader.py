@@ -28,7 +28,7 @@ from typing import Any
 from audit.chain import MAX_LINE_BYTES, LineError, loads_line
 from audit.errors import AuditLogNotFoundError
 from audit.logfiles import iter_lines, iter_lines_reverse, open_log_file, resolve_log_path, snapshot
-from audit.records import PLUGIN_ID, PURPOSE, REQUEST_MODEL, RESPONSE_MODEL, STATUS, TS, is_call_record
+from audit.records import PLUGIN_ID, PURPOSE, REQUEST_MODEL, RESPONSE_MODEL, STATUS, TS, is_call_record, is_denied
 from audit.summary import StatsRow, percentile, stats
 from audit.verifier import VerifyProblem, VerifyResult, verify
 
@@ -170,8 +170,10 @@ class _Filter:
         since: datetime | None,
         until: datetime | None,
         include_events: bool,
+        decisions: tuple[str, ...] | None = None,
     ) -> None:
         self.plugins, self.statuses, self.models = plugins, statuses, models
+        self.decisions = decisions
         self.purpose, self.since, self.until = purpose, since, until
         self.include_events = include_events
         self.timed = since is not None or until is not None
@@ -216,6 +218,9 @@ class _Filter:
         if self.plugins and record.get(PLUGIN_ID) not in self.plugins:
             return False
         if self.statuses and record.get(STATUS) not in self.statuses:
+            return False
+        if self.decisions and (not is_call_record(record)
+                               or ("denied" if is_denied(record) else "allowed") not in self.decisions):
             return False
         if self.models:
             names = [m for m in (record.get(REQUEST_MODEL), record.get(RESPONSE_MODEL)) if isinstance(m, str)]
@@ -264,6 +269,7 @@ def iter_records(
     include_events: bool = False,
     on_bad_line: BadLineHandler | None = None,
     now: datetime | None = None,
+    decision: str | Iterable[str] | None = None,
 ) -> Iterator[dict[str, Any]]:
     """Records matching every given filter, oldest first, in constant memory.
 
@@ -271,7 +277,8 @@ def iter_records(
     an iterable (any may match); ``model`` matches the requested or the
     reported model and accepts globs (``gpt-4o*``); ``purpose`` is a
     case-insensitive substring; ``since``/``until`` are inclusive (datetime,
-    ISO text or relative like ``1h``). Operational events are included only
+    ISO text or relative like ``1h``); ``decision`` is ``allowed`` or ``denied`` (a refusal by the
+    trust gate or a limit: :func:`audit.records.is_denied`). Operational events are included only
     with ``include_events``. Lines that cannot be read (not JSON, too long, too
     deep, a duplicate key, not an object) are skipped and passed to
     ``on_bad_line(path, line_number, reason)``; use :func:`verify` to judge them.
@@ -285,6 +292,7 @@ def iter_records(
         since=_time_arg(since, now),
         until=_time_arg(until, now),
         include_events=include_events,
+        decisions=_as_set(decision),
     )
     log_path = resolve_log_path(path_or_home)
     groups = flt.prefilter()

@@ -52,7 +52,7 @@ __all__ = [
     "EVENT_CONFIG_RELOADED", "EVENT_AUDIT_SETTINGS_CHANGED",
     # helpers
     "canonical_json", "canonical_record", "record_layout", "sha256_text", "sha256_json", "new_call_id", "call_record",
-    "is_call_record", "config_reload_fields", "changed_entries",
+    "is_call_record", "is_denied", "config_reload_fields", "changed_entries",
 ]
 
 #: Version of the record layout; bumped when a field changes meaning.
@@ -435,6 +435,12 @@ def is_call_record(record: Mapping[str, Any]) -> bool:
     if kind is not None:
         return kind == KIND_CALL
     return record.get(EVENT) == EVENT_LLM_CALL
+
+
+def is_denied(record: Mapping[str, Any]) -> bool:
+    """A refused call: the trust gate's (status ``denied``) or a limit's (status ``quota``, decision
+    ``denied``). What ``audit query --decision denied`` lists and ``audit stats`` counts as DENIED."""
+    return record.get(DECISION) == "denied" or record.get(STATUS) == "denied"
 
 
 def changed_entries(old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> list[str]:

@@ -3,8 +3,9 @@
 Definitions:
 
 - ``calls``: call records (denials included); operational events are ignored.
-- ``denials``: ``status == "denied"`` (or ``decision == "denied"``).
-- ``errors``: any status other than ``ok`` and ``denied``.
+- ``denials``: :func:`audit.records.is_denied` (``decision == "denied"``: the trust gate's and
+  the limits' refusals, statuses ``denied`` and ``quota``), what ``query --decision denied`` lists.
+- ``errors``: the other calls whose status is not ``ok``.
 - tokens and ``cost_usd``: sums of the numeric values present;
   ``unpriced`` counts successful calls that carry no cost (unpriced model).
   A value no real call can have (negative, not a number, more than
@@ -31,7 +32,6 @@ from typing import Any
 
 from audit.records import (
     COST_USD,
-    DECISION,
     INPUT_TOKENS,
     LATENCY_MS,
     OUTPUT_TOKENS,
@@ -40,6 +40,7 @@ from audit.records import (
     RESPONSE_MODEL,
     STATUS,
     is_call_record,
+    is_denied,
 )
 
 __all__ = ["StatsRow", "stats", "percentile", "MAX_TOKENS", "MAX_COST_USD", "MAX_LATENCY_MS"]
@@ -91,7 +92,7 @@ class _Acc:
     def add(self, record: dict[str, Any]) -> None:
         self.calls += 1
         status = record.get(STATUS)
-        denied = status == "denied" or record.get(DECISION) == "denied"
+        denied = is_denied(record)
         if denied:
             self.denials += 1
         elif status != "ok":

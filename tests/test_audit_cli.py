@@ -184,3 +184,62 @@ def test_audit_cli_never_imports_litellm():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60,
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert out.stdout.strip().splitlines()[-1] == "False False"
+
+
+def fill_refusals(home: Path) -> None:
+    """A trust denial (status denied) and a budget refusal (status quota, decision denied), then an ok call."""
+    log = AuditLog(home / "logs" / "agent.log", clock=clock())
+    for i, (status, decision) in enumerate((("denied", "denied"), ("quota", "denied"), ("ok", "allowed"),
+                                            ("timeout", "allowed"))):
+        log.write(call_record(call_id=f"r{i}", plugin_id="capped", api="complete", mode="sync", decision=decision,
+                              status=status, request_model="m", latency_ms=1.0, purpose=f"refusal {i}"))
+    log.close()
+
+
+def test_every_refusal_stats_counts_as_denied_is_what_query_decision_denied_lists(hermes_home, capsys):
+    fill_refusals(hermes_home)
+    assert main(["audit", "stats", "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)["by_plugin"]
+    assert (row["calls"], row["denials"], row["errors"]) == (4, 2, 1)
+    assert main(["audit", "query", "--decision", "denied", "--json"]) == 0
+    denied = [json.loads(x)["call_id"] for x in capsys.readouterr().out.splitlines()]
+    assert denied == ["r0", "r1"] and len(denied) == row["denials"]
+    assert main(["audit", "query", "--decision", "allowed", "--json"]) == 0
+    assert [json.loads(x)["call_id"] for x in capsys.readouterr().out.splitlines()] == ["r2", "r3"]
+    assert main(["audit", "stats", "--decision", "denied", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["by_plugin"][0]["calls"] == 2
+    assert main(["audit", "export", "--decision", "denied"]) == 0  # jsonl by default
+    assert [json.loads(x)["status"] for x in capsys.readouterr().out.splitlines()] == ["denied", "quota"]
+    # the table says which query lists its DENIED and ERRORS
+    assert main(["audit", "stats"]) == 0
+    assert "`audit query --decision denied`" in capsys.readouterr().out
+    # --status denied is the gate's status only: a query that finds no denial says where the others are
+    assert main(["audit", "query", "--status", "denied", "--plugin", "nobody"]) == 0
+    assert "--decision denied lists every refusal" in capsys.readouterr().err
+    assert main(["audit", "query", "--decision", "refused"]) == 2
+    assert "--decision 'refused': expected allowed or denied" in capsys.readouterr().err
+
+
+def test_export_defaults_to_json_lines(hermes_home, capsys):
+    fill(hermes_home)
+    assert main(["audit", "export"]) == 0
+    rows = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert [r["call_id"] for r in rows] == [f"call_{i}" for i in range(6)]
+
+
+def test_tail_prints_one_line_per_record_cut_to_the_width_and_v_prints_it_whole(hermes_home, capsys, monkeypatch):
+    log = AuditLog(hermes_home / "logs" / "agent.log", clock=clock())
+    frames = [{"file": f"/plugins/p/mod{i}.py", "line": i, "function": f"handler_{i}"} for i in range(12)]
+    log.write_event("command_error", plugin_id="p", command="go", error="ValueError: " + "x" * 200, frames=frames)
+    log.close()
+    monkeypatch.setenv("COLUMNS", "100")
+    assert main(["audit", "tail"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and all(len(line) <= 100 for line in lines)
+    assert "[command_error]" in lines[1] and lines[1].endswith("...")
+    assert main(["audit", "tail", "-v"]) == 0
+    whole = capsys.readouterr().out.splitlines()
+    assert len(whole) == 2 and len(whole[1]) > 600 and "handler_11" in whole[1]
+    monkeypatch.delenv("COLUMNS")
+    assert main(["audit", "tail"]) == 0  # not a terminal (a pipe, a file): nothing is cut
+    assert "handler_11" in capsys.readouterr().out

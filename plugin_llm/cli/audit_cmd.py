@@ -46,6 +46,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     group = filters.add_argument_group("filters (all must match; lists are comma-separated)")
     group.add_argument("--plugin", metavar="ID[,ID...]", help="plugin id(s)")
     group.add_argument("--status", metavar="S[,S...]", help="ok, denied, timeout, provider_error, schema_error, quota, error, abandoned")
+    group.add_argument("--decision", metavar="D", help="denied (every refusal: the trust gate's, status denied, and the "
+                                                        "limits', status quota; stats' DENIED) or allowed")
     group.add_argument("--model", metavar="M[,M...]", help="requested or reported model; globs like 'gpt-4o*' allowed")
     group.add_argument("--since", metavar="TIME", help="ISO 8601 (2025-01-31, 2025-01-31T12:00Z) or relative: 90s, 15m, 1h, 7d")
     group.add_argument("--until", metavar="TIME", help="same forms as --since; inclusive")
@@ -65,6 +67,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     tail.add_argument("-f", "--follow", action="store_true", help="keep printing new records until Ctrl-C")
     tail.add_argument("--max-wait", default=None, metavar="SECONDS", help="with -f: stop after SECONDS (a number >= 0)")
     tail.add_argument("--json", action="store_true", help="one JSON object per line")
+    tail.add_argument("-v", "--verbose", action="store_true",
+                      help="each record whole (default: one line per record, cut to the terminal's width)")
 
     query = actions.add_parser("query", parents=[common, filters], help="filter call records (streaming)",
                                description="Print the call records matching every filter, oldest first.")
@@ -110,7 +114,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                 description="Write the matching records, oldest first, for spreadsheets (csv), "
                                             "scripts (jsonl) or a SIEM / OpenTelemetry collector (otlp: OTLP/JSON "
                                             "logs with OpenTelemetry GenAI attribute names).")
-    export.add_argument("--format", required=True, metavar="FORMAT", help="csv, jsonl or otlp")
+    export.add_argument("--format", default="jsonl", metavar="FORMAT", help="csv, jsonl or otlp (default: jsonl)")
     export.add_argument("--events", action="store_true", help="include operational events")
     export.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of stdout")
 
@@ -261,6 +265,19 @@ def _statuses(text: str | None) -> str | None:
     return ",".join(values)
 
 
+def _decisions(text: str | None) -> str | None:
+    """``--decision`` checked against the decisions the gateway writes."""
+    if text is None:
+        return None
+    from audit.records import DECISIONS
+
+    values = [v.strip().lower() for v in text.split(",") if v.strip()]
+    unknown = [v for v in values if v not in DECISIONS]
+    if unknown or not values:
+        raise CliError(f"--decision {_shown(unknown[0] if unknown else text)}: expected {' or '.join(DECISIONS)}")
+    return ",".join(values)
+
+
 def _filters(args: argparse.Namespace) -> dict[str, Any]:
     since, until = _time(args.since, "--since"), _time(args.until, "--until")
     if since is not None and until is not None and since > until:
@@ -268,6 +285,7 @@ def _filters(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "plugin": args.plugin,
         "status": _statuses(args.status),
+        "decision": _decisions(getattr(args, "decision", None)),
         "model": args.model,
         "since": since,
         "until": until,
@@ -299,13 +317,31 @@ class _BadLines:
 class _Header:
     """Prints the column titles once, before the first human-readable record (never with --json)."""
 
-    def __init__(self, as_json: bool, out: TextIO) -> None:
-        self.done, self.out = as_json, out
+    def __init__(self, as_json: bool, out: TextIO, width: int | None = None) -> None:
+        self.done, self.out, self.width = as_json, out, width
 
     def __call__(self) -> None:
         if not self.done:
-            self.out.write(HEADER + "\n")
+            self.out.write(_cut(HEADER, self.width) + "\n")
             self.done = True
+
+
+def _terminal_width(args: argparse.Namespace) -> int | None:
+    """The width ``tail`` cuts its lines to: the terminal's (or $COLUMNS); None with -v, --json or no terminal."""
+    if args.json or args.verbose:
+        return None
+    raw = os.environ.get("COLUMNS", "").strip()
+    columns = int(raw) if raw.isdigit() and len(raw) < 6 else 0
+    if not columns:
+        try:
+            columns = os.get_terminal_size(sys.stdout.fileno()).columns if sys.stdout.isatty() else 0
+        except (OSError, ValueError, AttributeError):  # a pipe, a file, a stream without a descriptor
+            columns = 0
+    return max(columns, 20) if columns > 0 else None
+
+
+def _cut(line: str, width: int | None) -> str:
+    return line if width is None or len(line) <= width else line[: width - 3] + "..."
 
 
 # -- actions -------------------------------------------------------------------------
@@ -319,10 +355,11 @@ def _tail(args: argparse.Namespace, log_path: Path) -> int:
     bad = _BadLines()
     records, cursor = tail_records(log_path, lines or 10, on_bad_line=bad)
     out = sys.stdout
-    header = _Header(args.json, out)
+    width = _terminal_width(args)
+    header = _Header(args.json, out, width)
     for record in records:
         header()
-        _print_record(record, args.json, out)
+        _print_record(record, args.json, out, width)
     if not args.follow:
         bad.report()
         return 0
@@ -330,7 +367,7 @@ def _tail(args: argparse.Namespace, log_path: Path) -> int:
     try:
         for record in follow_records(cursor, max_wait=max_wait, on_bad_line=bad):
             header()
-            _print_record(record, args.json, out)
+            _print_record(record, args.json, out, width)
             out.flush()
     except KeyboardInterrupt:  # Ctrl-C is how `tail -f` ends
         pass
@@ -352,7 +389,10 @@ def _query(args: argparse.Namespace, log_path: Path) -> int:
         header()
         _print_record(record, args.json, out)
     if not header.done and not args.json:
-        print("no records match", file=sys.stderr)
+        hint = ""
+        if "denied" in (args.status or "") and not args.decision:  # stats' DENIED counts quota refusals too
+            hint = " (budget and rate-limit refusals have status quota: --decision denied lists every refusal)"
+        print("no records match" + hint, file=sys.stderr)
     bad.report()
     return 0
 
@@ -733,8 +773,8 @@ def format_record(record: dict[str, Any]) -> str:
     ).rstrip()
 
 
-def _print_record(record: dict[str, Any], as_json: bool, out: TextIO) -> None:
-    out.write((dumps_json(record, indent=None) if as_json else format_record(record)) + "\n")
+def _print_record(record: dict[str, Any], as_json: bool, out: TextIO, width: int | None = None) -> None:
+    out.write((dumps_json(record, indent=None) if as_json else _cut(format_record(record), width)) + "\n")
 
 
 def _print_stats(rows: list[Any], out: TextIO) -> None:
@@ -750,7 +790,7 @@ def _print_stats(rows: list[Any], out: TextIO) -> None:
             f"{title:<{width}}  {'CALLS':>7} {'DENIED':>7} {'ERRORS':>7} {'TOKENS IN':>10} {'TOKENS OUT':>10} "
             f"{'COST USD':>12} {'UNPRICED':>8} {'P50 MS':>9} {'P95 MS':>9}\n"
         )
-        for r in selected:
+        for r in selected:  # the words of the query filters: DENIED is --decision denied
             priced = r.calls - r.denials - r.errors - r.unpriced
             cost = "-" if r.unpriced and priced <= 0 and not r.cost_usd else f"{r.cost_usd:.6f}"
             out.write(
@@ -758,6 +798,9 @@ def _print_stats(rows: list[Any], out: TextIO) -> None:
                 f"{r.output_tokens:>10} {cost:>12} {r.unpriced:>8} {ms(r.p50_latency_ms):>9} {ms(r.p95_latency_ms):>9}\n"
             )
         unpriced = sum(r.unpriced for r in selected)
+        if dimension == "plugin" and any(r.denials or r.errors for r in selected):
+            out.write("(DENIED: refused by the trust gate or a limit, as `audit query --decision denied` lists them; "
+                      "ERRORS: the other calls whose status is not ok, among `audit query --decision allowed`)\n")
         if unpriced and dimension == "plugin":
             out.write(f"({unpriced} successful call{'s' if unpriced != 1 else ''} had no price (an unpriced model): "
                       f"COST USD leaves them out, '-' when no call of the row was priced)\n")
