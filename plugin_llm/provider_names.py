@@ -16,7 +16,7 @@ import functools
 from auth.env_names import litellm_providers as _litellm_providers
 from auth.providers import ENV_VARS
 
-__all__ = ["known_providers", "unknown_provider_problem", "provider_fix"]
+__all__ = ["known_providers", "unknown_provider_problem", "provider_fix", "closest_provider"]
 
 _HOST_PROVIDERS = frozenset({"custom", "local"})
 
@@ -46,9 +46,14 @@ def _closest(name: str, known: frozenset[str]) -> str | None:
     return close[0] if close else None
 
 
+def closest_provider(name: str) -> str | None:
+    """The known provider an unknown ``name`` most likely means (None when none is close)."""
+    return _closest(name.strip().lower(), known_providers())
+
+
 def provider_fix(name: str, key: str = "model.provider") -> str:
     """The fix for an unknown provider ``name`` written at ``key``: never the misspelt name itself."""
-    close = _closest(name.strip().lower(), known_providers())
+    close = closest_provider(name)
     if close:
         return f"set {key}: {close}"
     return f"set {key} to a provider name litellm knows (openai, anthropic, openrouter, gemini, ollama, ...), custom or local"

@@ -774,13 +774,20 @@ class _Checker:
     def provider(self) -> None:
         """An unknown ``model.provider`` refuses every call: reported before what it causes (no price,
         no key), whose fixes would repeat the typo."""
-        from plugin_llm.provider_names import provider_fix, unknown_provider_problem
+        from plugin_llm.provider_names import closest_provider, provider_fix, unknown_provider_problem
 
         provider = self.view.config.model.provider
         problem = unknown_provider_problem(provider) if provider else None
-        if problem is not None:
-            keys = ("model", "provider") if isinstance(self.view.raw.get("model"), Mapping) else ("model",)
-            self.add(ERROR, keys, f"{problem}; every call is refused until it is fixed", provider_fix(provider))
+        if problem is None:
+            return
+        if isinstance(self.view.raw.get("model"), Mapping):
+            keys: tuple[str, ...] = ("model", "provider")
+            fix = provider_fix(provider)
+        else:  # the short form, model: <provider>/<model>
+            keys = ("model",)
+            close = closest_provider(provider)
+            fix = f"model: {close}/{self.view.config.model.model}" if close else provider_fix(provider, "model")
+        self.add(ERROR, keys, f"{problem}; every call is refused until it is fixed", fix)
 
     def run(self) -> list[Finding]:
         view = self.view

@@ -152,6 +152,14 @@ def test_an_unknown_provider_is_the_first_error_and_no_fix_repeats_it(hermes_hom
             assert "opeanai" not in check["message"], check
 
 
+def test_the_short_model_form_names_an_unknown_provider_the_same_way(hermes_home, capsys):
+    config = parse_config(hermes_home, "model: opeanai/gpt-4o-mini\n")
+    assert any("model.provider: unknown provider 'opeanai' (did you mean 'openai'?)" in w for w in config.warnings)
+    write_config(hermes_home, "model: opeanai/gpt-4o-mini\n")
+    code, findings = _trust_check(capsys)
+    assert code == 1 and findings[0]["path"] == "model" and findings[0]["fix"] == "model: openai/gpt-4o-mini"
+
+
 def test_a_call_on_an_unknown_provider_is_a_config_error_not_a_price_or_key_problem(hermes_home):
     import pytest
 
