@@ -355,6 +355,10 @@ def test_auth_test_without_a_key_or_with_an_unknown_profile_makes_no_call(home, 
 
 
 def test_auth_test_needs_a_model_for_an_unconfigured_exotic_provider(home, capsys, monkeypatch):
+    monkeypatch.setenv("DEEPINFRA_API_KEY", canary())
+    code, _, err = run(capsys, "auth", "test", "deepinfra", "--home", str(home))
+    assert code == 2 and "pass --model" in err
+    # a name that is no provider at all is refused before its key is looked for
     monkeypatch.setenv("ACME_API_KEY", canary())
     code, _, err = run(capsys, "auth", "test", "acme", "--home", str(home))
-    assert code == 2 and "pass --model" in err
+    assert code == 2 and "unknown provider 'acme'" in err and "no call was made" in err

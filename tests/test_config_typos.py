@@ -42,6 +42,10 @@ def test_auth_add_refuses_a_provider_typo_and_adds_nothing(hermes_home, capsys):
     err = capsys.readouterr().err
     assert "unknown provider 'opneai' (did you mean 'openai'?)" in err and "nothing was added" in err
     assert not (hermes_home / "auth.json").exists()
+    assert main(["auth", "test", "opneai"]) == 2  # not "no key: run auth add opneai"
+    err = capsys.readouterr().err
+    assert "unknown provider 'opneai' (did you mean 'openai'?)" in err and "no call was made" in err
+    assert "auth add" not in err and "OPNEAI_API_KEY" not in err
 
 
 def test_the_checks_do_not_import_litellm(hermes_home, tmp_path):

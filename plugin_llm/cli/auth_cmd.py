@@ -284,15 +284,22 @@ def _cmd_list(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- #
 
 
+def _known_provider(text: str, outcome: str) -> str:
+    """The provider name, refused with a "did you mean" when it is no provider: any later message
+    (a missing key, `auth add <typo>`) would repeat the typo as the fix."""
+    from plugin_llm.provider_names import unknown_provider_problem
+
+    provider = _provider_name(text)
+    problem = unknown_provider_problem(provider)
+    if problem is not None:
+        raise CliError(f"{problem}; {outcome}")
+    return provider
+
+
 def _cmd_add(args: argparse.Namespace) -> int:
     from auth import locked, mask, read_document, register_secret, write_document
 
-    provider = _provider_name(args.provider)
-    from plugin_llm.provider_names import unknown_provider_problem
-
-    problem = unknown_provider_problem(provider)
-    if problem is not None:  # a key stored under a typo is never used: refuse before asking for it
-        raise CliError(f"{problem}; nothing was added")
+    provider = _known_provider(args.provider, "nothing was added")  # a key stored under a typo is never used
     profile = args.profile.strip() if args.profile else None
     if args.pool and not args.from_stdin:
         raise CliError("--pool adds a literal key to a pool: use it with --from-stdin")
@@ -444,7 +451,7 @@ def _cmd_test(args: argparse.Namespace) -> int:
     from auth import get_store
     from plugin_llm.errors import PluginLlmError
 
-    provider = _provider_name(args.provider)
+    provider = _known_provider(args.provider, "no call was made")
     profile = args.profile.strip() if args.profile else None
     home = _home(args)
     # Resolve first: a missing key, an unknown profile or a broken auth.json is
