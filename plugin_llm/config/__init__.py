@@ -206,6 +206,10 @@ def _parse_model(raw: Any, warnings: list[str]) -> ModelConfig:
         name = raw.strip()
         if "/" in name:
             provider, _, rest = name.partition("/")
+            provider = provider.strip().lower()
+            problem = unknown_provider_problem(provider)
+            if problem is not None:  # the same warning as for model.provider (the route refuses it too)
+                warnings.append(f"model.provider: {problem}")
             return ModelConfig(provider=provider, model=rest)
         return ModelConfig(provider=_infer_provider(name), model=name)
     if not isinstance(raw, Mapping):
