@@ -423,7 +423,61 @@ def register(ctx):
         ctx.register_tool(fn.__name__, {"name": fn.__name__}, fn)
     ctx.register_command("shout", lambda raw: raw.upper(), description="shout it")
     ctx.register_skill("guide", "guide.md", description="how to")
+
+    # every call form of the contract: the same registrations in process and out of process
+    async def aio(args):
+        return "aio"
+
+    ctx.register_tool("full", "rich-set", {"name": "full", "description": "full form"}, relay, None, None, False,
+                      "", "F")
+    ctx.register_tool(name="keyword", toolset="kw-set", schema={"name": "keyword"}, handler=relay,
+                      check_fn=lambda: True, requires_env=["HOME"], description="by keyword", emoji="K")
+    ctx.register_tool("short_kw", {"name": "short_kw", "description": "d"}, handler=relay, toolset="late-set")
+    ctx.register_tool("wrapped", {"type": "function", "function": {"name": "wrapped", "description": "w"}}, aio)
+    ctx.register_command(name="whisper", handler=lambda raw: raw.lower(), args_hint="<text>")
+    ctx.register_skill(name="guide2", path="guide.md")
+    ctx.register_hook(name="on_session_start", callback=lambda **kw: None)
+
+    class Sketch:
+        name = "sketch"
+
+        def generate(self, prompt, **kw):
+            return {}
+
+    misuse = [
+        lambda: ctx.register_tool("t", {"name": "t"}, relay, colour="red"),
+        lambda: ctx.register_tool("t", {"name": "t"}, relay, schema={}),
+        lambda: ctx.register_tool("bad name!", {"name": "t"}, relay),
+        lambda: ctx.register_tool("t", "set", "not a dict", relay),
+        lambda: ctx.register_tool("t", {"name": "t"}, relay, check_fn=3),
+        lambda: ctx.register_command("c"),
+        lambda: ctx.register_command(),
+        lambda: ctx.register_hook("on_session_start", callback=relay, extra=1),
+        lambda: ctx.register_skill("s", 5),
+        lambda: ctx.register_cli_command("cli", "help", "not callable"),
+        lambda: ctx.register_image_gen_provider(Sketch),
+        lambda: ctx.inject_message(5),
+        lambda: ctx.has_capability(),
+    ]
+    errors = []
+    for call in misuse:
+        try:
+            call()
+            errors.append("no error")
+        except Exception as exc:
+            errors.append(f"{type(exc).__name__}: {str(exc).split(', got')[0]}")
+    ctx.register_command("misuse", lambda raw: " | ".join(errors))
 '''
+
+
+def _registrations(manager, key: str) -> dict:
+    """What plugin ``key`` registered, as the host holds it (its callables by what they return)."""
+    tools = {name: (t.toolset, t.schema, t.requires_env, t.description, t.emoji, t.is_available())
+             for name, t in manager.tools.items() if t.plugin_key == key}
+    commands = {name: (c.description, c.args_hint) for name, c in manager.commands.items() if c.plugin_key == key}
+    plugin = manager.get_plugin(key)
+    return {"tools": tools, "commands": commands, "hooks": plugin["hooks"], "skills": plugin["skills"],
+            "image_gen": plugin["image_gen_providers"], "warnings": plugin["warnings"]}
 
 
 def test_middleware_dispatch_llm_and_commands_work_across_the_channel(tmp_path, managers, monkeypatch):
@@ -444,12 +498,30 @@ def test_middleware_dispatch_llm_and_commands_work_across_the_channel(tmp_path, 
             "notify": manager.dispatch_tool("notify", {}),
             "command": manager.run_command("shout", "hey"),
             "skill": manager.find_skill("rich:guide").read(),
+            "registered": _registrations(manager, "rich"),
+            "misuse": manager.run_command("misuse", ""),
+            "async_tool": manager.dispatch_tool("wrapped", {}),
             "audit": [(r["plugin_id"], r["mode"], r["api"], r["status"]) for r in audit_lines(home)],
         }
     assert results["process"] == results["in_process"]
     assert results["process"]["middleware"] == "Hello, ADA!! 👋  (from the hello-world plugin) [wrapped by rich]"
     assert json.loads(results["process"]["ask"].removesuffix(" [wrapped by rich]"))[2:] == [{"name": "Ada"}, "rich"]
     assert results["process"]["audit"] == [("rich", "async", "complete", "ok"), ("rich", "async", "structured", "ok")]
+
+
+def test_what_cannot_cross_is_refused_with_its_reason_and_the_rest_registers(hermes_home, managers):
+    code = ("def register(ctx):\n"
+            "    ctx.register_platform('matrix', 'Matrix', lambda **kw: None, lambda: True, homeserver='x')\n"
+            "    ctx.register_command('after', lambda raw: 'ok')\n")
+    write_plugin(hermes_home / "plugins", "plat", code)
+    _config(hermes_home, ["plat"], ["plat"])
+    manager = _manager(hermes_home, managers)
+    plugin = manager.get_plugin("plat")
+    assert plugin["status"] == "enabled", plugin["error"]
+    [warning] = plugin["warnings"]
+    assert warning.startswith("ctx.register_platform('matrix') is not available to a plugin running out of process")
+    assert "inside the host's messaging gateway" in warning and "plugins.entries.plat.isolation: process" in warning
+    assert manager.platforms == {} and manager.run_command("after") == "ok"
 
 
 def test_an_isolated_plugin_may_only_register_skills_inside_its_directory(hermes_home, managers):

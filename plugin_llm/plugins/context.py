@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from plugin_llm.safe_files import read_text_inside, resolve_inside
 
+from .ctx_api import HERMES_ONLY_REGISTRATIONS, HermesSubsystemMissing, implements, missing_attribute
 from .engines import ContextEngine, MemoryProvider
 from .isolation import UnusableValue, plain
 from .manifest import PluginManifest
@@ -46,30 +47,11 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["PluginContext", "HermesSubsystemMissing", "HERMES_ONLY_REGISTRATIONS"]
 
-#: ``ctx`` methods of current Hermes for subsystems this host does not have
-HERMES_ONLY_REGISTRATIONS = {
-    "register_video_gen_provider": "video generation",
-    "register_web_search_provider": "web search",
-    "register_browser_provider": "browser automation",
-    "register_secret_source": "secret sources",
-    "register_tts_provider": "text to speech",
-    "register_transcription_provider": "speech transcription",
-    "register_dashboard_auth_provider": "dashboard auth",
-    "register_slack_action_handler": "Slack messaging gateway",
-    "register_auxiliary_task": "auxiliary LLM tasks (call models with ctx.llm instead)",
-}
-
-
-class HermesSubsystemMissing(AttributeError):
-    """A plugin registered with a Hermes subsystem this host does not provide."""
-
 _log = logging.getLogger("plugin_llm.plugins")
 
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _CLI_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_TOOL_PARAMS = ("toolset", "schema", "handler", "check_fn", "requires_env", "is_async", "description", "emoji",
-                "override")
 
 
 class PluginContext:
@@ -82,7 +64,8 @@ class PluginContext:
     ``register_image_gen_provider``, ``inject_message``, ``dispatch_tool``.
     The provider registrations accept this host's base classes and Hermes's
     (``agent.memory_provider.MemoryProvider``, ``agent.context_engine.ContextEngine``,
-    ``agent.image_gen_provider.ImageGenProvider``).
+    ``agent.image_gen_provider.ImageGenProvider``). Each public member is declared in
+    :mod:`.ctx_api` (``@implements`` binds the arguments there), which the isolated ``ctx`` shares.
     """
 
     __slots__ = ("_manager", "_key", "_manifest", "_plugin_dir", "_generation", "_llm")
@@ -100,12 +83,7 @@ class PluginContext:
 
     def __getattr__(self, name: str) -> Any:
         """A Hermes registration this host has no subsystem for: one clear error naming it."""
-        subsystem = HERMES_ONLY_REGISTRATIONS.get(name)
-        if subsystem is not None:
-            raise HermesSubsystemMissing(
-                f"ctx.{name}() registers with Hermes's {subsystem}, which plugin-llm does not provide"
-            )
-        raise AttributeError(f"'PluginContext' object has no attribute {name!r}")
+        raise missing_attribute(name)
 
     # --- identity ---------------------------------------------------------------------
 
@@ -128,6 +106,7 @@ class PluginContext:
         """The name of the active credential profile (never anything of its keys)."""
         return self._manager.profile_name()
 
+    @implements
     def has_capability(self, name: str) -> bool:
         """True when the manifest requests capability ``name`` and the operator consented to it."""
         return isinstance(name, str) and name.strip() in self._manager.granted_capabilities(self._key)
@@ -146,29 +125,8 @@ class PluginContext:
 
     # --- tools ------------------------------------------------------------------------
 
-    def register_tool(self, name: str, *args: Any, **kwargs: Any) -> ToolEntry | None:
-        """Offer a tool to the model.
-
-        ``register_tool(name, toolset, schema, handler, check_fn=None, requires_env=None,
-        is_async=False, description="", emoji="")``, or the short Hermes form
-        ``register_tool(name, schema, handler)`` (toolset = the plugin's key).
-        ``schema`` is an OpenAI function schema (``{"name", "description",
-        "parameters"}``); ``handler(args, **kw)`` returns a string (other values
-        are JSON-encoded). A name already taken is refused with a warning.
-        """
-        params = _TOOL_PARAMS[1:] if args and isinstance(args[0], Mapping) else _TOOL_PARAMS
-        if len(args) > len(params):
-            raise TypeError(f"register_tool() takes at most {len(params) + 1} positional arguments")
-        values: dict[str, Any] = dict(zip(params, args))
-        for key, value in kwargs.items():
-            if key not in _TOOL_PARAMS:
-                raise TypeError(f"register_tool() got an unexpected keyword argument {key!r}")
-            if key in values:
-                raise TypeError(f"register_tool() got multiple values for argument {key!r}")
-            values[key] = value
-        return self._register_tool(name, **values)
-
-    def _register_tool(
+    @implements
+    def register_tool(
         self,
         name: Any,
         toolset: Any = None,
@@ -181,6 +139,15 @@ class PluginContext:
         emoji: Any = "",
         override: Any = False,
     ) -> ToolEntry | None:
+        """Offer a tool to the model.
+
+        ``register_tool(name, toolset, schema, handler, check_fn=None, requires_env=None,
+        is_async=False, description="", emoji="")``, or the short Hermes form
+        ``register_tool(name, schema, handler)`` (toolset = the plugin's key).
+        ``schema`` is an OpenAI function schema (``{"name", "description",
+        "parameters"}``); ``handler(args, **kw)`` returns a string (other values
+        are JSON-encoded). A name already taken is refused with a warning.
+        """
         who = f"plugin {self._key}: register_tool({name!r})"
         if not isinstance(name, str) or not _TOOL_NAME.match(name):
             raise ValueError(f"{who}: tool name must be 1-64 characters of letters, digits, '_', '-', '.'")
@@ -244,6 +211,7 @@ class PluginContext:
 
     # --- hooks ------------------------------------------------------------------------
 
+    @implements
     def register_hook(self, name: str, callback: Callable[..., Any]) -> None:
         """Call ``callback(**kwargs)`` at a lifecycle point (see ``VALID_HOOKS``).
 
@@ -254,6 +222,7 @@ class PluginContext:
             return
         self._manager._hooks.register(name, self._key, callback)
 
+    @implements
     def register_middleware(self, kind: str, callback: Callable[..., Any]) -> None:
         """Rewrite (``llm_request``, ``tool_request``) or wrap (``llm_execution``, ``tool_execution``)
         the host's model requests and tool calls (see :mod:`.middleware`). Unknown kinds are kept
@@ -274,6 +243,7 @@ class PluginContext:
 
     # --- commands ---------------------------------------------------------------------
 
+    @implements
     def register_command(self, name: str, handler: Callable[[str], Any], description: str = "", args_hint: str = "") -> CommandEntry | None:
         """A slash command ``/name raw args``; ``handler(raw_args) -> str | None``, sync or async.
 
@@ -303,6 +273,7 @@ class PluginContext:
             return None
         return entry
 
+    @implements
     def register_cli_command(
         self,
         name: str,
@@ -339,6 +310,7 @@ class PluginContext:
 
     # --- single-choice providers ------------------------------------------------------
 
+    @implements
     def register_context_engine(self, engine: ContextEngine) -> bool:
         """Replace the built-in context compressor (one engine in total; a second is refused)."""
         if isinstance(engine, type) or not (isinstance(engine, ContextEngine) or is_hermes_context_engine(engine)):
@@ -357,6 +329,7 @@ class PluginContext:
             return False
         return True
 
+    @implements
     def register_memory_provider(self, provider: MemoryProvider) -> bool:
         """Offer a memory provider; the active one is chosen by ``memory.provider``."""
         if isinstance(provider, type) or not (isinstance(provider, MemoryProvider) or is_hermes_memory_provider(provider)):
@@ -375,6 +348,7 @@ class PluginContext:
             return False
         return True
 
+    @implements
     def register_image_gen_provider(self, provider: Any) -> bool:
         """Offer an image generator (an object with ``name`` and ``generate(...)``);
         the active one is chosen by ``image_gen.provider``."""
@@ -392,6 +366,7 @@ class PluginContext:
             return False
         return True
 
+    @implements
     def register_platform(
         self,
         name: str,
@@ -420,6 +395,7 @@ class PluginContext:
 
     # --- skills -----------------------------------------------------------------------
 
+    @implements
     def register_skill(self, name: str, path: str | Path, description: str = "") -> SkillEntry | None:
         """Ship a read-only skill addressed as ``<plugin>:<name>``.
 
@@ -479,6 +455,7 @@ class PluginContext:
 
     # --- talking to the host ----------------------------------------------------------
 
+    @implements
     def inject_message(self, content: str, role: str = "user") -> bool:
         """Queue a message into the active session (an interrupt while a turn runs,
         the next input otherwise). False when no session is attached."""
@@ -495,6 +472,7 @@ class PluginContext:
             _log.warning("plugin %s: inject_message failed: %s: %s", self._key, type(exc).__name__, exc)
             return False
 
+    @implements
     def dispatch_tool(self, tool_name: str, args: dict, **kw: Any) -> str:
         """Run a registered tool through the host's one execution path (guards and
         hooks included). The active session, if any, is passed as ``parent_agent``.

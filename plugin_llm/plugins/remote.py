@@ -497,7 +497,7 @@ class RemotePlugin:
         self._ctx: Any = None
         self._child: _Child | None = None
         self._slots: list[_Slot] = []
-        self._answers: list[tuple[str, str, Any]] = []  # (kind, name, answer) of each register call, in order
+        self._answers: list[tuple[str, str, Any]] = []  # (method, label, answer) of each registration
         self._replay: list[tuple[str, str, Any]] | None = None  # during a restart: what the first load registered
         self._loading: _Child | None = None
         self._restart_slot = 0
@@ -679,41 +679,52 @@ class RemotePlugin:
     def _answer(self, child: _Child, method: str, params: Any) -> Any:
         if type(params) is not dict:
             raise ValueError("params must be an object")
-        if method == "register":
-            return self._on_register(child, params)
         if method == "callback":
             return self._on_callback(params)
         if method == "llm":
             return self._on_llm(child, params)
         if method == "ctx":
-            return self._on_ctx(params)
+            return self._on_ctx(child, params)
         # An unknown request: the child does not speak our protocol (or was taken over): stop it.
         self._fault(child, "protocol", f"its process sent an unknown request ({bounded(exact_str(method), 60)!r}); it was stopped")
         raise ValueError("unknown method")
 
-    def _on_register(self, child: _Child, params: dict[str, Any]) -> Any:
+    def _on_ctx(self, child: _Child, params: dict[str, Any]) -> Any:
+        """A ``ctx`` call of the plugin, its arguments bound by name in its process (:mod:`.ctx_api`),
+        applied through the host's own ``PluginContext`` method, which binds and checks them again."""
+        from . import ctx_api
+
+        method = params.get("m")
+        if type(method) is not str or method in ctx_api.LOCAL or (
+                method not in ctx_api.METHODS and method not in ctx_api.PROPERTIES):
+            raise ValueError(f"unknown ctx operation {bounded(str(method), 40)!r}")
+        if method in ctx_api.PROPERTIES:
+            return {"v": encode_value(getattr(self._ctx, method), strict=True)}
+        encoded = params.get("a") if type(params.get("a")) is dict else {}
+        if not ctx_api.is_registration(method):
+            result = getattr(self._ctx, method)(**ctx_api.spread(method, decode_value(encoded)))
+            return {"v": encode_value(result, strict=True)}
         if child is not self._loading:
             raise RuntimeError(f"plugin {self.key}: registering after register(ctx) returned is not supported "
                                "out of process")
-        kind = params.get("kind") if type(params.get("kind")) is str else ""
-        name = decode_value(params.get("name"))
-        fields = params.get("f") if type(params.get("f")) is dict else {}
-        label = name if type(name) is str else type(name).__name__
+        label = _label(params.get("refused") if method in ctx_api.NOT_ACROSS else next(iter(encoded.values()), None))
         if self._replay is not None:  # a restart: the registrations exist; map the new handles onto them
-            return self._replay_register(kind, label, fields)
-        answer = self._register(kind, name, fields)
-        self._answers.append((kind, label, answer))
+            return self._replay_register(method, label, encoded)
+        answer = self._register(method, label, encoded, params.get("sig"))
+        self._answers.append((method, label, answer))
         return answer
 
-    def _replay_register(self, kind: str, label: str, fields: dict[str, Any]) -> Any:
+    def _replay_register(self, method: str, label: str, encoded: dict[str, Any]) -> Any:
         index = len(self._answers)
         replay = self._replay or []
-        if index >= len(replay) or replay[index][:2] != (kind, label):
-            raise RuntimeError(f"plugin {self.key}: after a restart it registered {kind} {label!r}, "
+        if index >= len(replay) or replay[index][:2] != (method, label):
+            raise RuntimeError(f"plugin {self.key}: after a restart it called ctx.{method}({label!r}), "
                                "which its first start did not (in this order)")
-        for spec in _callables(fields):
+        handles: list[int] = []
+        decode_value(encoded, handles.append)  # in the order the first start made proxies of them
+        for handle in handles:
             slot = self._slots[self._restart_slot]
-            slot.handle = spec["h"]
+            slot.handle = handle
             self._restart_slot += 1
         self._answers.append(replay[index])
         return replay[index][2]
@@ -732,79 +743,80 @@ class RemotePlugin:
         proxy.__name__ = proxy.__qualname__ = f"{what} (out of process)"
         return proxy
 
-    def _register(self, kind: str, name: Any, f: dict[str, Any]) -> Any:
-        ctx = self._ctx
-        shown = name if type(name) is str else "?"
-        if kind == "tool":
-            handler = self._proxy(f.get("handler"), kind, shown, f"tool {shown}", limited=False)
-            check = f.get("check_fn")
-            check_fn = self._proxy(check, kind, shown, f"tool {shown} check_fn", limited=True) if check is not None else None
-            schema = decode_value(f.get("schema"))
-            entry = ctx.register_tool(name, f.get("toolset"), schema, handler, check_fn=check_fn,
-                                      requires_env=f.get("requires_env"), is_async=False,
-                                      description=f.get("description", ""), emoji=f.get("emoji", ""),
-                                      override=f.get("override", False))
-            return True if entry is not None else None
-        if kind == "hook":
-            ctx.register_hook(name, self._proxy(f.get("callback"), kind, shown, f"hook {shown}", limited=True))
-            return None
-        if kind == "middleware":
-            ctx.register_middleware(name, self._proxy(f.get("callback"), kind, shown, f"middleware {shown}",
-                                                      limited=True))
-            return None
-        if kind == "command":
-            handler = self._proxy(f.get("handler"), kind, shown, f"command /{shown}", limited=False)
-            entry = ctx.register_command(name, handler, f.get("description", ""), f.get("args_hint", ""))
-            return True if entry is not None else None
-        if kind == "skill":  # the path is resolved and kept inside the plugin's directory by register_skill
-            entry = ctx.register_skill(name, f.get("path"), f.get("description", ""))
-            return True if entry is not None else None
-        if kind == "cli_command":
-            return self._register_cli_command(name, shown, f)
-        if kind == "provider":
-            return self._register_provider(shown, f)
-        if kind == "unsupported":
-            ctx._refuse(f"{bounded(str(name), 100)} is not available to a plugin running out of process "
-                        f"(plugins.entries.{self.key}.isolation: process): ignored; run the plugin in process "
-                        "to use it")
-            return False
-        raise ValueError(f"unknown registration kind {bounded(kind, 40)!r}")
+    def _register(self, method: str, label: str, encoded: dict[str, Any], signatures: Any) -> Any:
+        """Apply one registration: the plugin's callables become proxies, a provider a stand-in."""
+        from . import ctx_api
 
-    def _register_provider(self, kind: str, f: dict[str, Any]) -> Any:
+        ctx = self._ctx
+        if method in ctx_api.NOT_ACROSS:
+            ctx._refuse(f"ctx.{method}({bounded(label, 60)!r}) is not available to a plugin running out of process "
+                        f"({ctx_api.NOT_ACROSS[method]}; plugins.entries.{self.key}.isolation: process): ignored; "
+                        "run the plugin in process to use it")
+            return {"v": None}
+        signatures = signatures if type(signatures) is dict else {}
+        noun = method.removeprefix("register_").replace("_", " ")
+        provider = ctx_api.PROVIDER_PARAMS.get(method)
+        made: list[int] = []
+        named: dict[str, Any] = {}
+        for param, value in encoded.items():
+            if param == provider:
+                named[param] = self._stand_in(method, value, signatures)
+                continue
+            timed = (method, param) not in ctx_api.UNTIMED
+
+            def proxy(handle: int, param: str = param, timed: bool = timed) -> Callable[..., Any]:
+                what = f"{noun} {label}" if not made else f"{noun} {label} {param}"
+                made.append(handle)
+                return self._proxy({"h": handle, "sig": signatures.get(str(handle))}, method, label, what, timed)
+
+            named[param] = decode_value(value, proxy)
+        named.update(ctx_api.SET_ON_HOST.get(method, {}))
+        if method == "register_cli_command":
+            named["setup_fn"] = self._cli_setup(label, named.get("setup_fn"))
+        return _reply(getattr(ctx, method)(**ctx_api.spread(method, named)))
+
+    def _stand_in(self, method: str, f: Any, signatures: dict[str, Any]) -> Any:
         """A memory provider, context engine or image generator: a stand-in of the same base class
         whose public methods run the plugin's in its process (each under ``plugins.hook_timeout``)."""
         bases: dict[tuple[str, str], Callable[[], type]] = {
-            ("memory_provider", "host"): lambda: __import__("plugin_llm.plugins.engines", fromlist=["x"]).MemoryProvider,
-            ("context_engine", "host"): lambda: __import__("plugin_llm.plugins.engines", fromlist=["x"]).ContextEngine,
-            ("memory_provider", "hermes"): lambda: __import__(
+            ("register_memory_provider", "host"): lambda: __import__(
+                "plugin_llm.plugins.engines", fromlist=["x"]).MemoryProvider,
+            ("register_context_engine", "host"): lambda: __import__(
+                "plugin_llm.plugins.engines", fromlist=["x"]).ContextEngine,
+            ("register_memory_provider", "hermes"): lambda: __import__(
                 "plugin_llm.compat.hermes.agent.memory_provider", fromlist=["x"]).MemoryProvider,
-            ("context_engine", "hermes"): lambda: __import__(
+            ("register_context_engine", "hermes"): lambda: __import__(
                 "plugin_llm.compat.hermes.agent.context_engine", fromlist=["x"]).ContextEngine,
-            ("image_gen_provider", ""): lambda: object,
         }
-        make_base = bases.get((kind, f.get("base") or ""))
+        f = f if type(f) is dict else {}
+        make_base = bases.get((method, f.get("base") or ""), lambda: object)
         methods = f.get("methods") if type(f.get("methods")) is dict else {}
         attrs = f.get("attrs") if type(f.get("attrs")) is dict else {}
-        if make_base is None or len(methods) > 200 or len(attrs) > 200:
-            raise ValueError(f"plugin {self.key}: malformed {bounded(kind, 40)} registration")
+        if len(methods) > 200 or len(attrs) > 200:
+            raise ValueError(f"plugin {self.key}: malformed {bounded(method, 40)} registration")
         namespace: dict[str, Any] = {k: v for k, v in attrs.items()
                                      if type(k) is str and k.isidentifier() and not k.startswith("_")
                                      and (v is None or type(v) in (str, int, float, bool))}
+        kind = method.removeprefix("register_")
         for mname, spec in methods.items():
             if type(mname) is not str or not mname.isidentifier() or mname.startswith("_"):
                 raise ValueError(f"plugin {self.key}: malformed {kind} method name")
-            proxy = self._proxy(spec, kind, mname, f"{kind.replace('_', ' ')} {mname}", limited=True)
+            handle = spec.get("id") if type(spec) is dict and spec.get("$t") == "fn" else None
+            if type(handle) is not int:
+                raise ValueError(f"plugin {self.key}: malformed {kind} method {bounded(mname, 60)!r}")
+            proxy = self._proxy({"h": handle, "sig": signatures.get(str(handle))}, method, mname,
+                                f"{kind.replace('_', ' ')} {mname}", limited=True)
             namespace[mname] = _method(proxy)
         class_name = f.get("class") if type(f.get("class")) is str and f["class"].isidentifier() else "Provider"
         namespace["__module__"] = f"plugin (out of process: {self.key})"
-        stand_in = type(class_name[:100], (make_base(),), namespace)()
-        register = getattr(self._ctx, f"register_{kind}")
-        return bool(register(stand_in))
+        cls = type(class_name[:100], (make_base(),), namespace)
+        return cls if f.get("is_class") is True else cls()
 
-    def _register_cli_command(self, name: Any, shown: str, f: dict[str, Any]) -> Any:
+    def _cli_setup(self, shown: str, runner: Any) -> Any:
         """``plugin-llm <name>``: the host hands the raw arguments to the plugin's process, which parses
         them with the plugin's own ``setup_fn`` (a parser cannot cross the channel) and runs it."""
-        runner = self._proxy(f.get("runner"), "cli_command", shown, f"CLI command {shown}", limited=False)
+        if not callable(runner):  # not a callable: register_cli_command refuses it, as in process
+            return runner
         key = self.key
 
         def run_raw(argv: list[str], debug: bool = False) -> int:
@@ -834,8 +846,7 @@ class RemotePlugin:
             return None
 
         setup.plugin_llm_raw_argv = run_raw  # type: ignore[attr-defined]
-        entry = self._ctx.register_cli_command(name, f.get("help", ""), setup, None, f.get("description", ""))
-        return True if entry is not None else None
+        return setup
 
     def _on_callback(self, params: dict[str, Any]) -> Any:
         handle = params.get("h")
@@ -855,22 +866,6 @@ class RemotePlugin:
         finally:
             if budget is not None:
                 budget.resume()
-
-    def _on_ctx(self, params: dict[str, Any]) -> Any:
-        op = params.get("op")
-        ctx = self._ctx
-        if op == "profile_name":
-            return ctx.profile_name
-        if op == "has_capability":
-            return ctx.has_capability(params.get("name"))
-        if op == "inject_message":
-            return ctx.inject_message(params.get("content"), params.get("role", "user"))
-        if op == "dispatch_tool":
-            kw = decode_value(params.get("kw") or {})
-            if type(kw) is not dict:
-                raise ValueError("dispatch_tool keywords must be an object")
-            return ctx.dispatch_tool(decode_value(params.get("tool_name")), decode_value(params.get("args")), **kw)
-        raise ValueError(f"unknown ctx operation {bounded(str(op), 40)!r}")
 
     def _on_llm(self, child: _Child, params: dict[str, Any]) -> Any:
         from plugin_llm.errors import PluginLlmTrustError
@@ -1045,17 +1040,18 @@ class RemotePlugin:
             _LIVE.discard(self)
 
 
-def _callables(fields: dict[str, Any]) -> list[dict[str, Any]]:
-    """The callable specs of one registration, in the order the host made proxies of them."""
-    out = []
-    for key in ("handler", "check_fn", "callback", "runner"):
-        spec = fields.get(key)
-        if type(spec) is dict and type(spec.get("h")) is int:
-            out.append(spec)
-    methods = fields.get("methods")
-    if type(methods) is dict:
-        out.extend(spec for spec in methods.values() if type(spec) is dict and type(spec.get("h")) is int)
-    return out
+def _reply(result: Any) -> dict[str, Any]:
+    """A registration's answer for the plugin: plain values as they are, a registry entry as "registered"."""
+    if result is None or type(result) in (bool, int, float, str):
+        return {"v": result}
+    return {"entry": True}
+
+
+def _label(value: Any) -> str:
+    """What a registration registers, as its first argument names it (a provider: its class name)."""
+    if type(value) is dict and type(value.get("class")) is str:
+        value = value["class"]
+    return bounded(value, 100) if type(value) is str else type(value).__name__
 
 
 def _method(proxy: Callable[..., Any]) -> Callable[..., Any]:

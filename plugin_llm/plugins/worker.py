@@ -30,6 +30,7 @@ import threading
 from pathlib import Path
 from typing import Any, Callable
 
+from .ctx_api import METHODS, PROPERTIES, bind, implements, signature_of
 from .protocol import PROTOCOL_VERSION, Channel, ChannelClosed, Peer, RemoteError, decode_value, encode_value
 
 __all__ = ["RemoteContext", "main"]
@@ -416,9 +417,6 @@ def _result(reply: Any) -> Any:
 
 # --- ctx --------------------------------------------------------------------------------
 
-_TOOL_PARAMS = ("toolset", "schema", "handler", "check_fn", "requires_env", "is_async", "description", "emoji",
-                "override")
-
 
 class _Registered:
     """What a successful ``register_*`` returns here (the host keeps the real entry)."""
@@ -470,7 +468,13 @@ class _CliRunner:
 
 
 class RemoteContext:
-    """``ctx`` of an isolated plugin: the in-process ``PluginContext``'s methods, as calls to the host."""
+    """``ctx`` of an isolated plugin: the contract of :mod:`.ctx_api`. Each call's arguments are bound
+    there, as in process, and sent to the host by name; the host applies them through its own
+    ``PluginContext`` method (its answer, or its error, is what the call returns or raises here).
+    Callables a registration passes stay here, named by handle numbers. Members without a method
+    below are forwarded as they are (added after the class)."""
+
+    __slots__ = ("_worker", "_manifest", "_key", "_plugin_dir", "_llm")
 
     def __init__(self, worker: "_Worker", manifest: Any, plugin_dir: Path) -> None:
         self._worker = worker
@@ -483,13 +487,9 @@ class RemoteContext:
         return f"PluginContext(plugin={self._key!r}, out of process)"
 
     def __getattr__(self, name: str) -> Any:
-        from .context import HERMES_ONLY_REGISTRATIONS, HermesSubsystemMissing
+        from .ctx_api import missing_attribute
 
-        subsystem = HERMES_ONLY_REGISTRATIONS.get(name)
-        if subsystem is not None:
-            raise HermesSubsystemMissing(
-                f"ctx.{name}() registers with Hermes's {subsystem}, which plugin-llm does not provide")
-        raise AttributeError(f"'PluginContext' object has no attribute {name!r}")
+        raise missing_attribute(name)
 
     @property
     def manifest(self) -> Any:
@@ -501,128 +501,99 @@ class RemoteContext:
             self._llm = RemoteLlm(self._worker, self._key)
         return self._llm
 
-    @property
-    def profile_name(self) -> str:
-        return self._worker.host("ctx", {"op": "profile_name"})
-
-    def has_capability(self, name: str) -> bool:
-        return bool(self._worker.host("ctx", {"op": "has_capability", "name": name if isinstance(name, str) else None}))
-
-    def _register(self, kind: str, name: Any, fields: dict[str, Any]) -> Any:
-        accepted = self._worker.host("register", {"kind": kind, "name": self._worker.encode(name),
-                                                  "f": self._worker.encode(fields)})
-        if accepted is True:
-            return _Registered(kind, str(name), self._key)
-        return None if accepted is None else bool(accepted)
-
-    def _fn(self, fn: Any, what: str) -> dict[str, Any]:
-        if not callable(fn):
-            raise TypeError(f"plugin {self._key}: {what} must be callable, got {_type_name(fn)}")
-        return {"h": self._worker.handle(fn), "sig": _signature(fn), "async": inspect.iscoroutinefunction(fn)}
-
-    def register_tool(self, name: str, *args: Any, **kwargs: Any) -> Any:
-        from collections.abc import Mapping
-
-        params = _TOOL_PARAMS[1:] if args and isinstance(args[0], Mapping) else _TOOL_PARAMS
-        if len(args) > len(params):
-            raise TypeError(f"register_tool() takes at most {len(params) + 1} positional arguments")
-        values: dict[str, Any] = dict(zip(params, args))
-        for key, value in kwargs.items():
-            if key not in _TOOL_PARAMS:
-                raise TypeError(f"register_tool() got an unexpected keyword argument {key!r}")
-            if key in values:
-                raise TypeError(f"register_tool() got multiple values for argument {key!r}")
-            values[key] = value
-        who = f"plugin {self._key}: register_tool({name!r})"
-        values["handler"] = self._fn(values.get("handler"), f"{who}: handler")
-        if values.get("check_fn") is not None:
-            values["check_fn"] = self._fn(values["check_fn"], f"{who}: check_fn")
-        if values["handler"]["async"]:
-            values["is_async"] = True
-        return self._register("tool", name, values)
-
-    def register_hook(self, name: str, callback: Callable[..., Any]) -> None:
-        self._register("hook", name, {"callback": self._fn(callback, f"hook {name!r}: callback")})
-
-    def register_middleware(self, kind: str, callback: Callable[..., Any]) -> None:
-        self._register("middleware", kind, {"callback": self._fn(callback, f"register_middleware({kind!r}): callback")})
-
-    def register_command(self, name: str, handler: Callable[[str], Any], description: str = "",
-                         args_hint: str = "") -> Any:
-        fn = self._fn(handler, f"register_command({name!r}): handler")
-        return self._register("command", name, {"handler": fn, "description": description, "args_hint": args_hint})
-
-    def register_skill(self, name: str, path: Any, description: str = "") -> Any:
-        if isinstance(path, (str, os.PathLike)):
-            path = Path(path).expanduser()
-            path = str(path if path.is_absolute() else self._plugin_dir / path)
-        return self._register("skill", name, {"path": path, "description": description})
-
-    def _unsupported(self, what: str) -> bool:
-        self._worker.host("register", {"kind": "unsupported", "name": what, "f": {}})
-        return False
-
+    @implements
     def register_cli_command(self, name: str, help: str, setup_fn: Callable[[Any], Any],
                              handler_fn: Callable[[Any], Any] | None = None, description: str = "") -> Any:
-        """``plugin-llm <name> ...``: the arguments are parsed here, by ``setup_fn``'s parser; what the
-        command prints is sent back and printed by the host."""
-        who = f"plugin {self._key}: register_cli_command({name!r})"
-        if not callable(setup_fn):
-            raise TypeError(f"{who}: setup_fn must be callable")
-        if handler_fn is not None and not callable(handler_fn):
-            raise TypeError(f"{who}: handler_fn must be callable or None")
-        runner = _CliRunner(str(name), help if isinstance(help, str) else "", setup_fn, handler_fn)
-        return self._register("cli_command", name, {"help": help, "description": description,
-                                                    "runner": self._fn(runner, f"{who}: runner")})
+        """A parser cannot cross: ``setup_fn`` and ``handler_fn`` run here, in one runner the host calls
+        with the raw arguments (what the command prints is sent back and printed by the host)."""
+        if callable(setup_fn) and (handler_fn is None or callable(handler_fn)):  # else the host refuses them
+            setup_fn = _CliRunner(str(name), help if isinstance(help, str) else "", setup_fn, handler_fn)
+            handler_fn = None
+        return self._forward("register_cli_command", {"name": name, "help": help, "setup_fn": setup_fn,
+                                                      "handler_fn": handler_fn, "description": description})
 
-    def _provider(self, kind: str, obj: Any) -> bool:
-        """A provider object: its public methods become handles, its public plain attributes are copied;
-        the host builds a stand-in of the same base class whose methods call these."""
-        if isinstance(obj, type):
-            raise TypeError(f"plugin {self._key}: register_{kind} needs an instance, not the class")
-        from .engines import ContextEngine, MemoryProvider
+    def _forward(self, method: str, named: dict[str, Any]) -> Any:
+        """``ctx.<method>`` with its bound arguments, answered by the host."""
+        from .ctx_api import NOT_ACROSS, PROVIDER_PARAMS, is_registration
 
-        base = {"memory_provider": "host" if isinstance(obj, MemoryProvider) else "hermes",
-                "context_engine": "host" if isinstance(obj, ContextEngine) else "hermes"}.get(kind, "")
-        methods: dict[str, Any] = {}
-        attrs: dict[str, Any] = {}
-        for name in dir(type(obj)):
-            if name.startswith("_"):
-                continue
-            declared = getattr(type(obj), name, None)
-            value = getattr(obj, name, None)
-            if callable(value) and not isinstance(declared, property):
-                methods[name] = self._fn(value, f"{kind}.{name}")
-            elif value is None or type(value) in (str, int, float, bool):
-                attrs[name] = value
-        for name, value in vars(obj).items() if hasattr(obj, "__dict__") else ():
-            if not name.startswith("_") and (value is None or type(value) in (str, int, float, bool)):
-                attrs[name] = value
-        return bool(self._register("provider", kind, {"base": base, "methods": methods, "attrs": attrs,
-                                                      "class": _type_name(obj)}))
+        params: dict[str, Any] = {"m": method}
+        if method in NOT_ACROSS:
+            params["refused"] = _label(named)
+        else:
+            provider = PROVIDER_PARAMS.get(method)
+            if provider is not None:
+                named = {**named, provider: _describe(method, named[provider])}
+            signatures: dict[str, Any] = {}
 
-    def register_context_engine(self, engine: Any) -> bool:
-        return self._provider("context_engine", engine)
+            def handle(fn: Callable[..., Any]) -> int:
+                number = self._worker.handle(fn)
+                signatures[str(number)] = _signature(fn)
+                return number
 
-    def register_memory_provider(self, provider: Any) -> bool:
-        return self._provider("memory_provider", provider)
+            params["a"] = encode_value(named, handle if is_registration(method) else None)
+            if signatures:
+                params["sig"] = signatures
+        reply = self._worker.host("ctx", params)
+        if type(reply) is dict and reply.get("entry") is True:
+            return _Registered(method.removeprefix("register_").replace("_", " "), _label(named), self._key)
+        return reply.get("v") if type(reply) is dict else None
 
-    def register_image_gen_provider(self, provider: Any) -> bool:
-        return self._provider("image_gen_provider", provider)
 
-    def register_platform(self, name: str, *args: Any, **kwargs: Any) -> None:
-        self._unsupported(f"register_platform({str(name)[:60]!r})")
+def _label(named: dict[str, Any]) -> str:
+    """What a call registers, as the host names it (its first argument: a name, or a provider's class)."""
+    first = next(iter(named.values()), None)
+    if type(first) is dict and type(first.get("class")) is str:
+        return first["class"]
+    return first if type(first) is str else _type_name(first)
 
-    def inject_message(self, content: str, role: str = "user") -> bool:
-        if not isinstance(content, str):
-            raise TypeError(f"plugin {self._key}: inject_message content must be a string")
-        if not isinstance(role, str) or not role.strip():
-            raise TypeError(f"plugin {self._key}: inject_message role must be a non-empty string")
-        return bool(self._worker.host("ctx", {"op": "inject_message", "content": content, "role": role}))
 
-    def dispatch_tool(self, tool_name: str, args: dict, **kw: Any) -> str:
-        return self._worker.host("ctx", {"op": "dispatch_tool", "tool_name": self._worker.encode(tool_name),
-                                         "args": self._worker.encode(args), "kw": self._worker.encode(kw)})
+def _describe(method: str, obj: Any) -> dict[str, Any]:
+    """A provider object for the host: its public methods (handles) and public plain attributes; the host
+    builds a stand-in of the same base class whose methods call these (a class: a stand-in class)."""
+    from .engines import ContextEngine, MemoryProvider
+
+    cls = obj if isinstance(obj, type) else type(obj)
+    base = {"register_memory_provider": "host" if issubclass(cls, MemoryProvider) else "hermes",
+            "register_context_engine": "host" if issubclass(cls, ContextEngine) else "hermes"}.get(method, "")
+    out: dict[str, Any] = {"class": _type_name(obj) if cls is not obj else _text(getattr(obj, "__name__", ""), 100),
+                           "base": base, "methods": {}, "attrs": {}}
+    if cls is obj:
+        out["is_class"] = True
+        return out
+    for name in dir(cls):
+        if name.startswith("_"):
+            continue
+        declared = getattr(cls, name, None)
+        value = getattr(obj, name, None)
+        if callable(value) and not isinstance(declared, property):
+            out["methods"][name] = value
+        elif value is None or type(value) in (str, int, float, bool):
+            out["attrs"][name] = value
+    for name, value in vars(obj).items() if hasattr(obj, "__dict__") else ():
+        if not name.startswith("_") and (value is None or type(value) in (str, int, float, bool)):
+            out["attrs"][name] = value
+    return out
+
+
+def _forwarder(method: str) -> Callable[..., Any]:
+    def forward(self: RemoteContext, *args: Any, **kwargs: Any) -> Any:
+        return self._forward(method, bind(method, args, kwargs))
+
+    forward.__name__ = forward.__qualname__ = method
+    forward.__signature__ = signature_of(method)  # type: ignore[attr-defined]
+    return forward
+
+
+def _forwarded_property(name: str) -> property:
+    return property(lambda self: self._forward(name, {}), doc=f"ctx.{name}, answered by the host")
+
+
+for _name in METHODS:  # every other method of the contract: bound here, applied by the host
+    if _name not in vars(RemoteContext):
+        setattr(RemoteContext, _name, _forwarder(_name))
+for _name in PROPERTIES:
+    if _name not in vars(RemoteContext):
+        setattr(RemoteContext, _name, _forwarded_property(_name))
 
 
 # --- the worker -------------------------------------------------------------------------
