@@ -524,6 +524,38 @@ def test_what_cannot_cross_is_refused_with_its_reason_and_the_rest_registers(her
     assert manager.platforms == {} and manager.run_command("after") == "ok"
 
 
+def test_a_registration_the_host_refused_is_refused_the_same_way_after_a_restart(hermes_home, managers):
+    code = '''
+import os
+
+
+def register(ctx):
+    try:
+        ctx.register_tool("bad name!", {"name": "x"}, lambda args: "never", check_fn=lambda: True)
+    except ValueError:  # only what the host raised at the first start
+        pass
+    ctx.register_tool("ok", {"name": "ok"}, lambda args: "ok from " + str(os.getpid()))
+    ctx.register_tool("crash", {"name": "crash"}, lambda args: os._exit(1))
+'''
+    write_plugin(hermes_home / "plugins", "picky", code)
+    _config(hermes_home, ["picky"], ["picky"])
+    manager = _manager(hermes_home, managers)
+    first = manager.dispatch_tool("ok", {})
+    assert first.startswith("ok from"), first
+    manager.dispatch_tool("crash", {})
+
+    def until_restarted() -> str:
+        while True:
+            text = manager.dispatch_tool("ok", {})
+            if text.startswith("ok from") or manager.get_plugin("picky")["status"] != "enabled":
+                return text
+            time.sleep(0.05)
+
+    again = run_bounded(until_restarted, 30)
+    assert again.startswith("ok from"), (again, manager.get_plugin("picky")["last_fault"])
+    assert manager.get_plugin("picky")["restarts"] == 1 and manager.get_plugin("picky")["status"] == "enabled"
+
+
 def test_an_isolated_plugin_may_only_register_skills_inside_its_directory(hermes_home, managers):
     auth = hermes_home / "auth.json"
     auth.write_text("{}", encoding="utf-8")

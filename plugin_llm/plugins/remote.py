@@ -497,7 +497,7 @@ class RemotePlugin:
         self._ctx: Any = None
         self._child: _Child | None = None
         self._slots: list[_Slot] = []
-        self._answers: list[tuple[str, str, Any]] = []  # (method, label, answer) of each registration
+        self._answers: list[tuple[str, str, Any]] = []  # (method, label, answer or its error) of each registration
         self._replay: list[tuple[str, str, Any]] | None = None  # during a restart: what the first load registered
         self._loading: _Child | None = None
         self._restart_slot = 0
@@ -710,7 +710,13 @@ class RemotePlugin:
         label = _label(params.get("refused") if method in ctx_api.NOT_ACROSS else next(iter(encoded.values()), None))
         if self._replay is not None:  # a restart: the registrations exist; map the new handles onto them
             return self._replay_register(method, label, encoded)
-        answer = self._register(method, label, encoded, params.get("sig"))
+        before = len(self._slots)
+        try:
+            answer = self._register(method, label, encoded, params.get("sig"))
+        except Exception as exc:  # refused by the host's checks: no proxy kept; a restart raises it again
+            del self._slots[before:]
+            self._answers.append((method, label, exc))
+            raise
         self._answers.append((method, label, answer))
         return answer
 
@@ -720,14 +726,20 @@ class RemotePlugin:
         if index >= len(replay) or replay[index][:2] != (method, label):
             raise RuntimeError(f"plugin {self.key}: after a restart it called ctx.{method}({label!r}), "
                                "which its first start did not (in this order)")
+        self._answers.append(replay[index])
+        answer = replay[index][2]
+        if isinstance(answer, Exception):
+            raise answer.with_traceback(None)
         handles: list[int] = []
         decode_value(encoded, handles.append)  # in the order the first start made proxies of them
+        if self._restart_slot + len(handles) > len(self._slots):
+            raise RuntimeError(f"plugin {self.key}: after a restart ctx.{method}({label!r}) passed other callables "
+                               "than at its first start")
         for handle in handles:
             slot = self._slots[self._restart_slot]
             slot.handle = handle
             self._restart_slot += 1
-        self._answers.append(replay[index])
-        return replay[index][2]
+        return answer
 
     def _proxy(self, spec: Any, kind: str, name: str, what: str, limited: bool) -> Callable[..., Any]:
         if type(spec) is not dict or type(spec.get("h")) is not int:
