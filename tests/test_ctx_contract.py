@@ -174,3 +174,88 @@ def test_what_cannot_cross_is_bound_then_refused_by_the_host_with_its_reason():
     assert ctx.register_platform("matrix", "Matrix", handler, handler, homeserver="x") is None
     assert worker.sent == [("ctx", {"m": "register_platform", "refused": "matrix"})]
     assert not worker.handles  # nothing of it stays callable from the host
+
+
+# --- a method added to the contract: written once, it works out of process ----------------------
+
+
+@pytest.fixture
+def widget_contract(monkeypatch):
+    """``ctx.register_widget`` declared in the contract and implemented by ``PluginContext`` only, as the
+    next Hermes ctx methods will be; the isolated ctx is generated the way the plugin's process does it."""
+    from plugin_llm.plugins import worker
+
+    def register_widget(self, name: str, factory, size: int = 1) -> Any: ...
+
+    seen: list[tuple[Any, ...]] = []
+
+    def implementation(self, name, factory, size=1):
+        if not callable(factory):
+            raise TypeError(f"plugin {self._key}: register_widget({name!r}): factory must be callable")
+        seen.append((name, factory, size))
+        return True
+
+    implementation.__name__ = "register_widget"
+    monkeypatch.setattr(ctx_api.Ctx, "register_widget", register_widget, raising=False)
+    monkeypatch.setattr(ctx_api, "METHODS", (*ctx_api.METHODS, "register_widget"))
+    ctx_api.signature_of.cache_clear()
+    monkeypatch.setattr(PluginContext, "register_widget", ctx_api.implements(implementation), raising=False)
+
+    class Isolated(RemoteContext):
+        __slots__ = ()
+
+    yield worker.forward_the_rest(Isolated), seen
+    ctx_api.signature_of.cache_clear()
+
+
+class _Loopback:
+    """A plugin's process whose channel is a function call: requests go (as JSON) to the host's
+    ``RemotePlugin``, which applies them through a real in-process ``PluginContext``."""
+
+    def __init__(self, plugin: Any, loading: Any) -> None:
+        self.plugin, self.loading = plugin, loading
+        self.handles: dict[int, Any] = {}
+
+    def handle(self, fn: Any) -> int:
+        self.handles[len(self.handles) + 1] = fn
+        return len(self.handles)
+
+    def host(self, method: str, params: Any) -> Any:
+        assert method == "ctx"
+        return json.loads(json.dumps(self.plugin._on_ctx(self.loading, json.loads(json.dumps(params)))))
+
+
+def test_a_method_added_to_the_contract_works_out_of_process_without_being_written_again(hermes_home,
+                                                                                       widget_contract):
+    from types import SimpleNamespace
+
+    from plugin_llm.plugins.remote import RemotePlugin
+    from tests.test_plugins_context import loaded
+
+    isolated_cls, seen = widget_contract
+    assert _public(isolated_cls) == _public(PluginContext)
+    _, ctxs = loaded(hermes_home, "p")
+    in_process = ctxs["p"]
+    record = SimpleNamespace(key="p", candidate=SimpleNamespace(path=str(hermes_home), manifest=None))
+    host = RemotePlugin(None, record, None)
+    host._ctx, host._loading = in_process, object()
+    isolated = isolated_cls(_Loopback(host, host._loading), in_process.manifest, hermes_home)
+
+    def factory(colour: str, *, depth: int = 0) -> str:
+        return colour
+
+    assert in_process.register_widget("a", factory, size=2) is True
+    assert isolated.register_widget("b", factory, 3) is True
+    assert isolated.register_widget(name="c", factory=factory) is True
+    (_, own, _), (_, proxy, size), (_, _, default) = seen
+    assert own is factory and (size, default) == (3, 1)
+    assert proxy.__name__ == "widget b (out of process)" and host._slots[0].limited  # under plugins.hook_timeout
+    assert [(p.name, p.kind) for p in inspect.signature(proxy).parameters.values()] == [
+        ("colour", inspect.Parameter.POSITIONAL_OR_KEYWORD), ("depth", inspect.Parameter.KEYWORD_ONLY)]
+    for ctx in (in_process, isolated):  # misuse: the same errors, raised where each carrier raises them
+        with pytest.raises(TypeError, match=r"^ctx.register_widget\(\) missing a required argument: 'factory'"):
+            ctx.register_widget("d")
+        with pytest.raises(TypeError, match="register_widget\\('e'\\): factory must be callable"):
+            ctx.register_widget("e", "not callable")
+    assert [name for name, _, _ in seen] == ["a", "b", "c"]
+    host.stop()

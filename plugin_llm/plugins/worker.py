@@ -9,13 +9,12 @@ anything a subprocess it starts writes) can never corrupt the protocol.
 The host's first call is ``load``: the worker imports the plugin (Hermes layout,
 with the Hermes SDK import hook installed, under ``hermes_plugins.<key>`` as in
 process) and calls ``register(ctx)`` with a :class:`RemoteContext`. Every
-``ctx.register_*`` call is sent to the host, which registers proxies in its own
-registries (and validates exactly as in process: its answer, or its error, is
-what ``register_*`` returns or raises here). Callables stay here, named by handle
-numbers; the host runs them with ``invoke``. ``ctx.llm``, ``ctx.dispatch_tool``,
-``ctx.inject_message``, ``ctx.profile_name`` and ``ctx.has_capability`` are
-calls to the host, which answers them under the identity *it* bound when it
-started this process.
+``ctx`` call but ``ctx.llm`` is bound against :mod:`.ctx_api` and sent to the host
+by name, which applies it through its own ``PluginContext`` (validating exactly as
+in process: its answer, or its error, is what the call returns or raises here).
+Callables stay here, named by handle numbers; the host runs them with ``invoke``.
+``ctx.llm`` calls go to the host too, which answers them under the identity *it*
+bound when it started this process.
 
 Only light modules are imported (no litellm, no HTTP client): start + register
 takes a few tens of milliseconds plus the plugin's own imports.
@@ -30,7 +29,7 @@ import threading
 from pathlib import Path
 from typing import Any, Callable
 
-from .ctx_api import METHODS, PROPERTIES, bind, implements, signature_of
+from .ctx_api import bind, implements, signature_of
 from .protocol import PROTOCOL_VERSION, Channel, ChannelClosed, Peer, RemoteError, decode_value, encode_value
 
 __all__ = ["RemoteContext", "main"]
@@ -588,12 +587,20 @@ def _forwarded_property(name: str) -> property:
     return property(lambda self: self._forward(name, {}), doc=f"ctx.{name}, answered by the host")
 
 
-for _name in METHODS:  # every other method of the contract: bound here, applied by the host
-    if _name not in vars(RemoteContext):
-        setattr(RemoteContext, _name, _forwarder(_name))
-for _name in PROPERTIES:
-    if _name not in vars(RemoteContext):
-        setattr(RemoteContext, _name, _forwarded_property(_name))
+def forward_the_rest(cls: type) -> type:
+    """Give ``cls`` every member of the contract it lacks: bound here, applied by the host."""
+    from . import ctx_api
+
+    for name in ctx_api.METHODS:
+        if not hasattr(cls, name):
+            setattr(cls, name, _forwarder(name))
+    for name in ctx_api.PROPERTIES:
+        if not hasattr(cls, name):
+            setattr(cls, name, _forwarded_property(name))
+    return cls
+
+
+forward_the_rest(RemoteContext)
 
 
 # --- the worker -------------------------------------------------------------------------
