@@ -1,4 +1,4 @@
-"""Audit log throughput and read costs (issue 4). Printed, not asserted.
+"""Audit log throughput and read costs. Printed, not asserted.
 
 1. Writing through the real ``AuditLog`` (processor chain, hash chain, thread
    lock + flock, O_APPEND write, rotation at the default 50 MB) with
@@ -9,7 +9,7 @@
    records shows whether memory stays flat.
 3. The audit share of one ``PluginLlm.complete`` against the local model over
    HTTP: the same calls with the real audit log and with a no-op sink.
-4. Signed checkpoints (issue 12): writer records/s (wall and CPU) with
+4. Signed checkpoints: writer records/s (wall and CPU) with
    checkpoints on (a signature every 1,000 records) vs off, interleaved rounds
    on the same machine; ``verify --pubkey`` of 1,000,000 records with their
    1,000 checkpoints, its time, CPU time and peak RSS (and 100,000 for

@@ -1,4 +1,4 @@
-"""Operator CLI start-up (issue 6), printed with a baseline measured in the same run.
+"""Operator CLI start-up, printed with a baseline measured in the same run.
 
 Whole-process time of ``plugin-llm plugins list``, ``trust show``, ``trust check``
 and ``doctor`` in a temporary home with 50 installed plugins (all enabled, a few

@@ -1,4 +1,4 @@
-"""Gateway cost per call against one OpenAI-compatible server on 127.0.0.1 in its own process (issue 10).
+"""Gateway cost per call against one OpenAI-compatible server on 127.0.0.1 in its own process.
 
 Printed, in one run (``python benchmarks/bench_gateway.py [--quick]``):
 

@@ -1,4 +1,4 @@
-"""Out-of-process plugins (issue 16): what isolation costs, printed with the in-process baseline.
+"""Out-of-process plugins: what isolation costs, printed with the in-process baseline.
 
 1. Per-invocation overhead of a hook (``invoke_hook``) and of a tool call (``dispatch_tool``)
    when the plugin runs out of process, against the same plugin in process, measured in the

@@ -1,4 +1,4 @@
-"""Cost of per-plugin limits (issue 11): what limits add to a call, no limits / local / redis.
+"""Cost of per-plugin limits: what limits add to a call, no limits / local / redis.
 
 Measured in one run, interleaved so that machine noise hits every contender
 alike, against a ``PluginLlm.complete`` on the local model served over HTTP

@@ -1,4 +1,4 @@
-"""Plugin manager speed (issue 3), printed with baselines measured in the same run.
+"""Plugin manager speed, printed with baselines measured in the same run.
 
 1. ``plugin-llm plugins list`` with 50 user plugins, whole process, against
    ``python -c pass`` (target < 300 ms; it must not import litellm).

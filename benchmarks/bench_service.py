@@ -1,4 +1,4 @@
-"""What the service adds: ``plugin-llm serve`` vs in-process ``PluginLlm.acomplete`` (issue 14).
+"""What the service adds: ``plugin-llm serve`` vs in-process ``PluginLlm.acomplete``.
 
 The method of public gateway benchmarks: one upstream, called directly and through the gateway.
 
@@ -24,7 +24,7 @@ Rounds interleave direct, before and after measurement by measurement (each clie
 and the median over rounds is printed. No CPU pinning on a machine with fewer than W + 2 CPUs: pinning would
 only choose which process waits (the direct side would get a core the service side does not). With at least
 W + 2 CPUs, ``--pin`` puts the upstream and the client on the last CPU and the workers - and the direct
-process - on the others. ``--quick`` runs fewer calls and rounds. Targets (issue 14): p50 added < 1 ms at
+process - on the others. ``--quick`` runs fewer calls and rounds. Targets: p50 added < 1 ms at
 concurrency 1; p99 added < 10 ms at concurrency 64 with 2 workers.
 """
 

@@ -1,4 +1,4 @@
-"""``GatewayClient``: ``ctx.llm`` for a plugin out of process, over ``plugin-llm serve`` (issue 14).
+"""``GatewayClient``: ``ctx.llm`` for a plugin out of process, over ``plugin-llm serve``.
 
 The same ``complete``/``complete_structured`` signatures (and async twins) as
 :class:`plugin_llm.PluginLlm`, the same result dataclasses and the same error

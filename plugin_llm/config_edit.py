@@ -1,4 +1,4 @@
-"""The one module that writes ``config.yaml`` (issue 6 item 1).
+"""The one module that writes ``config.yaml``.
 
 Reading stays on PyYAML in :mod:`plugin_llm.config`; writing goes through
 :func:`edit_config`, which

@@ -1,4 +1,4 @@
-"""Read a file of the home without ever blocking or swallowing memory (issue 9).
+"""Read a file of the home without ever blocking or swallowing memory.
 
 ``config.yaml``, ``auth.json``, ``.env``, manifests and install metadata are
 read by every command and every call. Replacing one with a FIFO, a directory,

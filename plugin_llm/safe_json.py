@@ -1,4 +1,4 @@
-"""JSON from files of the home, with nesting bounded before the parser recurses (issue 9).
+"""JSON from files of the home, with nesting bounded before the parser recurses.
 
 :func:`json.loads` recurses once per ``[`` or ``{``: 200 KB of ``[[[[...`` in
 ``auth.json`` raises ``RecursionError`` out of every call. :func:`loads_bounded`

@@ -1,4 +1,4 @@
-"""The one YAML loader for files of the home: safe, and bounded (issue 9).
+"""The one YAML loader for files of the home: safe, and bounded.
 
 PyYAML's safe loading runs no code, but a 600-byte document of nested aliases
 (a "billion laughs": ``b: &b [*a, *a, ...]`` nine levels deep) stands for

@@ -677,7 +677,7 @@ class _Checker:
             return
         keys = ("plugins", "entries", plugin_id)
         legacy = legacy_key_of(plugin_id, self.installed)
-        if legacy is not None:  # keys were <category>/<manifest name> before issue 15
+        if legacy is not None:  # keys were <category>/<manifest name> in earlier versions
             self.add(ERROR, keys, f"{plugin_id!r} is the old manifest-name key of {legacy!r} (did you mean {legacy!r}?); "
                      "a nested plugin's key is <category>/<directory>: this entry grants nothing",
                      f"rename the entry to {entry_key(legacy)}", plugin_id)

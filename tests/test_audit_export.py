@@ -1,4 +1,4 @@
-"""Issue 12, item 4: the auditor's tooling as a new user meets it -- exports parsed back,
+"""The auditor's tooling as a new user meets it -- exports parsed back,
 enum filters that name the valid values, unpriced calls in stats, header rows."""
 
 from __future__ import annotations

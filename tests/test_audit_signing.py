@@ -1,4 +1,4 @@
-"""Issue 12: a keyed audit log an outsider can check -- signing key, signed checkpoints,
+"""Signed audit: a keyed audit log an outsider can check -- signing key, signed checkpoints,
 every verdict of ``audit verify`` against a signed log, with only the public key."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The redactor's secret registry is re-entrant: registering the audit signing key (issue 12) adds
+"""The redactor's secret registry is re-entrant: registering the audit signing key adds
 secrets to it, and rebuilding its pattern can run a finalizer (a GC'd HTTP client closing) whose
 logging redacts again on the same thread. That must not deadlock (it hung the full suite)."""
 

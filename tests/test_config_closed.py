@@ -1,4 +1,4 @@
-"""A config.yaml that does not parse: every denial and command says so instead of misleading (issue 13 item 7)."""
+"""A config.yaml that does not parse: every denial and command says so instead of misleading."""
 
 from __future__ import annotations
 

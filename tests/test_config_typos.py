@@ -1,4 +1,4 @@
-"""Typos that used to go unflagged (issue 13 item 8): top-level sections, providers, audit.required."""
+"""Typos that used to go unflagged: top-level sections, providers, audit.required."""
 
 from __future__ import annotations
 

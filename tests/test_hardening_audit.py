@@ -1,11 +1,11 @@
-"""Issue 9 (hardening), audit items: hostile lines, bad flag values, the chain's start, duplicate keys.
+"""Hardening, the audit log: hostile lines, bad flag values, the chain's start, duplicate keys.
 
-18: a 10^5-deep line, an over-long line, a FIFO or a directory as the log, and
-    every malformed flag value give a bad-line verdict or a one-line error, never
-    a traceback.
-21: the chain must start at seq 1 from the genesis hash unless pruning by
-    retention is declared; an anchor that is not in the log is a failure.
-22: a duplicate key or a re-encoded line is refused by verify and by every reader.
+- a 10^5-deep line, an over-long line, a FIFO or a directory as the log, and
+  every malformed flag value give a bad-line verdict or a one-line error, never
+  a traceback;
+- the chain must start at seq 1 from the genesis hash unless pruning by
+  retention is declared; an anchor that is not in the log is a failure;
+- a duplicate key or a re-encoded line is refused by verify and by every reader.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 9, hostile files in the home: YAML alias bombs, FIFOs and special files, deep JSON.
+"""Hardening: hostile files in the home: YAML alias bombs, FIFOs and special files, deep JSON.
 
 Whatever an attacker (or an accident) puts in place of ``config.yaml``,
 ``auth.json``, ``.env``, a ``plugin.yaml`` or the install record, every command
@@ -92,7 +92,7 @@ def run_cli_bounded(home: Path, *commands: list[str]) -> list[dict[str, Any]]:
     return run_bounded(CLI_RUNNER, home, json.dumps(list(commands)))
 
 
-# ====================================================================== item 15: YAML aliases
+# ====================================================================== YAML aliases
 @pytest.mark.parametrize("pure", [False, True], ids=["libyaml", "pure"])
 def test_loader_refuses_alias_bomb_recursion_and_depth_with_the_line(pure):
     with pytest.raises(YamlLimitError, match="alias bomb") as bombed:
@@ -200,7 +200,7 @@ def test_alias_bomb_in_a_manifest_fails_that_plugin_only_and_install_refuses_it(
     assert not (plugins / "selfish").exists()
 
 
-# ====================================================================== item 16: special files
+# ====================================================================== special files
 def no_block(fn: Callable[[], Any], *fifos: Path, timeout: float = 10.0) -> Any:
     """``fn()``, failing the test (instead of hanging) if it blocks on one of ``fifos``."""
     result: dict[str, Any] = {}
@@ -392,7 +392,7 @@ def test_oversized_config_and_manifest_are_refused_unparsed(hermes_home):
         load_manifest(manifest)
 
 
-# ====================================================================== item 17: deep JSON
+# ====================================================================== deep JSON
 DEEP = "[" * 100_000 + "]" * 100_000  # 200 KB
 
 

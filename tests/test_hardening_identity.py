@@ -1,4 +1,4 @@
-"""Issue 9 (hardening): plugin identity, terminal injection, and installs that delete only
+"""Hardening: plugin identity, terminal injection, and installs that delete only
 the one plugin directory they replace.
 
 * two plugins claiming one key (any sources): neither loads; both are listed as failed,
@@ -44,7 +44,7 @@ def _claimants(manager: PluginManager, key: str) -> list[dict]:
     return [p for p in manager.list_plugins() if p["key"] == key]
 
 
-# --------------------------------------------------------------------------- item 2: identity
+# --------------------------------------------------------------------------- identity
 
 
 def test_a_manifest_name_cannot_take_another_plugins_identity(hermes_home):
@@ -68,7 +68,7 @@ def test_a_manifest_name_cannot_take_another_plugins_identity(hermes_home):
 
 
 def test_a_nested_plugin_cannot_claim_a_taken_key_by_its_manifest_name(hermes_home):
-    # Nested keys are path-derived (issue 15): the manifest name cannot take another's key.
+    # Nested keys are path-derived (Hermes compatibility): the manifest name cannot take another's key.
     root = hermes_home / "plugins"
     write_plugin(root, "image_gen/openai", WHO.format(who="real"))
     write_plugin(root, "image_gen/aaa", WHO.format(who="evil"), manifest={"name": "openai"})
@@ -136,7 +136,7 @@ def test_cli_list_info_and_doctor_show_both_claimants(hermes_home, capsys):
     assert out.count("plugin trusted: failed to load: key 'trusted' is claimed by") == 2
 
 
-# --------------------------------------------------------------------------- item 19: terminal
+# --------------------------------------------------------------------------- terminal
 
 
 HOSTILE = "\x1b]52;c;ZXZpbA==\x07\x1b[2J\x9b31m\u202eevil\x7f"
@@ -220,7 +220,7 @@ def test_install_refuses_control_characters_in_the_manifest_name(hermes_home, tm
     assert listing(hermes_home / "plugins") == []
 
 
-# --------------------------------------------------------------------------- item 20: data loss
+# --------------------------------------------------------------------------- data loss
 
 
 def _category(home: Path) -> Path:

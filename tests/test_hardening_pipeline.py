@@ -1,4 +1,4 @@
-"""Issue 9 (hardening), the call pipeline: hostile input, hostile transports, a log that breaks, absurd usage.
+"""Hardening: the call pipeline: hostile input, hostile transports, a log that breaks, absurd usage.
 
 - every call outcome has exactly one audit record, whatever the transport raises or returns;
 - bad ``messages`` / ``tools`` / structured input never reach the transport, and the errors are bounded;
@@ -73,7 +73,7 @@ def raiser(exc):
     return behaviour
 
 
-# -- item 8: every outcome audited once --------------------------------------------------------------------
+# -- every outcome audited once --------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -175,7 +175,7 @@ def test_a_sink_that_raises_anything_never_breaks_a_call_when_not_required(herme
     assert PluginLlm("p", transport=Fake(), audit_log=Hostile()).complete(USER).text == "fine"
 
 
-# -- item 8: input validated before anything is sent -----------------------------------------------------
+# -- input validated before anything is sent -----------------------------------------------------
 
 
 def _deep(levels: int):
@@ -292,7 +292,7 @@ def test_host_chat_tools_are_validated_before_sending(hermes_home, mode, tools, 
     assert transport.requests == []
 
 
-# -- item 9: audit.required covers the write itself --------------------------------------------------------
+# -- audit.required covers the write itself --------------------------------------------------------
 
 
 class CheckPassesWriteFails:
@@ -399,7 +399,7 @@ def test_required_audit_with_a_file_size_limit_hit_after_the_pre_check(hermes_ho
     assert "not sent to the provider" in result["outcome"]
 
 
-# -- item 10: usage clamped at the boundary, stats robust ---------------------------------------------------
+# -- usage clamped at the boundary, stats robust ---------------------------------------------------
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,11 @@
-"""Issue 9 (hardening), plugin isolation: hanging or aborting loads, stubborn hooks, hostile values.
+"""Hardening: plugin isolation: hanging or aborting loads, stubborn hooks, hostile values.
 
-Items 12 (loading under the hook time limit; BaseExceptions isolated; the
-operator's Ctrl-C still stops the CLI; stray non-daemon threads do not keep it
-alive), 13 (a hook that swallows its timeout is forced out, the guard fails
-closed, the alarm state is restored) and 14 (hostile exceptions, mappings and
-str subclasses never escape the hook, tool and command dispatchers).
+- loading under the hook time limit; BaseExceptions isolated; the operator's Ctrl-C still
+  stops the CLI; stray non-daemon threads do not keep it alive;
+- a hook that swallows its timeout is forced out, the guard fails closed, the alarm state is
+  restored;
+- hostile exceptions, mappings and str subclasses never escape the hook, tool and command
+  dispatchers.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 9, trust item 1: a model override never switches provider, endpoint or key source."""
+"""Hardening, trust: a model override never switches provider, endpoint or key source."""
 
 from __future__ import annotations
 

@@ -1,11 +1,11 @@
-"""Issue 9 (hardening), the transport and the credential path: hostile providers, tracebacks, redaction.
+"""Hardening: the transport and the credential path: hostile providers, tracebacks, redaction.
 
-- no key in the locals of any frame of an exception a plugin gets, nor in anything chained to it (item 4);
-- provider error text is redacted before it is cut, and a key cut off at the end is hidden (item 5);
-- a reply that echoes the key (content, tool-call arguments, model) reaches the plugin without it (item 6);
-- a field name followed by an ordinary word is not a secret (item 7);
-- malformed replies are provider errors, absurd token counts are clamped and recorded (item 8);
-- the sync deadline holds against a server that trickles its body, and the abandoned attempt ends (item 11).
+- no key in the locals of any frame of an exception a plugin gets, nor in anything chained to it;
+- provider error text is redacted before it is cut, and a key cut off at the end is hidden;
+- a reply that echoes the key (content, tool-call arguments, model) reaches the plugin without it;
+- a field name followed by an ordinary word is not a secret;
+- malformed replies are provider errors, absurd token counts are clamped and recorded;
+- the sync deadline holds against a server that trickles its body, and the abandoned attempt ends.
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-# --------------------------------------------------------------------------- item 4: traceback locals
+# --------------------------------------------------------------------------- traceback locals
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -164,7 +164,7 @@ def test_key_cmd_timeout_chains_nothing(tmp_path):
     assert error.__context__ is None and error.__cause__ is None  # TimeoutExpired carries the partial output
 
 
-# --------------------------------------------------------------------------- item 5: redact, then truncate
+# --------------------------------------------------------------------------- redact, then truncate
 
 
 def test_key_straddling_the_message_limit_is_hidden(hermes_home):
@@ -199,7 +199,7 @@ def test_redact_clipped_redacts_before_cutting_and_hides_a_cut_off_key():
     assert redact_clipped("ends with abc", 500, given) == "ends with abc"  # too short a fragment to be one
 
 
-# --------------------------------------------------------------------------- item 6: replies that echo the key
+# --------------------------------------------------------------------------- replies that echo the key
 
 
 def echo_reply(_json, headers, _path):
@@ -258,7 +258,7 @@ def test_redact_secrets_hides_known_keys_but_not_shapes_in_model_text():
     assert "api_key=sk-example0123456789abcd" in out  # a reply discussing keys stays readable
 
 
-# --------------------------------------------------------------------------- item 7: words after field names
+# --------------------------------------------------------------------------- words after field names
 
 
 @pytest.mark.parametrize(
@@ -295,7 +295,7 @@ def test_bad_auth_json_error_reads_as_written(hermes_home, capsys):
     assert "providers.openai.api_key: must be a string, not a number" in capsys.readouterr().err
 
 
-# --------------------------------------------------------------------------- item 8: malformed replies, usage
+# --------------------------------------------------------------------------- malformed replies, usage
 
 
 def completion(**over) -> dict:
@@ -372,7 +372,7 @@ def test_wellformed_reply_has_no_anomalies(hermes_home):
     assert response.text == "fine" and response.anomalies == () and response.usage.total_tokens == 10
 
 
-# --------------------------------------------------------------------------- item 11: the sync deadline
+# --------------------------------------------------------------------------- the sync deadline
 
 
 class TrickleServer:

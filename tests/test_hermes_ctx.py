@@ -1,4 +1,4 @@
-"""Issue 15: the ctx surface of current Hermes, middleware, capability consent, old-key warnings."""
+"""Hermes compatibility: the ctx surface of current Hermes, middleware, capability consent, old-key warnings."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 15: real Hermes plugins run unchanged — keys, kinds, the Hermes SDK modules, provider driving.
+"""Hermes compatibility: real Hermes plugins run unchanged — keys, kinds, the Hermes SDK modules, provider driving.
 
 Fixtures under ``tests/plugin_fixtures/hermes_bundled/`` are bundled plugins of the
 hermes-agent 0.19.0 wheel, copied unchanged (MIT licence next to them).

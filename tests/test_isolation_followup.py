@@ -1,4 +1,4 @@
-"""Out-of-process plugins, follow-ups (issue 16): persistent private data, no network, the CLI's pid.
+"""Out-of-process plugins, follow-ups: persistent private data, no network, the CLI's pid.
 
 Real child processes (the worker), real bubblewrap (``.ci/run`` installs it), a real socket on
 127.0.0.1 for the network checks, the real CLI for the listing.

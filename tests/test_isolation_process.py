@@ -1,4 +1,4 @@
-"""Out-of-process plugins (issue 16): real child processes, real pipes, bubblewrap when it works here.
+"""Out-of-process plugins: real child processes, real pipes, bubblewrap when it works here.
 
 The same plugins run in process and out of process and must behave the same; from inside an
 isolated plugin a canary key is unreachable; identity spoofing over the channel is refused and

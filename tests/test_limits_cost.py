@@ -1,7 +1,7 @@
 """What a limited call costs the caller's books: the operator's price applied exactly (result,
 audit record, budget), tickets settled exactly once however many threads race, and the in-memory
 (lease) path reporting and settling like the store path. Guards for the cheaper code paths of
-issue 11's cost targets (``_operator_priced``/``_with_field``, ``Ticket``, ``LeasedTicket``)."""
+the limits' cost targets (``_operator_priced``/``_with_field``, ``Ticket``, ``LeasedTicket``)."""
 
 from __future__ import annotations
 

@@ -91,7 +91,7 @@ def test_install_prompts_on_a_terminal_masking_secrets(hermes_home, make_repo, c
     extra = "requires_env:\n  - WEATHER_API_KEY\n  - {name: WEATHER_UNITS, description: metric or imperial}\n  - WEATHER_REGION\n"
     repo = make_repo("weather", plugin_files("weather", manifest_extra=extra))
     asked: list[tuple[str, str]] = []
-    answers = iter(["metric", "", "y"])  # units / region (skipped) / enable? (environment first: issue 13 item 9)
+    answers = iter(["metric", "", "y"])  # units / region (skipped) / enable? (environment first)
 
     def fake_input(prompt):
         asked.append(("input", prompt))
@@ -209,7 +209,7 @@ def test_update_and_remove(hermes_home, make_repo, capsys):
     assert code == 0 and data["changed"] is True and data["old_revision"] != data["new_revision"]
     code, out, err = run(capsys, "plugins", "remove", "tool")
     assert code == 0, err
-    assert "Removed tool" in out and "tool from plugins.enabled" in out  # its settings go with it (issue 13 item 5)
+    assert "Removed tool" in out and "tool from plugins.enabled" in out  # its settings go with it
     assert not (hermes_home / "plugins" / "tool").exists()
     code, _, err = run(capsys, "plugins", "remove", "tool")
     assert code == 2 and "no installed plugin 'tool'" in err

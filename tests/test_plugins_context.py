@@ -45,7 +45,7 @@ def test_ctx_exposes_only_the_documented_surface(hermes_home):
         "llm", "manifest", "register_tool", "register_hook", "register_command", "register_cli_command",
         "register_context_engine", "register_memory_provider", "register_skill", "register_platform",
         "register_image_gen_provider", "inject_message", "dispatch_tool",
-        "register_middleware", "profile_name", "has_capability",  # Hermes's current ctx (issue 15)
+        "register_middleware", "profile_name", "has_capability",  # Hermes's current ctx
     }
     assert ctx["p"].manifest.key == "p"
     with pytest.raises(AttributeError):
@@ -183,7 +183,7 @@ def test_command_clash_between_plugins_refused(hermes_home):
 
 @pytest.mark.parametrize("name", ["", "/", "   ", 5, "a/b"])
 def test_invalid_command_names_are_skipped_with_a_warning(hermes_home, name):
-    # Hermes skips a command it cannot name (issue 15): a warning, not a failed plugin.
+    # Hermes skips a command it cannot name: a warning, not a failed plugin.
     m, ctx = loaded(hermes_home, "p")
     assert ctx["p"].register_command(name, lambda r: "") is None
     assert by_key(m.list_plugins())["p"]["status"] == "enabled"

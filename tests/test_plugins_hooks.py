@@ -27,7 +27,7 @@ def test_valid_hooks_is_the_spec_set():
         "pre_tool_call", "post_tool_call", "pre_llm_call", "post_llm_call", "pre_api_request",
         "post_api_request", "on_session_start", "on_session_end", "on_session_finalize", "on_session_reset",
         "transform_tool_result", "transform_llm_output",
-        # added by current Hermes (issue 15)
+        # added by current Hermes
         "api_request_error", "subagent_start", "subagent_stop", "transform_terminal_output",
         "pre_gateway_dispatch", "pre_approval_request", "post_approval_response",
     }

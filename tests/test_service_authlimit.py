@@ -1,4 +1,4 @@
-"""A brake on token guessing: too many refused tokens from one address get 429 (issue 14).
+"""A brake on token guessing: too many refused tokens from one address get 429.
 
 ``service.failed_auth`` in config.yaml: after ``max_failures`` refused tokens within ``window_seconds`` the
 address is answered 429 with ``Retry-After`` for ``block_seconds``, its token not looked at; audited and

@@ -1,4 +1,4 @@
-"""The service's own CPU per request, and that the cuts change nothing a client sees (issue 14).
+"""The service's own CPU per request, and that the cuts change nothing a client sees.
 
 * ``plugin-llm serve`` runs uvicorn with :class:`CoalescingHttpToolsProtocol` (a response's head and body in one
   socket write): every answer is byte for byte what uvicorn's own httptools protocol sends - status, headers,

@@ -1,4 +1,4 @@
-"""The service over real HTTP: uvicorn on 127.0.0.1, httpx and the openai SDK as clients (issue 14)."""
+"""The service over real HTTP: uvicorn on 127.0.0.1, httpx and the openai SDK as clients."""
 
 from __future__ import annotations
 

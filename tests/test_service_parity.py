@@ -1,5 +1,5 @@
 """The same call in-process (``PluginLlm``) and out of process (``GatewayClient`` over ``plugin-llm serve``):
-same result or same error class and message, and the same audit record (issue 14).
+same result or same error class and message, and the same audit record.
 
 Each scenario runs twice, once per way, as two plugins with identical settings
 (``<name>-a`` in-process, ``<name>-b`` over HTTP), so one's limits never touch

@@ -1,4 +1,4 @@
-"""The service's tail at concurrency: workers share connections evenly (issue 14).
+"""The service's tail at concurrency: workers share connections evenly.
 
 With one listening socket shared by the workers, whichever worker woke first accepted: 64 keep-alive
 connections opened at once could land 63 on one worker and 1 on the other, whose queue was then the p99.

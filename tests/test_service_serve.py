@@ -1,4 +1,4 @@
-"""``plugin-llm serve`` as a process: start-up URL, SIGTERM drain, workers sharing tokens and metrics (issue 14)."""
+"""``plugin-llm serve`` as a process: start-up URL, SIGTERM drain, workers sharing tokens and metrics."""
 
 from __future__ import annotations
 

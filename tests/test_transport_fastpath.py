@@ -1,4 +1,4 @@
-"""The fast path (issue 10): key pools and Retry-After on both paths, pooled clients, doctor, background load."""
+"""The fast path: key pools and Retry-After on both paths, pooled clients, doctor, background load."""
 
 from __future__ import annotations
 

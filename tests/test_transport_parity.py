@@ -1,4 +1,4 @@
-"""The fast path and the litellm.completion fallback give the same results (issue 10, item 3).
+"""The fast path and the litellm.completion fallback give the same results.
 
 Every scenario runs twice against the fake server, once per path, and
 compares what the provider received (request body, path) and what the

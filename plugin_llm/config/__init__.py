@@ -332,7 +332,7 @@ def _parse_trust(plugins: Any, warnings: list[str]) -> dict[str, TrustPolicy]:
 
 
 def _granted_capabilities(plugin_id: str, entry: Any, warnings: list[str]) -> tuple[str, ...]:
-    """``granted_capabilities`` when its ``capabilities_sha256`` matches (consent), else nothing (issue 15)."""
+    """``granted_capabilities`` when its ``capabilities_sha256`` matches (consent), else nothing."""
     from plugin_llm.trust import consent_digest
 
     if not isinstance(entry, Mapping) or entry.get("granted_capabilities") is None:

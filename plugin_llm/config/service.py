@@ -1,4 +1,4 @@
-"""The ``service:`` section of config.yaml: settings of ``plugin-llm serve`` (issue 14).
+"""The ``service:`` section of config.yaml: settings of ``plugin-llm serve``.
 
 Pure: takes the parsed YAML value, returns a frozen value and warnings.
 ``config.py`` owns reading the file; this module owns the rules of this

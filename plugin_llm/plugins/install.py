@@ -1,4 +1,4 @@
-"""Installing, updating and removing directory plugins (issue 6 items 2-3).
+"""Installing, updating and removing directory plugins.
 
 ``install``: SOURCE is ``owner/repo`` (a GitHub https URL), a git URL
 (``https://``, ``ssh://``, ``git@host:path``, ``file://``), any of those with

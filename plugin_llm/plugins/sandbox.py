@@ -1,4 +1,4 @@
-"""How an out-of-process plugin's child is started and confined (issue 16, item 2).
+"""How an out-of-process plugin's child is started and confined.
 
 :func:`child_spec` builds everything ``subprocess.Popen`` needs to start one
 plugin's child; the host (the worker's owner) does the starting::

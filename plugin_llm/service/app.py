@@ -1,4 +1,4 @@
-"""The gateway as an HTTP service: a Starlette app over the one pipeline (issue 14).
+"""The gateway as an HTTP service: a Starlette app over the one pipeline.
 
 Every call endpoint authenticates the bearer token, takes its plugin key as
 the caller's identity and calls ``PluginLlm(plugin_id=<that key>)`` - the same

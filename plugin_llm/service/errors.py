@@ -1,4 +1,4 @@
-"""Errors as HTTP: one stable JSON body for every refusal of the service (issue 14).
+"""Errors as HTTP: one stable JSON body for every refusal of the service.
 
 Every error answer has the OpenAI error shape (so OpenAI SDKs in any language
 read it) with the gateway's own fields added::

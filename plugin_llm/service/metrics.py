@@ -1,4 +1,4 @@
-"""Prometheus metrics of the service (``GET /metrics``), per plugin and status (issue 14).
+"""Prometheus metrics of the service (``GET /metrics``), per plugin and status.
 
 Label values come from the operator (the plugin key a token names) and from a
 fixed set (endpoint, status, reason), never from request input, so a client

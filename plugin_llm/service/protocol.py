@@ -1,4 +1,4 @@
-"""uvicorn's httptools protocol with a response's head and body in one socket write (issue 14).
+"""uvicorn's httptools protocol with a response's head and body in one socket write.
 
 uvicorn writes a response in two ``transport.write`` calls - the status line and
 headers on ``http.response.start``, then the body - so every answer of the

@@ -1,4 +1,4 @@
-"""Request bodies of the service: size cap, strict JSON, known fields, top-level types (issue 14).
+"""Request bodies of the service: size cap, strict JSON, known fields, top-level types.
 
 Only the outer layer is checked here: a JSON object, every field known (an
 unknown one gets the ``TypeError`` ``ctx.llm`` raises for that keyword, with

@@ -1,4 +1,4 @@
-"""Running the service: uvicorn on a socket we bind, one process or N workers (issue 14).
+"""Running the service: uvicorn on a socket we bind, one process or N workers.
 
 The socket is bound here (before uvicorn starts), so the URL printed at
 start-up has the real port even for ``--port 0``, and every worker accepts on

@@ -1,4 +1,4 @@
-"""Per-plugin service tokens: ``plg_`` + 32 random bytes, only their SHA-256 kept (issue 14).
+"""Per-plugin service tokens: ``plg_`` + 32 random bytes, only their SHA-256 kept.
 
 A token's identity is a plugin key: whoever presents it calls the gateway as
 that plugin (trust gate, limits and audit exactly as ``ctx.llm``). The home
