@@ -1,33 +1,14 @@
 """Signed checkpoints of the audit chain, in ``logs/agent.log.checkpoints``.
 
-With a signing key (:mod:`audit.signing`), the writer appends a checkpoint
-every ``audit.checkpoint_every`` records, ``audit.checkpoint_seconds`` after
-a record that no checkpoint covers yet, at clean shutdown, at each rotation
-and when a key is rotated. Each is a signed note in the spirit of C2SP
-tlog-checkpoint, followed by one blank line::
+Each is a signed note in the spirit of C2SP tlog-checkpoint (origin, head ``seq``, head hash, then
+extension lines: ``time``, ``reason``, ``pruned``, ``torn``, ``key``), followed by one blank line;
+the layout is in docs/design.md, "The audit log". A checkpoint at ``seq`` N pins records 1..N:
+rewriting any of them changes the hash at N, which no one without the private key can sign again.
 
-    plugin-llm-audit/3f2a9c01d4e5b6a7        origin: the log (the signing key's name)
-    1234                                     seq of the head record = records since genesis
-    q83vEjRWeJq83vEjRWeJ...=                 the head record's hash, base64 (hex in the log)
-    time 2026-03-01T12:00:00.123Z            extension lines, "<word> <values>":
-    reason records                           why it was written (records, interval, shutdown,
-                                             rotate, keygen, key-rotation, resumed)
-    pruned 5000 9f2c...                      rotation dropped records 1..5000 (hash of seq 5000)
-    torn 1234 87 5e1d...                     these bytes of this file are a torn checkpoint
-    key plugin-llm-audit/...+abcd1234+AQ...  key rotation: a new key, signed by the old and the new
-
-    — plugin-llm-audit/3f2a9c01d4e5b6a7 AbCd...=
-
-A record's ``hash`` commits to every record before it, so a checkpoint at
-``seq`` N pins records 1..N: rewriting any of them and recomputing the
-unkeyed chain changes the hash at N, which no one without the private key
-can sign again. Checkpoints are written under the log's lock (the same
-``agent.log.lock``), one ``write`` each on an ``O_APPEND`` descriptor; after
-a crash mid-write the next writer closes the torn block with blank lines and
-names its bytes in a signed ``torn`` line of its next checkpoint.
-
-This module renders, parses and checks them; :func:`audit.verifier.verify`
-matches them against the records.
+They are written under the log's lock, one ``write`` each on an ``O_APPEND`` descriptor; after a
+crash mid-write the next writer closes the torn block and names its bytes in a signed ``torn``
+line. This module renders, parses and checks them; :func:`audit.verifier.verify` matches them
+against the records.
 """
 
 from __future__ import annotations

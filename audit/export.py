@@ -1,22 +1,13 @@
 """Records out of the log for other tools: CSV, JSON lines, OTLP/JSON logs. Streaming, constant memory.
 
-- ``csv``: one row per record, a header row first. Columns: ``seq``, ``ts``,
-  ``kind``, ``event``, every call field of :data:`audit.records.CALL_FIELDS`
-  in documentation order, then ``other`` (any further fields, as JSON),
-  ``prev_hash`` and ``hash``. Nested values are JSON text; a text cell starting
-  with ``=``, ``+``, ``-``, ``@``, tab or CR gets a leading ``'`` so a
-  spreadsheet shows it instead of evaluating it as a formula (CSV injection).
+- ``csv``: one row per record, a header row first, every call field of
+  :data:`audit.records.CALL_FIELDS` as a column; nested values are JSON text; a text cell starting
+  with ``=``, ``+``, ``-``, ``@``, tab or CR gets a leading ``'`` (CSV injection).
 - ``jsonl``: each record exactly as parsed, one JSON object per line.
-- ``otlp``: one OTLP/JSON ``ExportLogsServiceRequest`` document (what an
-  OpenTelemetry collector's OTLP/HTTP receiver accepts at ``/v1/logs``): one
-  log record per audit record, ``timeUnixNano`` from ``ts``, severity INFO
-  for ``ok``, WARN for denials and ERROR for other failures, call records
-  named ``gen_ai.client.inference.operation.details`` (OpenTelemetry GenAI
-  semantic conventions). Attributes keep their GenAI names
-  (``gen_ai.request.model``, ``gen_ai.usage.input_tokens`` ...) and
-  ``error.type``; the gateway's own fields are prefixed ``plugin_llm.``
-  (``plugin_llm.plugin_id``, ``plugin_llm.seq``, ``plugin_llm.hash`` ...).
-  64-bit integers are strings, as OTLP/JSON requires.
+- ``otlp``: one OTLP/JSON ``ExportLogsServiceRequest`` document (an OpenTelemetry collector's
+  ``/v1/logs``), attributes under their GenAI names, the gateway's own fields as ``plugin_llm.*``.
+
+Columns, severities and names in full: docs/design.md, "The audit log".
 """
 
 from __future__ import annotations

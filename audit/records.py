@@ -1,19 +1,15 @@
 """The audit record schema (SPEC §7): field names, allowed values, hashing helpers.
 
-Every line of ``agent.log`` is one JSON object. Call records (``kind: "call"``)
-carry the fields below - exactly one per call outcome (and per denial);
-operational events (``kind: "event"``) carry ``event`` plus their own fields.
+Every line of ``agent.log`` is one JSON object. Call records (``kind: "call"``) carry the fields
+below - exactly one per call outcome (and per denial); operational events (``kind: "event"``)
+carry ``event`` plus their own fields. Both carry the chain fields ``schema``, ``seq``,
+``prev_hash`` and ``hash`` added by the writer. Field names follow the OpenTelemetry GenAI
+semantic conventions where one exists; every field is listed in docs/reference/audit-schema.md.
 
-With ``audit.required: true`` the gateway also writes an ``llm.call.begin``
-event (:data:`EVENT_LLM_CALL_BEGIN`, ``kind: "event"``, same ``call_id``)
-before the provider sees the request: the only way to be sure the log takes
-the call is to write to it, a pre-check can pass and the log still break
-before the outcome is written (a file-size limit, a quota, a full disk). If
-that write fails the call is refused with nothing sent. Being an event, it
-is not counted by summaries or call queries; a begin without an outcome
-record means the host died, or the log broke, while the call was in flight. Both carry the chain fields ``schema``, ``seq``,
-``prev_hash`` and ``hash`` added by the writer. Field names follow the
-OpenTelemetry GenAI semantic conventions where one exists.
+With ``audit.required: true`` the gateway also writes an ``llm.call.begin`` event
+(:data:`EVENT_LLM_CALL_BEGIN`, same ``call_id``) before the provider sees the request; if that
+write fails the call is refused with nothing sent. A begin without an outcome record means the
+host died, or the log broke, while the call was in flight.
 
 This module is pure: no I/O, no globals that change.
 """

@@ -1,21 +1,11 @@
 """Operator settings of the audit log (``audit:`` in ``config.yaml``).
 
-``fsync`` trade-off: with ``"never"`` (default) a record is in the kernel's page
-cache once ``write`` returns, so it survives a crash of the host *process* but
-the last few seconds can be lost if the *machine* loses power; ``"always"``
-calls ``fsync`` after every record, which survives power loss but costs one
-disk flush per call (typically 0.1-10 ms, see ``benchmarks/bench_audit.py``).
-
-Signed checkpoints (:mod:`audit.checkpoints`), on when a signing key exists:
-
-- ``checkpoint_every`` (default 1000): a checkpoint whenever the head ``seq``
-  is a multiple of it (so any number of writer processes agree);
-- ``checkpoint_seconds`` (default 60): at most this long after a record
-  that no checkpoint covers yet (and at clean shutdown, and on rotation);
-- ``signing_key`` (default ``keys/audit-signing.key``, relative to the home):
-  the private key file ``plugin-llm audit keygen`` writes;
-- ``key_cmd``: a command printing the private key instead (argv list, or a
-  string split like a shell would), e.g. ``[pass, show, hermes/audit-key]``.
+``fsync``: ``"never"`` (default) survives a crash of the host process, but the last few seconds
+can be lost if the machine loses power; ``"always"`` survives power loss at one disk flush per
+record. Signed checkpoints (on when a signing key exists): ``checkpoint_every`` (default 1000),
+``checkpoint_seconds`` (default 60), ``signing_key`` (default ``keys/audit-signing.key``, relative
+to the home) or ``key_cmd`` (a command printing the private key). Every key and its default:
+docs/auditors.md, "Settings".
 """
 
 from __future__ import annotations

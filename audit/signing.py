@@ -1,28 +1,15 @@
 """The audit signing key: Ed25519, in the text key formats of signed notes (C2SP signed-note).
 
-A checkpoint (:mod:`audit.checkpoints`) is a *signed note*: text, a blank line,
-and one line per signature, ``— <key name> <base64(key hash || signature)>``.
-The keys use the same plain-text encodings, so a note verifier that speaks
-C2SP signed-note / Go's ``golang.org/x/mod/sumdb/note`` checks our checkpoints too:
+A checkpoint (:mod:`audit.checkpoints`) is a signed note, so a C2SP signed-note verifier (Go's
+``golang.org/x/mod/sumdb/note``) checks ours too. The private key is one line, mode 0600; the
+public key one line, safe to publish; formats and key ids in docs/design.md, "The audit log".
+A rotated key keeps the log's name and gets a new key id.
 
-- private (signer) key, one line, mode 0600:
-  ``PRIVATE+KEY+<name>+<key hash, 8 hex>+<base64(0x01 || 32-byte seed)>``
-- public (verifier) key, one line, safe to publish:
-  ``<name>+<key hash, 8 hex>+<base64(0x01 || 32-byte public key)>``
-
-The key hash (the *key id*) is the first 4 bytes of
-``SHA-256(name || "\\n" || 0x01 || public key)``. The name is the log's origin
-(``plugin-llm-audit/<16 hex>``, chosen at the first ``keygen``); a rotated key
-keeps the name and gets a new key id, so checkpoints always say which key
-signed them.
-
-Where the key lives (``audit.signing_key``, default ``<home>/keys/audit-signing.key``)
-or which command prints it (``audit.key_cmd``, like a credential's ``key_cmd``)
-is configured in ``config.yaml``; the public keys ever used sit in
-``<home>/keys/audit-signing.pub`` (one per line, newest last), which is what
-``plugin-llm audit pubkey`` prints for auditors. The private key is registered
-with the credential redactor as soon as it is loaded, and no object of this
-module shows it in a ``repr``.
+The private key lives at ``audit.signing_key`` (default ``<home>/keys/audit-signing.key``) or is
+printed by ``audit.key_cmd``; the public keys ever used sit in ``<home>/keys/audit-signing.pub``
+(newest last), which ``plugin-llm audit pubkey`` prints for auditors. The private key is
+registered with the credential redactor as soon as it is loaded, and no object of this module
+shows it in a ``repr``.
 """
 
 from __future__ import annotations

@@ -1,25 +1,14 @@
 """Per-plugin and per-model summaries of call records. Pure.
 
-Definitions:
-
 - ``calls``: call records (denials included); operational events are ignored.
-- ``denials``: :func:`audit.records.is_denied` (``decision == "denied"``: the trust gate's and
-  the limits' refusals, statuses ``denied`` and ``quota``), what ``query --decision denied`` lists.
-- ``errors``: the other calls whose status is not ``ok``.
-- tokens and ``cost_usd``: sums of the numeric values present;
-  ``unpriced`` counts successful calls that carry no cost (unpriced model).
-  A value no real call can have (negative, not a number, more than
-  :data:`MAX_TOKENS` tokens, more than :data:`MAX_COST_USD` dollars or
-  :data:`MAX_LATENCY_MS` ms in one record) is left out of the sums and
-  counted in ``ignored_values``: logs written before the gateway clamped
-  provider-reported usage may hold such values, and they must neither crash
-  the summary nor dwarf every real number.
-- latency percentiles use the *nearest-rank* method over the ``latency_ms``
-  of calls that were not denied: ``p`` is the value at 1-based rank
-  ``ceil(p/100 * n)`` of the sorted latencies (so p50 of 1..10 is 5, p95 is
-  10). ``None`` when no call has a latency.
-- the model of a call is the provider-reported ``gen_ai.response.model``,
-  else ``gen_ai.request.model``, else ``"-"``.
+- ``denials``: :func:`audit.records.is_denied` (the trust gate's and the limits' refusals);
+  ``errors``: the other calls whose status is not ``ok``.
+- tokens and ``cost_usd``: sums of the values present; ``unpriced`` counts successful calls with
+  no cost. A value no real call can have (negative, not a number, beyond :data:`MAX_TOKENS`,
+  :data:`MAX_COST_USD` or :data:`MAX_LATENCY_MS`) is left out and counted in ``ignored_values``.
+- latency percentiles are *nearest-rank* over calls that were not denied: rank
+  ``ceil(p/100 * n)`` (p50 of 1..10 is 5, p95 is 10); ``None`` when no call has a latency.
+- the model is ``gen_ai.response.model``, else ``gen_ai.request.model``, else ``"-"``.
 """
 
 from __future__ import annotations

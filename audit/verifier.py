@@ -1,80 +1,18 @@
 """``verify``: walk every file of the log, and its signed checkpoints, and report every problem.
 
-Every problem is reported (up to ``max_findings``; the rest are counted), in
-file order; after one the walk resynchronises on the next record, so one
-edit is one finding, not a cascade. Checks, line by line, oldest file first:
+Every problem is reported (up to ``max_findings``; the rest are counted), in file order, oldest
+file first; after one the walk resynchronises on the next record, so one edit is one finding.
+The finding kinds (``edited``, ``seq_gap``, ``broken_link``, ``not_canonical``, ``history_start``,
+``checkpoint_mismatch``, ``truncated``, ...) and their meaning are in docs/auditors.md.
 
-- ``bad_json``   the line is not JSON (and is not a recovered torn line);
-- ``oversized``  the line is longer than :data:`audit.chain.MAX_LINE_BYTES` or
-                 nests deeper than :data:`audit.chain.MAX_DEPTH` (judged before
-                 parsing: a hostile line cannot exhaust memory or the stack);
-- ``duplicate_key`` an object holds the same key twice (parsers disagree on
-                 which value wins, so the line has no single meaning);
-- ``torn``       the line is an incomplete record (a crash during a write) that
-                 no ``chain_resumed`` event accounts for;
-- ``not_a_record`` JSON without valid ``seq``/``prev_hash``/``hash``;
-- ``edited``     ``hash`` differs from the SHA-256 of the record's canonical form;
-- ``not_canonical`` the content matches its hash, but the bytes are not the
-                 writer's rendering of it (re-encoded: spacing, escapes, key
-                 order, number forms). The writer's lines are canonical JSON with
-                 ``hash`` last, so a line is only accepted byte for byte;
-- ``broken_link`` ``prev_hash`` is not the previous record's ``hash``;
-- ``seq_gap``    ``seq`` jumps forward (records missing);
-- ``seq_order``  ``seq`` goes back or repeats, or two records were swapped;
-- ``inserted``   a second, different record claims the previous record's ``seq``;
-- ``history_start`` the oldest retained record is not seq 1 (see below);
-- ``anchor``     (with ``anchor=``) the record at the anchored ``seq`` has another
-                 hash, or is not in the log at all (truncated, pruned or deleted).
+With public keys (``pubkeys=``) the checkpoints file (:mod:`audit.checkpoints`) is checked too.
+A torn line is only a warning when a ``chain_resumed`` event describes exactly its bytes. The
+oldest retained record must be seq 1 unless a signed rotation checkpoint proves the pruning, or
+the caller allows it (``allow_pruned_head=True``). ``strict`` parses every line instead of the
+one-hash fast check of lines in the writer's layout (why that check is sound: docs/design.md).
 
-With public keys (``pubkeys=``, ``--pubkey``), the checkpoints file
-(:mod:`audit.checkpoints`) is checked too:
-
-- ``checkpoint_mismatch`` a record's hash is not the one a signed checkpoint
-                 gives for its ``seq``: records up to it were rewritten (and the
-                 unkeyed chain recomputed -- only the signature catches that);
-- ``truncated``  a signed checkpoint covers records the log no longer has;
-- ``checkpoint_signature`` a checkpoint's signature does not match its text;
-- ``checkpoint_key`` signed by no key given (nor endorsed by a key rotation);
-- ``checkpoint_fork`` two signed checkpoints give different heads for one ``seq``;
-- ``checkpoint_retired_key`` signed only by a key retired by a key rotation, after
-                 its hand-over (or a hand-over it signs to another key);
-- ``checkpoint_bad`` a block that is not a checkpoint (and no later signed
-                 ``torn`` line names it), or one of another log;
-- ``checkpoint_missing`` the log has records but no checkpoints at all;
-- warnings: ``unverified_tail`` (records newer than the last checkpoint: not
-  signed yet), ``checkpoint_torn`` (a crash while appending one, recovered or
-  still the last), ``checkpoint_unchecked`` (checkpoints but no public key).
-
-A torn line is only a *warning* when the writer recorded its recovery: the
-next record is a ``chain_resumed`` event whose ``torn_offset``,
-``torn_bytes`` and ``torn_sha256`` describe exactly those bytes.
-
-The start of the chain: the chain continues across the rotated files
-(``agent.log.N`` .. ``agent.log.1``, ``agent.log``), so only the oldest
-retained record can lack a predecessor, and it must be seq 1 with the
-genesis ``prev_hash`` -- unless a signed rotation checkpoint says retention
-pruned exactly the records before it (``pruned <seq> <hash>`` naming its
-``prev_hash``): then the pruned head is proven. Without that (no key, or
-records missing beyond what was pruned), a log whose head was pruned by
-retention cannot be told from one whose first lines were deleted: both fail
-with ``history_start`` unless the caller says pruning is expected
-(``allow_pruned_head=True``, ``--allow-pruned-head``); then it is a warning.
-
-Speed: by default a line in the writer's layout is checked with one SHA-256
-over its bytes (:func:`audit.chain.fast_fields`): its hash covers exactly the
-bytes on disk, so nothing can be injected into it without recomputing that
-hash -- which breaks the next line's link (or, for the last line, the
-``--anchor``). Any other line is parsed (bounded, duplicate keys refused) and
-must re-render to the same bytes, and so must the last record (the one line
-whose hash no other line repeats). ``strict`` parses *every* line that way,
-which also catches a forger who recomputed the chain from an earlier line on
-but did not render like the writer (re-encoded bytes, duplicate keys).
-Checkpoints add one dict lookup per record and one signature check per
-checkpoint.
-
-What no local check can see: removing the newest records *and* the
-checkpoints after them leaves an older, valid state. Keep the ``head`` that
-``verify`` prints elsewhere and pass it back with ``--anchor``.
+What no local check can see: removing the newest records *and* the checkpoints after them leaves
+an older, valid state; keep the printed ``head`` elsewhere and pass it back with ``--anchor``.
 """
 
 from __future__ import annotations

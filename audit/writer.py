@@ -1,34 +1,18 @@
 """The hash-chained, crash- and concurrency-safe writer of ``agent.log``.
 
-One record = one ``write`` of one whole line on an ``O_APPEND`` descriptor,
-made while holding a ``threading.Lock`` (threads of this process) *and* an
-exclusive ``flock`` on ``agent.log.lock`` (other processes sharing the home).
-Under the lock the writer first checks that the file is still the one, and
-the size, it last wrote; if another process appended or rotated meanwhile it
-re-reads the last line (from the end of the file: a few kilobytes, whatever
-the log's size) to take ``seq`` and ``prev_hash`` from there. So any number of
-threads and processes produce one valid chain.
+One record = one ``write`` of one whole line on an ``O_APPEND`` descriptor, under a
+``threading.Lock`` *and* an exclusive ``flock`` on ``agent.log.lock``, so any number of threads
+and processes sharing the home produce one valid chain. A torn last line (a crash, a short write)
+is kept on a line of its own and named by a chained ``chain_resumed`` event; ``verify`` accepts an
+unparseable line only when such an event follows it.
 
-Recovery: if the file does not end where a complete record ends (a crash tore
-the last line, or a short write on a full disk), the writer appends a newline
-(so the torn bytes stay on a line of their own), reports it once on stderr,
-and writes a chained ``chain_resumed`` event naming the torn bytes (offset,
-length, SHA-256); the chain continues from the last complete record.
-``verify`` accepts an unparseable line only when such an event follows it.
+With a signing key (:mod:`audit.signing`), signed checkpoints (:mod:`audit.checkpoints`) are
+appended under the same locks: every ``checkpoint_every`` records, ``checkpoint_seconds`` after an
+uncovered record, at close and exit, and at every rotation (naming what retention deletes).
 
-Signed checkpoints: with a signing key (:mod:`audit.signing`; none: nothing
-changes), the writer appends a signed checkpoint (:mod:`audit.checkpoints`)
-to ``agent.log.checkpoints`` under the same locks: whenever the head ``seq``
-is a multiple of ``checkpoint_every``, ``checkpoint_seconds`` after a record
-no checkpoint covers yet (a daemon timer), at :meth:`AuditLog.close` and at
-interpreter exit, and at every rotation -- naming, in a signed ``pruned``
-line, the last record of the files retention is about to delete, so a
-pruned head is provable rather than merely allowed.
-
-Failures never break a call unless ``settings.required``: the record is
-counted as lost, the problem is reported once on stderr, and the next line
-that is written carries ``audit_write_error`` (what failed, how many records
-were lost, since when).
+Failures never break a call unless ``settings.required``: the record is counted as lost, the
+problem reported once on stderr, and the next line written carries ``audit_write_error``.
+How concurrent writers agree: docs/design.md, "The audit log".
 """
 
 from __future__ import annotations

@@ -1,32 +1,18 @@
 """Per-plugin budgets and rate limits: admission before the provider call, settlement after.
 
-One way in for the gateway, once per provider request (a structured call's
-repairs are requests of their own, each with its real messages)::
+One way in for the gateway, once per provider request (a structured call's repairs are requests
+of their own)::
 
-    ticket = limits.admit(config.limits, config.home, plugin_id, messages=request.messages,
-                          provider=route.provider, model=route.model, max_tokens=params["max_tokens"],
-                          deadline=admitted.deadline, extra=(params.get("tools"), params.get("response_format")))
+    ticket = limits.admit(config.limits, config.home, plugin_id, messages=..., provider=...,
+                          model=..., max_tokens=..., deadline=..., extra=(tools, response_format))
     # raises PluginLlmLimitError (a PluginLlmQuotaError) before the request is sent
-    ... provider request ...
     ticket.settle(response.usage)   # success: the reservation becomes the actual cost and tokens
-    ticket.release()                # failure: the reservation is dropped (the request still counts per minute)
+    ticket.release()                # failure: the reservation is dropped (still counts per minute)
 
-A plugin without limits costs one dict lookup and gets :data:`UNLIMITED`.
-A busy plugin's calls are admitted and settled in memory under a lease
-(:mod:`plugin_llm.limits.leases`): same decisions, a store step every 100-250 ms
-instead of one per call. The gateway's flow first calls
-:func:`admit_in_memory` (never waits; ``None`` when the store must decide)
-and hands only store steps to its sync/async shell (``admit``/``aadmit``).
-The store (``local`` SQLite or ``redis``) is chosen by ``limits.store`` and
-opened once per process; ``limits.on_store_error`` decides whether a store
-that fails or does not answer within the call's deadline (capped by
-``limits.store_timeout``) denies the call (default) or lets it through
-unmetered. Nothing here imports litellm or redis at import time.
-
-Operator views: :func:`snapshot` and :func:`reset` (``plugin-llm limits
-show|reset``), :mod:`plugin_llm.limits.views` for their text and rows and the
-``audit stats`` budget summary, :func:`check_limits` for ``trust check`` and
-``doctor``.
+A plugin without limits costs one dict lookup and gets :data:`UNLIMITED`. :func:`admit_in_memory`
+comes first (never waits; ``None`` when the store must decide; see :mod:`.leases`). The store is
+opened once per process; nothing here imports litellm or redis at import time. Operator views:
+:func:`snapshot`, :func:`reset`, :mod:`.views`, :func:`check_limits`. See docs/design.md.
 """
 
 from __future__ import annotations

@@ -1,61 +1,18 @@
 """Leases: most admissions decided in memory, against headroom reserved in the store beforehand.
 
-Why: one store round trip per call (SQLite transaction, Redis script) cost
-8-20% of a call against a fast local model (issue 11 asks for < 2% / < 5%).
-A *lease* is a reservation row like a call's, only holding several calls'
-worth of one plugin's headroom: calls in flight (``max_concurrent``),
-requests and tokens of its UTC minute, nano-dollars of its UTC day and
-month. The store counts it like any reservation, so every other process,
-thread and machine sees that headroom as taken: totals never exceed a limit.
+A *lease* is a reservation row like a call's, holding several calls' worth of one plugin's
+headroom (calls in flight, requests and tokens of the minute, nano-dollars of the day and month).
+The store counts it like any reservation, so totals across threads, processes and machines never
+exceed a limit. Per store and plugin this process keeps one :class:`LeaseBook`: a call with room
+in the lease is admitted and settled in memory; a keeper thread hands settled usage to the store
+and resizes the lease in one atomic :class:`~plugin_llm.limits.store.LeaseOp`; a call without room
+makes that step itself, and the store decides exactly as for a single call.
 
-Per store and plugin, this process keeps one :class:`LeaseBook`. A call is
-admitted *in memory* (a lock, a few additions) when the current lease has
-room for its worst case; settlement is in memory too (the reservation leaves
-the lease, the actual usage waits in it). A background keeper thread hands
-the lease's settled usage to the store and resizes it in one atomic step
-(:class:`~plugin_llm.limits.store.LeaseOp`) when one is due: near a limit on
-every pass (every :data:`RENEW_INTERVAL`), else when the admission that uses
-half the slice wakes it, and at the latest :data:`MAX_RENEW_INTERVAL` after
-the last step; it sleeps in between, and gives an idle lease back after
-:data:`IDLE_RETURN`. A call the lease
-has no room for makes that step itself, synchronously, asking for its own
-reservation -- the store then decides exactly as for a single call (same
-numbers, same :class:`Denial`), with the other processes' leases counting as
-in flight.
-
-Sizing: a plugin is *busy* when it needed the store twice within
-:data:`BUSY_WINDOW`, or when calls wait for its store step; only then does
-a lease hold more than its calls in flight, and only then are calls
-admitted in memory. The slice doubles each time a busy plugin runs out (and
-covers the calls waiting for the step at once, so a burst of concurrent
-calls on a cold plugin costs one or two steps; up to :data:`MAX_CALLS`
-calls' worth) and the
-store grants at most 1/``LEASE_SHARE`` of what is still free under each
-limit, so near a limit leases shrink to exact per-call reservations, and a
-quiet plugin (a call every few seconds) is metered per call as before.
-
-Why leases (measured with benchmarks/bench_limits.py and cProfile, CPU time):
-per call, the local store spent ~70% of its 50-110 us in SQLite's execute
-(the write transaction and its WAL frame; already one statement, WAL,
-``synchronous=NORMAL``), ~20% in Python bookkeeping and ~5 us in the price
-and token estimate; Redis ~85-160 us, mostly the round trip of one EVALSHA
-(already hand-packed RESP, settlement riding along). Trimming those leaves a
-floor of one transaction / round trip per call, several times the 2% / 5%
-targets, so the per-call design could not meet them; batching settlements
-alone halves it at best. Leases take the store off the call path with no
-guarantee given up: the store still decides every grant atomically, counts
-leased headroom as reserved, expires it by the crash rule, and near a limit
-decides each call exactly. The price: a limit may refuse slightly early
-while another process holds unused lease headroom (never late). The
-``limits`` package (fixed/moving windows) was not used: it has no
-reservations to replace by the actual usage, no budgets, and no expiry of
-a dead process's share.
-
-Crashes: a lease expires like a call's reservation, at the latest deadline
-of the calls admitted under it plus ``limits.reservation_grace``; a call is
-admitted in memory only if the lease already lasts until its own deadline
-plus the grace, less a small slack (at most 2 s, at most a quarter of the
-grace) that the next renewal closes. A forked child starts with no leases.
+Only a busy plugin gets more than its calls in flight; near a limit leases shrink to exact per-call
+reservations. A limit may refuse slightly early while another process holds unused headroom,
+never late. A lease expires like a reservation (its calls' latest deadline plus
+``limits.reservation_grace``); a forked child starts with none. Why leases (the per-call costs
+measured), sizing and the renewal rules: docs/design.md, "Limits and leases".
 """
 
 from __future__ import annotations

@@ -1,30 +1,14 @@
-"""The ``local`` limit store: SQLite in the home (``<home>/limits.sqlite3``).
+"""The ``local`` limit store: SQLite in the home (``<home>/limits.sqlite3``, created 0600).
 
-Correct across threads and processes of one machine: an admission is ONE
-SQL statement, and so is a settlement. Each is an ``INSERT`` into a request
-table whose trigger does the work, then drops the row itself with
-``RAISE(IGNORE)``: an admission applies the settlements riding along with it
-(a JSON array), purges expired reservations, checks every limit --
-``RAISE(ABORT, 'limit:<n>')`` refuses, undoing the whole statement -- and
-inserts the reservation; a settlement drops the reservation and adds the
-actual usage. A single write statement is its own transaction that takes
-SQLite's write lock before it reads anything (in WAL mode a write
-transaction always sees the latest commit), so it is the same as
-``BEGIN IMMEDIATE; ...; COMMIT`` in one call: check-and-reserve cannot
-interleave.
+Correct across threads and processes of one machine: an admission, a settlement and a lease step
+(:class:`~plugin_llm.limits.store.LeaseOp`) are each ONE SQL statement, an ``INSERT`` whose
+trigger checks and records everything and drops the row itself. A single write statement is its
+own transaction that takes the write lock before it reads, so check-and-reserve cannot interleave.
 
-A lease step (:class:`~plugin_llm.limits.store.LeaseOp`) is one statement
-too (``INSERT INTO lease``, same pattern): settle the lease's finished usage,
-purge, check, resize the lease's row. Reservation rows carry how many calls
-in flight (``slots``) and requests they hold: 1 and 1 for a call, more for a
-lease.
-
-Threads of one process share one connection behind a lock (a hand-off on a
-Python lock is far cheaper than SQLite's sleeping busy handler); processes
-meet at the database lock, waiting at most the call's remaining deadline
-(``busy_timeout``). WAL journal with ``synchronous=NORMAL``: a committed
-admission survives a crash of the process; a power loss can lose the last
-few transactions. The file is created owner-only (0600).
+Threads of one process share one connection behind a lock; processes meet at the database lock,
+waiting at most the call's remaining deadline (``busy_timeout``). WAL with ``synchronous=NORMAL``:
+a committed admission survives a crash of the process; a power loss can lose the last few
+transactions. The trigger pattern and why: docs/design.md, "Limits and leases".
 """
 
 from __future__ import annotations

@@ -1,19 +1,15 @@
 """Worst-case cost of one provider request, before it is sent.
 
-Input tokens are bounded from above without a tokenizer: a token of a
-byte-level BPE (OpenAI, Anthropic, Llama) or of SentencePiece with byte
-fallback (Gemini) covers at least one byte, so the UTF-8 length of the text
-plus a per-message overhead bounds the count (about 4x the real count for
-English; the settlement replaces it with the real usage). Images count a
-fixed worst case each. Output tokens are ``max_tokens``, else the model's
-``max_output_tokens``, else ``limits.default_max_output_tokens``.
+Input tokens are bounded from above without a tokenizer: the UTF-8 length of the text plus a
+per-message overhead (about 4x the real count for English; the settlement replaces it with the
+real usage); images count a fixed worst case each. Output tokens are ``max_tokens``, else the
+model's ``max_output_tokens``, else ``limits.default_max_output_tokens``.
 
-Prices, in this order: the operator's ``limits.prices`` (``provider/model``
-then the bare model name), the embedded ``local`` model (free), then
-litellm's bundled price map read as JSON (never importing litellm), taking
-the highest context tier and the prompt-cache write price as the worst case.
-``custom`` endpoints and models the map does not list are unpriced: a plugin
-with a budget is refused their calls with a reason, never given them free.
+Prices, in this order: the operator's ``limits.prices`` (``provider/model`` then the bare model
+name), the embedded ``local`` model (free), then litellm's bundled price map read as JSON (never
+importing litellm), at its highest context tier. ``custom`` endpoints and models the map does not
+list are unpriced: a plugin with a budget is refused their calls with a reason, never given them
+free. Why a byte count bounds the tokens: docs/design.md, "Limits and leases".
 """
 
 from __future__ import annotations

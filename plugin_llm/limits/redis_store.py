@@ -1,27 +1,15 @@
 """The ``redis`` limit store: several gateway hosts sharing one Redis.
 
-Each admission and each settlement is one Lua script run by the server
-(atomic: no other command runs in between), sent as ``EVALSHA`` with a
-fallback to ``EVAL`` when the server does not have the script cached, so each
-costs one round trip; a settlement queued with ``settle_later`` rides along
-in the next admission's round trip (pipelined before it). Keys, per plugin (one hash tag, so a cluster
-keeps them in one slot)::
+Each admission, settlement and lease step is one Lua script run by the server (atomic), sent as
+``EVALSHA`` with a fallback to ``EVAL``: one round trip; a settlement queued with ``settle_later``
+rides along in the next admission's round trip. A plugin's keys share one hash tag (one cluster
+slot); their layout is in docs/design.md, "Limits and leases".
 
-    <prefix>:{<plugin>}:res         ZSET  reservation id -> expiry
-    <prefix>:{<plugin>}:resv        HASH  reservation id -> "cost tokens minute day month" (a call),
-                                          + " slots requests" (a lease: LEASE_LUA, one script per step)
-    <prefix>:{<plugin>}:mi:<minute> HASH  r = finished requests, t = their tokens (expires after 2 min)
-    <prefix>:{<plugin>}:d:<day>     STR   settled nano-dollars              (expires after 40 days)
-    <prefix>:{<plugin>}:mo:<month>  STR   settled nano-dollars              (expires after 400 days)
-
-(``<plugin>`` is the plugin id when it is plain, else ``sha256-<hex digest>``.)
-
-Every socket operation is bounded by the time the caller gives (the call's
-remaining deadline, capped by ``limits.store_timeout``); redis-py's own
-retries are off, so a Redis that is down or stalled fails fast into
-``on_store_error``. ``now`` comes from the caller: hosts sharing a Redis need
-synchronised clocks (NTP), a skew only shifts window edges by the skew.
-redis-py is imported when this store is first used, never at import time.
+Every socket operation is bounded by the time the caller gives (the call's remaining deadline,
+capped by ``limits.store_timeout``); redis-py's own retries are off, so a Redis that is down or
+stalled fails fast into ``on_store_error``. ``now`` comes from the caller: hosts sharing a Redis
+need synchronised clocks (NTP); a skew only shifts window edges. redis-py is imported when this
+store is first used, never at import time.
 """
 
 from __future__ import annotations

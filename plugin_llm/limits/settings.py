@@ -1,45 +1,13 @@
 """The ``limits:`` section and ``plugins.entries.<id>.limits`` blocks of config.yaml.
 
-Pure: takes the already-parsed YAML mappings, returns frozen values plus the
-problems found. Limits never fail open: a key or value the gateway does not
-understand in a block that governs a plugin's calls denies those calls (with
-one error naming the key and the fix) instead of silently dropping the limit
-a typo was meant to set. ``config.py`` owns reading the file; this module
-owns the rules of these two sections.
+Pure: takes the already-parsed YAML mappings, returns frozen values plus the problems found.
+Limits never fail open: a key or value the gateway does not understand in a block that governs a
+plugin's calls denies those calls (with one error naming the key and the fix) instead of silently
+dropping the limit a typo was meant to set. ``config.py`` owns reading the file; this module owns
+the rules of these two sections.
 
-Money is held as integer nano-dollars (1e-9 USD) so that sums across
-processes, SQLite and Redis are exact.
-
-Operator reference (every key optional)::
-
-    limits:
-      store: local                 # local (SQLite <home>/limits.sqlite3, one machine) | redis (several)
-      redis_url: redis://127.0.0.1:6379/0   # rediss:// for TLS, unix:// for a socket
-      redis_key_prefix: plugin_llm # gateways sharing a Redis and a prefix share the counts
-      on_store_error: deny         # deny (fail closed) | allow (calls go through unmetered, audited)
-      store_timeout: 2.0           # seconds a call may wait for the store (and never past its deadline)
-      reservation_grace: 60        # an unsettled reservation stops counting this long after the deadline
-      default_max_output_tokens: 4096   # worst-case output when neither max_tokens nor the price map says
-      prices:                      # USD per million tokens; wins over litellm's price map
-        custom/my-model: {input_per_mtok: 0.5, output_per_mtok: 1.5, max_output_tokens: 8192}
-      defaults:                    # limits of every plugin without a `limits` block of its own
-        requests_per_minute: 60
-    plugins:
-      entries:
-        my-plugin:
-          limits:                  # `limits: {}` exempts the plugin from limits.defaults
-            budget_usd: {day: 1.00, month: 20}   # calendar windows in UTC
-            requests_per_minute: 30
-            tokens_per_minute: 40000
-            max_concurrent: 4
-
-Each provider request reserves its worst case before it is sent (input
-bounded by the UTF-8 size of the messages, output by ``max_tokens`` or the
-model's limit), priced by ``limits.prices``, then litellm's price map; the
-local model is free; a budget on a model with no price refuses its calls.
-After the request the reservation becomes the real usage; a failed request
-releases it (it still counts per minute). Windows are calendar buckets, so
-a new day starts from zero while the month keeps every day's spend.
+Money is held as integer nano-dollars (1e-9 USD) so that sums across processes, SQLite and Redis
+are exact. Every key, its default and what it does: docs/limits.md.
 """
 
 from __future__ import annotations

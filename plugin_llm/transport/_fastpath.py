@@ -1,31 +1,16 @@
 """The fast path: litellm's provider layer, the request sent on a pooled client the gateway owns.
 
-``litellm.completion`` spends about 2.5 ms of CPU per call around the
-provider's own work (parameter mapping through generic helpers, the openai
-SDK, a logging object, success callbacks on a thread, the cost calculator).
-The fast path keeps litellm for everything provider-specific, through the
-provider config class litellm itself uses (``ProviderConfigManager``):
-``map_openai_params``, ``validate_environment`` (headers), ``get_complete_url``,
-``transform_request``, ``transform_response``, ``get_error_class`` and
-litellm's exception mapping, its price map and its error types. It sends the
-request itself: sync on one pooled ``httpx.Client`` (every socket operation
-bounded by the call's deadline, like the fallback's inline attempts), async on
-one pooled ``aiohttp.ClientSession`` per event loop under ``asyncio.timeout``
-(aiohttp's pool costs a fraction of httpx's under high concurrency; see
-``benchmarks/bench_gateway.py``).
+litellm stays in charge of everything provider-specific, through its provider config class
+(``ProviderConfigManager``): parameter mapping, headers, URL, request and reply transforms, error
+classes, prices. The gateway sends the request itself: sync on one pooled ``httpx.Client`` (every
+socket operation bounded by the call's deadline), async on one pooled ``aiohttp.ClientSession``
+per event loop under ``asyncio.timeout``. Per route, once: :class:`FastRoute`. Deadline, retries,
+``Retry-After``, key pools and redaction are the transport's, shared with the fallback.
 
-Per route, once: the provider config, the endpoint, the supported parameters,
-the prices (:class:`FastRoute`). Per attempt: map the parameters, transform,
-POST, transform the reply. Deadline, retries, ``Retry-After``, key pools and
-redaction are the transport's, shared with the fallback.
-
-Which routes: :data:`FAST_PROVIDERS` (OpenAI and OpenAI-compatible providers,
-``custom`` included, each checked by tests/test_transport_parity.py against the
-fallback), with litellm in :data:`TESTED_LITELLM`, unless
-``PLUGIN_LLM_FAST_PATH=0``. Everything else (SDK-auth providers such as
-Bedrock or Vertex, the in-process ``local`` model, a litellm outside the tested
-range) goes through ``litellm.completion``. :func:`decide` says which and why
-without importing litellm (``doctor`` prints it).
+Which routes: :data:`FAST_PROVIDERS` with litellm in :data:`TESTED_LITELLM`, unless
+``PLUGIN_LLM_FAST_PATH=0``; each is checked against the fallback by
+tests/test_transport_parity.py. :func:`decide` says which and why without importing litellm.
+Why it exists (the CPU ``litellm.completion`` spends per call): docs/design.md, "Transport".
 """
 
 from __future__ import annotations

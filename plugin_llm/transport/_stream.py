@@ -1,35 +1,14 @@
 """Streaming provider calls: text deltas as they arrive, on the fast path and through litellm.
 
-:meth:`LitellmTransport.open_stream` / ``aopen_stream`` return an open
-:class:`TransportStream` (:class:`AsyncTransportStream`): ``read()`` gives the
-next text delta (``None`` at the end), ``final()`` the whole reply as a
-:class:`TransportResponse` (text, model, usage, cost, attempts), ``close()``
-drops the connection of a stream the caller abandons.
+:meth:`LitellmTransport.open_stream` / ``aopen_stream`` return an open :class:`TransportStream`
+(:class:`AsyncTransportStream`): ``read()`` gives the next text delta (``None`` at the end),
+``final()`` the whole reply as a :class:`TransportResponse` (text, model, usage, cost, attempts),
+``close()`` drops the connection of a stream the caller abandons.
 
-* **Fast path**: the request litellm's provider config builds, with
-  ``stream: true`` and ``stream_options: {include_usage: true}``, sent on the
-  gateway's pooled clients; the SSE body parsed incrementally by
-  :class:`SseParser`, bounded in line length, total bytes and number of events
-  (a body past a bound, an event that is not JSON, an ``error`` event: a
-  ``PluginLlmProviderError``).
-* **Fallback**: ``litellm.completion(stream=True)`` / ``acompletion(stream=True)``
-  (the in-process ``local`` model streams through its custom-provider hook).
-* **Deadline**: the call's total deadline covers the whole stream. Sync reads
-  run with ``IO.deadline`` set, so every socket read is bounded by the time left
-  (a provider that trickles bytes or stalls between chunks is cut off at the
-  deadline); a fallback provider whose I/O is not bounded that way is read on a
-  worker thread the caller stops waiting for. Async reads run under
-  ``asyncio.timeout`` of the time left.
-* **Retries** happen only before the first delta reaches the caller: an attempt
-  is "connect, check the status, read up to the first text delta"; a failure
-  after that ends the stream with an error that says how much was delivered.
-* **The key** (and every loaded secret) is hidden in the deltas by
-  :class:`StreamRedactor`, which holds back a tail that could be the start of a
-  secret until the next delta or the end, so a key split across two chunks is
-  hidden too.
-* **Usage** is the provider's final chunk; without one it is estimated with
-  litellm's token counter and marked ``estimated``. Cost from the price map, as
-  for calls that do not stream.
+The call's total deadline covers the whole stream; retries happen only before the first delta
+reaches the caller; the SSE body is bounded (:class:`SseParser`); :class:`StreamRedactor` hides
+the key and every loaded secret in the deltas, even split across chunks. Usage without a final
+usage chunk is estimated and marked ``estimated``. Details: docs/design.md, "Streams".
 """
 
 from __future__ import annotations
