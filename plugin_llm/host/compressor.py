@@ -1,22 +1,13 @@
 """The built-in context compressor: trim the oldest turns past a token budget.
 
-A session hands the full message list (system prompt + history + the current
-user message) to its context engine before every model request. This is the
-engine used when no plugin registered one (``context.engine: compressor``).
+The engine a session uses when no plugin registered one (``context.engine: compressor``). Leading
+system messages and the last user turn are always kept (even when that turn alone exceeds the
+budget); an assistant message with ``tool_calls`` and the ``tool`` messages answering it are kept
+or dropped together; otherwise whole turns are dropped, oldest first, until the estimate fits, and
+one short system note says how many messages were left out.
 
-Rules, in order of importance:
-
-- leading system messages are always kept;
-- the last user turn (the last user message and everything after it) is
-  always kept, even when it alone exceeds the budget;
-- an assistant message carrying ``tool_calls`` and the ``tool`` messages that
-  answer it form one unit: they are kept or dropped together, never split;
-- otherwise whole turns are dropped, oldest first, until the estimate fits,
-  and one short system note says how many messages were left out.
-
-Token counts are an estimate (about four characters per token plus a small
-per-message overhead): no tokenizer is loaded, so this stays fast and offline.
-The input list is never modified.
+Token counts are an estimate (about four characters per token plus a small per-message overhead;
+no tokenizer). The input list is never modified.
 """
 
 from __future__ import annotations

@@ -1,58 +1,18 @@
 """Session: the host's turn loop over the configured model, tools, hooks and commands.
 
-One :class:`Session` is one conversation. ``run_turn(text)`` (or
-``await arun_turn(text)``) handles one line of input:
+One :class:`Session` is one conversation. ``run_turn(text)`` (or ``await arun_turn(text)``)
+handles one line of input: ``/name args`` runs a built-in slash command (``/help``, ``/plugins``,
+``/tools``, ``/history``, ``/model``, ``/reset``, ``/clear``, ``/exit``, ``/quit``) or a plugin's;
+anything else is a turn: the model is called through the gateway (audited under the ``host``
+identity) with the registered tools, tool calls run through ``PluginManager.dispatch_tool``, until
+the model answers in text or the tool-iteration cap is reached.
 
-- ``/name args`` runs a slash command: a built-in (``/help``, ``/plugins``,
-  ``/tools``, ``/history``, ``/model``, ``/reset``, ``/clear``, ``/exit``,
-  ``/quit``) or a plugin command (sync or async handler);
-- anything else is a conversation turn: the model is called through the
-  gateway (audited under the ``host`` identity) with the registered tools, tool
-  calls run through ``PluginManager.dispatch_tool`` (``pre_tool_call`` block,
-  handler, ``transform_tool_result``, ``post_tool_call``), until the model
-  answers in text or the tool-iteration cap is reached.
-
-Hooks fired, in order, for a turn: ``on_session_start`` (first turn only),
-``pre_llm_call`` (once per turn; its context is appended to the current user
-message for the requests of this turn only, never stored), then per model
-request ``pre_api_request`` / ``post_api_request``, the tool hooks (through
-the manager), ``transform_llm_output`` on the final text, ``post_llm_call``
-(successful turns only) and ``on_session_end`` (end of every turn, and once
-more when the session closes), ``on_session_finalize`` (close, or ``/reset``
-of the old session) and ``on_session_reset`` (``/reset``, ``/clear``).
-
-Before every model request the context engine (a plugin's, else the built-in
-:class:`~plugin_llm.host.compressor.ContextCompressor`) fits the messages into
-``context_budget_tokens``. The active memory provider is consulted once per
-turn (``recall``, appended like ``pre_llm_call`` context) and told about the
-exchange afterwards (``remember``).
-
-Hermes plugins are driven through Hermes's interfaces (every call isolated and
-under ``plugins.hook_timeout``, :meth:`PluginManager.call_plugin`): a Hermes
-``MemoryProvider`` is initialised on the first turn (``initialize``; its
-``system_prompt_block`` joins the system prompt), asked before each turn
-(``on_turn_start``, ``prefetch`` — fenced as ``<memory-context>`` on the
-turn's user message, never stored), its ``get_tool_schemas`` are offered as
-tools (answered by ``handle_tool_call`` through the tool pipeline), told after
-each turn (``sync_turn``, ``queue_prefetch``), on ``/reset`` (``on_session_switch``
-with ``reset=True``) and at close (``on_session_end``, ``shutdown``). A Hermes ``ContextEngine`` gets ``on_session_start`` and
-``update_model(model, context_length=<budget>)`` once, ``should_compress`` /
-``compress`` before each request, ``update_from_response`` after it and
-``on_session_end`` at close. ``llm_request`` middleware may rewrite each model
-request and ``llm_execution`` middleware wraps it; ``api_request_error`` fires
-when one fails.
-
-Injected messages (``ctx.inject_message`` -> :meth:`Session.inject`): while a
-turn runs they go to the interrupt queue, which is checked between model
-requests and tool rounds; the message joins the conversation and the turn goes
-on with it. Otherwise they wait in the pending queue for
-:meth:`drain_pending` / :meth:`run_pending` (the chat loop runs them as turns).
-
-Sync and async share one implementation: the turn is a generator that yields
-effects (model request, tool dispatch, command, blocking call); the sync driver
-runs them inline, the async driver awaits the async twins and runs blocking
-plugin code (hooks, memory, context engine) in a worker thread so the event
-loop is never blocked.
+Hooks, middleware, the context engine (fitting ``context_budget_tokens`` before every request),
+memory providers and Hermes's ``MemoryProvider``/``ContextEngine`` interfaces are driven at fixed
+points of the turn, every plugin call isolated under ``plugins.hook_timeout``. Injected messages
+(:meth:`Session.inject`) join a running turn between model requests, else wait for
+:meth:`drain_pending` / :meth:`run_pending`. Sync and async share one generator of effects; the
+async driver runs blocking plugin code in a worker thread. Call order: docs/design.md.
 """
 
 from __future__ import annotations

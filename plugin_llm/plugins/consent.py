@@ -1,25 +1,15 @@
 """Capability consent: what a plugin asks for (``capabilities:`` in plugin.yaml) and what the operator granted.
 
-A consent is recorded in ``config.yaml`` next to the plugin's other settings::
+A consent is recorded in ``config.yaml`` as ``plugins.entries.<key>.granted_capabilities`` plus
+``capabilities_sha256`` (:func:`consent_digest` of the key and the list), which ties the list to
+the key it was consented for: a list copied to another plugin, or edited by hand, grants nothing.
+``plugins install`` on a terminal shows the requested capabilities and asks; a non-interactive
+install grants nothing; an update that requests more asks again; ``plugins consent KEY`` reviews
+and grants later.
 
-    plugins:
-      entries:
-        image_gen/openai:
-          granted_capabilities: [llm.model_override]
-          capabilities_sha256: <consent_digest(key, granted)>
-
-The digest ties the list to the key it was consented for (a list copied to
-another plugin, or edited by hand, grants nothing — :mod:`plugin_llm.config`
-checks it and says so). ``plugins install`` on a terminal shows the requested
-capabilities and asks; a non-interactive install grants nothing. An update whose
-manifest requests more asks again for the new ones; until then only what was
-granted before stays granted. ``plugins consent KEY`` reviews and grants later.
-
-Behaviour Hermes does not document (it added consent after 0.19.0) is fail
-closed here: unknown capabilities can be granted but give nothing, a
-capability the current manifest no longer requests is not in effect
-(:meth:`PluginManager.granted_capabilities`), and no capability is ever granted
-without an explicit yes.
+Fail closed where Hermes documents nothing: unknown capabilities can be granted but give nothing,
+a capability the current manifest no longer requests is not in effect
+(:meth:`PluginManager.granted_capabilities`), and nothing is granted without an explicit yes.
 """
 
 from __future__ import annotations

@@ -1,26 +1,15 @@
 """Finding plugins: directories and entry points -> :class:`PluginCandidate` values.
 
-Sources:
+Sources: the user's ``$HERMES_HOME/plugins/``; ``<project>/.hermes/plugins/`` only when
+``HERMES_ENABLE_PROJECT_PLUGINS`` is 1/true/yes/on (project code is untrusted by default); entry
+points in the ``hermes_agent.plugins`` group. Keys are Hermes's: ``<dir>/plugin.yaml`` has its
+manifest ``name`` (else the directory name); a directory without a manifest is a category, and
+``<cat>/<dir>/plugin.yaml`` has key ``<cat>/<dir>`` (the path, not the manifest name). Nothing
+deeper is looked at, and nothing is imported here.
 
-1. user      ``$HERMES_HOME/plugins/``
-2. project   ``<project>/.hermes/plugins/`` — only when ``HERMES_ENABLE_PROJECT_PLUGINS``
-             is 1/true/yes/on (project code is untrusted by default)
-3. entry points in the ``hermes_agent.plugins`` group (pip-installed plugins)
-
-Keys are Hermes's: in a plugin root, ``<dir>/plugin.yaml`` is a plugin whose key
-is its manifest ``name`` (the directory name when absent); a directory without
-a manifest is a category, and ``<cat>/<dir>/plugin.yaml`` has key ``<cat>/<dir>``
-— the path, not the manifest name (``browser/browser_use`` with
-``name: browser-browser-use``). Nothing deeper is looked at. Nothing is imported
-here; a manifest without ``kind:`` is classified like Hermes does, from the
-first 8 KiB of its ``__init__.py`` (a memory provider is ``exclusive``, a
-``ProviderProfile`` registration is ``model-provider``).
-
-The key is the plugin's identity (its trust block, its enable entry, its audit
-``plugin_id``), so no source may take over another's: when two plugins claim one
-key — two directories of one root, a project plugin and a user plugin, a
-directory and an entry point — *every* claimant fails with an error naming them
-all, and none is loaded. Names with control or invisible characters (see
+The key is the plugin's identity (its trust block, its enable entry, its audit ``plugin_id``), so
+no source may take over another's: when two plugins claim one key, *every* claimant fails with an
+error naming them all, and none is loaded. Names with control or invisible characters (see
 :mod:`plugin_llm.terminal_text`) fail too.
 """
 

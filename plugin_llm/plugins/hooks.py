@@ -1,48 +1,17 @@
 """Lifecycle hooks: registration, keyword filtering, isolation and time limits.
 
-Hooks are always called with keyword arguments, and each callback receives only
-the keywords its signature accepts (``params`` is an alias of ``args``, so the
-Hermes hello-world ``on_tool_call(tool_name, params, result)`` works). A callback
-that raises or exceeds ``plugins.hook_timeout`` is isolated: the others still
-run, and the error is logged once per distinct (plugin, hook, type, message).
+Hooks are always called with keyword arguments, and each callback receives only the keywords its
+signature accepts (``params`` is an alias of ``args``). A callback that raises or exceeds
+``plugins.hook_timeout`` is isolated: the others still run, and the error is logged once per
+distinct (plugin, hook, type, message).
 
-Time limits, two ways:
-
-* On the main thread (the CLI, ``chat``, a host's own loop), when no event loop
-  runs there and nobody else uses ``SIGALRM``, callbacks run **inline** under an
-  interval timer: when one overruns, ``SIGALRM`` raises inside it (sleeps, socket
-  reads and lock waits are interrupted too) and it is recorded as timed out. This
-  avoids a thread hand-off per invocation (about 70 µs on a small VM). A callback
-  stuck inside C code that retries interrupted system calls by itself cannot be
-  interrupted this way.
-* Everywhere else, the callbacks of one invocation run, in registration order, on
-  a worker of a small daemon thread pool while the caller waits. When a callback
-  overruns, the caller stops waiting for it, records a timeout and continues with
-  the next callbacks on a fresh worker. Python cannot stop a thread, so **a
-  timed-out callback keeps running in the background** until it returns; its
-  result is discarded. Worker threads are daemons, so a stuck callback never
-  prevents the process from exiting.
-
-A callback that catches the interruption (``except BaseException`` in a loop) is
-not let off: after a short grace the timer keeps firing and every interpreter
-check point in its code raises again, so control leaves any ``try`` it sits in;
-in practice it unwinds within milliseconds. Limits: a callback blocked in C code
-that never returns to the interpreter (a C extension loop, a system call retried
-on EINTR) cannot be stopped on the main thread, and neither can one that spends
-its time inside the host's own code (``ctx.llm`` calls in a loop): the forced
-phase never raises inside plugin_llm, audit or auth, whose cleanup must run. On
-the pool such a callback is abandoned instead.
-
-Everything a callback returns or raises is read while its time limit still runs,
-through :mod:`.isolation`: return values are copied into plain built-in types
-(``HookOutcome.value``) and errors are formatted into bounded text
-(``HookOutcome.error_text``), so no hostile ``__str__``, ``Mapping.get`` or
-``str`` subclass reaches the host. A ``KeyboardInterrupt`` a plugin raises
-itself is isolated like any error; the operator's Ctrl-C (a real SIGINT) stops
-the invocation and propagates.
-
-:func:`call_limited` runs any plugin callable (the manager's import +
-``register(ctx)``) under the same limit, on the same two paths.
+The time limit runs inline under ``SIGALRM`` on a main thread without an event loop, else on a
+worker of a small daemon pool. On the pool **a timed-out callback keeps running in the
+background** (Python cannot stop a thread); its result is discarded. Everything a callback returns
+or raises is read through :mod:`.isolation` while its limit still runs. A ``KeyboardInterrupt`` a
+plugin raises is isolated; the operator's Ctrl-C stops the invocation and propagates.
+:func:`call_limited` runs any plugin callable (import + ``register(ctx)``) the same way.
+What cannot be interrupted, and why two paths: docs/design.md, "Hooks, middleware".
 """
 
 from __future__ import annotations

@@ -1,30 +1,16 @@
 """Installing, updating and removing directory plugins.
 
-``install``: SOURCE is ``owner/repo`` (a GitHub https URL), a git URL
-(``https://``, ``ssh://``, ``git@host:path``, ``file://``), any of those with
-``#subdir``, or a local directory (``path`` or ``path#subdir``).
-
-Everything happens in a staging directory inside ``plugins/`` (hidden from
-discovery by its leading dot): clone or copy, validate the manifest and every
-symlink, derive the plugin's name, copy ``*.example`` files to their real
-names. Only then is the tree moved into place with ``os.rename`` (same
-filesystem, atomic), the previous install (``--force``) moved aside first and
-restored if anything fails, and ``plugins/.install-metadata.json`` updated.
+``install``: SOURCE is ``owner/repo`` (a GitHub https URL), a git URL (``https://``, ``ssh://``,
+``git@host:path``, ``file://``), any of those with ``#subdir``, or a local directory (``path`` or
+``path#subdir``). Everything happens in a hidden staging directory inside ``plugins/``; only a
+validated tree is moved into place with ``os.rename`` (the previous install, with ``--force``,
+moved aside and restored if anything fails), and ``plugins/.install-metadata.json`` updated.
 Whatever fails, nothing half-installed is left behind.
 
-Layout of a git install: without ``#subdir`` the clone *is* the plugin
-directory (``plugins/<name>/.git``), so ``update`` is a ``git pull
---ff-only`` there. With ``#subdir`` the clone is kept in
-``plugins/.repos/<name>/`` and ``plugins/<name>`` is a relative symlink to
-the subdirectory inside it. A directory install is a plain copy; ``update``
-copies it again from the recorded path.
-
-Git is always run with an argument list (no shell), ``--`` before
-user-provided URLs, no terminal prompts (``GIT_TERMINAL_PROMPT=0``, ssh in
-batch mode, stdin closed), only the protocol of the source allowed
-(``GIT_ALLOW_PROTOCOL``), and a timeout that kills git's whole process group.
-
-This module prints nothing and never asks anything: the CLI does that.
+Git always runs with an argument list (no shell), ``--`` before user URLs, no terminal prompts,
+only the source's protocol allowed and a timeout that kills its process group. Layout of git
+installs and ``update``: docs/design.md. This module prints nothing and never asks anything: the
+CLI does that.
 """
 
 from __future__ import annotations

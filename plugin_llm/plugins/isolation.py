@@ -1,25 +1,14 @@
 """Reading what plugin code returns or raises without trusting it.
 
-Anything a plugin hands back may be hostile: an exception whose ``__str__``
-raises (or never returns), a ``Mapping`` whose ``get`` raises, a ``str``
-subclass whose ``strip`` raises, a gigabyte string, a ``KeyboardInterrupt`` it
-raises itself. The host reads such values only through these helpers:
+Anything a plugin hands back may be hostile (an exception whose ``__str__`` raises or never
+returns, a ``Mapping`` whose ``get`` raises, a gigabyte string). The host reads such values only
+through these helpers: :func:`type_name`, :func:`safe_str` and :func:`error_text` give bounded
+text (nothing escapes them but :class:`HostInterrupt`); :func:`plain` copies a value into exact
+built-in types, or raises :class:`UnusableValue` when it is too large, too deep or raises;
+:data:`SIGINT_WATCH` tells the operator's Ctrl-C from a ``KeyboardInterrupt`` a plugin raises.
 
-* :func:`type_name`, :func:`safe_str` and :func:`error_text` format an object
-  or exception as bounded text (``Type: message``); nothing escapes them but
-  :class:`HostInterrupt` (the host stopping the plugin);
-* :func:`plain` copies a value into exact built-in types (``dict``, ``list``,
-  ``tuple``, ``str``, ``int``, ``float``, ``bool``, ``None``) through the
-  built-in types' own methods, so the host's later ``.get``/``.strip`` are the
-  real ones. Other objects are returned as they are (opaque: the host only
-  type-checks them with ``type(x) is ...``). A value that is too large, too
-  deep or raises while being read raises :class:`UnusableValue`;
-* :data:`SIGINT_WATCH` tells the operator's Ctrl-C (a SIGINT delivered to the
-  process) from a ``KeyboardInterrupt`` a plugin raises itself, so the first
-  stops the host and the second is isolated like any other plugin failure.
-
-Call these while the plugin's time limit still runs where there is one (a
-hostile ``__str__`` may hang): :mod:`.hooks` does so for hooks and loading.
+Call these while the plugin's time limit still runs where there is one (a hostile ``__str__`` may
+hang): :mod:`.hooks` does so for hooks and loading.
 """
 
 from __future__ import annotations

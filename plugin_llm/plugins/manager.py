@@ -1,20 +1,15 @@
 """``PluginManager``: discover, gate, load and isolate plugins; run their hooks, tools and commands.
 
-One manager per home (``get_plugin_manager``). ``discover_plugins()`` finds every
-plugin (see :mod:`.discovery`), loads only those enabled in ``plugins.enabled``
-(``plugins.disabled`` always wins) and records the rest, so ``list_plugins()``
-can say why each plugin is or is not active. By manifest ``kind``: an
-``exclusive`` plugin also loads when ``<category>.provider`` selects it
-(``memory.provider: honcho`` loads ``memory/honcho``); a ``model-provider`` is
-recognised and never imported (status ``skipped``: model routing is this
-host's core). Before plugin code runs, the Hermes SDK import hook
-(:mod:`plugin_llm.compat.hermes.finder`) is installed. Loading a plugin means importing
-it under its own module namespace (``hermes_plugins.<key>``) and calling
-``register(ctx)``; anything that goes wrong marks that plugin failed, removes
-whatever it had registered, and the others load.
+One manager per home (``get_plugin_manager``). ``discover_plugins()`` finds every plugin
+(:mod:`.discovery`), loads only those enabled in ``plugins.enabled`` (``plugins.disabled`` always
+wins) or, for an ``exclusive`` plugin, selected by ``<category>.provider``, and records the rest
+so ``list_plugins()`` can say why each is or is not active; a ``model-provider`` is never
+imported. Loading means installing the Hermes SDK import hook, importing the plugin under
+``hermes_plugins.<key>`` and calling ``register(ctx)``; anything that goes wrong marks that plugin
+failed, removes whatever it had registered, and the others load.
 
-``dispatch_tool`` is the host's one tool execution path: pre_tool_call guards
-(fail closed) -> handler -> transform_tool_result -> post_tool_call.
+``dispatch_tool`` is the host's one tool execution path: pre_tool_call guards (fail closed) ->
+handler -> transform_tool_result -> post_tool_call.
 """
 
 from __future__ import annotations

@@ -1,32 +1,17 @@
 """``plugin.yaml`` manifests: the value type and its (pure) parser.
 
-```yaml
-name: hello-world              # defaults to the directory name
-version: "1.0"
-description: A minimal example plugin
-author: Jane Doe
-requires_env:                  # strings or {name, description}
-  - WEATHER_API_KEY
-  - {name: WEATHER_UNITS, description: metric or imperial}
-provides_tools: [hello_world]
-provides_hooks: [post_tool_call]
-kind: standalone               # Hermes's kinds, see below
-capabilities: [llm.model_override]   # what the plugin asks the operator to grant
-isolation: process             # ask to run out of process (never less isolation than the operator set)
-```
+Fields: ``name`` (defaults to the directory name), ``version``, ``description``, ``author``,
+``requires_env`` (strings or ``{name, description}``), ``provides_tools``, ``provides_hooks``,
+``kind``, ``capabilities`` (what the plugin asks the operator to grant) and ``isolation``
+(``process`` asks to run out of process; never less isolation than the operator set). Example:
+docs/plugin-authors.md.
 
-``kind`` has Hermes's meanings: ``standalone`` (the default), ``backend`` (a
-provider for one host subsystem: image generation, memory, ...), ``exclusive``
-(one active at a time, chosen by ``<category>.provider``, e.g.
-``memory.provider``), ``platform`` (messaging adapters) and ``model-provider``
-(LLM providers: recognised, never loaded here — model routing is the host's
-core). Any other value is kept as ``declared_kind``, noted in ``notes`` and
-treated as ``standalone``.
-
-Unknown fields are tolerated (kept in ``extra`` and debug-logged). A manifest
-that is not valid YAML, not a mapping, has a field of the wrong type or a name
-that is not a plain name raises :class:`ManifestError`; the manager records
-that plugin as failed and carries on with the others.
+``kind`` has Hermes's meanings: ``standalone`` (default), ``backend``, ``exclusive`` (one active
+at a time, chosen by ``<category>.provider``), ``platform`` and ``model-provider`` (recognised,
+never loaded here). Any other value is kept as ``declared_kind``, noted and treated as
+``standalone``. Unknown fields are kept in ``extra``. A manifest that is not valid YAML, not a
+mapping, has a field of the wrong type or a name that is not a plain name raises
+:class:`ManifestError`; the manager records that plugin as failed and carries on.
 """
 
 from __future__ import annotations

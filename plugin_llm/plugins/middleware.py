@@ -1,36 +1,16 @@
 """Execution middleware (``ctx.register_middleware``): plugins wrapping the host's model and tool calls.
 
-Request middleware (``llm_request``, ``tool_request``) rewrites what is about to
-run: ``callback(request=|args=, original_request=|original_args=, **context)``
-may return ``{"request": {...}}`` / ``{"args": {...}}`` to replace it for the
-callbacks after it and the call (anything else leaves it as it is). Each runs
-isolated under ``plugins.hook_timeout`` like a hook; ``tool_request`` runs
-before the ``pre_tool_call`` guards, so they see the rewritten arguments.
+Request middleware (``llm_request``, ``tool_request``) may return ``{"request": {...}}`` /
+``{"args": {...}}`` to replace what is about to run (``tool_request`` runs before the
+``pre_tool_call`` guards). Execution middleware (``llm_execution``, ``tool_execution``, Hermes's
+``hermes_cli.middleware``) wraps the call: ``next_call(payload=None)`` runs the rest of the chain
+once and returns its result; the first registered is outermost.
 
-Execution middleware wraps the call itself (Hermes's ``hermes_cli.middleware``):
-
-* ``llm_execution`` — ``callback(request=, original_request=, next_call=, **context)``
-  around each model request of a turn; ``request`` is ``{"messages", "tools",
-  "provider", "model"}``;
-* ``tool_execution`` — ``callback(tool_name=, args=, original_args=, next_call=,
-  **context)`` around each tool call (after the ``pre_tool_call`` guards).
-
-``next_call(payload=None)`` runs the rest of the chain (the next middleware,
-finally the real call) with the payload it is given (default: unchanged) and
-returns its result; it may be called once. Callbacks run in registration order,
-the first registered outermost, and receive only the keywords their signature
-accepts (``telemetry_schema_version`` and ``middleware_schema_version`` too).
-
-Isolation and time limits are the hooks': each callback runs on a worker
-thread under ``plugins.hook_timeout`` — counting the callback's own time only,
-never the time spent downstream in ``next_call``. A callback that raises or
-overruns is reported and skipped: the chain goes on without it (or, when it
-had already called ``next_call``, with the result that call produced). An
-error of the downstream call itself reaches the host unchanged. A payload
-handed to ``next_call`` and a callback's result are read as plain data
-(:func:`.isolation.plain`) and checked by the caller (``accept``); a callback
-that returns something unusable is treated like one that failed. An abandoned
-callback that calls ``next_call`` later is refused.
+Each callback is isolated like a hook under ``plugins.hook_timeout``, counting its own time only,
+never the time downstream in ``next_call``. A callback that raises, overruns or returns something
+unusable is reported and skipped; an error of the downstream call reaches the host unchanged; an
+abandoned callback that calls ``next_call`` later is refused. Payloads and results are read as
+plain data (:func:`.isolation.plain`). Signatures: docs/plugin-authors.md.
 """
 
 from __future__ import annotations

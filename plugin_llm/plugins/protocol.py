@@ -1,22 +1,13 @@
 """The wire protocol between the host and an out-of-process plugin (:mod:`.worker`, :mod:`.remote`).
 
-Newline-delimited JSON over a pipe pair, each message at most :data:`MAX_MESSAGE`
-bytes (ASCII-only JSON, so a message never contains a raw newline). Both sides
-send requests and answer them, possibly nested (a hook in the child calls
-``ctx.llm`` on the host while the host waits for the hook):
+Newline-delimited ASCII JSON over a pipe pair, each message at most :data:`MAX_MESSAGE` bytes.
+Both sides send requests and answer them, possibly nested: ``{"t": "call", "id": N, "m": METHOD,
+"p": PARAMS}``, answered by ``{"t": "ok", "id": N, "r": RESULT}`` or ``{"t": "err", "id": N, "e":
+{...}}``. Non-JSON values travel tagged (``{"$t": "bytes" | "fn" | "map", ...}``).
 
-* ``{"t": "call", "id": N, "m": METHOD, "p": PARAMS}`` — a request;
-* ``{"t": "ok", "id": N, "r": RESULT}`` / ``{"t": "err", "id": N, "e": {"type", "message", ...}}``
-  — its answer.
-
-Ids are per sender. Values that are not JSON travel tagged: ``{"$t": "bytes", "v": base64}``,
-``{"$t": "fn", "id": N}`` (a callable of the sender, called back with ``callback``) and
-``{"$t": "map", "v": [[k, v], ...]}`` for a mapping that itself has a ``"$t"`` key.
-Anything malformed (not JSON, not an object, too big, an unknown type, an answer
-nobody asked for) is a :class:`ProtocolError`: the channel cannot be trusted any
-more, and the host stops the child (see :mod:`.remote`).
-
-This module imports nothing heavy: the worker starts in a few tens of milliseconds.
+Anything malformed (not JSON, not an object, too big, an unknown type, an answer nobody asked
+for) is a :class:`ProtocolError`: the channel cannot be trusted any more, and the host stops the
+child. This module imports nothing heavy. Tags in full: docs/design.md.
 """
 
 from __future__ import annotations

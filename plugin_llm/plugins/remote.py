@@ -1,35 +1,18 @@
 """The host side of an out-of-process plugin (``plugins.entries.<key>.isolation: process``).
 
-:class:`RemotePlugin` starts the plugin's child (``python -m plugin_llm.plugins.worker``,
-confined by :mod:`.sandbox`), loads the plugin in it and keeps it running:
+:class:`RemotePlugin` starts the plugin's child (``python -m plugin_llm.plugins.worker``, confined
+by :mod:`.sandbox`), loads the plugin in it and keeps it running. The child's ``ctx.register_*``
+calls are applied through the host's real ``PluginContext`` with proxies for the callables, so
+registries, validation and dispatch are exactly those of an in-process plugin.
 
-* **Registration.** The child's ``ctx.register_*`` calls arrive while ``load`` runs; each
-  is applied through the host's real ``PluginContext`` of the plugin with *proxies* in
-  place of the plugin's callables, so the registries, validation, refusals and
-  dispatch are exactly those of an in-process plugin. A proxy carries the remote
-  callable's signature (keyword filtering, ``params``/``args`` aliases work as in
-  process) and runs it with an ``invoke`` call.
-* **Time limits.** A hook, middleware callback, ``check_fn`` and the load itself wait at
-  most ``plugins.hook_timeout`` (as in process; for middleware, time spent downstream in
-  ``next_call`` is not counted); tool handlers and commands, which have no time limit in
-  process, have none here either. A call that times out (or is interrupted) **kills the
-  child**, which is then restarted; a timed-out ``pre_tool_call`` blocks, as in process.
-* **Faults.** A child that exits or crashes, sends anything that is not a protocol
-  message (garbage, an oversized message, an answer nobody asked for, an unknown
-  request), or floods its output (more than :data:`FLOOD_BYTES` of stderr within
-  :data:`FLOOD_WINDOW` seconds; its stdout *is* stderr, see :mod:`.worker`) is
-  killed, logged and audited (``plugin_process_fault``), and restarted after a
-  backoff, at most :data:`MAX_RESTARTS` times in a row; then the plugin is marked
-  failed and its registrations are removed. Calls made meanwhile fail like a
-  failing plugin call (a hook error, a tool error result, a blocking guard).
-* **Identity.** ``ctx.llm`` in the child is a call to the host, answered by the
-  host's ``PluginLlm`` bound to the plugin's key when the child was started. Fields
-  naming an identity (``plugin_id``, ``audit``, ...) are refused and audited under the
-  bound key (``plugin_channel_refused``); endpoint and key arguments are refused and
-  audited by ``PluginLlm`` itself, as in process.
+Time limits are the in-process ones; a call that times out kills the child. A child that exits,
+breaks the protocol or floods its output is killed, audited (``plugin_process_fault``) and
+restarted after a backoff, at most :data:`MAX_RESTARTS` times in a row, then marked failed.
+``ctx.llm`` in the child is answered by the host's ``PluginLlm`` bound to the plugin's key; fields
+naming an identity are refused and audited (``plugin_channel_refused``).
 
-Children are started from one long-lived thread (the sandbox's ``PR_SET_PDEATHSIG`` is
-tied to the thread that forks) and stopped at host exit (:func:`stop_all`, atexit).
+Children are started from one long-lived thread (``PR_SET_PDEATHSIG`` is tied to the thread that
+forks) and stopped at host exit (:func:`stop_all`, atexit). Details: docs/design.md.
 """
 
 from __future__ import annotations

@@ -1,52 +1,18 @@
 """How an out-of-process plugin's child is started and confined.
 
-:func:`child_spec` builds everything ``subprocess.Popen`` needs to start one
-plugin's child; the host (the worker's owner) does the starting::
+:func:`child_spec` builds everything ``subprocess.Popen`` needs (``spec.argv``, ``env``, ``cwd``,
+``preexec_fn``); the host starts the child and calls ``spec.cleanup()`` after it is gone. The child
+gets an environment built from an allowlist (:data:`PASSED_ENV`) plus its own ``requires_env``,
+never ``HERMES_HOME``, a credential variable or a ``key_env`` of ``auth.json``
+(:attr:`ChildSpec.withheld_env`); its own scratch directory (or persistent data directory) as
+``HOME``; resource limits (:class:`SandboxLimits`), a new session, no capabilities; and, with a
+working ``bwrap``, bubblewrap: a read-only filesystem without the real home, a private ``/proc``,
+and no network unless ``share_network=True``. Without bubblewrap the network cannot be taken away
+(``share_network=False`` raises :class:`SandboxUnavailable`) and the confinement is ``"process"``
+(:attr:`ChildSpec.reason` says why): the child can read any file the same OS user can.
 
-    spec = child_spec(plugin_key=key, plugin_dir=d, requires_env=names, hermes_home=home,
-                      limits=limits, python_args=["-m", "plugin_llm.plugins.worker"])
-    proc = subprocess.Popen(spec.argv, env=spec.env, cwd=spec.cwd, preexec_fn=spec.preexec_fn, ...)
-    ...
-    spec.cleanup()  # after the child is gone
-
-What the child gets:
-
-* an **environment built from an allowlist** (:data:`PASSED_ENV`: ``PATH``,
-  locale, ``TZ``, the interpreter's own ``PYTHON*`` settings, CA bundle paths,
-  proxies without credentials) plus the plugin's own ``requires_env`` values,
-  taken from the host's environment or else from ``<home>/.env``. Never
-  ``HERMES_HOME``, never a variable any route may read a key from
-  (:func:`auth.env_names.is_credential_name`) or a ``key_env`` named in
-  ``auth.json`` (even when ``requires_env`` names one: it is withheld and listed
-  in :attr:`ChildSpec.withheld_env`), never the gateway's own ``PLUGIN_LLM_*``;
-* its own **scratch directory** (mode 0700) as ``TMPDIR`` and cwd, deleted when it exits, and
-  as ``HOME`` too unless the host gives it a **persistent data directory**
-  (``data_dir=``: :func:`plugin_data_dir`, ``<home>/plugin-data/<key>/``, 0700), which is then
-  both its ``HOME`` and its ``HERMES_HOME`` (the real home is never passed) and survives
-  restarts;
-* **resource limits** applied between fork and exec (:class:`SandboxLimits`),
-  a new session (the operator's Ctrl-C goes to the host, not the child) and,
-  on Linux, ``PR_SET_PDEATHSIG`` so the child dies with the host, no
-  capabilities (also under a root host) and ``PR_SET_NO_NEW_PRIVS``;
-* on Linux with a working ``bwrap``, **bubblewrap**: the filesystem read-only,
-  the real home, ``$HERMES_HOME``, ``/tmp`` and ``/run/user/<uid>`` replaced
-  by empty tmpfs (then the plugin's directory, the Python installation and
-  the ``plugin_llm`` package bound back read-only, the scratch directory and
-  the plugin's own data directory read-write), a private ``/proc`` in a new PID namespace (the host's
-  processes and their ``environ`` are invisible), a minimal ``/dev``, all
-  capabilities dropped, ``--die-with-parent``. By default no network (a new,
-  empty network namespace: not even loopback reaches the host, so neither does
-  the limits Redis); ``share_network=True`` gives it the host's. Without bubblewrap there is no
-  way to take the network away: the default is then the host's network, and
-  ``share_network=False`` raises :class:`SandboxUnavailable` rather than start a child with it.
-
-Without a usable ``bwrap`` the confinement is ``"process"`` and
-:attr:`ChildSpec.reason` says why: the host is made non-dumpable
-(:func:`harden_host_process`), so the child can read neither the host's memory
-nor its ``/proc/<pid>/environ``, but it can read any file the same OS user can.
-
-``PR_SET_PDEATHSIG`` fires when the *thread* that called ``Popen`` exits:
-start children from a thread that lives as long as they should.
+``PR_SET_PDEATHSIG`` fires when the *thread* that called ``Popen`` exits: start children from a
+thread that lives as long as they should. Every mount and flag: docs/design.md.
 """
 
 from __future__ import annotations

@@ -1,43 +1,15 @@
 """Typed views of the plugin-related parts of ``config.yaml``.
 
-The plugin manager reads these keys (``plugin_llm.config`` parses the file; this
-module only interprets the already-parsed mapping, ``HostConfig.raw``):
+``plugin_llm.config`` parses the file; this module only interprets the already-parsed mapping
+(``HostConfig.raw``): ``plugins.enabled`` / ``disabled`` (disabled always wins) /
+``hook_timeout`` / ``isolation_limits``, ``memory.provider``, ``context.engine``, any
+``<category>.provider`` (selects the one active ``exclusive`` plugin of that category), and per
+plugin ``plugins.entries.<key>``: ``allow_tool_override``, ``granted_capabilities`` and
+``capabilities_sha256`` (see :mod:`.consent`), ``isolation``, ``isolation_limits``,
+``isolation_network``. Every key with an example: docs/operators.md, "Plugins".
 
-```yaml
-plugins:
-  enabled: [hello-world, image_gen/openai]   # opt-in: plugin key or bare name
-  disabled: [noisy]                          # always wins over ``enabled``
-  hook_timeout: 30                           # seconds per hook callback
-memory:
-  provider: file-memory                      # "" / absent = built-in only
-context:
-  engine: compressor                         # "compressor" / absent = built-in
-image_gen:
-  provider: openai
-```
-
-and, per plugin, ``plugins.entries.<key>``:
-
-```yaml
-plugins:
-  entries:
-    image_gen/openai:
-      allow_tool_override: true            # register_tool(..., override=True) may replace a tool
-      granted_capabilities: [llm.model_override]
-      capabilities_sha256: 3f1c...         # what was consented to (see plugins.consent)
-      isolation: process                   # run it in its own process (default: in_process)
-      isolation_limits: {memory_mb: 512}   # that process's limits (default: plugins.isolation_limits)
-      isolation_network: host              # none (the default under bubblewrap) | host: the host's network
-```
-
-``plugins.isolation_limits`` (``memory_mb``, ``cpu_seconds``, ``open_files``) are the host's
-default limits of isolated plugins' processes (see :mod:`.sandbox`).
-
-``<category>.provider`` (any top-level section with a ``provider`` string)
-selects the one active ``exclusive`` plugin of that category.
-
-Bad values never raise: they fall back to the safe default (nothing enabled,
-30 s timeout) and a warning explains what was ignored.
+Bad values never raise: they fall back to the safe default (nothing enabled, 30 s timeout) and a
+warning explains what was ignored.
 """
 
 from __future__ import annotations

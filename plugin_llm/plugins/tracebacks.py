@@ -1,23 +1,14 @@
 """A plugin's own frames of an exception it raised, for its author.
 
-``plugin-llm`` never shows the host's internals for a plugin's bug, but the
-author needs *where* their code failed. :func:`plugin_frames` walks the
-exception's traceback (and its ``__cause__`` / ``__context__`` chain) and keeps
-only the frames that run the plugin's code: a file under the plugin's
-directory, or a module of the ``hermes_plugins`` namespace directory plugins
-are imported into. Each frame is ``file:line in function: source line``, the
-file relative to the plugin's directory, with unsafe characters escaped and
-the count and lengths bounded.
+:func:`plugin_frames` walks the exception's traceback (and its ``__cause__`` / ``__context__``
+chain) and keeps only the frames that run the plugin's code: a file under the plugin's directory,
+or a module of the ``hermes_plugins`` namespace. Each frame is ``file:line in function: source
+line``, relative to the plugin's directory, escaped and bounded. Reading a traceback runs no
+plugin code, so this is safe to call on anything a plugin raised.
 
-Reading a traceback runs no plugin code (code objects and line numbers are
-plain data; source lines come from :mod:`linecache`), so this is safe to call
-on anything a plugin raised.
-
-:class:`FailureReporter` reports a failure of a plugin's tool handler or
-middleware callback the way hook and load failures are reported: once per
-distinct error, a WARNING log line saying what failed, the plugin's frames in
-the log at DEBUG (on screen with ``--debug``), and an operational audit event
-carrying the frames — all of it bounded and redacted.
+:class:`FailureReporter` reports a failure of a tool handler or middleware callback as hook and
+load failures are reported: once per distinct error, a WARNING line, the frames at DEBUG (on
+screen with ``--debug``) and an operational audit event carrying them, bounded and redacted.
 """
 
 from __future__ import annotations

@@ -1,23 +1,15 @@
 """The child process of an out-of-process plugin: ``python -m plugin_llm.plugins.worker``.
 
-Started by :mod:`.remote` (through :mod:`.sandbox`: scrubbed environment, scratch
-HOME, resource limits, bubblewrap when usable). It speaks :mod:`.protocol` on the
-stdin/stdout it was given, which it moves to private descriptors first: fd 0
-becomes ``/dev/null`` and fd 1 a copy of stderr, so the plugin's ``print()`` (and
-anything a subprocess it starts writes) can never corrupt the protocol.
+Started by :mod:`.remote` through :mod:`.sandbox`. It speaks :mod:`.protocol` on the stdin/stdout
+it was given, which it first moves to private descriptors (fd 0 becomes ``/dev/null``, fd 1 a copy
+of stderr), so the plugin's ``print()`` can never corrupt the protocol.
 
-The host's first call is ``load``: the worker imports the plugin (Hermes layout,
-with the Hermes SDK import hook installed, under ``hermes_plugins.<key>`` as in
-process) and calls ``register(ctx)`` with a :class:`RemoteContext`. Every
-``ctx`` call but ``ctx.llm`` is bound against :mod:`.ctx_api` and sent to the host
-by name, which applies it through its own ``PluginContext`` (validating exactly as
-in process: its answer, or its error, is what the call returns or raises here).
-Callables stay here, named by handle numbers; the host runs them with ``invoke``.
-``ctx.llm`` calls go to the host too, which answers them under the identity *it*
-bound when it started this process.
-
-Only light modules are imported (no litellm, no HTTP client): start + register
-takes a few tens of milliseconds plus the plugin's own imports.
+The host's first call is ``load``: the plugin is imported as in process and ``register(ctx)`` is
+called with a :class:`RemoteContext`, whose every call but ``ctx.llm`` is bound against
+:mod:`.ctx_api` and applied by the host's own ``PluginContext``. Callables stay here, named by
+handle numbers; the host runs them with ``invoke``. ``ctx.llm`` calls are answered by the host
+under the identity *it* bound when it started this process. Only light modules are imported (no
+litellm, no HTTP client).
 """
 
 from __future__ import annotations

@@ -1,25 +1,15 @@
 """The Hermes plugin SDK modules, served to plugin code when real Hermes is not installed.
 
-Plugins written for Hermes import a handful of Hermes modules when they load
-(``from agent.memory_provider import MemoryProvider``, ``from tools.registry
-import tool_error``, ...). This package holds compatible implementations of
-exactly those (the set the bundled standalone, memory, context-engine and
-image_gen plugins of hermes-agent 0.19.0 import), written for this host: they
-read and write *this* home, never hand out a credential, and never install
-anything. They are not top-level packages: :mod:`.finder` serves them under
-their Hermes names (``agent.memory_provider``) through an import hook the
-plugin manager installs, and only to imports made from plugin code. When the
-real Hermes modules are importable they win and nothing here is used.
+Plugins written for Hermes import a handful of Hermes modules when they load (``from
+agent.memory_provider import MemoryProvider``, ``from tools.registry import tool_error``, ...).
+This package holds compatible implementations of exactly those (the set hermes-agent 0.19.0's
+bundled plugins import): they read and write *this* home, never hand out a credential, and never
+install anything. :mod:`.finder` serves them under their Hermes names, only to imports made from
+plugin code; real Hermes modules, when importable, win.
 
-Served (Hermes name -> module here): see :data:`SERVED`. Any other module of a
-Hermes package (``gateway.*``, ``agent.browser_provider``, ``cron.*``, ...)
-fails with one line naming the Hermes subsystem it belongs to
-(:data:`SUBSYSTEMS`), which this host does not provide.
-
-``plugins.<key path>[.<module>]`` (``plugins.spotify.tools``,
-``plugins.memory.honcho.client``) resolves to the loaded plugin with that key
-— the same module objects as its relative imports — so a bundled plugin copied
-into the home finds itself.
+Served: :data:`SERVED`. Any other Hermes module fails with one line naming its subsystem
+(:data:`SUBSYSTEMS`). ``plugins.<key path>[.<module>]`` resolves to the loaded plugin with that
+key, so a bundled plugin copied into the home finds itself.
 """
 
 from __future__ import annotations

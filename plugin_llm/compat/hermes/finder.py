@@ -1,25 +1,14 @@
 """The import hook serving :mod:`plugin_llm.compat.hermes` to plugin code under Hermes's names.
 
-:func:`install` puts one :class:`HermesCompatFinder` at the front of
-``sys.meta_path`` (idempotent; the plugin manager calls it before loading
-plugins). For a module of a Hermes package (:data:`~.HERMES_TOP_LEVEL`) it
+:func:`install` puts one :class:`HermesCompatFinder` at the front of ``sys.meta_path``
+(idempotent). For a module of a Hermes package (:data:`~.HERMES_TOP_LEVEL`) it does nothing when
+real Hermes is importable or the import does not come from plugin code; else it serves the
+compatible module object itself (:data:`~.SERVED`), resolves ``plugins.<key path>[.<module>]`` to
+the loaded plugin and ``plugins.<category>`` to the plugin roots, and fails any other Hermes
+module with a one-line ``ModuleNotFoundError`` naming the subsystem it needs.
 
-* does nothing when real Hermes is importable (its modules win) or when the
-  import does not come from plugin code (a registered plugin directory, or
-  this package): the host and other libraries never see these names;
-* serves the compatible module (:data:`~.SERVED`) — the module object itself,
-  so ``isinstance`` checks against ``agent.memory_provider.MemoryProvider``
-  and the host's view of it agree;
-* resolves ``plugins.<key path>[.<module>]`` to the loaded plugin with that
-  key (the same module objects its relative imports give), ``plugins`` and
-  ``plugins.<category>`` to the plugin roots (so a category's shared files,
-  ``plugins/memory/query_rewrite.py``, import as in Hermes);
-* fails any other Hermes module with a ``ModuleNotFoundError`` of one line
-  naming the Hermes subsystem it needs.
-
-The finder itself never runs plugin code and raises nothing but
-``ModuleNotFoundError``; what it serves runs inside the plugin's own call, so
-under the plugin's load or hook time limit and isolation.
+The finder never runs plugin code and raises nothing but ``ModuleNotFoundError``; what it serves
+runs inside the plugin's own call, under its time limit and isolation.
 """
 
 from __future__ import annotations
