@@ -1,22 +1,15 @@
 """``auth.json``: read it safely, validate it completely, write it atomically.
 
-Shape (SPEC §6)::
+Shape (SPEC §6): ``{"default_profile": "work", "providers": {"openai": {"api_key": "sk-..."}},
+"profiles": {"work": {"openai": {"keys": ["sk-1", "sk-2"]}}}}``. A provider entry holds exactly one
+of ``api_key`` (a string), ``keys`` (a non-empty list of strings: a pool), ``key_env`` (an
+environment variable name) or ``key_cmd`` (argv list, or a string split with :func:`shlex.split`;
+run without a shell). Keys starting with ``_`` are ignored anywhere (``"_comment": "..."``).
+Anything else is an error.
 
-    {
-      "default_profile": "work",                       # optional
-      "providers": {"openai": {"api_key": "sk-..."}, ...},
-      "profiles":  {"work": {"openai": {"keys": ["sk-1", "sk-2"]}}}
-    }
-
-A provider entry holds exactly one of ``api_key`` (a string), ``keys`` (a
-non-empty list of strings: a pool), ``key_env`` (an environment variable name)
-or ``key_cmd`` (argv list, or a string split with :func:`shlex.split`; run
-without a shell). Keys starting with ``_`` are ignored anywhere (JSON has no
-comments: use ``"_comment": "..."``). Anything else is an error.
-
-Every problem raises :class:`~plugin_llm.errors.PluginLlmConfigError` naming
-the file, the JSON path and the fix, and never quoting a secret. Loading is all
-or nothing: a file with one bad entry yields no credentials at all.
+Every problem raises :class:`~plugin_llm.errors.PluginLlmConfigError` naming the file, the JSON
+path and the fix, never quoting a secret. Loading is all or nothing: a file with one bad entry
+yields no credentials at all.
 """
 
 from __future__ import annotations

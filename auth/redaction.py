@@ -1,22 +1,15 @@
 """One process-wide secret redactor (SPEC §6: "every log sink passes through a redactor").
 
-The redactor knows two things:
+It knows every secret the credential store loaded (:func:`register_secret`), replaced by
+``[REDACTED…abcd]`` (the last four characters only for secrets long enough that they give nothing
+away), and common key *shapes* it was never told about (``sk-…``, ``Bearer <token>``, ``?key=…``,
+``Authorization:``/``x-api-key:`` values, ``api_key=…``, ``AIza…``, URL userinfo, ...), replaced by
+``[REDACTED]``.
 
-* every secret the credential store loaded (:func:`register_secret`) — these are
-  replaced by ``[REDACTED…abcd]`` (the last four characters are shown only for
-  secrets long enough that four characters give nothing away);
-* common key *shapes* it was never told about (``sk-…``, ``Bearer <token>``,
-  ``?key=…``, ``Authorization:``/``x-api-key:`` header values, ``api_key=…``,
-  Google ``AIza…`` keys, URL userinfo ``https://user:pass@``, ...) — these become ``[REDACTED]``.
-
-It is applied to audit records (:func:`redact_obj`), stdlib logging
-(:class:`RedactingFilter`, :func:`install_log_redaction`), structlog
-(:func:`redact_processor`), exception text and CLI output. :func:`mask` is the
-display form for CLI listings (``sk-…abcd``).
-
-Cost: with no registered secret and none of the shapes' trigger substrings in
-the text, :func:`redact` is a handful of substring tests and returns its
-argument unchanged.
+It is applied to audit records (:func:`redact_obj`), stdlib logging (:class:`RedactingFilter`,
+:func:`install_log_redaction`), structlog (:func:`redact_processor`), exception text and CLI
+output. :func:`mask` is the display form for CLI listings (``sk-…abcd``). With no registered secret
+and no trigger substring in the text, :func:`redact` is a few substring tests.
 """
 
 from __future__ import annotations

@@ -1,31 +1,18 @@
 """The credential store: Route + profile -> :class:`Credential` (SPEC §6).
 
-Resolution order for ``acquire(provider, profile)``:
+Resolution order for ``acquire(provider, profile)``: the profile's entry
+(``profiles.<profile>.<provider>``; ``profile=None`` means ``default_profile``, else
+``profiles.default``, else none; an undefined profile raises, never a silent fallback; ``"default"``
+always means the top-level providers), then ``providers.<provider>``, then the provider's usual
+environment variable (:mod:`auth.providers`); keyless providers get a ``Credential`` with
+``source="none"``, everyone else a :class:`~plugin_llm.errors.PluginLlmConfigError` saying where
+it looked and how to fix it.
 
-1. the profile's entry: ``profiles.<profile>.<provider>``. With
-   ``profile=None`` the *default profile* is used: ``default_profile`` from
-   ``auth.json`` if set, else ``profiles.default`` if it exists, else none.
-   A profile that is not defined raises (never a silent fallback); the name
-   ``"default"`` is always known and means "the top-level providers".
-2. the top-level entry ``providers.<provider>``;
-3. the provider's usual environment variable (litellm's names, see
-   :mod:`auth.providers`);
-4. for keyless providers (``local``, ``custom``, ``ollama``, ...) a
-   ``Credential`` with ``source="none"``; for everyone else
-   :class:`~plugin_llm.errors.PluginLlmConfigError` saying where it looked and
-   how to fix it.
-
-``auth.json`` is re-read only when its (inode, size, mtime, ctime, mode)
-changes; one ``stat`` per call. A broken file fails closed: every
-``acquire`` raises until it is fixed (no partial load, no stale keys).
-
-Pools (``keys: [...]``) hand out keys round-robin among healthy ones. A 401,
-402 or 429 reported on a pool key cools that key down; when all keys cool,
-:class:`PoolExhaustedError` (retryable, with ``retry_after``) is raised. Pool
-state lives in the per-home store returned by :func:`get_store`, so every
-``PluginLlm`` in the process shares it; it is guarded by one
-``threading.Lock`` held only for a few dictionary operations, never across
-I/O, which also makes it safe for asyncio tasks (no await happens under it).
+``auth.json`` is re-read only when its stat changes; a broken file fails closed (every ``acquire``
+raises until it is fixed). Pools (``keys: [...]``) hand out keys round-robin among healthy ones; a
+401, 402 or 429 cools a key down; when all cool, :class:`PoolExhaustedError` (retryable, with
+``retry_after``). Pool state is per home (:func:`get_store`), shared by every ``PluginLlm`` of the
+process, under one lock never held across I/O (safe for asyncio tasks too).
 """
 
 from __future__ import annotations

@@ -1,21 +1,13 @@
 """The one module that writes ``config.yaml``.
 
-Reading stays on PyYAML in :mod:`plugin_llm.config`; writing goes through
-:func:`edit_config`, which
-
-* loads the file with ruamel.yaml in round-trip mode, so comments, key order,
-  quoting and (detected) indentation survive the edit;
-* refuses to touch a file that does not parse (with PyYAML, what the host
-  reads, *and* ruamel) and says where: ``file:line:col: problem``;
-* calls ``mutate(doc)`` on the loaded mapping; the helpers below
-  (:func:`ensure_map`, :func:`set_value`, :func:`list_add`, ...) quote new
-  strings that PyYAML would otherwise read as something else (``on``, ``no``,
-  ``*``) and keep section comments attached to the section they describe;
-* checks the new text parses with PyYAML and that the edit did not change the
-  meaning of anything it was not asked to change, then writes it atomically
-  (temp file in the same directory, fsync, ``config.yaml.bak`` holding the
-  previous version, ``os.replace``), under an advisory lock so two CLI
-  processes never lose each other's edit.
+Reading stays on PyYAML in :mod:`plugin_llm.config`; writing goes through :func:`edit_config`,
+which loads the file with ruamel.yaml (round trip: comments, key order, quoting and indentation
+survive), refuses a file that does not parse (``file:line:col: problem``), calls ``mutate(doc)``,
+checks the new text parses with PyYAML and that nothing it was not asked to change changed
+meaning, then writes it atomically (``config.yaml.bak`` holding the previous version) under an
+advisory lock, so two CLI processes never lose each other's edit. The helpers
+(:func:`ensure_map`, :func:`set_value`, :func:`list_add`, ...) quote new strings PyYAML would read
+as something else (``on``, ``no``, ``*``) and keep section comments with their section.
 
 Nothing is written (and no ``.bak`` made) when the edit changes nothing.
 """

@@ -1,24 +1,13 @@
 """OpenAI-compatible HTTP server for the embedded ``local`` model (SPEC §9).
 
-Endpoints::
+Endpoints: ``POST /v1/chat/completions`` (also ``/chat/completions``; SSE chunks with ``"stream":
+true``), ``GET /v1/models`` (also ``/models``), ``GET /v1/models/<id>`` (that model or 404) and
+``GET /health``.
 
-    POST /v1/chat/completions   (also /chat/completions)  -> chat.completion,
-                                 or SSE chunks with "stream": true
-    GET  /v1/models             (also /models)           -> the one model
-    GET  /v1/models/<id>                                  -> that model or 404
-    GET  /health                                          -> {"status": "ok", ...}
-
-It needs no API key: any ``Authorization`` header is accepted and ignored
-(never read, never logged). Errors use the OpenAI error body
-``{"error": {"message", "type", "param", "code"}}``: bad JSON -> 400
-``invalid_request_error``, unknown path -> 404, wrong method -> 405.
-
-It is built on :class:`http.server.ThreadingHTTPServer` with HTTP/1.1
-keep-alive, ``TCP_NODELAY`` and every response written in one ``write`` with
-``Content-Length``, so the server adds little overhead to benchmarks. A stream
-(``"stream": true``) is sent as it would come from a real provider: one SSE
-event per chunk of the chunked body (the reply's :func:`~plugin_llm.local_model.stream_pieces`),
-each written and flushed on its own. No per-request logging.
+It needs no API key: any ``Authorization`` header is accepted and ignored (never read, never
+logged). Errors use the OpenAI error body ``{"error": {"message", "type", "param", "code"}}``: bad
+JSON -> 400 ``invalid_request_error``, unknown path -> 404, wrong method -> 405. No per-request
+logging. Built to add little to benchmarks: docs/design.md.
 """
 
 from __future__ import annotations

@@ -1,29 +1,18 @@
 """The one YAML loader for files of the home: safe, and bounded.
 
-PyYAML's safe loading runs no code, but a 600-byte document of nested aliases
-(a "billion laughs": ``b: &b [*a, *a, ...]`` nine levels deep) stands for
-hundreds of millions of values, and ``a: &a [*a]`` is a list that contains
-itself: whatever walks, copies or prints the result afterwards never returns
-or overflows the stack. :func:`load_yaml` and :func:`compose_yaml` therefore
-check the composed node graph before anything is constructed from it:
+:func:`load_yaml` and :func:`compose_yaml` check the composed node graph before anything is
+constructed from it, so an alias bomb or a self-containing collection cannot hang or overflow
+whatever walks the result:
 
 - a recursive alias (a collection containing itself) is refused;
-- aliases may add at most ``alias_budget`` values to the document (a long
-  string counts one value per 64 characters: 10,000 aliases of one
-  megabyte string are refused too);
+- aliases may add at most ``alias_budget`` values (a long string counts one per 64 characters);
 - nesting, counted through aliases, is at most ``max_depth`` levels;
-- with ``unique_keys``, a key written twice in one mapping of the named
-  top-level sections (or one of those sections written twice) is refused:
-  YAML keeps the last one silently.
+- with ``unique_keys``, a key written twice in one mapping of the named top-level sections (or one
+  of those sections written twice) is refused: YAML keeps the last one silently.
 
-A refused document raises :class:`YamlLimitError`, a
-:class:`yaml.MarkedYAMLError` whose mark is the offending anchor or node, so
-every existing ``except yaml.YAMLError`` handler reports ``file:line:col``.
-
-libyaml's loader is used when PyYAML has it (composition in C, several times
-faster; it also refuses nesting beyond 1000 levels by itself); the pure
-loader is a fallback whose composer is guarded so deep nesting cannot raise
-``RecursionError``.
+A refused document raises :class:`YamlLimitError`, a :class:`yaml.MarkedYAMLError` whose mark is
+the offending node, so every ``except yaml.YAMLError`` reports ``file:line:col``. libyaml is used
+when PyYAML has it. Why: docs/design.md, "Hardened input".
 """
 
 from __future__ import annotations

@@ -1,25 +1,14 @@
 """The ``service:`` section of config.yaml: settings of ``plugin-llm serve``.
 
-Pure: takes the parsed YAML value, returns a frozen value and warnings.
-``config.py`` owns reading the file; this module owns the rules of this
-section. Operator reference (every key optional)::
+Pure: takes the parsed YAML value, returns a frozen value and warnings. ``config.py`` owns reading
+the file; this module owns the rules of this section: ``failed_auth`` (``max_failures``,
+``window_seconds``, ``block_seconds``: a brake on token guessing per client address; 0
+``max_failures`` turns it off), ``header_timeout``, ``write_timeout``, ``max_connections`` and
+``max_connections_per_address``. Defaults and meaning: docs/reference/config.md and
+docs/service.md.
 
-    service:
-      failed_auth:               # a brake on token guessing, per client address
-        max_failures: 20         # refused tokens (unknown, expired, revoked) within window_seconds ...
-        window_seconds: 60       # ... after which the address is answered 429 for block_seconds,
-        block_seconds: 60        #     without its token being checked; 0 max_failures turns it off
-      header_timeout: 5          # seconds a connection has to deliver a whole request head (also between requests)
-      write_timeout: 30          # seconds an answer may wait on a client that does not read before it is dropped
-      max_connections: null      # per worker; null: derived from the open-file limit (see service/connections.py)
-      max_connections_per_address: 256   # per worker and client address (a trusted proxy's: the total only)
-
-A request without any token is answered 401 but is not counted (no guess was
-made; a misconfigured health check does not block its address). The counts
-are shared by every worker and replica that shares the token store: the
-SQLite file ``<home>/service/auth_failures.db`` on one machine, the Redis of
-``limits.store: redis`` across machines. A problem here never turns the
-brake off: an unknown key or a bad value is a warning and the default is used.
+A request without any token is answered 401 but not counted (no guess was made). A problem here
+never turns the brake off: an unknown key or a bad value is a warning and the default is used.
 """
 
 from __future__ import annotations

@@ -1,26 +1,16 @@
 """The gateway as an HTTP service: a Starlette app over the one pipeline.
 
-Every call endpoint authenticates the bearer token, takes its plugin key as
-the caller's identity and calls ``PluginLlm(plugin_id=<that key>)`` - the same
-object ``ctx.llm`` is - with ``acomplete``/``acomplete_structured`` on the
-event loop. Gating, routing, limits and the audit record are the pipeline's;
-the service adds authentication, request checks, JSON rendering and metrics.
+Every call endpoint authenticates the bearer token, takes its plugin key as the caller's identity
+and calls ``PluginLlm(plugin_id=<that key>)`` - the same object ``ctx.llm`` is - on the event loop.
+Gating, routing, limits and the audit record are the pipeline's; the service adds authentication,
+request checks, JSON rendering and metrics. Routes: ``POST /v1/plugin-llm/complete``,
+``POST /v1/plugin-llm/complete_structured``, ``POST /v1/chat/completions`` (``stream: true`` as
+SSE), ``GET /healthz`` and ``GET /metrics`` (no token needed); see docs/reference/http-api.md.
 
-Routes::
-
-    POST /v1/plugin-llm/complete              PluginLlm.complete's parameters as JSON
-    POST /v1/plugin-llm/complete_structured   PluginLlm.complete_structured's parameters
-    POST /v1/chat/completions                 OpenAI chat completions (stream: true as SSE)
-    GET  /healthz                             {"status": "ok", ...}, no token needed
-    GET  /metrics                             Prometheus text, no token needed
-
-A valid token of a disabled plugin (``plugins.disabled``) gets 403 ``plugin_disabled``.
-A refused token (missing, unknown, expired, revoked) gets the same 401 and an
-audit event ``service.auth_denied`` with the reason and the token's id when
-it has one - never the token (an address's first refusal in a minute; the
-rest in one summary record: refusals.py). After ``service.failed_auth.max_failures``
-refused tokens from one client address within its window, that address gets
-429 with ``Retry-After`` (reason ``too_many_failures``) until its block ends.
+A valid token of a disabled plugin gets 403 ``plugin_disabled``. A refused token gets the same 401
+and an audit event ``service.auth_denied`` (never the token; aggregated per address:
+:mod:`.refusals`). After ``service.failed_auth.max_failures`` refusals from one address within its
+window, that address gets 429 with ``Retry-After`` until its block ends.
 """
 
 from __future__ import annotations

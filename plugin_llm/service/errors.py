@@ -1,24 +1,14 @@
 """Errors as HTTP: one stable JSON body for every refusal of the service.
 
-Every error answer has the OpenAI error shape (so OpenAI SDKs in any language
-read it) with the gateway's own fields added::
+Every error answer has the OpenAI error shape (so OpenAI SDKs read it) with the gateway's own
+fields added: ``{"error": {"type": <in-process class name>, "message", "param", "code": <stable
+snake_case code>, ...class-specific fields}}``. Status per error: trust 403, quota 429 with
+``Retry-After`` (503 ``limits_store_unavailable`` when the limits store cannot answer), schema 422,
+timeout 504, provider 502, the host's config 500, bad arguments 400, a bad token 401, too many bad
+tokens from one address 429, anything else 500; the table is in docs/reference/http-api.md.
 
-    {"error": {"type": "PluginLlmTrustError",      # the in-process class name
-               "message": "...",                   # the in-process text; for a 5xx a fixed one
-               "param": "model",                   # the request field, when known
-               "code": "trust_denied",             # a stable snake_case code
-               ...class-specific fields: config_key, limit, resets_at, status, provider,
-                  retryable, errors, text}}
-
-``PluginLlmTrustError`` 403, ``PluginLlmQuotaError`` 429 with ``Retry-After`` - but 503
-(``limits_store_unavailable``, ``Retry-After: 1``) when the refusal is the limits store's (limit
-``store``: down, locked, refusing its password), with a fixed message: the store's path or address
-is the operator's, for the log and the audit record, not the caller's - ``PluginLlmSchemaError``
-422, ``PluginLlmTimeoutError`` 504, ``PluginLlmProviderError`` 502, ``PluginLlmConfigError`` 500 (the host's
-config; the operator must act), ``ValueError``/``TypeError`` from argument
-checks 400, a bad token 401, too many bad tokens from one address 429
-(``too_many_failed_authentications``), anything else 500 with no detail. No 5xx body names a path,
-host, address, URL or exception text (a 502 with the provider's HTTP status keeps its words, scrubbed).
+No 5xx body names a path, host, address, URL or exception text: those are for the log and the
+audit record (a 502 with the provider's HTTP status keeps its words, scrubbed).
 """
 
 from __future__ import annotations

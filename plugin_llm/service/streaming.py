@@ -1,24 +1,14 @@
 """``POST /v1/chat/completions`` with ``"stream": true``: OpenAI ``chat.completion.chunk`` SSE, as deltas arrive.
 
-The stream is :meth:`PluginLlm.astream` - the same trust gate, limits and one
-audit record as in process. It is opened before the response starts, so a
-trust denial, a quota refusal or a provider that fails before its first delta
-is the ordinary JSON error answer (403, 429 + ``Retry-After``, 502, ...). After
-the headers went out, each delta is one event::
-
-    data: {"id": "chatcmpl-<call_id>", "object": "chat.completion.chunk", "choices": [{"delta": {...}}], ...}
-
-then a chunk with the ``finish_reason`` (carrying ``plugin_llm: {call_id,
-provider, cost_usd, agent_id, audit, usage}``, the gateway's own field, which
-OpenAI clients ignore and ``GatewayClient.stream`` reads), then - only when the request asked for it with
-``stream_options: {"include_usage": true}``, as OpenAI does - a chunk with
-``choices: []`` and ``usage``, then ``data: [DONE]``. A failure after the
-headers is an event with the same error body as a non-streaming answer
-(``{"error": {"type", "message", "code", ...}}``; OpenAI SDKs raise it) and
-no ``[DONE]``. A client that disconnects mid-stream abandons it: the pipeline
-records it once as ``abandoned`` and releases its reservation. So does a
-client that stops reading: at the call's deadline an answer still blocked on
-it is abandoned (``stream.abandoned_by: deadline``) and its connection dropped.
+The stream is :meth:`PluginLlm.astream` - the same trust gate, limits and one audit record as in
+process. It is opened before the response starts, so a refusal or a provider that fails before its
+first delta is the ordinary JSON error answer. After the headers, each delta is one event; then a
+chunk with the ``finish_reason`` (carrying the gateway's ``plugin_llm`` field, which
+``GatewayClient.stream`` reads), a ``usage`` chunk only when ``stream_options.include_usage`` asked
+for it, and ``data: [DONE]``. A failure after the headers is an event with the error body and no
+``[DONE]``. A client that disconnects, or stops reading until the call's deadline
+(``stream.abandoned_by: deadline``), abandons the stream: it is recorded once as ``abandoned``,
+its reservation released and its connection dropped. Wire format: docs/reference/http-api.md.
 """
 
 from __future__ import annotations

@@ -1,39 +1,18 @@
 """Per-plugin service tokens: ``plg_`` + 32 random bytes, only their SHA-256 kept.
 
-A token's identity is a plugin key: whoever presents it calls the gateway as
-that plugin (trust gate, limits and audit exactly as ``ctx.llm``). The home
-keeps ``<home>/service/tokens.db``, a small SQLite file created mode 0600,
-with one row per token: an id (``tok_`` + 12 hex digits, safe to show and to
-log), the plugin key, the SHA-256 of the token, created/expires/revoked
-times. The token itself is printed once, by ``plugin-llm tokens create``, and
-stored nowhere.
+A token's identity is a plugin key: whoever presents it calls the gateway as that plugin (trust
+gate, limits and audit exactly as ``ctx.llm``). ``<home>/service/tokens.db`` (SQLite, 0600) keeps
+one row per token: an id (``tok_`` + 12 hex, safe to show and log), the plugin key, the digest,
+created/expires/revoked times; the token itself is printed once by ``plugin-llm tokens create``
+and stored nowhere. With ``limits.store: redis`` the tokens live in that Redis instead
+(:class:`RedisTokenStore`; :func:`token_store_for` picks); a Redis that does not answer refuses
+every token (503), never lets a call through.
 
-Several workers and ``serve`` processes on one machine share the file; each caches a verified token for at most :data:`CACHE_SECONDS`, so a
-revocation is refused everywhere within one second. Tokens are not replicated
-across machines: copy the file to each replica after a change (it holds only
-digests; ``sqlite3 tokens.db ".backup copy.db"``, then ``mv`` it into place on
-the replica) - a replaced file is noticed and reopened at the next lookup.
-
-With ``limits.store: redis`` the tokens live in that Redis instead
-(:class:`RedisTokenStore`, :func:`token_store_for` picks), shared by every
-replica on every machine; a Redis that does not answer refuses every token
-(the service answers 503), never lets a call through.
-
-Refused tokens are counted per client address (:meth:`_VerifyingStore.authenticate`,
-``service.failed_auth`` in config.yaml): after ``max_failures`` within ``window_seconds`` the address is
-refused for ``block_seconds`` without its token being looked at. The counts live beside the tokens - the
-SQLite file ``<home>/service/auth_failures.db`` (WAL, apart from the token file so that a copied
-``tokens.db`` stays a file of digests only), or the same Redis - so every worker and replica sharing the
-tokens shares them; each worker remembers a block it has seen until it ends, so a blocked address costs no I/O.
-
-Verification looks the token's digest up (the token is never compared as
-text) and compares the stored digest with ``hmac.compare_digest``; unknown,
-expired and revoked tokens all give the same ``None`` to the caller, which
-answers 401 without saying which.
-
-Every record carries an HMAC-SHA256 over its fields under the home's key ``<home>/service/token_key``
-(:class:`_RecordKey`): a record the key did not sign (written into Redis or the file by anyone else) is
-refused like an unknown token, and logged.
+Unknown, expired and revoked tokens all give the caller the same ``None`` (401). Every record is
+HMAC-signed under ``<home>/service/token_key`` (:class:`_RecordKey`); an unsigned record is
+refused like an unknown token. A verified token is cached at most :data:`CACHE_SECONDS`, so a
+revocation holds everywhere within a second. Refused tokens are counted per client address
+(:meth:`_VerifyingStore.authenticate`, ``service.failed_auth``). Replicas: docs/service.md.
 """
 
 from __future__ import annotations
