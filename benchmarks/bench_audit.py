@@ -1,20 +1,13 @@
 """Audit log throughput and read costs. Printed, not asserted.
 
-1. Writing through the real ``AuditLog`` (processor chain, hash chain, thread
-   lock + flock, O_APPEND write, rotation at the default 50 MB) with
-   ``fsync: never`` and ``fsync: always``, against a baseline measured in the
-   same run: ``f.write(json.dumps(record) + "\\n")`` on a buffered file.
-2. ``verify`` and ``query`` over 1,000,000 records (in 50 MB rotated files),
-   each in a fresh process so its peak RSS is its own; the same on 100,000
-   records shows whether memory stays flat.
-3. The audit share of one ``PluginLlm.complete`` against the local model over
-   HTTP: the same calls with the real audit log and with a no-op sink.
-4. Signed checkpoints: writer records/s (wall and CPU) with
-   checkpoints on (a signature every 1,000 records) vs off, interleaved rounds
-   on the same machine; ``verify --pubkey`` of 1,000,000 records with their
-   1,000 checkpoints, its time, CPU time and peak RSS (and 100,000 for
-   flatness). Targets: checkpoints cost < 5% of write throughput; verify of
-   1M < 10 s in flat memory.
+1. Writing through the real ``AuditLog`` with ``fsync: never`` and ``fsync: always``, against
+   ``f.write(json.dumps(record) + "\\n")`` on a buffered file, in the same run.
+2. ``verify`` and ``query`` over 1,000,000 records (in 50 MB rotated files), each in a fresh
+   process so its peak RSS is its own; 100,000 records show whether memory stays flat.
+3. The audit share of one ``PluginLlm.complete`` against the local model over HTTP.
+4. Signed checkpoints: writer records/s with checkpoints on vs off, and ``verify --pubkey`` of
+   1,000,000 records with their checkpoints. Targets: checkpoints cost < 5% of write throughput;
+   verify of 1M < 10 s in flat memory.
 
 ``python benchmarks/bench_audit.py [--quick]``
 """

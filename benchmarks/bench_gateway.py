@@ -1,37 +1,18 @@
 """Gateway cost per call against one OpenAI-compatible server on 127.0.0.1 in its own process.
 
-Printed, in one run (``python benchmarks/bench_gateway.py [--quick]``):
+Printed, in one run (``python benchmarks/bench_gateway.py [--quick] [--hermes-python PATH]``):
 
-* **sync**, per call: p50/p99 wall and client CPU (this process, all threads,
-  so litellm's logging threads count) for the ``http.client`` keep-alive
-  floor, raw httpx, the openai SDK, bare ``litellm.completion``,
-  ``PluginLlm.complete`` on the fast path and on the fallback, and the fast
-  path's transport alone (the request ours sends, without the gateway around
-  it). Contenders are interleaved block by block over many rounds, so that
-  the shared machine's noise hits them alike; CPU per call is the steadier
-  number on a busy machine. **Gateway overhead** = ours (fast path) minus the
-  transport alone: the CPU (and wall) of the gate, routing, limits, result and
-  audit record per call; with the audit record's rendering (the direct
-  renderer vs the reference encoder ``canonical_json``, in the same run).
-* **Hermes ``ctx.llm``** (hermes-agent's ``agent.plugin_llm.PluginLlm``, the
-  openai SDK underneath) when a Hermes interpreter is given
-  (``--hermes-python PATH``, default ``$HERMES_PYTHON``): it runs in its own
-  process, with its own throw-away ``HERMES_HOME`` pointed at the same
-  upstream, alternating with ours (fast path) in its own process, sync and
-  async; "Hermes row skipped: ..." otherwise. hermes-agent is a reference
-  only, never a dependency.
-* **async** at concurrency 64 and 256: calls/s, p50/p99 latency, CPU per call
-  and peak RSS, each contender in its own process (peak RSS is per process),
-  repeats interleaved: raw aiohttp, raw ``httpx.AsyncClient`` (why the fast
-  path uses aiohttp), bare ``litellm.acompletion``, ours fast, ours fallback.
-* **gc.freeze**: ours on the fast path with ``PLUGIN_LLM_GC_FREEZE=0`` vs the
-  default, sync and async, each in its own processes.
-* **cold first call**: process start to first result, bare litellm vs ours.
-* the gateway pipeline alone (null transport), the trust gate, import time.
+* **sync**, per call: p50/p99 wall and client CPU for the ``http.client`` floor, raw httpx, the
+  openai SDK, bare ``litellm.completion``, ``PluginLlm.complete`` (fast path and fallback) and the
+  fast path's transport alone; **gateway overhead** = ours (fast path) minus the transport alone;
+* **Hermes ``ctx.llm``** in its own process when a Hermes interpreter is given
+  (``--hermes-python``, default ``$HERMES_PYTHON``; hermes-agent is a reference, never a
+  dependency);
+* **async** at concurrency 64 and 256: calls/s, p50/p99, CPU per call and peak RSS;
+* ``gc.freeze`` on vs off, the cold first call, the pipeline alone, the trust gate, import time.
 
-The server is a minimal asyncio HTTP/1.1 keep-alive server answering every
-POST with a canned chat completion (``--serve``): it answers in a few
-microseconds, so the client's own cost is what is measured.
+The server (``--serve``) answers every POST with a canned completion in a few microseconds, so the
+client's own cost is what is measured. Method in full: docs/performance.md.
 """
 
 from __future__ import annotations

@@ -1,31 +1,18 @@
 """Cost of per-plugin limits: what limits add to a call, no limits / local / redis.
 
-Measured in one run, interleaved so that machine noise hits every contender
-alike, against a ``PluginLlm.complete`` on the local model served over HTTP
-on 127.0.0.1 (the server in its own process, so its CPU is not counted here;
-the same call ``bench_gateway.py`` measures). Each store is measured twice:
-``per call`` (one store step per admission, the design before leases:
-``plugin_llm.limits.leases.ENABLED = False``) and ``leases`` (the default:
-a busy plugin's calls admitted in memory under this process's lease).
+Against ``PluginLlm.complete`` on the local model served over HTTP on 127.0.0.1 (its own process),
+each store measured *per call* (``plugin_llm.limits.leases.ENABLED = False``) and with *leases*
+(the default), interleaved:
 
-1. What limits add to a whole ``complete`` (the targets are checked on
-   this): calls of a limited plugin (budget, rates, max_concurrent) and of
-   an unlimited one, both on the same model with the operator's price set
-   (a budget on a custom endpoint needs one), alternate one by one; the
-   difference of their CPU time, plus the limits threads' CPU (lease keeper,
-   settlement flusher), per call, median of interleaved blocks, as a share of
-   one unlimited ``complete``'s wall time and CPU time. What the operator's
-   price itself adds to any call of the model, limited or not, is printed
-   on its own line.
-2. Of which admission + settlement through the facade (``limits.admit`` and
-   ``settle``) around real calls, and back to back (warm caches).
-3. 64 concurrent async calls: calls/s and CPU per call, limits off vs on, for
-   a plugin whose lease was just given back (cold) and one that stays busy.
+1. what limits add to a whole ``complete``: a limited and an unlimited plugin alternate one by one,
+   the difference of their CPU plus the limits threads', as a share of one unlimited call (and the
+   operator's price on its own line);
+2. of which admission + settlement through the facade, around real calls and back to back;
+3. 64 concurrent async calls: calls/s and CPU per call, limits off vs on, cold and busy plugin.
 
-CPU time, not wall time, where it can be: the machine is shared and noisy.
-Targets: ``local`` adds under 2% to a call, ``redis`` under 5% on loopback.
-Printed, not asserted: ``python benchmarks/bench_limits.py [--quick]``.
-Needs ``redis-server`` on PATH for the redis rows (skipped with a note otherwise).
+Targets: ``local`` adds under 2% to a call, ``redis`` under 5% on loopback. Printed, not asserted:
+``python benchmarks/bench_limits.py [--quick]``. Needs ``redis-server`` on PATH for the redis rows
+(skipped with a note otherwise). Method: docs/performance.md.
 """
 
 from __future__ import annotations

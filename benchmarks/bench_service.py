@@ -1,31 +1,16 @@
 """What the service adds: ``plugin-llm serve`` vs in-process ``PluginLlm.acomplete``.
 
-The method of public gateway benchmarks: one upstream, called directly and through the gateway.
+One upstream (a canned OpenAI-compatible server on uvloop, in its own process), called directly
+(``PluginLlm.acomplete`` at concurrency C) and through ``plugin-llm serve --workers W`` (W = 1, 2)
+by a lean keep-alive load generator, rounds interleaved, medians printed. ``--baseline REV`` also
+runs git revision REV's service in the same run; ``--layer`` measures the service's own layer
+alone (a stub pipeline); ``--pin`` pins processes when there are at least W + 2 CPUs; ``--quick``
+runs fewer calls and rounds.
 
-* **upstream**: a canned OpenAI-compatible HTTP/1.1 keep-alive server in its own process, on uvloop when it is
-  installed (~20-40 us of CPU per answer), so that it takes as little as possible of the CPU the gateway needs.
-* **direct**: in-process ``PluginLlm.acomplete`` - the call ``ctx.llm`` makes - at concurrency C (C coroutines),
-  on the default asyncio loop as in a host, in its own process.
-* **service**: ``plugin-llm serve --workers W`` (W = 1 and 2) with the same home, called by a lean load
-  generator (one keep-alive connection per concurrent caller, the request bytes built once, a minimal HTTP/1.1
-  response parser, uvloop): ~30-60 us of CPU per call where aiohttp's client took ~250 us, so the client does
-  not starve the workers it measures. Every answer is read in full and must be a 200 with a ``text`` field.
-* ``--baseline REV`` also runs the service of git revision REV (its ``plugin_llm``, ``audit`` and ``auth``
-  packages extracted by ``git archive`` into a temporary directory, this tree's venv) with the same client, so
-  before and after are measured in one run under the same noise.
-
-Printed per workers and concurrency (1, 16, 64): p50/p99 direct and through the service, the added p50/p99,
-calls/s (and per worker), and CPU per call: the client's, the workers' (``/proc`` of each worker pid, summed:
-what one request costs a worker), the supervisor's, the upstream's and the direct process's. CPU per call is
-the number to compare on a noisy machine; latency at concurrency 64 on a machine with fewer cores than
-client + workers + upstream also measures how the scheduler shares the cores.
-
-Rounds interleave direct, before and after measurement by measurement (each client in a process of its own),
-and the median over rounds is printed. No CPU pinning on a machine with fewer than W + 2 CPUs: pinning would
-only choose which process waits (the direct side would get a core the service side does not). With at least
-W + 2 CPUs, ``--pin`` puts the upstream and the client on the last CPU and the workers - and the direct
-process - on the others. ``--quick`` runs fewer calls and rounds. Targets: p50 added < 1 ms at
-concurrency 1; p99 added < 10 ms at concurrency 64 with 2 workers.
+Printed per workers and concurrency (1, 16, 64): p50/p99 direct and through the service, the added
+p50/p99, calls/s, and CPU per call of the client, the workers, the supervisor, the upstream and the
+direct process; CPU per call is the number to compare on a noisy machine. Targets: p50 added < 1 ms
+at concurrency 1; p99 added < 10 ms at concurrency 64 with 2 workers. Method: docs/performance.md.
 """
 
 from __future__ import annotations

@@ -2,21 +2,16 @@
 
 ``python benchmarks/bench_slowloris.py [--connections 1100] [--baseline REV]``
 
-**Flood.** The service runs (``--workers 1``) with ``RLIMIT_NOFILE`` soft 1024 - hard 1024 too (it cannot be
-raised), or this shell's hard limit (``serve`` raises its soft limit to it). This process opens N connections
-that each send half a request head and wait, from 127.0.0.1 or spread over 20 loopback addresses
-(127.0.0.2-21), and keeps the flood up: a connection the server closes is opened again (epoll, bounded). Then a
-real client (127.0.0.1, a fresh connection each time) asks ``/healthz`` and makes an authenticated
-``/v1/plugin-llm/complete`` call through a local fake provider, 5 times, each bounded by 10 s.
-Printed: the sockets the server process holds (``/proc/<pid>/fd``), the flood connections still open, how often
-the flood was closed and re-opened, and the real client's time to answer (median, max; "-" when not answered).
+**Flood.** The service (one worker, 1024 open files) against N connections that each send half a
+request head and wait (re-opened when closed), while a real client asks ``/healthz`` and makes an
+authenticated call 5 times. Printed: the server's sockets, the flood still open, how often it was
+closed and re-opened, and the real client's time to answer ("-" when not answered).
 
-**Slow reader.** A plugin streams a long reply (6 MB) with ``timeout: 2``; its client reads the first bytes and
-stops (4 KB receive buffer). Printed: the call's end after its deadline (the record's ``latency_ms`` minus the
-timeout), the record's status and ``stream.abandoned_by``, the time until the client sees its connection
-closed, and whether a second call is admitted under ``max_concurrent: 1``.
-
-``--baseline REV`` runs the same against git revision REV's ``plugin_llm`` (``git archive``), for a before/after.
+**Slow reader.** A plugin streams 6 MB with ``timeout: 2`` to a client that stops reading.
+Printed: the call's end after its deadline, the record's status and ``stream.abandoned_by``, when
+the client sees its connection closed, and whether a second call is admitted under
+``max_concurrent: 1``. ``--baseline REV`` runs the same against git revision REV. Method:
+docs/performance.md.
 """
 
 from __future__ import annotations

@@ -2,21 +2,11 @@
 
 ``python benchmarks/bench_stream.py [--quick]``
 
-The upstream is the embedded local model's HTTP server (``plugin-llm
-serve-local``'s server, in this process's threads) on 127.0.0.1, which streams
-its reply as one SSE event per few words. Each round runs, interleaved so that
-the shared machine's noise hits them alike:
-
-* **raw httpx** - the floor: POST ``stream: true`` and read every event with
-  ``httpx.Client.stream`` (no gateway, no litellm);
-* **complete** - ``PluginLlm.complete`` on the fast path (the same reply, one body);
-* **stream** - ``PluginLlm.stream`` on the fast path, every delta consumed;
-* **stream (fallback)** - ``PluginLlm.stream`` through ``litellm.completion(stream=True)``.
-
-Printed: the median CPU time per call of this process (``time.process_time``,
-all threads - the server's threads too, alike for every contender: steadier
-than wall time on a busy machine) and wall p50, and the ratios stream/complete
-and stream/raw. Median over many repetitions.
+Against the embedded local model's HTTP server on 127.0.0.1 (in this process's threads), rounds
+interleaved: **raw httpx** reading the SSE stream (the floor), **complete** on the fast path,
+**stream** on the fast path and **stream (fallback)** through ``litellm.completion(stream=True)``.
+Printed: the median CPU time per call of this process (all threads) and wall p50, and the ratios
+stream/complete and stream/raw. Method: docs/performance.md.
 """
 
 from __future__ import annotations
