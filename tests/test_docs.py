@@ -33,3 +33,43 @@ def test_the_readme_is_a_short_guide_whose_links_exist():
 def test_no_docs_page_refers_to_an_issue_number():
     for page in [ROOT / "README.md", *DOCS.rglob("*.md")]:
         assert not re.search(r"\bissue\s*#?\d+", page.read_text(encoding="utf-8"), re.I), page
+
+
+# Files other work is editing at the same time; their short docstrings and dropped issue numbers are
+# written out in the notes for whoever merges. Empty this once they are applied.
+PENDING = {
+    "plugin_llm/local_model.py", "plugin_llm/testing.py", "plugin_llm/streaming.py", "plugin_llm/structured.py",
+    "plugin_llm/cli/main.py", "plugin_llm/cli/plugins_cmd.py", "plugin_llm/cli/plugins_select.py",
+    "plugin_llm/cli/demo_cmd.py", "plugin_llm/cli/limits_cmd.py", "plugin_llm/cli/serve_cmd.py",
+    "plugin_llm/cli/trust_cmd.py", "tests/test_service_tokens.py", "tests/test_audit_cli.py",
+    "tests/test_ux_packaging.py", "tests/test_ux_gaps.py", "tests/test_ux_cli.py", "tests/test_ux_kit.py",
+    "tests/test_ux_lifecycle.py",
+}
+MAX_MODULE_DOCSTRING_LINES = 15
+THIRD_PARTY = ROOT / "tests" / "plugin_fixtures" / "hermes_bundled"  # Hermes's own code, copied unchanged
+
+
+def _sources(*packages: str, suffixes: tuple[str, ...] = (".py",)) -> list[Path]:
+    files = [p for package in packages for p in sorted((ROOT / package).rglob("*")) if p.suffix in suffixes]
+    return [p for p in files if THIRD_PARTY not in p.parents and str(p.relative_to(ROOT)) not in PENDING]
+
+
+def test_module_docstrings_are_short():
+    import ast
+
+    long = {}
+    for path in _sources("plugin_llm", "auth", "audit", "benchmarks"):
+        doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8")))
+        if doc and len(doc.splitlines()) > MAX_MODULE_DOCSTRING_LINES:
+            long[str(path.relative_to(ROOT))] = len(doc.splitlines())
+    assert not long, f"module docstrings over {MAX_MODULE_DOCSTRING_LINES} lines (design narrative goes to docs/): {long}"
+
+
+def test_no_code_refers_to_an_issue_number():
+    found = []
+    for path in _sources("plugin_llm", "auth", "audit", "benchmarks", "tests", "config_examples",
+                         suffixes=(".py", ".yaml", ".yml", ".toml")):
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if re.search(r"\bissue\s*#?\d+", line, re.I):
+                found.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
+    assert not found, found
