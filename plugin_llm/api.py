@@ -52,7 +52,7 @@ class CtxLlm(Protocol):
                  agent_id: str | None = None, profile: str | None = None, purpose: str | None = None,
                  **options: Any) -> PluginLlmCompleteResult: ...
 
-    def complete_structured(self, *, instructions: str, input: list[Any], json_schema: dict[str, Any] | None = None,
+    def complete_structured(self, *, instructions: str, input: str | list[Any], json_schema: dict[str, Any] | None = None,
                             json_mode: bool = False, schema_name: str | None = None,
                             system_prompt: str | None = None, provider: str | None = None,
                             model: str | None = None, temperature: float | None = None,
@@ -70,7 +70,7 @@ class CtxLlm(Protocol):
                         timeout: float | None = None, agent_id: str | None = None, profile: str | None = None,
                         purpose: str | None = None, **options: Any) -> PluginLlmCompleteResult: ...
 
-    async def acomplete_structured(self, *, instructions: str, input: list[Any],
+    async def acomplete_structured(self, *, instructions: str, input: str | list[Any],
                                    json_schema: dict[str, Any] | None = None, json_mode: bool = False,
                                    schema_name: str | None = None, system_prompt: str | None = None,
                                    provider: str | None = None, model: str | None = None,

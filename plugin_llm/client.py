@@ -198,7 +198,7 @@ class GatewayClient:
                                          profile, purpose, options)
         return await self._post_async("/v1/plugin-llm/complete", payload, False)
 
-    def complete_structured(self, *, instructions: str, input: list[Any], json_schema: dict[str, Any] | None = None,
+    def complete_structured(self, *, instructions: str, input: str | list[Any], json_schema: dict[str, Any] | None = None,
                             json_mode: bool = False, schema_name: str | None = None, system_prompt: str | None = None,
                             provider: str | None = None, model: str | None = None, temperature: float | None = None,
                             max_tokens: int | None = None, timeout: float | None = None, agent_id: str | None = None,
@@ -210,7 +210,7 @@ class GatewayClient:
                                            purpose, options)
         return self._post_sync("/v1/plugin-llm/complete_structured", payload, True)
 
-    async def acomplete_structured(self, *, instructions: str, input: list[Any],
+    async def acomplete_structured(self, *, instructions: str, input: str | list[Any],
                                    json_schema: dict[str, Any] | None = None, json_mode: bool = False,
                                    schema_name: str | None = None, system_prompt: str | None = None,
                                    provider: str | None = None, model: str | None = None,

@@ -107,7 +107,7 @@ def _snippet(value: Any) -> str:
 def normalise_input(input: Any) -> tuple[_Block, ...]:  # noqa: A002 - the public parameter name
     """Return ``input`` as a tuple of ``PluginLlmTextInput``/``PluginLlmImageInput``.
 
-    Accepts a list or tuple whose items are those dataclasses, dicts of the
+    Accepts a string (one text block), or a list or tuple whose items are those dataclasses, dicts of the
     same shape (``{"type": "text", "text": ...}``, ``{"type": "image",
     "data": b"...", "mime_type": ..., "file_name": ...}`` or ``{"type":
     "image", "url": ...}``; ``type`` may be omitted when ``text`` or
@@ -116,11 +116,16 @@ def normalise_input(input: Any) -> tuple[_Block, ...]:  # noqa: A002 - the publi
     input fails before any provider call. Already-normalised input passes
     through unchanged, so calling this twice is harmless.
     """
-    if isinstance(input, (str, bytes, Mapping, PluginLlmTextInput, PluginLlmImageInput)) or not isinstance(
+    if isinstance(input, str):  # one text block: the obvious meaning of a plain string
+        blocks = (PluginLlmTextInput(check_text("input", input)),)
+        if not input.strip():
+            raise ValueError("input has no content: the text is blank. Put the material to process in input.")
+        return blocks
+    if isinstance(input, (bytes, Mapping, PluginLlmTextInput, PluginLlmImageInput)) or not isinstance(
         input, (list, tuple)
     ):
         raise ValueError(
-            f"input must be a list of text/image blocks, got {type(input).__name__}. "
+            f"input must be a string or a list of text/image blocks, got {type(input).__name__}. "
             "Wrap it in a list, e.g. input=[{'type': 'text', 'text': '...'}]."
         )
     if not input:

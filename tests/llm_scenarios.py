@@ -96,6 +96,8 @@ SCENARIOS: dict[str, Callable[[Any], Any]] = {
     "tools": lambda llm: _result(llm.complete(_user("tools"), tools=TOOLS, max_tokens=50)),
     "structured_repair": lambda llm: _result(_structured(llm, "repair")),
     "schema_error": lambda llm: _result(_structured(llm, "bad")),
+    "structured_text_input": lambda llm: _result(llm.complete_structured(
+        instructions="Count it.", input="[plain-input] some text", json_schema=SCHEMA, max_tokens=50)),
     "stream": lambda llm: _stream(llm.stream(_user("stream"), max_tokens=50)),
     "stream_closed_early": lambda llm: _stream(llm.stream(_user("stream] [slow"), max_tokens=50), take=1),
     "async_twins": lambda llm: asyncio.run(_async_twins(llm)),

@@ -111,6 +111,10 @@ class _Upstream(BaseHTTPRequestHandler):
         if "[repair]" in text:
             repaired = "is not of type" in text
             return self._send(200, _completion({"role": "assistant", "content": '{"n": 3}' if repaired else '{"n": "x"}'}))
+        if "[plain-input]" in text:  # the string arrived as the user's text block
+            found = any("[plain-input] some text" in json.dumps(m.get("content")) for m in body["messages"]
+                        if m.get("role") == "user")
+            return self._send(200, _completion({"role": "assistant", "content": '{"n": 1}' if found else "{}"}))
         if "[bad]" in text:
             return self._send(200, _completion({"role": "assistant", "content": '{"n": "x"}'}))
         return self._send(200, _completion({"role": "assistant", "content": "plain reply"}))
@@ -234,6 +238,9 @@ def check(name: str, out: dict, home: Path) -> None:
         assert out["error"] == "PluginLlmSchemaError"
         assert out["text"] == '{"n": "x"}' and out["usage"] == [14, 6]
         assert any("is not of type 'integer'" in e for e in out["errors"])
+    elif name == "structured_text_input":
+        assert (out["ok"]["class"], out["ok"]["parsed"]) == ("PluginLlmStructuredResult", {"n": 1})
+        _one_record(home, out["ok"]["call_id"], "ok")
     elif name == "stream":
         _stream_done(out["ok"])
         _one_record(home, out["ok"]["call_id"], "ok")

@@ -116,14 +116,20 @@ def test_blank_text_is_fine_when_an_image_carries_the_content():
     assert len(blocks) == 2
 
 
-@pytest.mark.parametrize("bad", ["just a string", {"type": "text", "text": "x"}, PluginLlmTextInput("x"), None, 42, b"x"])
+@pytest.mark.parametrize("bad", [{"type": "text", "text": "x"}, PluginLlmTextInput("x"), None, 42, b"x"])
 def test_non_list_input_is_refused(bad):
     with pytest.raises(ValueError) as info:
         normalise_input(bad)
     message = str(info.value)
-    assert "input must be a list" in message
+    assert "input must be a string or a list" in message
     assert type(bad).__name__ in message
     assert "Wrap it in a list" in message
+
+
+def test_a_plain_string_is_one_text_block():
+    assert normalise_input("some text") == (PluginLlmTextInput("some text"),)
+    with pytest.raises(ValueError, match="input has no content"):
+        normalise_input("  \n")
 
 
 @pytest.mark.parametrize("empty", [[], ()])
