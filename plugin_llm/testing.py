@@ -35,8 +35,8 @@ The :class:`PluginHarness` it yields has:
 * ``calls()`` — the ``llm.call`` audit records, ``events()`` every audit line;
 * ``home`` (the temporary home), ``key``, ``manager``, ``info()`` (its ``plugins list`` entry).
 
-``config`` adds YAML to ``config.yaml`` (e.g. a trust block under
-``plugins.entries.<key>``), ``env`` sets environment variables while the harness
+``config`` (YAML text or a dict) is deep-merged into ``config.yaml`` (lists replace);
+``trust=`` / ``limits=`` set the plugin's trust and limits blocks; ``env`` sets environment variables while the harness
 is open (``requires_env``). Everything is undone on exit (environment, scripted
 replies, the temporary home unless ``keep_home=True``).
 """
@@ -52,6 +52,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Union
+
+import yaml
 
 if TYPE_CHECKING:  # pragma: no cover
     from plugin_llm.host import Session
@@ -150,10 +152,46 @@ class PluginHarness:
         return [e for e in self.events() if e.get("event") == "llm.call"]
 
 
-def _config_text(key: str, extra: str | None) -> str:
-    text = ("model:\n  provider: local\n  model: local-echo-1\n"
-            f"plugins:\n  enabled: [{json.dumps(key)}]\n")
-    return text + (("\n" + extra.strip("\n") + "\n") if extra else "")
+def _merged(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
+    """``extra`` deep-merged into a copy of ``base``: mappings merge, anything else (lists) replaces."""
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = _merged(dict(out[key]), value)
+        else:
+            out[key] = value
+    return out
+
+
+def _config(name: str, config: str | Mapping[str, Any] | None, trust: Mapping[str, Any] | None,
+            limits: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The harness's ``config.yaml`` document: the local model, the plugin enabled, then the author's."""
+    from plugin_llm.safe_yaml import load_yaml
+
+    doc: dict[str, Any] = {"model": {"provider": "local", "model": "local-echo-1"}, "plugins": {"enabled": [name]}}
+    try:
+        extra = load_yaml(config) if isinstance(config, str) else config
+    except yaml.YAMLError as exc:
+        raise PluginLoadError(f"load_plugin(config=...) is not valid YAML: {exc}") from None
+    if extra is not None and not isinstance(extra, Mapping):
+        raise PluginLoadError(f"load_plugin(config=...) must be a YAML mapping (or a dict), got {type(extra).__name__}")
+    doc = _merged(doc, extra or {})
+    for section, block in (("llm", trust), ("limits", limits)):
+        if block is not None:
+            if not isinstance(block, Mapping):
+                kwarg = "trust" if section == "llm" else section
+                raise PluginLoadError(f"load_plugin({kwarg}=...) must be a dict, got {type(block).__name__}")
+            doc = _merged(doc, {"plugins": {"entries": {name: {section: dict(block)}}}})
+    plugins = doc.get("plugins") if isinstance(doc.get("plugins"), Mapping) else {}
+    enabled, disabled = plugins.get("enabled"), plugins.get("disabled")
+    if not isinstance(enabled, list) or name not in enabled:
+        raise PluginLoadError(
+            f"load_plugin(config=...) sets plugins.enabled to {enabled!r}, without {name!r}: the plugin under test "
+            f"would not load. Leave plugins.enabled out (the harness enables {name!r}) or list {name!r} in it.")
+    if isinstance(disabled, list) and name in disabled:
+        raise PluginLoadError(f"load_plugin(config=...) lists {name!r} in plugins.disabled: the plugin under test "
+                              "would not load. Remove it from plugins.disabled.")
+    return doc
 
 
 @contextmanager
@@ -161,15 +199,17 @@ def load_plugin(
     plugin_dir: str | os.PathLike[str],
     *,
     replies: Replies = None,
-    config: str | None = None,
+    config: str | Mapping[str, Any] | None = None,
+    trust: Mapping[str, Any] | None = None,
+    limits: Mapping[str, Any] | None = None,
     env: Mapping[str, str] | None = None,
     keep_home: bool = False,
 ) -> Iterator[PluginHarness]:
     """Load the plugin in ``plugin_dir`` on a fresh temporary home; yields a :class:`PluginHarness`.
 
-    ``config`` is YAML appended to the generated ``config.yaml`` (it may not repeat ``model:`` or
-    ``plugins:``; write the whole trust block under a ``plugins:`` of your own by passing a full
-    ``config`` that starts with ``model:`` instead).
+    ``config`` (YAML text or a dict) is deep-merged into the generated ``config.yaml`` (mappings
+    merge, lists replace); ``trust`` and ``limits`` are the plugin's ``plugins.entries.<name>.llm``
+    and ``.limits`` blocks.
     """
     from plugin_llm import local_model
     from plugin_llm.plugins import PluginManager
@@ -180,11 +220,11 @@ def load_plugin(
         raise PluginLoadError(f"{source}: not a plugin directory (no __init__.py with register(ctx))")
     found = find_manifest(source)
     name = load_manifest(found).name if found is not None else source.name
+    document = _config(name, config, trust, limits)
     home = Path(tempfile.mkdtemp(prefix="plugin-llm-test-"))
     (home / "plugins").mkdir()
     os.symlink(source, home / "plugins" / name)
-    text = config if config is not None and config.lstrip().startswith("model:") else _config_text(name, config)
-    (home / "config.yaml").write_text(text, encoding="utf-8")
+    (home / "config.yaml").write_text(yaml.safe_dump(document, sort_keys=False), encoding="utf-8")
     scripted = ScriptedReplies(replies)
     saved = {k: os.environ.get(k) for k in ("HERMES_HOME", *(env or {}))}
     os.environ["HERMES_HOME"] = str(home)

@@ -86,3 +86,32 @@ def test_package_is_typed_and_ctx_llm_is_annotated():
     assert (Path(plugin_llm.__file__).parent / "py.typed").is_file()
     hints = typing.get_type_hints(PluginContext.llm.fget, globalns={"PluginLlm": PluginLlm})
     assert hints["return"] is PluginLlm
+
+
+def test_harness_config_is_merged_not_appended(tmp_path: Path):
+    from plugin_llm.errors import PluginLlmQuotaError, PluginLlmTrustError
+    from plugin_llm.testing import PluginLoadError, load_plugin
+
+    plugin_dir = _plugin(tmp_path / "picky", (
+        "def register(ctx):\n"
+        "    ctx.register_command('ask', lambda raw: ctx.llm.complete([{'role': 'user', 'content': raw}],"
+        " model=raw or None).text)\n"))
+    # a trust block as YAML text: merged with the harness's own plugins.enabled, not appended after it
+    trust_yaml = "plugins:\n  entries:\n    picky:\n      llm:\n        allow_model_override: true\n"
+    with load_plugin(plugin_dir, config=trust_yaml, replies=["granted"]) as plugin:
+        assert plugin.run_command("ask", "local-echo-1") == "granted"
+    with load_plugin(plugin_dir, trust={"allow_model_override": True}, replies=["granted"]) as plugin:
+        assert plugin.run_command("ask", "local-echo-1") == "granted"
+    with load_plugin(plugin_dir) as plugin:  # no trust block: the override is refused
+        with pytest.raises(PluginLlmTrustError):
+            plugin.run_command("ask", "local-echo-1")
+    with load_plugin(plugin_dir, limits={"tokens_per_minute": 1}) as plugin:
+        with pytest.raises(PluginLlmQuotaError):
+            plugin.run_command("ask", "")
+    # a config that drops the plugin from plugins.enabled: the error names the cause
+    with pytest.raises(PluginLoadError, match=r"plugins\.enabled.*without 'picky'"):
+        with load_plugin(plugin_dir, config={"plugins": {"enabled": ["other"]}}):
+            pass
+    with pytest.raises(PluginLoadError, match="must be a YAML mapping"):
+        with load_plugin(plugin_dir, config="- a list"):
+            pass
