@@ -1030,9 +1030,31 @@ def _sha(data: Any) -> str:
     return hashlib.sha256(raw.encode("utf-8")).hexdigest()
 
 
-#: Installed by :mod:`plugin_llm.testing` (``replies=``): ``script(messages) -> str | None``; a str is
-#: the reply's text (no rule below applies), None falls through to the rules. Empty in normal use.
+#: Installed by :mod:`plugin_llm.testing` (``replies=``): ``script(messages) -> str | dict | None``; a str
+#: is the reply's text (no rule below applies), None falls through to the rules, a dict is a scripted turn
+#: (:func:`_scripted_turn`). Empty in normal use.
 _SCRIPT: list[Any] = []
+#: the key of a completion that carries a scripted stream (``pieces``, ``error``): the in-process
+#: provider pops it (:mod:`plugin_llm.transport._loading`); never in a reply otherwise
+SCRIPTED_STREAM = "_scripted_stream"
+
+
+def _scripted_turn(turn: dict, request_hash: str) -> tuple[str | None, list[dict] | None, dict | None]:
+    """(text, tool calls, stream) of a scripted turn: ``{"content": str}``, ``{"tool_calls": [{"name",
+    "arguments"}]}``, ``{"pieces": [str], "error": exc}`` (a stream, then the error if any) or
+    ``{"error": exc}`` (raised here: the attempt fails as the provider's would)."""
+    pieces, error = turn.get("pieces"), turn.get("error")
+    if error is not None and not pieces:
+        raise error
+    calls = turn.get("tool_calls")
+    if calls:
+        return None, [{"id": "call_" + _sha([request_hash, i, c["name"]])[:24], "type": "function",
+                       "function": {"name": c["name"], "arguments": json.dumps(c.get("arguments") or {},
+                                                                               ensure_ascii=False)}}
+                      for i, c in enumerate(calls)], None
+    if pieces:
+        return "".join(pieces), None, {"pieces": list(pieces), "error": error}
+    return str(turn.get("content") or ""), None, None
 
 
 def generate(
@@ -1088,7 +1110,10 @@ def generate(
     content: str | None = None
     tool_calls: list[dict] | None = None
     scripted = _SCRIPT[-1](msgs) if _SCRIPT else None  # plugin_llm.testing: replies an author scripted
-    specs = _tool_specs(tools) if scripted is None else {}
+    stream: dict | None = None
+    if isinstance(scripted, dict):
+        scripted, tool_calls, stream = _scripted_turn(scripted, request_hash)
+    specs = _tool_specs(tools) if scripted is None and tool_calls is None else {}
     last_role = msgs[-1].get("role") if msgs else None
     if specs and last_role == "user" and tool_choice != "none":
         forced, required = _forced_tool(tool_choice, specs)
@@ -1156,7 +1181,7 @@ def generate(
         message = {"role": "assistant", "content": content}
 
     prompt_tokens = _prompt_tokens(msgs, tools)
-    return {
+    reply = {
         "id": "chatcmpl-local-" + request_hash[:24],
         "object": "chat.completion",
         "created": created,
@@ -1169,3 +1194,6 @@ def generate(
             "total_tokens": prompt_tokens + completion_tokens,
         },
     }
+    if stream is not None:
+        reply[SCRIPTED_STREAM] = stream
+    return reply

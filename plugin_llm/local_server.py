@@ -19,7 +19,7 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from plugin_llm.local_model import LOCAL_MODEL, generate, stream_pieces
+from plugin_llm.local_model import LOCAL_MODEL, SCRIPTED_STREAM, generate, stream_pieces
 
 __all__ = ["LocalModelServer", "serve_forever"]
 
@@ -167,6 +167,7 @@ class _Handler(BaseHTTPRequestHandler):
                 tool_choice=body.get("tool_choice"),
                 max_tokens=body.get("max_tokens", body.get("max_completion_tokens")),
             )
+            completion.pop(SCRIPTED_STREAM, None)
         except Exception as exc:  # a bug in the local model must not kill the connection
             self._send(500, _error_body(f"local model failed: {type(exc).__name__}: {exc}", "server_error"))
             return

@@ -18,9 +18,11 @@ import, ``register(ctx)``, trust gate, pipeline and audit log as production.
 A plugin that fails to load raises :class:`PluginLoadError` with its error and
 the plugin's own frames (file:line).
 
-``replies`` scripts what the local model answers: a list of strings (one per
-model call, in order; once used up the local model's own rules answer again),
-or a function ``replies(messages) -> str | None`` (``None``: the rules answer).
+``replies`` scripts what the local model answers: a list (one per model call
+attempt, in order; once used up the local model's own rules answer again), or a
+function ``replies(messages) -> reply | None`` (``None``: the rules answer). A
+reply is a string or :func:`stream`, :func:`tool_call`, :func:`provider_error`,
+:func:`rate_limited`, :func:`timeout`.
 Without ``replies`` the local model answers deterministically (see
 :mod:`plugin_llm.local_model`: it echoes, summarises, fills JSON schemas and
 calls offered tools when asked "call <tool>").
@@ -60,9 +62,99 @@ if TYPE_CHECKING:  # pragma: no cover
     from plugin_llm.plugins import PluginManager
     from plugin_llm.plugins.context import PluginContext
 
-__all__ = ["PluginHarness", "PluginLoadError", "ScriptedReplies", "load_plugin"]
+__all__ = ["PluginHarness", "PluginLoadError", "Scripted", "ScriptedReplies", "load_plugin", "provider_error",
+           "rate_limited", "stream", "timeout", "tool_call"]
 
-Replies = Union[Sequence[str], Callable[[list], Union[str, None]], None]
+
+class Scripted:
+    """One scripted model turn other than a plain text reply: build it with :func:`stream`,
+    :func:`tool_call`, :func:`provider_error`, :func:`rate_limited` or :func:`timeout`."""
+
+    def __init__(self, kind: str, **spec: Any) -> None:
+        self.kind = kind
+        self.spec = spec
+
+    def __repr__(self) -> str:
+        return f"Scripted({self.kind}, {self.spec!r})"
+
+    def turn(self) -> dict[str, Any]:
+        """What :mod:`plugin_llm.local_model` answers (a fresh exception for every attempt)."""
+        if self.kind == "tool_calls":
+            return {"tool_calls": list(self.spec["calls"])}
+        error = self.spec.get("error")
+        if self.kind == "stream":
+            return {"pieces": list(self.spec["chunks"]), "error": None if error is None else error.turn()["error"]}
+        if self.kind == "timeout":
+            return {"error": TimeoutError(self.spec["message"])}
+        return {"error": _http_error(self.spec["status"], self.spec["message"], self.spec.get("retry_after"))}
+
+
+class _ScriptedHttpError(Exception):
+    """A provider's HTTP error as litellm's providers raise it (status, response headers)."""
+
+    def __init__(self, status: int, message: str, headers: dict[str, str]) -> None:
+        import httpx
+
+        super().__init__(message)
+        self.message = message
+        self.status_code = status
+        self.headers = headers
+        self.response = httpx.Response(status, headers=headers,
+                                       request=httpx.Request("POST", "http://local.invalid/v1/chat/completions"))
+
+
+def _http_error(status: int, message: str, retry_after: float | None) -> _ScriptedHttpError:
+    headers = {} if retry_after is None else {"retry-after": f"{retry_after:g}"}
+    return _ScriptedHttpError(status, message, headers)
+
+
+def stream(*chunks: str, error: Scripted | None = None) -> Scripted:
+    """A reply streamed as exactly these chunks (``ctx.llm.stream`` yields them one by one; ``complete``
+    gets them joined); with ``error`` (a :func:`provider_error`, :func:`rate_limited` or :func:`timeout`)
+    the stream fails after the chunks, and a whole-reply call fails with it."""
+    if not chunks or not all(isinstance(c, str) for c in chunks):
+        raise TypeError("stream(*chunks): give one or more strings")
+    if error is not None and (not isinstance(error, Scripted) or error.kind not in ("error", "timeout")):
+        raise TypeError("stream(error=...) takes provider_error(...), rate_limited(...) or timeout()")
+    return Scripted("stream", chunks=chunks, error=error)
+
+
+def tool_call(name: str, arguments: Mapping[str, Any] | None = None, *more: tuple[str, Mapping[str, Any]]) -> Scripted:
+    """The model calls the tool ``name`` with ``arguments`` (and the ``(name, arguments)`` pairs of
+    ``more`` in the same turn): ``result.tool_calls`` of ``complete``, or a tool run in a session."""
+    calls = [(name, arguments), *more]
+    for tool, args in calls:
+        if not isinstance(tool, str) or not tool or (args is not None and not isinstance(args, Mapping)):
+            raise TypeError("tool_call(name, arguments): a tool name and a dict of arguments")
+    return Scripted("tool_calls", calls=[{"name": t, "arguments": dict(a or {})} for t, a in calls])
+
+
+def provider_error(status: int = 500, message: str = "scripted provider error", *,
+                   retry_after: float | None = None) -> Scripted:
+    """The provider answers HTTP ``status``: ``PluginLlmProviderError`` with ``.status``, and ``.retryable``
+    as for a real provider (the gateway retries 429, 503, ...: script one failure per attempt, or set
+    ``llm: {max_retries: 0}``), ``Retry-After: retry_after`` seconds if given."""
+    if isinstance(status, bool) or not isinstance(status, int) or not 400 <= status <= 599:
+        raise ValueError(f"provider_error(status=...) must be an HTTP error status (400-599), got {status!r}")
+    if retry_after is not None and (isinstance(retry_after, bool) or not isinstance(retry_after, (int, float))
+                                    or not 0 <= retry_after <= 3600):
+        raise ValueError(f"provider_error(retry_after=...) must be 0-3600 seconds, got {retry_after!r}")
+    return Scripted("error", status=status, message=str(message), retry_after=retry_after)
+
+
+def rate_limited(retry_after: float = 0, message: str = "scripted rate limit") -> Scripted:
+    """The provider answers ``429 Too Many Requests`` with ``Retry-After: retry_after`` (retried by
+    the gateway after that wait, up to its cap)."""
+    return provider_error(429, message, retry_after=retry_after)
+
+
+def timeout(message: str = "scripted timeout") -> Scripted:
+    """The provider does not answer in time: ``PluginLlmTimeoutError`` (at once: nothing waits)."""
+    return Scripted("timeout", message=str(message))
+
+
+Reply = Union[str, Scripted]
+Replies = Union[Sequence[Reply], Callable[[list], Union[Reply, None]], None]
 
 
 class PluginLoadError(RuntimeError):
@@ -82,20 +174,27 @@ class ScriptedReplies:
         elif replies is not None:
             self.push(*replies)
 
-    def push(self, *texts: str) -> None:
-        """Queue more replies (answered in order, one per model call)."""
-        for text in texts:
-            if not isinstance(text, str):
-                raise TypeError(f"scripted replies must be strings, got {type(text).__name__}")
+    def push(self, *replies: Reply) -> None:
+        """Queue more replies (answered in order, one per model call attempt)."""
+        for reply in replies:
+            _check_reply(reply)
         with self._lock:
-            self._queue.extend(texts)
+            self._queue.extend(replies)
 
-    def __call__(self, messages: list) -> str | None:
+    def __call__(self, messages: list) -> str | dict[str, Any] | None:
         with self._lock:
             self.seen.append([dict(m) for m in messages])
-            if self._queue:
-                return self._queue.pop(0)
-        return self._fn(messages) if self._fn is not None else None
+            reply = self._queue.pop(0) if self._queue else None
+        if reply is None and self._fn is not None:
+            reply = _check_reply(self._fn(messages), allow_none=True)
+        return reply.turn() if isinstance(reply, Scripted) else reply
+
+
+def _check_reply(reply: Any, *, allow_none: bool = False) -> Any:
+    if not (isinstance(reply, (str, Scripted)) or (allow_none and reply is None)):
+        raise TypeError(f"scripted replies must be strings or plugin_llm.testing.stream/tool_call/provider_error/"
+                        f"rate_limited/timeout(...), got {type(reply).__name__}")
+    return reply
 
 
 class PluginHarness:
@@ -221,11 +320,11 @@ def load_plugin(
     found = find_manifest(source)
     name = load_manifest(found).name if found is not None else source.name
     document = _config(name, config, trust, limits)
+    scripted = ScriptedReplies(replies)
     home = Path(tempfile.mkdtemp(prefix="plugin-llm-test-"))
     (home / "plugins").mkdir()
     os.symlink(source, home / "plugins" / name)
     (home / "config.yaml").write_text(yaml.safe_dump(document, sort_keys=False), encoding="utf-8")
-    scripted = ScriptedReplies(replies)
     saved = {k: os.environ.get(k) for k in ("HERMES_HOME", *(env or {}))}
     os.environ["HERMES_HOME"] = str(home)
     os.environ.update(env or {})

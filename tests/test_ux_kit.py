@@ -17,18 +17,24 @@ from tests.test_ux_cli import ROOT, cli
 def test_scaffolded_plugins_pass_their_own_tests_and_run(hermes_home: Path, tmp_path: Path):
     work = tmp_path / "work"
     work.mkdir()
-    for name, kind in (("summ", "command"), ("counter", "tool"), ("hinter", "hook")):
-        made = cli(hermes_home, "plugins", "new", name, "--kind", kind, "--dir", str(work))
+    made_with = {"summ": ("--kind", "command", "ctx.llm.complete("), "counter": ("--kind", "tool", "register_tool"),
+                 "hinter": ("--kind", "hook", "register_hook"),
+                 "shaper": ("--template", "structured", "ctx.llm.complete_structured("),
+                 "flow": ("--template", "stream", "ctx.llm.stream(")}
+    for name, (flag, kind, call) in made_with.items():
+        made = cli(hermes_home, "plugins", "new", name, flag, kind, "--dir", str(work))
         assert made.returncode == 0, made.stderr
         assert {"plugin.yaml", "__init__.py", "README.md", "tests"} <= {p.name for p in (work / name).iterdir()}
-        assert "ctx.llm.complete" in (work / name / "__init__.py").read_text()
+        assert call in (work / name / "__init__.py").read_text()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HOME": str(tmp_path / "user-home")}
     env.pop("HERMES_HOME", None)  # the generated tests make their own homes
     tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                            *(str(work / n / "tests") for n in ("summ", "counter", "hinter"))],
-                           cwd=str(work), env=env, capture_output=True, text=True, timeout=180)
+                            *(str(work / n / "tests") for n in made_with)],
+                           cwd=str(work), env=env, capture_output=True, text=True, timeout=300)
     assert tests.returncode == 0, tests.stdout[-3000:] + tests.stderr[-2000:]
-    assert "8 passed" in tests.stdout  # 2 per plugin + the tool's and the hook's own
+    # command 2, tool 4 (dispatch, and the model calling it), hook 3; structured and stream 4 each
+    # (their tests script a schema repair, a provider error, chunks, a broken stream and a rate limit)
+    assert "17 passed" in tests.stdout
     # and it works as installed for development
     assert cli(hermes_home, "plugins", "install", "--link", str(work / "summ"), "--enable").returncode == 0
     run = cli(hermes_home, "run", "summ", "First sentence here. Second one.")
@@ -114,4 +120,67 @@ def test_harness_config_is_merged_not_appended(tmp_path: Path):
             pass
     with pytest.raises(PluginLoadError, match="must be a YAML mapping"):
         with load_plugin(plugin_dir, config="- a list"):
+            pass
+
+
+def _probe(where: Path) -> Path:
+    return _plugin(where, (
+        "import json\n"
+        "TOOLS = [{'type': 'function', 'function': {'name': 'look', 'parameters': {'type': 'object'}}}]\n"
+        "def _error(exc):\n"
+        "    return {'error': type(exc).__name__, 'status': getattr(exc, 'status', None),\n"
+        "            'retryable': getattr(exc, 'retryable', None), 'retry_after': getattr(exc, 'retry_after', None)}\n"
+        "def register(ctx):\n"
+        "    def ask(raw):\n"
+        "        try:\n"
+        "            r = ctx.llm.complete([{'role': 'user', 'content': 'x'}], tools=TOOLS if raw else None)\n"
+        "        except Exception as exc:\n"
+        "            return json.dumps(_error(exc))\n"
+        "        return json.dumps({'text': r.text, 'tools': [[c.name, c.arguments] for c in r.tool_calls or []]})\n"
+        "    def live(raw):\n"
+        "        got = []\n"
+        "        try:\n"
+        "            with ctx.llm.stream([{'role': 'user', 'content': 'x'}]) as s:\n"
+        "                got.extend(s)\n"
+        "        except Exception as exc:\n"
+        "            return json.dumps({'deltas': got, **_error(exc)})\n"
+        "        return json.dumps({'deltas': got})\n"
+        "    ctx.register_command('ask', ask)\n"
+        "    ctx.register_command('live', live)\n"))
+
+
+def test_harness_scripts_streams_errors_rate_limits_timeouts_and_tool_calls(tmp_path: Path):
+    import json
+
+    from plugin_llm.testing import load_plugin, provider_error, rate_limited, stream, timeout, tool_call
+
+    plugin_dir = _probe(tmp_path / "probe")
+    script = [stream("Hel", "lo ", "world"), stream("a", "b", error=provider_error(502)), stream("x", error=timeout()),
+              provider_error(503, retry_after=1), rate_limited(2), timeout(), tool_call("look", {"q": 1}),
+              provider_error(400), stream("p", "q")]
+    with load_plugin(plugin_dir, config={"llm": {"max_retries": 0}}, replies=script) as plugin:
+        def run(command: str, args: str = "") -> dict:
+            return json.loads(plugin.run_command(command, args))
+
+        assert run("live") == {"deltas": ["Hel", "lo ", "world"]}  # exactly the scripted chunks
+        broken = run("live")
+        assert (broken["deltas"], broken["error"], broken["status"]) == (["a", "b"], "PluginLlmProviderError", 502)
+        late = run("live")
+        assert (late["deltas"], late["error"]) == (["x"], "PluginLlmTimeoutError")
+        assert run("ask") == {"error": "PluginLlmProviderError", "status": 503, "retryable": True, "retry_after": 1.0}
+        assert run("ask") == {"error": "PluginLlmProviderError", "status": 429, "retryable": True, "retry_after": 2.0}
+        assert run("ask")["error"] == "PluginLlmTimeoutError"
+        assert run("ask", "tools") == {"text": "", "tools": [["look", {"q": 1}]]}
+        assert run("ask") == {"error": "PluginLlmProviderError", "status": 400, "retryable": False,
+                              "retry_after": None}
+        assert run("ask") == {"text": "pq", "tools": []}  # a scripted stream read whole
+        assert [c["status"] for c in plugin.calls()] == ["ok", "provider_error", "timeout", "provider_error",
+                                                          "provider_error", "timeout", "ok", "provider_error", "ok"]
+    # with retries (the default): each attempt takes the next scripted turn
+    with load_plugin(plugin_dir, replies=[rate_limited(0), provider_error(500, retry_after=0), "third"]) as plugin:
+        assert json.loads(plugin.run_command("ask", "")) == {"text": "third", "tools": []}
+        [call] = plugin.calls()
+        assert call["status"] == "ok" and call["attempts"] == 3
+    with pytest.raises(TypeError, match="scripted replies must be strings or"):
+        with load_plugin(plugin_dir, replies=[42]):
             pass

@@ -107,8 +107,10 @@ def register(subparsers: Any) -> None:
                              description="Create DIR/NAME/: plugin.yaml, __init__.py (register(ctx) with a command "
                              "that calls ctx.llm), tests/ (passes as generated, offline) and a README.")
     new.add_argument("name", metavar="NAME", help="plugin name (also its command: /NAME)")
-    new.add_argument("--kind", default="command", choices=("command", "tool", "hook"),
-                     help="command (default); tool: also a tool for the model; hook: also a pre_llm_call hook")
+    new.add_argument("--template", "--kind", dest="kind", default="command",
+                     choices=("command", "structured", "stream", "tool", "hook"),
+                     help="command (default): ctx.llm.complete; structured: JSON checked by a schema; stream: "
+                     "ctx.llm.stream; tool: also a tool for the model; hook: also a pre_llm_call hook")
     new.add_argument("--dir", default=".", metavar="DIR", help="where to create NAME/ (default: the current directory)")
 
     for verb, text in (("enable", "add a plugin to plugins.enabled (and out of plugins.disabled)"),
@@ -890,7 +892,7 @@ def _new(args: argparse.Namespace) -> int:
     lines = [f"Created {path}: {', '.join(files)}",
              f"Test it:     python -m pytest {path / 'tests'}",
              f"Try it:      plugin-llm plugins install --link {path} --enable && plugin-llm run {args.name} 'some text'"]
-    _emit(args, {"path": str(path), "files": files, "kind": args.kind}, lines)
+    _emit(args, {"path": str(path), "files": files, "kind": args.kind, "template": args.kind}, lines)
     return 0
 
 

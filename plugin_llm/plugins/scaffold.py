@@ -1,8 +1,8 @@
 """``plugin-llm plugins new NAME``: a working plugin to start from.
 
 Writes ``<dir>/<NAME>/`` with ``plugin.yaml``, ``__init__.py`` (``register(ctx)``
-with one slash command that calls the configured model through ``ctx.llm``,
-plus a tool or a hook for ``--kind tool`` / ``--kind hook``), ``tests/`` (a test
+with one slash command that calls the configured model through ``ctx.llm``:
+``--template`` structured output, streaming, a tool for the model or a hook), ``tests/`` (a test
 on :mod:`plugin_llm.testing` that passes as generated: offline, scripted
 replies) and a ``README.md`` saying how to run, test and install it
 (``plugins install --link``). Nothing existing is overwritten.
@@ -16,9 +16,11 @@ from pathlib import Path
 
 __all__ = ["KINDS", "ScaffoldError", "scaffold_plugin"]
 
-#: what the generated plugin registers besides its command
+#: the templates (``--template``, also ``--kind``): what the generated plugin does
 KINDS = {
     "command": "a slash command that calls the model (ctx.llm.complete)",
+    "structured": "a slash command that asks for JSON validated by a schema (ctx.llm.complete_structured)",
+    "stream": "a slash command that streams the model's reply (ctx.llm.stream)",
     "tool": "the command, plus a tool the model can call in a chat",
     "hook": "the command, plus a pre_llm_call hook that adds context to every turn",
 }
@@ -54,6 +56,47 @@ _COMMAND = '''\
         return result.text
 
     ctx.register_command("{command}", {func}, description="summarise TEXT in one sentence", args_hint="TEXT")
+'''
+
+_STRUCTURED = '''\
+    def {func}(raw_args: str) -> str:
+        """/{command} TEXT: the title and key points of TEXT, as JSON checked against SCHEMA."""
+        text = raw_args.strip()
+        if not text:
+            return "usage: /{command} TEXT"
+        try:
+            result = ctx.llm.complete_structured(
+                instructions="Give the text a short title and list its key points.",
+                input=text,
+                json_schema=SCHEMA,
+                purpose="{command}",
+                max_tokens=400,
+            )
+        except PluginLlmSchemaError as exc:  # still invalid after the host's repair turn
+            return f"the model's answer did not fit the schema: {{exc.errors[:3]}}"
+        except PluginLlmError as exc:  # refused by the trust gate or limits, provider down, timeout
+            return f"{command} failed: {{exc}}"
+        return json.dumps(result.parsed, ensure_ascii=False)
+
+    ctx.register_command("{command}", {func}, description="title and key points of TEXT", args_hint="TEXT")
+'''
+
+_STREAM = '''\
+    def {func}(raw_args: str) -> str:
+        """/{command} TEXT: the model's answer, read as it is generated."""
+        text = raw_args.strip()
+        if not text:
+            return "usage: /{command} TEXT"
+        received = []
+        try:
+            with ctx.llm.stream([{{"role": "user", "content": text}}], purpose="{command}", max_tokens=400) as stream:
+                for delta in stream:
+                    received.append(delta)  # show it as it arrives (a UI, a socket, a progress line)
+        except PluginLlmError as exc:  # the stream broke: keep what arrived, say why
+            return "".join(received) + f" [interrupted: {{exc}}]"
+        return "".join(received)
+
+    ctx.register_command("{command}", {func}, description="stream an answer to TEXT", args_hint="TEXT")
 '''
 
 _TOOL = '''
@@ -119,6 +162,86 @@ def test_command_without_text_shows_usage():
         assert plugin.calls() == []
 {extra}'''
 
+_STRUCTURED_TEST = '''\
+"""Tests for {name}: offline, on a temporary home with the embedded local model.
+
+Run: python -m pytest {name}/tests
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from plugin_llm.testing import load_plugin, provider_error
+
+PLUGIN_DIR = Path(__file__).resolve().parents[1]
+
+
+def test_command_returns_json_that_fits_the_schema():
+    reply = json.dumps({{"title": "Rain", "points": ["it rains", "take an umbrella"]}})
+    with load_plugin(PLUGIN_DIR, replies=[reply]) as plugin:
+        out = json.loads(plugin.run_command("{command}", "It rains. Take an umbrella."))
+        assert out == {{"title": "Rain", "points": ["it rains", "take an umbrella"]}}
+        (call,) = plugin.calls()
+        assert call["plugin_id"] == plugin.key and call["status"] == "ok"
+
+
+def test_an_answer_that_breaks_the_schema_is_repaired_once():
+    with load_plugin(PLUGIN_DIR, replies=['{{"title": 3}}', '{{"title": "Fixed", "points": []}}']) as plugin:
+        assert json.loads(plugin.run_command("{command}", "Some text."))["title"] == "Fixed"
+
+
+def test_a_provider_error_is_reported():
+    # one scripted failure per attempt; llm.max_retries: 0 makes the first one final
+    with load_plugin(PLUGIN_DIR, config={{"llm": {{"max_retries": 0}}}}, replies=[provider_error(503)]) as plugin:
+        assert plugin.run_command("{command}", "Some text.").startswith("{command} failed:")
+        assert [c["status"] for c in plugin.calls()] == ["provider_error"]
+
+
+def test_command_without_text_shows_usage():
+    with load_plugin(PLUGIN_DIR) as plugin:
+        assert plugin.run_command("{command}", "").startswith("usage:")
+'''
+
+_STREAM_TEST = '''\
+"""Tests for {name}: offline, on a temporary home with the embedded local model.
+
+Run: python -m pytest {name}/tests
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from plugin_llm.testing import load_plugin, provider_error, rate_limited, stream
+
+PLUGIN_DIR = Path(__file__).resolve().parents[1]
+
+
+def test_command_joins_the_streamed_chunks():
+    with load_plugin(PLUGIN_DIR, replies=[stream("Hello ", "from ", "the model.")]) as plugin:
+        assert plugin.run_command("{command}", "Say hello.") == "Hello from the model."
+        (call,) = plugin.calls()
+        assert call["status"] == "ok" and call["stream"] is True
+
+
+def test_a_stream_that_breaks_keeps_what_arrived():
+    with load_plugin(PLUGIN_DIR, replies=[stream("Hello ", error=provider_error(502))]) as plugin:
+        out = plugin.run_command("{command}", "Say hello.")
+        assert out.startswith("Hello  [interrupted:") and "502" in out
+
+
+def test_a_rate_limit_is_retried_after_its_wait():
+    with load_plugin(PLUGIN_DIR, replies=[rate_limited(retry_after=0), stream("Second ", "try.")]) as plugin:
+        assert plugin.run_command("{command}", "Say hello.") == "Second try."
+
+
+def test_command_without_text_shows_usage():
+    with load_plugin(PLUGIN_DIR) as plugin:
+        assert plugin.run_command("{command}", "").startswith("usage:")
+'''
+
 _TOOL_TEST = '''
 
 def test_tool_counts_words():
@@ -126,6 +249,16 @@ def test_tool_counts_words():
 
     with load_plugin(PLUGIN_DIR) as plugin:
         assert json.loads(plugin.dispatch_tool("{tool}", {{"text": "one two three"}})) == {{"words": 3}}
+
+
+def test_the_model_calls_the_tool_in_a_chat():
+    from plugin_llm.testing import tool_call
+
+    replies = [tool_call("{tool}", {{"text": "one two three"}}), "It has 3 words."]
+    with load_plugin(PLUGIN_DIR, replies=replies) as plugin, plugin.session() as session:
+        turn = session.run_turn("How many words in 'one two three'?")
+        assert turn.text == "It has 3 words."
+        assert [run.name for run in turn.tool_runs] == ["{tool}"]
 '''
 
 _HOOK_TEST = '''
@@ -160,7 +293,7 @@ def scaffold_plugin(name: str, directory: Path, *, kind: str = "command") -> Pat
     except InstallError as exc:
         raise ScaffoldError(str(exc)) from None
     if kind not in KINDS:
-        raise ScaffoldError(f"unknown --kind {kind[:40]!r} (valid: {', '.join(KINDS)})")
+        raise ScaffoldError(f"unknown --template {kind[:40]!r} (valid: {', '.join(KINDS)})")
     command = normalize_command_name(name)
     if command in BUILTIN_COMMANDS:
         raise ScaffoldError(f"{name!r} is a built-in command (/{command}); choose another name")
@@ -174,7 +307,19 @@ def scaffold_plugin(name: str, directory: Path, *, kind: str = "command") -> Pat
     body = _COMMAND.format(func=func, command=command)
     extra_test = ""
     imports = ""
-    if kind == "tool":
+    test = _TEST
+    if kind == "structured":
+        body = _STRUCTURED.format(func=func, command=command)
+        imports = ("\nimport json\n\nfrom plugin_llm.errors import PluginLlmError, PluginLlmSchemaError\n\n"
+                   "SCHEMA = {\n    \"type\": \"object\",\n    \"properties\": {\"title\": {\"type\": \"string\"}, "
+                   "\"points\": {\"type\": \"array\", \"items\": {\"type\": \"string\"}}},\n"
+                   "    \"required\": [\"title\", \"points\"],\n}\n")
+        test = _STRUCTURED_TEST
+    elif kind == "stream":
+        body = _STREAM.format(func=func, command=command)
+        imports = "\nfrom plugin_llm.errors import PluginLlmError\n"
+        test = _STREAM_TEST
+    elif kind == "tool":
         body += _TOOL.format(tool=tool)
         extra_test = _TOOL_TEST.format(tool=tool)
         imports = "\nimport json\n"
@@ -184,7 +329,7 @@ def scaffold_plugin(name: str, directory: Path, *, kind: str = "command") -> Pat
     files = {
         "plugin.yaml": _MANIFEST.format(name=name, description=json.dumps(description)),
         "__init__.py": _INIT.format(name=name, imports=imports, body=body),
-        "tests/test_" + func + ".py": _TEST.format(name=name, command=command, extra=extra_test),
+        "tests/test_" + func + ".py": test.format(name=name, command=command, extra=extra_test),
         "README.md": _README.format(name=name, description=description, command=command),
     }
     target.mkdir(parents=True)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import gc
 import os
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 __all__ = ["load_litellm", "loaded_litellm", "start_background_load", "GC_FREEZE"]
@@ -88,35 +89,57 @@ def _background_load() -> None:
 def _register_local_provider(litellm: Any) -> None:
     from litellm import CustomLLM, ModelResponse
 
-    from plugin_llm.local_model import generate
+    from plugin_llm.local_model import SCRIPTED_STREAM, generate
+
+    def answer(model: Any, messages: Any, optional_params: Any) -> ModelResponse:
+        completion = generate(messages, model=model, **(optional_params or {}))
+        stream = completion.pop(SCRIPTED_STREAM, None)
+        if stream is not None and stream["error"] is not None:  # a scripted stream that fails: no whole reply
+            raise stream["error"]
+        return ModelResponse(**completion)
+
+    def chunks(model: Any, messages: Any, optional_params: Any) -> Iterator[dict]:
+        completion = generate(messages, model=model, **(optional_params or {}))
+        stream = completion.pop(SCRIPTED_STREAM, None)
+        if stream is None:
+            yield from _local_chunks(completion)
+            return
+        pieces = _local_chunks(completion, stream["pieces"])
+        if stream["error"] is not None:  # the scripted chunks, then the failure mid-stream
+            yield from pieces[:-1]
+            raise stream["error"]
+        yield from pieces
 
     class LocalModelHandler(CustomLLM):
         """litellm custom provider ``local``: the embedded offline model, in-process."""
 
         def completion(self, model, messages, *args, optional_params=None, **kwargs):  # noqa: D102
-            return ModelResponse(**generate(messages, model=model, **(optional_params or {})))
+            return answer(model, messages, optional_params)
 
         async def acompletion(self, model, messages, *args, optional_params=None, **kwargs):  # noqa: D102
-            return ModelResponse(**generate(messages, model=model, **(optional_params or {})))
+            return answer(model, messages, optional_params)
 
         def streaming(self, model, messages, *args, optional_params=None, **kwargs):  # noqa: D102
-            return iter(_local_chunks(generate(messages, model=model, **(optional_params or {}))))
+            return chunks(model, messages, optional_params)
 
         async def astreaming(self, model, messages, *args, optional_params=None, **kwargs):  # noqa: D102
-            for chunk in _local_chunks(generate(messages, model=model, **(optional_params or {}))):
+            for chunk in chunks(model, messages, optional_params):
                 yield chunk
 
     entries = [e for e in litellm.custom_provider_map if e.get("provider") != "local"]
     litellm.custom_provider_map = entries + [{"provider": "local", "custom_handler": LocalModelHandler()}]
 
 
-def _local_chunks(completion: dict) -> list[dict]:
+def _local_chunks(completion: dict, pieces: list[str] | None = None) -> list[dict]:
     """The local model's reply as litellm ``GenericStreamingChunk`` dicts: its text in
-    :func:`~plugin_llm.local_model.stream_pieces`, usage on the last chunk."""
+    :func:`~plugin_llm.local_model.stream_pieces` (or the scripted ``pieces``), usage on the last chunk."""
     from plugin_llm.local_model import stream_pieces
 
     choice = completion["choices"][0]
-    pieces = stream_pieces(choice["message"].get("content") or "") or [""]
+    if pieces is None:
+        pieces = stream_pieces(choice["message"].get("content") or "") or [""]
+    else:
+        pieces = [*pieces, ""]  # the scripted chunks as given; the end (finish reason, usage) on its own chunk
     last = len(pieces) - 1
     return [{"text": piece, "tool_use": None, "index": 0, "is_finished": i == last,
              "finish_reason": choice["finish_reason"] if i == last else "",
