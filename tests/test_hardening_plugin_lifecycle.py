@@ -170,7 +170,7 @@ def test_tokens_expire_after_90_days_unless_never_is_explicit(hermes_home, capsy
     code, out, err = run(capsys, "tokens", "create", "notes", "--json")
     assert code == 0, err
     row = json.loads(out)
-    assert row["expires"] is not None and row["expires"] - row["created"] == pytest.approx(90 * 86400)
+    assert row["expires"] is not None and row["expires_unix"] - row["created_unix"] == pytest.approx(90 * 86400)
     code, out, err = run(capsys, "tokens", "create", "notes", "--expires", "never")
     assert code == 0, err
     assert "expires never (until revoked)" in err

@@ -79,7 +79,7 @@ def test_a_denial_is_a_quota_error_with_the_audit_fields(kind, tmp_path):
     assert error.resets_at == (now // 60 + 1) * 60  # the end of that minute
     fields = error.denial.audit_fields()
     assert fields["decision"] == "denied" and fields["limits.limit"] == "requests_per_minute"
-    assert fields["decision_key"] == error.config_key and fields["limits.resets_at"].endswith(":00Z")
+    assert fields["decision_key"] == error.config_key and fields["limits.resets_at"].endswith(":00.000Z")
     assert fields["decision_reason"] == str(error)
 
 
@@ -266,7 +266,7 @@ def test_views_show_each_plugin_with_usage_or_the_store_error(kind, tmp_path):
     assert "budget_usd.day" in text and "$0.30 used" in text and "1 in flight" in text and "resets " in text
     summary = views.budget_summary(mine)
     assert summary["day"]["spent_usd"] == pytest.approx(0.3) and summary["day"]["budget_usd"] == 2.0
-    assert summary["month"]["resets_at"].endswith("T00:00:00Z")
+    assert summary["month"]["resets_at"].endswith("T00:00:00.000Z")
     forgotten = limits.reset(settings, tmp_path, PLUGIN)  # what the store deleted, read in the same step
     assert (forgotten.minute_requests, forgotten.minute_tokens) == (1, 150_000)
     assert forgotten.day_spent == forgotten.month_spent == mine.snapshot.counters.day_spent > 0

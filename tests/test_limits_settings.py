@@ -138,8 +138,8 @@ def test_absurd_timeouts_and_bad_redis_ports_are_errors_when_parsed(line, path):
 
 
 def test_a_reset_time_past_the_year_9999_is_still_said():
-    assert limits.iso_utc(1e30) == limits.iso_utc(float("nan")) == "9999-12-31T23:59:59Z"
-    assert limits.iso_utc(0) == "1970-01-01T00:00:00Z"
+    assert limits.iso_utc(1e30) == limits.iso_utc(float("nan")) == "9999-12-31T23:59:59.999Z"
+    assert limits.iso_utc(0) == "1970-01-01T00:00:00.000Z"
 
 
 def test_operator_prices_parse_and_a_bad_price_leaves_the_model_unpriced():

@@ -79,7 +79,7 @@ def test_budget_reserves_worst_case_and_denial_names_plugin_limit_key_and_reset(
     assert denial.resets_at == T0 + 30  # next UTC midnight
     assert (denial.used, denial.in_flight, denial.requested) == (0, round(0.9 * NANO), round(0.3 * NANO))
     message = denial.message
-    assert "plugin 'my-plugin'" in message and "budget_usd.day" in message and "2026-04-01T00:00:00Z" in message
+    assert "plugin 'my-plugin'" in message and "budget_usd.day" in message and "2026-04-01T00:00:00.000Z" in message
     assert "= $1.00)" in message and "$0.90 in flight" in message and "up to $0.30" in message
     tiny = admit(store, L(budget_day=0.0000001), R(0.3))  # money is said as limits show says it, never "$0."
     assert "= <$0.000001)" in tiny.message and "$0.)" not in tiny.message
@@ -171,7 +171,8 @@ def test_snapshot_and_reset(store):
     by_limit = {w["limit"]: w for w in snap["limits"]}
     assert by_limit["budget_usd.day"] == {
         "limit": "budget_usd.day", "config_key": "plugins.entries.my-plugin.limits.budget_usd.day", "cap": 2.0,
-        "used": 0.25, "in_flight": 0.5, "unit": "usd", "resets_at": "2026-04-01T00:00:00Z",
+        "used": 0.25, "in_flight": 0.5, "unit": "usd", "resets_at": "2026-04-01T00:00:00.000Z",
+        "resets_at_unix": 1775001600.0,
     }
     assert (by_limit["requests_per_minute"]["used"], by_limit["requests_per_minute"]["in_flight"]) == (1, 1)
     assert by_limit["max_concurrent"]["in_flight"] == 1  # the minute's counts, settled and reserved, as the limits'

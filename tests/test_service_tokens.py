@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import stat
 
@@ -12,6 +13,8 @@ from plugin_llm.cli.main import main
 from plugin_llm.service.tokens import CACHE_SECONDS, TokenError, TokenStore, digest, parse_duration, \
     token_key_path, tokens_path
 from tests.conftest import write_config
+
+_ISO_Z = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
 
 
 def test_create_prints_a_plg_token_of_32_random_bytes_and_stores_only_its_digest(hermes_home):
@@ -89,7 +92,8 @@ def test_cli_create_list_revoke(hermes_home, capsys):
     created = json.loads(capsys.readouterr().out)
     token = created["token"]
     assert token.startswith("plg_") and created["plugin"] == "my-plugin" and created["status"] == "active"
-    assert created["expires"] - created["created"] == pytest.approx(30 * 86400)  # 30 days after its creation
+    assert created["expires_unix"] - created["created_unix"] == pytest.approx(30 * 86400)  # 30 days after its creation
+    assert _ISO_Z.fullmatch(created["created"]) and _ISO_Z.fullmatch(created["expires"]) and created["revoked"] is None
     assert main(["tokens", "create", "other"]) == 0
     out = capsys.readouterr()
     plain_token = out.out.strip()

@@ -414,7 +414,15 @@ def _install_record(home: Path, key: str) -> dict[str, Any] | None:
         entry = read_metadata(home / "plugins").get(key)
     except InstallError as exc:
         return {"error": str(exc)}
-    return entry.to_json() if entry is not None else None
+    if entry is None:
+        return None
+    from plugin_llm.timefmt import utc_iso_text
+
+    record = entry.to_json()
+    for name in ("installed_at", "updated_at"):  # stored with microseconds and +00:00: shown in the one format
+        if name in record:
+            record[name] = utc_iso_text(record[name])
+    return record
 
 
 def _trust_entry(home: Path, key: str) -> Any:

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from typing import Any
 
 from plugin_llm.cli._common import add_home_argument, dumps_json, home_from, printable
+from plugin_llm.timefmt import utc_iso, with_unix
 from plugin_llm.cli.main import CliError
 
 __all__ = ["register", "DEFAULT_EXPIRES"]
@@ -67,8 +67,8 @@ def _when(value: Any) -> str:
     if value is None:
         return "-"
     try:
-        return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(value))
-    except (OverflowError, OSError, ValueError):  # an invalid record's time, as anyone wrote it
+        return utc_iso(value) or "-"
+    except (OverflowError, OSError, ValueError, TypeError):  # an invalid record's time, as anyone wrote it
         return "?"
 
 
@@ -95,7 +95,7 @@ def run_create(args: argparse.Namespace) -> int:
         raise CliError(str(exc)) from None
     finally:
         store.close()
-    _audit(home, "service.token_created", token_id=info.id, plugin_id=info.plugin, expires=info.expires)
+    _audit(home, "service.token_created", token_id=info.id, plugin_id=info.plugin, **with_unix("expires", info.expires))
     if args.json:
         print(dumps_json({**info.as_dict(), "token": token}))
     else:
@@ -125,10 +125,10 @@ def run_list(args: argparse.Namespace) -> int:
     if not rows:
         print("No tokens (create one with: plugin-llm tokens create PLUGIN).")
         return 0
-    print(f"{'ID':<17} {'PLUGIN':<30} {'CREATED':<20} {'EXPIRES':<20} STATUS")
+    print(f"{'ID':<17} {'PLUGIN':<30} {'CREATED':<24} {'EXPIRES':<24} STATUS")
     for row in rows:
-        print(f"{printable(row.id, 17):<17} {printable(row.plugin, 30):<30} {_when(row.created):<20} "
-              f"{_when(row.expires):<20} {row.status()}")
+        print(f"{printable(row.id, 17):<17} {printable(row.plugin, 30):<30} {_when(row.created):<24} "
+              f"{_when(row.expires):<24} {row.status()}")
     invalid = sum(1 for row in rows if not row.signed)
     if invalid:
         print(f"{invalid} token record{'s are' if invalid != 1 else ' is'} invalid: not signed by this home's "

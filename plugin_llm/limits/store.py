@@ -27,7 +27,6 @@ import time
 import weakref
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from typing import Any, Callable
 
 from audit import records
@@ -194,15 +193,12 @@ class _Ids:
 new_reservation_id = _Ids()
 
 
-_LAST_SECOND = 253402300799.0  # 9999-12-31T23:59:59Z, the last instant ISO 8601 with four digits can say
-
-
 def iso_utc(ts: float | None) -> str | None:
-    """``ts`` (Unix seconds) as ``YYYY-MM-DDTHH:MM:SSZ``; instants past the year 9999 as its last second."""
-    if ts is None:
-        return None
-    ts = min(ts, _LAST_SECOND) if ts == ts else _LAST_SECOND
-    return datetime.fromtimestamp(max(ts, 0.0), timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    """``ts`` (Unix seconds) in the CLI's one time format (:func:`plugin_llm.timefmt.utc_iso`:
+    ``YYYY-MM-DDTHH:MM:SS.mmmZ``); instants past the year 9999 as its last millisecond."""
+    from plugin_llm.timefmt import utc_iso
+
+    return utc_iso(ts)
 
 
 @dataclass(frozen=True)
@@ -322,6 +318,7 @@ class WindowUsage:
             "unit": "usd" if money else ("calls" if self.limit == "max_concurrent" else
                                           "requests" if self.limit == "requests_per_minute" else "tokens"),
             "resets_at": iso_utc(self.resets_at),
+            "resets_at_unix": self.resets_at,
         }
 
 

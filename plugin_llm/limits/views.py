@@ -119,6 +119,7 @@ def budget_summary(row: UsageRow) -> dict[str, Any]:
             out[window] = {
                 "spent_usd": w.used / NANO, "in_flight_usd": w.in_flight / NANO, "budget_usd": w.cap / NANO,
                 "used_fraction": (w.used + w.in_flight) / w.cap if w.cap else None, "resets_at": iso_utc(w.resets_at),
+                "resets_at_unix": w.resets_at,
             }
     return out
 

@@ -127,8 +127,11 @@ class TokenInfo:
         return "active"
 
     def as_dict(self) -> dict:
-        return {"id": self.id, "plugin": self.plugin, "created": self.created, "expires": self.expires,
-                "revoked": self.revoked, "status": self.status()}
+        """For ``--json``: times in the CLI's one format, each with its ``*_unix`` seconds."""
+        from plugin_llm.timefmt import with_unix
+
+        return {"id": self.id, "plugin": self.plugin, **with_unix("created", self.created),
+                **with_unix("expires", self.expires), **with_unix("revoked", self.revoked), "status": self.status()}
 
 
 def tokens_path(home: Path | str) -> Path:
