@@ -23,6 +23,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "limits": ("plugin_llm.cli.limits_cmd", "show or reset per-plugin budgets and rate limits"),
     "audit": ("plugin_llm.cli.audit_cmd", "tail, query, summarise and verify the audit log"),
     "doctor": ("plugin_llm.cli.doctor_cmd", "check the home, config, credentials, audit log and plugins"),
+    "completion": ("plugin_llm.cli.completion_cmd", "print a shell completion script (bash, zsh or fish)"),
 }
 
 #: names a plugin's CLI command may not take: every subcommand, and ``help``

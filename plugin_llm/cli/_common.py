@@ -3,20 +3,62 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 from plugin_llm.config import hermes_home
 
-__all__ = ["add_home_argument", "home_from", "find_audit_record", "printable", "printable_text", "dumps_json", "PRINT_LIMIT"]
+__all__ = ["CliParser", "HOME_HELP", "add_home_argument", "home_from", "find_audit_record", "printable", "printable_text", "dumps_json", "PRINT_LIMIT"]
 
 #: Default bound on one printed piece of plugin-supplied text (a name, a description, an error).
 PRINT_LIMIT = 500
 
 
+#: the help of ``--home``, the same on every command (it is global: before or after the subcommand)
+HOME_HELP = "Hermes home (default: $HERMES_HOME, else ~/.hermes)"
+
+#: reST markup of docstrings used as descriptions: ``x`` and :role:`x` print as x
+_REST = re.compile(r"``([^`]+?)``|:[a-z]+:`~?([^`]+?)`")
+
+
+class CliParser(argparse.ArgumentParser):
+    """The parser of every ``plugin-llm`` command: a wrong choice gets a "did you mean", and help
+    text written as reST (module docstrings) prints without its markup."""
+
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        choices = action.choices
+        if choices is None or value in choices:
+            return
+        names = [str(c) for c in choices]
+        close = difflib.get_close_matches(str(value)[:100], names, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        shown = printable(_redacted(str(value)), 100)
+        raise argparse.ArgumentError(action, f"invalid choice: {shown!r}{hint}; choose from {', '.join(names)}")
+
+    def format_help(self) -> str:
+        return _plain(super().format_help())
+
+    def format_usage(self) -> str:
+        return _plain(super().format_usage())
+
+
+def _redacted(text: str) -> str:
+    try:
+        from auth import redact
+    except ImportError:  # pragma: no cover - auth is part of the distribution
+        return text
+    return redact(text)
+
+
+def _plain(text: str) -> str:
+    return _REST.sub(lambda m: m.group(1) or m.group(2).rsplit(".", 1)[-1], text)
+
+
 def add_home_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--home", type=Path, default=None, help="Hermes home (default: $HERMES_HOME or ~/.hermes)")
+    parser.add_argument("--home", type=Path, default=None, metavar="DIR", help=HOME_HELP)
 
 
 def home_from(args: argparse.Namespace) -> Path:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from plugin_llm.bounded_repr import short_repr
+from plugin_llm.cli._common import CliParser
 from plugin_llm.cli.main import CliError
 
 __all__ = ["register", "run"]
@@ -31,7 +32,7 @@ _KEY_SOURCES = ("api_key", "keys", "key_env", "key_cmd")
 # --------------------------------------------------------------------------- #
 
 
-class _NoEchoParser(argparse.ArgumentParser):
+class _NoEchoParser(CliParser):
     """Sub-action parser that keeps unrecognised arguments instead of echoing them.
 
     argparse's "unrecognized arguments: sk-..." would print a key someone typed

@@ -34,6 +34,7 @@ import logging
 import os
 import sys
 import threading
+from pathlib import Path
 from typing import Sequence
 
 from plugin_llm.commands import SUBCOMMANDS
@@ -91,22 +92,32 @@ def _available() -> dict[str, tuple[str, str]]:
     return {name: spec for name, spec in SUBCOMMANDS.items() if importlib.util.find_spec(spec[0]) is not None}
 
 
+#: commands that read no home (``--home`` before them is refused, not silently ignored)
+_NO_HOME = frozenset({"demo", "serve-local", "completion"})
+
+
 def _build_parser(selected: str | None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    """The command table's parser; ``selected`` (a name, or ``"*"`` for all) has its full parser."""
+    from plugin_llm.cli._common import HOME_HELP, CliParser
+
+    parser = CliParser(
         prog="plugin-llm",
         description="LLM gateway for plugins: trust gate, host-held credentials, tamper-evident audit log.",
     )
+    parser.add_argument("--home", type=Path, default=None, metavar="DIR",
+                        help=HOME_HELP + "; also accepted after the subcommand")
     parser.add_argument("--debug", action="store_true",
                         help="show plugin frames of plugin failures, debug logs and host tracebacks "
                         "(also accepted after the subcommand)")
     parser.add_argument("--version", action="version", version=f"plugin-llm {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module_name, help_text) in _available().items():
-        if name == selected:
+        if name == selected or selected == "*":
             importlib.import_module(module_name).register(sub)
         else:  # listed in --help without importing the module
             sub.add_parser(name, help=help_text, add_help=False)
     _accept_debug(sub)
+    _accept_home(sub)
     codes = "; ".join(f"{code} {what}" for code, what in EXIT_CODES.items())
     parser.epilog = f"Exit codes: {codes}."
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
@@ -122,6 +133,24 @@ def _accept_debug(sub: argparse._SubParsersAction) -> None:
         for action in child._actions:
             if isinstance(action, argparse._SubParsersAction):
                 _accept_debug(action)
+
+
+def _accept_home(sub: argparse._SubParsersAction) -> None:
+    """``--home`` after the subcommand too, at every level, with one help; its default is suppressed
+    so that an absent flag never overrides one given before the subcommand."""
+    from plugin_llm.cli._common import HOME_HELP
+
+    for name, child in sub.choices.items():
+        if name in _NO_HOME or not child.add_help:  # a stub of --help's listing has no options
+            continue
+        own = next((a for a in child._actions if "--home" in a.option_strings), None)
+        if own is None:
+            child.add_argument("--home", type=Path, default=argparse.SUPPRESS, metavar="DIR", help=HOME_HELP)
+        else:
+            own.default, own.help, own.metavar = argparse.SUPPRESS, HOME_HELP, "DIR"
+        for action in child._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                _accept_home(action)
 
 
 def _version() -> str:
@@ -155,10 +184,27 @@ def _help_epilog_plugins(parser: argparse.ArgumentParser) -> None:
 
 
 def _selected_command(argv: Sequence[str]) -> str | None:
+    skip = False
     for arg in argv:
-        if not arg.startswith("-"):
+        if skip:
+            skip = False
+        elif arg == "--home":  # the global option's value is not the command
+            skip = True
+        elif not arg.startswith("-"):
             return arg
     return None
+
+
+def _global_home(argv: Sequence[str], selected: str | None) -> str | None:
+    """The value of ``--home`` given before the subcommand (the last one), or None."""
+    end = argv.index(selected) if selected is not None else len(argv)
+    home = None
+    for i, arg in enumerate(argv[:end]):
+        if arg == "--home" and i + 1 < end:
+            home = argv[i + 1]
+        elif arg.startswith("--home="):
+            home = arg.split("=", 1)[1]
+    return home
 
 
 def _wants_help(argv: Sequence[str], selected: str | None) -> bool:
@@ -197,6 +243,25 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(argv: list[str]) -> int:
     _install_terminal_logging()
     selected = _selected_command(argv)
+    home = _global_home(argv, selected)
+    if home is None:
+        return _command(argv, selected)
+    if selected in _NO_HOME:
+        _error(f"--home: {selected} reads no home; leave --home out")
+        return 2
+    # every part of the command (a plugin's CLI command, the config check, plugins it loads) sees that home
+    previous = os.environ.get("HERMES_HOME")
+    os.environ["HERMES_HOME"] = str(Path(home).expanduser())
+    try:
+        return _command(argv, selected)
+    finally:
+        if previous is None:
+            os.environ.pop("HERMES_HOME", None)
+        else:
+            os.environ["HERMES_HOME"] = previous
+
+
+def _command(argv: list[str], selected: str | None) -> int:
     known = _available()
     if selected is not None and selected not in known:
         closed = _closed_reason(None)  # first: finding plugin commands loads the config
