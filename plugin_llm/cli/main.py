@@ -109,6 +109,9 @@ def _build_parser(selected: str | None) -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true",
                         help="show plugin frames of plugin failures, debug logs and host tracebacks "
                         "(also accepted after the subcommand)")
+    parser.add_argument("--log-format", choices=("console", "json"), default=None,
+                        help="the process's own log lines (warnings, errors; not the audit log) as readable "
+                        "console lines or JSON lines (default: $PLUGIN_LLM_LOG_FORMAT, else plain lines)")
     parser.add_argument("--version", action="version", version=f"plugin-llm {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module_name, help_text) in _available().items():
@@ -188,23 +191,51 @@ def _selected_command(argv: Sequence[str]) -> str | None:
     for arg in argv:
         if skip:
             skip = False
-        elif arg == "--home":  # the global option's value is not the command
+        elif arg in _VALUED_GLOBALS:  # a global option's value is not the command
             skip = True
         elif not arg.startswith("-"):
             return arg
     return None
 
 
+#: global options that take a value (given before the subcommand)
+_VALUED_GLOBALS = ("--home", "--log-format")
+
+
+def _global_value(argv: Sequence[str], selected: str | None, option: str) -> str | None:
+    """The value of ``option`` given before the subcommand (the last one), or None."""
+    end = argv.index(selected) if selected is not None else len(argv)
+    value = None
+    for i, arg in enumerate(argv[:end]):
+        if arg == option and i + 1 < end:
+            value = argv[i + 1]
+        elif arg.startswith(option + "="):
+            value = arg.split("=", 1)[1]
+    return value
+
+
 def _global_home(argv: Sequence[str], selected: str | None) -> str | None:
     """The value of ``--home`` given before the subcommand (the last one), or None."""
-    end = argv.index(selected) if selected is not None else len(argv)
-    home = None
-    for i, arg in enumerate(argv[:end]):
-        if arg == "--home" and i + 1 < end:
-            home = argv[i + 1]
-        elif arg.startswith("--home="):
-            home = arg.split("=", 1)[1]
-    return home
+    return _global_value(argv, selected, "--home")
+
+
+def _install_log_format(argv: Sequence[str], selected: str | None) -> bool:
+    """``--log-format json|console`` (or ``$PLUGIN_LLM_LOG_FORMAT``): the process's own log lines as JSON
+    lines or console lines (:mod:`plugin_llm.oplog`); False for a value that is no format (said)."""
+    from plugin_llm import oplog
+
+    fmt = _global_value(argv, selected, "--log-format") or os.environ.get("PLUGIN_LLM_LOG_FORMAT")
+    if not fmt:
+        return True
+    if fmt not in oplog.FORMATS:
+        near = difflib.get_close_matches(fmt, oplog.FORMATS, n=1)
+        _error(f"--log-format: {_printable(fmt)!r} is not a log format; use {' or '.join(oplog.FORMATS)}"
+               + (f" (did you mean {near[0]!r}?)" if near else ""))
+        return False
+    handler = oplog.install(fmt)
+    handler._plugin_llm_terminal = True  # type: ignore[attr-defined]  # --debug lowers its level
+    os.environ["PLUGIN_LLM_LOG_FORMAT"] = fmt  # worker processes (serve --workers) log the same way
+    return True
 
 
 def _wants_help(argv: Sequence[str], selected: str | None) -> bool:
@@ -243,6 +274,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(argv: list[str]) -> int:
     _install_terminal_logging()
     selected = _selected_command(argv)
+    if not _install_log_format(argv, selected):
+        return 2
     home = _global_home(argv, selected)
     if home is None:
         return _command(argv, selected)

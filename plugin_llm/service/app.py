@@ -512,4 +512,10 @@ def _shutdown(state: ServiceState) -> None:
 def app_from_env() -> Starlette:
     """Factory for uvicorn workers (``plugin_llm.service.app:app_from_env``): home from ``$HERMES_HOME``;
     ``PLUGIN_LLM_SERVICE_WARM=0`` skips loading litellm at start-up (for tools and tests that make no call)."""
+    fmt = os.environ.get("PLUGIN_LLM_LOG_FORMAT")
+    if fmt:  # `plugin-llm --log-format json serve`: each worker's own lines in the same format
+        from plugin_llm import oplog
+
+        if fmt in oplog.FORMATS:
+            oplog.install(fmt)
     return create_app(warm=os.environ.get("PLUGIN_LLM_SERVICE_WARM", "1").strip() != "0")

@@ -176,6 +176,8 @@ def serve(options: ServeOptions, out: TextIO = sys.stdout) -> int:
         ws="none",  # no WebSocket routes: an upgrade would leave the guard's protocol
         workers=options.workers,
         log_level=options.log_level,
+        # with --log-format, uvicorn's own loggers reach the process's one handler instead of their own
+        log_config=None if os.environ.get("PLUGIN_LLM_LOG_FORMAT") else uvicorn.config.LOGGING_CONFIG,
         access_log=False,  # request lines carry nothing an operator needs that the audit log lacks
         server_header=False,
         timeout_graceful_shutdown=int(max_timeout + _DRAIN_MARGIN),
