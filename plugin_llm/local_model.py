@@ -1,76 +1,17 @@
 """The embedded ``local`` model: an offline, deterministic stand-in (SPEC §9).
 
-This is **not a language model**. It is a small rule-based responder that
-speaks the OpenAI ``chat.completion`` format so that the gateway, the demo and
-the tests work on a fresh machine with no key and no network. Real routes are
-one config change away. It is pure: stdlib only, no network, no randomness, no
-clock; the same request always yields the same reply (byte for byte).
+This is **not a language model**. It is a small rule-based responder that speaks the OpenAI
+``chat.completion`` format so that the gateway, the demo and the tests work on a fresh machine
+with no key and no network. It is pure: stdlib only, no network, no randomness, no clock; the
+same request always yields the same reply (byte for byte).
 
-What it answers, in order of precedence:
-
-1. **Tool calls** — when ``tools`` (OpenAI function tools) are offered and the
-   last message is a ``user`` message that asks for an *offered* tool in one of
-   these forms (case-insensitive, tool name matched as a whole word)::
-
-       call <tool_name>                          -> arguments {}
-       call <tool_name> with {"city": "Paris"}   -> arguments as the JSON object
-       use the <tool_name> tool                  -> arguments {}
-       use the <tool_name> tool with city=Paris, days=3, note="a, b"
-
-   ``invoke`` and ``run`` work like ``call``; ``the`` is optional everywhere;
-   ``use`` needs either the word ``tool``/``function`` after the name or a
-   ``with ...`` clause (so "I use weather apps" is not a tool request).
-   ``name=value`` (or ``name: value``) pairs are separated by ``,``, ``;`` or
-   ``and``; quote a value that contains those. Values are coerced with the
-   tool's parameter schema (``"3"`` -> ``3`` for an integer, ``yes`` -> ``true``
-   for a boolean, ``a, b`` -> ``["a", "b"]`` for an array, ...). Several
-   requests in one message give several ``tool_calls``. The reply has
-   ``content=None`` and ``finish_reason="tool_calls"``. ``tool_choice="none"``
-   disables tool calls; ``"required"`` or a named function forces one, with
-   arguments generated from the parameter schema when the text gives none.
-
-2. **Structured output** — ``response_format={"type": "json_schema",
-   "json_schema": {"schema": S}}`` returns JSON text of an instance that
-   validates against ``S`` (objects, arrays, enums, const, scalar types, type
-   lists, ``anyOf``/``oneOf`` (the first branch the fact fits; without a
-   fact ``null`` if a branch allows it, else the first branch), ``allOf`` (merged),
-   local ``$ref``, min/max items/length/value, ``multipleOf``, ``pattern``
-   (best effort) and the formats date, date-time, time, email, uri, uuid,
-   hostname, ipv4/ipv6). Properties are filled from ``key: value`` *facts*
-   found in the user messages (see :func:`extract_facts`): keys match property
-   names case-insensitively ignoring spaces, ``_`` and ``-`` (``Due date:``
-   fills ``due_date``/``dueDate``; ``Customer name:`` fills ``customer.name``),
-   values are coerced to the property type (``"$1,200.00"`` -> ``1200.0``,
-   ``yes`` -> ``true``, ``"a, b"`` -> ``["a", "b"]``). A fact that cannot be
-   coerced or breaks a constraint is replaced by a type-correct default that
-   validates (``""``, ``0``, ``false``, ``null`` where allowed, the first enum
-   value, the schema's ``default``, ...). Every declared property is present.
-
-   ``{"type": "json_object"}`` looks for a schema after a ``JSON Schema:``
-   marker in the system/user text and behaves as above; without one it
-   returns the facts as ``{"snake_case_key": "value"}``, or
-   ``{"reply": "<chat reply>"}`` when there are none. A repair turn (a later
-   user message saying the previous JSON was invalid) is answered the same
-   way; its own text is not mined for facts.
-
-3. **Tool results** — when the last message(s) have role ``tool``, the reply is
-   one line per result: ``Tool <name> returned: <content>``.
-
-4. **Chat** — ``Local model reply to: "<last user text, first 200 chars>"
-   (N words)`` (plus ``, K images`` when images were sent). If the user asks
-   to *summarise*/*summarize*, for a *summary* or a *tl;dr*, the reply is the
-   first sentence of the text to summarise (the text after the request's
-   ``:`` or line break, else the other sentences).
-
-``max_tokens`` (or ``max_completion_tokens``) truncates any text reply —
-JSON included, as a real model would — with ``finish_reason="length"``.
-
-Token usage comes from a deterministic tokenizer: a token is a run of word
-characters or a single other non-space character (``\\w+|[^\\w\\s]``).
-``prompt_tokens`` counts the text of every message (text parts of list
-content, ``tool_calls`` names and arguments), 85 tokens per image part, and
-the JSON of the offered ``tools``; ``completion_tokens`` counts the reply text
-(or the tool calls' names and arguments).
+It answers, in order of precedence: **tool calls** when an offered tool is asked for
+(``call <tool> [with {json}]``, ``use the <tool> tool [with name=value, ...]``); **structured
+output** for ``response_format`` (an instance that validates, filled from ``key: value`` facts of
+the user messages, see :func:`extract_facts`); **tool results** (``Tool <name> returned: ...``);
+else a **chat** echo or a one-sentence summary. ``max_tokens`` truncates with
+``finish_reason="length"``; usage comes from a deterministic tokenizer (``\\w+|[^\\w\\s]``).
+Every rule in full: docs/design.md, "The local model".
 """
 
 from __future__ import annotations

@@ -3,16 +3,10 @@
 Pure functions, no I/O and no litellm: they turn a plugin's ``instructions`` +
 ``input`` + ``json_schema`` into chat ``messages`` and a ``response_format``,
 and turn the model's reply text back into a parsed value plus schema errors.
-The pipeline in ``plugin_llm/llm.py`` owns the calls, retries and repairs.
-
-Flow::
-
-    blocks = normalise_input(input)          # ValueError before any call
-    check_instructions(instructions); check_schema(json_schema)
-    messages = build_messages(...); fmt = response_format(...)
-    reply = parse_reply(text, json_schema)   # after the provider call
-    if reply.content_type == "json" and not reply.valid:
-        messages = repair_messages(messages, reply)   # and call again
+The pipeline owns the calls, retries and repairs: ``normalise_input``,
+``check_instructions`` and ``check_schema`` (``ValueError`` before any call),
+``build_messages`` and ``response_format``; after the call ``parse_reply``, and
+``repair_messages`` for a JSON reply that does not validate.
 
 Remote ``$ref`` targets are never fetched: only references inside the schema
 itself (``#/$defs/...``, embedded ``$id``) and the JSON Schema meta-schemas

@@ -2,7 +2,6 @@
 
 ::
 
-    from pathlib import Path
     from plugin_llm.testing import load_plugin
 
     def test_summary():
@@ -10,37 +9,10 @@
             assert plugin.run_command("summarize", "a long text") == "A short summary."
             assert plugin.calls()[-1]["plugin_id"] == plugin.key   # the audit line of that call
 
-:func:`load_plugin` builds a throw-away ``HERMES_HOME`` (``config.yaml`` on the
-embedded ``local`` model: no key, no network), links the plugin directory into
-its ``plugins/`` (your edits apply on the next :func:`load_plugin`), enables it
-and loads it with the real :class:`~plugin_llm.plugins.PluginManager`: the same
-import, ``register(ctx)``, trust gate, pipeline and audit log as production.
-A plugin that fails to load raises :class:`PluginLoadError` with its error and
-the plugin's own frames (file:line).
-
-``replies`` scripts what the local model answers: a list (one per model call
-attempt, in order; once used up the local model's own rules answer again), or a
-function ``replies(messages) -> reply | None`` (``None``: the rules answer). A
-reply is a string or :func:`stream`, :func:`tool_call`, :func:`provider_error`,
-:func:`rate_limited`, :func:`timeout`.
-Without ``replies`` the local model answers deterministically (see
-:mod:`plugin_llm.local_model`: it echoes, summarises, fills JSON schemas and
-calls offered tools when asked "call <tool>").
-
-The :class:`PluginHarness` it yields has:
-
-* ``ctx`` — a real :class:`~plugin_llm.plugins.context.PluginContext` of the plugin
-  (``ctx.llm.complete(...)`` goes through the trust gate as the plugin);
-* ``run_command(name, args)``, ``dispatch_tool(name, args)``, ``invoke_hook(name, **kw)``;
-* ``session()`` — a host :class:`~plugin_llm.host.Session` (``run_turn``: the model may call the
-  plugin's tools);
-* ``calls()`` — the ``llm.call`` audit records, ``events()`` every audit line;
-* ``home`` (the temporary home), ``key``, ``manager``, ``info()`` (its ``plugins list`` entry).
-
-``config`` (YAML text or a dict) is deep-merged into ``config.yaml`` (lists replace);
-``trust=`` / ``limits=`` set the plugin's trust and limits blocks; ``env`` sets environment variables while the harness
-is open (``requires_env``). Everything is undone on exit (environment, scripted
-replies, the temporary home unless ``keep_home=True``).
+:func:`load_plugin` loads the plugin with the real :class:`~plugin_llm.plugins.PluginManager`, trust
+gate, pipeline and audit log on a throw-away ``HERMES_HOME`` whose ``config.yaml`` uses the embedded
+``local`` model (no key, no network); ``replies`` scripts the model's answers. The
+:class:`PluginHarness` it yields, its parameters and what is undone on exit: docs/plugin-authors.md.
 """
 
 from __future__ import annotations

@@ -58,7 +58,7 @@ def test_tail_shows_time_plugin_status_model_tokens_cost_purpose(hermes_home, ca
     fill(hermes_home)
     assert main(["audit", "tail", "-n", "3"]) == 0
     header, *out = capsys.readouterr().out.splitlines()
-    assert header.split()[:4] == ["TIME", "PLUGIN", "STATUS", "MODEL"]  # column titles first (issue 12)
+    assert header.split()[:4] == ["TIME", "PLUGIN", "STATUS", "MODEL"]  # column titles first
     assert len(out) == 3
     assert out[0].split() == ["2026-03-01", "00:04:00Z", "alpha", "ok", "gpt-4o-mini-2024-07-18", "104/10",
                               "$0.001500", "job", "4"]

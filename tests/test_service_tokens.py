@@ -1,4 +1,4 @@
-"""Per-plugin service tokens: create/list/revoke/expiry, only digests stored, the CLI (issue 14)."""
+"""Per-plugin service tokens: create/list/revoke/expiry, only digests stored, the CLI."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 13 (items 1, 4, 11): plugin frames of plugin failures, --debug anywhere, --version,
+"""The CLI: plugin frames of plugin failures, --debug anywhere, --version,
 exit codes, each failure printed once, colour only on a terminal, plugin CLI commands in --help,
 chat line editing. Every case runs the real entry point in a subprocess with a temporary home."""
 

@@ -1,4 +1,4 @@
-"""Issue 13, the gaps left: ``plugins info/list`` report ``enabled`` as configured and ``loaded``
+"""UX gaps: ``plugins info/list`` report ``enabled`` as configured and ``loaded``
 separately; every command that reads config.yaml says the same thing and exits 2 when it does not
 parse; tool and middleware failures reach the log and the audit log with the plugin's frames."""
 

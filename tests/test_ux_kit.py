@@ -1,4 +1,4 @@
-"""Issue 13 item 3: the author kit — `plugins new` scaffolds a plugin whose test passes as
+"""The author kit — `plugins new` scaffolds a plugin whose test passes as
 generated, plugin_llm.testing (a real ctx on a temporary home, scripted replies), py.typed."""
 
 from __future__ import annotations

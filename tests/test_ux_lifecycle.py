@@ -1,4 +1,4 @@
-"""Issue 13 (items 5, 9, 3 --link): safe plugin lifecycle through the real entry point."""
+"""Safe plugin lifecycle (including --link installs) through the real entry point."""
 
 from __future__ import annotations
 

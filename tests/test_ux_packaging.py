@@ -1,4 +1,4 @@
-"""Issue 13 item 10: a non-editable install ships the example plugins and config, so
+"""A non-editable install ships the example plugins and config, so
 `plugin-llm demo` works from a wheel; `plugin-llm --version` names the installed version."""
 
 from __future__ import annotations

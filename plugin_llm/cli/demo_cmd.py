@@ -1,23 +1,14 @@
 """``plugin-llm demo``: the example plugins end to end, with no setup at all.
 
-The demo never touches the user's home. It builds a temporary home from
-``config_examples/`` (``config.yaml`` + ``plugins/``), points
-``$HERMES_HOME`` at it for the duration, loads the example plugins and shows,
-one section each:
+The demo never touches the user's home. It builds a temporary home from ``config_examples/``
+(``config.yaml`` + ``plugins/``), points ``$HERMES_HOME`` at it for the duration, loads the
+example plugins and shows, one section each: the plugins loaded; a plain completion (``/tldr``);
+a structured extraction (``/paste-to-tasks``); an async fan-out (``/fanout``); a session turn
+where the model calls a tool, then one a policy hook blocks (``tool-guard``); a trust denial for
+a model override with the config lines that would allow it; the last lines of the audit log.
 
-1. the plugins loaded;
-2. a plain completion (``/tldr``, ``ctx.llm.complete``);
-3. a structured extraction with its parsed JSON (``/paste-to-tasks``);
-4. an async fan-out command (``/fanout``: ``asyncio.gather`` of three
-   ``ctx.llm.acomplete``);
-5. a session turn where the model calls a tool, then one whose tool call a
-   policy hook blocks (``tool-guard``'s ``pre_tool_call``);
-6. a trust denial for a model override, with the config lines that would allow it;
-7. the last lines of the audit log.
-
-It runs on the route ``config.yaml`` selects — the offline ``local`` model in
-the example — so it needs no key and no network. ``--keep`` keeps the
-temporary home and prints its path.
+It runs on the route ``config.yaml`` selects (the offline ``local`` model in the example), so it
+needs no key and no network. ``--keep`` keeps the temporary home and prints its path.
 """
 
 from __future__ import annotations

@@ -8,12 +8,9 @@ written to the audit log first, and nothing is reset when that write fails,
 then what the store deleted (or its failure). In-flight reservations are kept:
 those calls are still running.
 
-A PLUGIN that names no plugin (not under ``plugins.entries``, not an installed
-plugin's key, not an uninstalled name in ``plugins.enabled``) is refused with
-a "did you mean", so a typo neither shows ``limits.defaults`` nor resets (and
-audits) nothing.
-``show`` exits 1 when a store did not answer or a shown plugin's limits are
-broken (its calls are refused; its row says why).
+A PLUGIN that names no plugin is refused with a "did you mean", so a typo neither
+shows ``limits.defaults`` nor resets anything. ``show`` exits 1 when a store did
+not answer or a shown plugin's limits are broken (its row says why).
 """
 
 from __future__ import annotations

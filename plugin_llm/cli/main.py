@@ -1,27 +1,18 @@
 """Entry point of ``plugin-llm``.
 
-Subcommands live in their own modules and are imported only when used, so
-commands that do not call a model never import litellm and start fast. Each
-module exposes ``register(subparsers)``, which adds its parser and sets
-``func`` (``func(args) -> int``) as a default.
+Subcommands live in their own modules and are imported only when used, so commands that do not
+call a model never import litellm and start fast. Each module exposes ``register(subparsers)``,
+which adds its parser and sets ``func`` (``func(args) -> int``) as a default.
 
-Exit codes, the same for every subcommand (see :data:`EXIT_CODES`): 0 ok; 1 a
-check found problems or a call failed (a gateway error, a plugin command that
-raised); 2 a usage or configuration error (a bad flag, an unknown name, an
-unreadable config); 130 interrupted. Operator mistakes raise :class:`CliError`
-(or a ``PluginLlmError``) and are printed once, as one line on stderr.
-``--debug`` (before or after the subcommand) shows the plugin's own frames of
-a plugin failure, debug logging and, for the host's errors, the traceback.
-Ctrl-C anywhere prints ``plugin-llm: interrupted`` and exits 130, without a
-traceback. Colour only on a terminal, never with ``NO_COLOR`` set.
+Exit codes, the same for every subcommand (see :data:`EXIT_CODES`): 0 ok; 1 a check found problems
+or a call failed; 2 a usage or configuration error; 130 interrupted. Operator mistakes raise
+:class:`CliError` (or a ``PluginLlmError``) and are printed once, as one line on stderr.
+``--debug`` (before or after the subcommand) shows the plugin's own frames, debug logging and, for
+the host's errors, the traceback. Colour only on a terminal, never with ``NO_COLOR`` set.
 
-As the process's entry point (``main()`` without ``argv``: the console script,
-``python -m plugin_llm``), the process ends when the command is done, even if a
-plugin left a non-daemon thread running (litellm's logging worker is one): output
-is flushed, the limits stores are closed (leases given back, settlements applied:
-the calls' usage is counted), the audit logs are closed (no write is cut short),
-logging is shut down and the process exits with ``os._exit`` (``atexit`` handlers
-do not run in that case).
+As the process's entry point (``main()`` without ``argv``) it closes the limits stores and audit
+logs and ends the process with ``os._exit`` even if a plugin left a thread running; ``atexit``
+handlers do not run then (docs/design.md, "The CLI process").
 """
 
 from __future__ import annotations

@@ -1,24 +1,15 @@
 """``plugin-llm plugins``: list, inspect, install, update, remove, enable and disable plugins.
 
-``list`` discovers the plugins of the home and loads the enabled ones (their
-registrations are what it counts). It never imports litellm: ``ctx.llm`` is
-only built when a plugin actually calls it.
+``list`` discovers the plugins of the home and loads the enabled ones; it never imports litellm.
+``install/update/remove`` live in :mod:`plugin_llm.plugins.install` (no prompts there); this
+module asks the questions: the values of missing ``requires_env`` variables (secrets without
+echo, saved in ``<home>/.env``, mode 0600, never echoed: only their names are printed) and whether
+to enable the new plugin. ``enable/disable`` and the interactive screen edit config.yaml through
+:mod:`plugin_llm.config_edit`; none of them imports plugin code.
 
-``install/update/remove`` live in :mod:`plugin_llm.plugins.install` (no
-prompts there); this module asks the questions: the values of missing
-``requires_env`` variables (secrets without echo) and whether to enable the
-new plugin. ``enable/disable`` and the interactive screen (``plugins`` with no
-action, on a terminal) edit config.yaml through :mod:`plugin_llm.config_edit`;
-none of them imports plugin code.
-
-Missing ``requires_env`` values typed at install are saved in
-``<home>/.env`` (mode 0600, ``NAME=value`` lines, the Hermes convention) and
-never echoed; only their names are printed.
-
-Everything a plugin supplies (manifest fields, error texts, tool and command
-names, file names) is printed through :func:`plugin_llm.cli._common.printable`:
-control characters and bidi overrides are shown as escapes, lengths bounded;
-``--json`` goes through :func:`~plugin_llm.cli._common.dumps_json`.
+Everything a plugin supplies (manifest fields, error texts, tool and command names, file names) is
+printed through :func:`plugin_llm.cli._common.printable` (control characters and bidi overrides
+escaped, lengths bounded); ``--json`` goes through :func:`~plugin_llm.cli._common.dumps_json`.
 """
 
 from __future__ import annotations

@@ -1,22 +1,13 @@
 """Which plugins are enabled, as config edits: the pure part of ``plugins enable/disable``
 and of the interactive ``plugins`` checklist.
 
-Nothing here imports a plugin or prints: plugins are known from discovery
-(manifests and entry-point names), and every change is a ruamel document edit
-made through :mod:`plugin_llm.config_edit`. The functions return one
-human-readable line per change.
-
-Semantics (plugins are opt-in; ``plugins.disabled`` always wins):
-
-* enable: add the key to ``plugins.enabled`` (unless the key or bare name is
-  already there) and take the key and bare name out of ``plugins.disabled``;
-* disable: add the key to ``plugins.disabled`` and take key and bare name out
-  of ``plugins.enabled``;
-* a bare name shared by several plugins (``openai`` for ``image_gen/openai``
-  and ``llm/openai``) is never removed silently: it is replaced by the keys of
-  the other plugins it covered, so only the plugin asked for changes.
-* unticking a plugin in the checklist only removes it from ``enabled``;
-  ``disable`` is the explicit "never load this" switch.
+Nothing here imports a plugin or prints: plugins are known from discovery (manifests and
+entry-point names), and every change is a ruamel document edit made through
+:mod:`plugin_llm.config_edit`. The functions return one human-readable line per change.
+Plugins are opt-in and ``plugins.disabled`` always wins; a bare name shared by several plugins is
+never removed silently (it is replaced by the keys of the others it covered); unticking in the
+checklist only removes a plugin from ``enabled``. The rules in full: docs/design.md, "The CLI
+process".
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``plugin-llm serve``: the gateway as an HTTP service for plugins out of process (issue 14).
+"""``plugin-llm serve``: the gateway as an HTTP service for plugins out of process.
 
 Binds 127.0.0.1 unless ``--host`` says otherwise (with a warning when no TLS
 is configured), prints the URL, and serves the native and OpenAI-compatible

@@ -407,7 +407,7 @@ def _edit(tr: Any, view: Any, installed: Mapping[str, str], args: argparse.Names
             set_value(doc, base + (flag,), True)
             if values and current is None:
                 notes.append(f"{list_key} did not exist (any {name} was allowed); it now limits the plugin to: {', '.join(values)}")
-            if list_key and not values and current is None:  # issue 13 item 11: say what a bare grant means
+            if list_key and not values and current is None:  # say what a bare grant means
                 notes.append(f"this allows any {name}: {tr.entry_key(plugin_id)} has no {list_key}; to allow only "
                              f"some, name them: plugin-llm trust grant {plugin_id} {name} VALUE...")
             if isinstance(current, list) and any(_same_item(item, "*") for item in current):
