@@ -188,7 +188,7 @@ def test_an_isolated_plugin_cannot_reach_a_canary_key(hermes_home, managers, mon
     raw = run_bounded(lambda: manager.dispatch_tool("probe", {"host_pid": os.getpid(), "auth": str(auth)}), 60)
     assert secret not in raw and env_secret not in raw
     out = json.loads(raw)
-    # HERMES_HOME is the plugin's own data directory (test_isolation_followup), never the host's home
+    # HERMES_HOME is the plugin's own data directory (test_isolation_data_and_network), never the host's home
     assert "OPENAI_API_KEY" not in out["env"]
     assert out["env"]["HERMES_HOME"] == str((hermes_home / "plugin-data" / "probe").resolve())
     assert out["env"]["HOME"] != os.environ["HOME"] and out["pid"] != os.getpid()

@@ -162,7 +162,7 @@ def test_a_cli_call_that_ends_with_a_stray_thread_still_counts_its_usage(hermes_
     """The CLI ends with os._exit when a non-daemon thread is left (a plugin's, litellm's logging
     worker): the call's usage must reach the store all the same, and nothing stays in flight."""
     from tests.plugin_fixtures import write_plugin
-    from tests.test_hardening_plugins import _cli
+    from tests.test_plugins_faults import _cli
 
     write_plugin(hermes_home / "plugins", "spender", _SPENDER)
     write_config(hermes_home, "limits:\n  prices:\n    local/local-echo-1: {input_per_mtok: 1000, output_per_mtok: 1000}\n"

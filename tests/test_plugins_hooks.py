@@ -293,7 +293,7 @@ def test_keyboard_interrupt_is_not_swallowed_inline(hermes_home):
     runner.register("post_llm_call", "p", interrupted)
     with pytest.raises(KeyboardInterrupt):
         runner.run("post_llm_call", {})
-    # a KeyboardInterrupt the plugin raises itself is its own failure, isolated (tests/test_hardening_plugins.py)
+    # a KeyboardInterrupt the plugin raises itself is its own failure, isolated (tests/test_plugins_faults.py)
 
 
 # --- pre_tool_call -------------------------------------------------------------------------

@@ -40,7 +40,7 @@ def deadline():
         if not done.wait(20):
             _thread.interrupt_main()
             if not done.wait(10):
-                print("tests/test_hardening_plugins.py: a test hung; ending the test process", file=sys.stderr, flush=True)
+                print("tests/test_plugins_faults.py: a test hung; ending the test process", file=sys.stderr, flush=True)
                 os._exit(3)
 
     threading.Thread(target=watchdog, daemon=True).start()

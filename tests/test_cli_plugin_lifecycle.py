@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.test_ux_cli import cli, pty_dialog
+from tests.test_cli_main import cli, pty_dialog
 
 
 def make_plugin(where: Path, name: str, body: str = "", manifest: str = "") -> Path:

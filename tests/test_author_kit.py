@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_ux_cli import ROOT, cli
+from tests.test_cli_main import ROOT, cli
 
 
 def test_scaffolded_plugins_pass_their_own_tests_and_run(hermes_home: Path, tmp_path: Path):
