@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import json
 import os
 import subprocess
@@ -73,6 +75,7 @@ def test_tail_json_and_explicit_home(hermes_home, tmp_path, capsys, monkeypatch)
     assert [r["seq"] for r in lines] == [6, 7]
 
 
+@pytest.mark.slow
 def test_tail_follow_stops_after_max_wait(hermes_home, capsys):
     fill(hermes_home)
     assert main(["audit", "tail", "-n", "1", "-f", "--max-wait", "0.05"]) == 0

@@ -70,6 +70,7 @@ def run_mixed_writers(log_path: Path, max_bytes: int) -> None:
                 child.kill()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("max_bytes", [0, 64 * 1024], ids=["one-file", "rotating"])
 def test_threads_and_processes_write_one_valid_chain(tmp_path, max_bytes):
     log_path = tmp_path / "home" / "logs" / "agent.log"

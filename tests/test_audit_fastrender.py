@@ -176,6 +176,7 @@ def test_rendering_normalises_like_the_reference_scrub(tmp_path):
     assert HOST_GENERATED >= {"call_id", "status", "event", "kind", "prev_hash", "ts"}
 
 
+@pytest.mark.slow
 def test_an_oversized_or_too_deep_record_still_takes_the_fitting_path(tmp_path):
     path = tmp_path / "logs" / "agent.log"
     log = AuditLog(path)

@@ -71,6 +71,7 @@ def test_a_deeply_nested_line_is_a_bad_line_for_verify(log_path, shape, strict):
     assert f"nesting deeper than {MAX_DEPTH}" in str(problem) and str(problem).startswith(f"{log_path}:4:")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", sorted(DEEP_LINES))
 def test_readers_skip_a_deeply_nested_line_and_say_why(log_path, shape, capsys):
     with open(log_path, "ab") as f:
@@ -99,6 +100,7 @@ def test_a_deep_line_at_the_end_does_not_stop_the_writer(log_path, capsys):
     assert [r["purpose"] for r in iter_records(log_path)][-1] == "after"
 
 
+@pytest.mark.slow
 def test_follow_skips_hostile_lines_as_they_arrive(log_path):
     from audit.reader import follow_records
 
@@ -139,6 +141,7 @@ def test_nesting_up_to_the_limit_still_parses(log_path):
     assert [r["purpose"] for r in iter_records(log_path)][-1] == "deep but fine"
 
 
+@pytest.mark.slow
 def test_an_over_long_line_is_read_past_not_held(log_path, capsys):
     with open(log_path, "ab") as f:
         f.write(b'{"pad":"' + b"x" * (MAX_LINE_BYTES + 10) + b'"}\n')

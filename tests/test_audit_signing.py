@@ -559,6 +559,7 @@ def test_audit_checkpoint_covers_a_running_writers_tail(hermes_home, signed, cap
 # -- random damage is always a finding, never a crash ----------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target", ["agent.log", "agent.log.checkpoints"])
 def test_any_single_byte_change_is_found(signed, target):
     import random

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from audit import verify
 from plugin_llm import PluginLlm
 from plugin_llm.transport import TransportResponse
@@ -18,6 +20,7 @@ def events(home):
     return [r for r in map(json.loads, filter(None, lines)) if r.get("event", "").startswith("config_")]
 
 
+@pytest.mark.slow
 def test_config_load_reload_and_error_are_audited_with_the_policy_hash(hermes_home):
     write_config(hermes_home, "plugins:\n  entries:\n    p:\n      llm:\n        allow_model_override: false\n")
     llm = PluginLlm("p")

@@ -343,6 +343,7 @@ def test_concurrent_threads_never_use_a_cooling_key(hermes_home):
         assert len(sent) - sent.count(keys[1]) == 40  # every call succeeded on a healthy key
 
 
+@pytest.mark.slow
 def test_concurrent_asyncio_tasks_never_use_a_cooling_key(hermes_home):
     keys = [canary() for _ in range(4)]
     with _bad_key_server(keys[2]) as server:

@@ -342,6 +342,7 @@ def test_key_cmd_failures_never_show_the_output(home, tmp_path, body, problem):
     assert info.value.__context__ is None or info.value.__suppress_context__
 
 
+@pytest.mark.slow
 def test_key_cmd_timeout_kills_it(home, tmp_path):
     secret = canary()
     argv = key_script(tmp_path, f"import time; print({secret!r}, flush=True); time.sleep(30)")

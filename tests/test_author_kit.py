@@ -14,6 +14,7 @@ import pytest
 from tests.test_cli_main import ROOT, cli
 
 
+@pytest.mark.slow
 def test_scaffolded_plugins_pass_their_own_tests_and_run(hermes_home: Path, tmp_path: Path):
     work = tmp_path / "work"
     work.mkdir()
@@ -42,6 +43,7 @@ def test_scaffolded_plugins_pass_their_own_tests_and_run(hermes_home: Path, tmp_
     assert cli(hermes_home, "plugins", "new", "summ", "--dir", str(work)).returncode == 2  # never overwrites
 
 
+@pytest.mark.slow
 def test_scaffold_rejects_bad_names(hermes_home: Path, tmp_path: Path):
     for name in ("help", "../x", "a b"):
         out = cli(hermes_home, "plugins", "new", name, "--dir", str(tmp_path))

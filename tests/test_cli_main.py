@@ -57,6 +57,7 @@ def boom_home(hermes_home: Path) -> Path:
     return hermes_home
 
 
+@pytest.mark.slow
 def test_command_failure_is_printed_once_and_debug_shows_the_plugin_frames(boom_home: Path):
     plain = cli(boom_home, "run", "boom")
     assert plain.returncode == 1
@@ -72,6 +73,7 @@ def test_command_failure_is_printed_once_and_debug_shows_the_plugin_frames(boom_
         assert "plugin_llm" not in out.stderr.split("plugin traceback", 1)[1]  # only the plugin's frames
 
 
+@pytest.mark.slow
 def test_import_failure_frames_in_plugins_info_list_and_audit(hermes_home: Path):
     add_plugin(hermes_home, "broken", "import json\nX = {}['missing']\n\ndef register(ctx):\n    pass\n")
     enable(hermes_home, "broken")
@@ -90,6 +92,7 @@ def test_import_failure_frames_in_plugins_info_list_and_audit(hermes_home: Path)
     assert data["error_frames"] == ["__init__.py:2 in <module>: X = {}['missing']"]
 
 
+@pytest.mark.slow
 def test_hook_and_tool_failures_carry_the_plugin_frames(hermes_home: Path):
     add_plugin(hermes_home, "hooky", """
         def _context(**kw):
@@ -108,6 +111,7 @@ def test_hook_and_tool_failures_carry_the_plugin_frames(hermes_home: Path):
     assert hook_errors and any("__init__.py:3 in _context" in f for f in hook_errors[-1]["frames"])
 
 
+@pytest.mark.slow
 def test_version_and_exit_codes(boom_home: Path):
     version = cli(boom_home, "--version")
     assert version.returncode == 0 and version.stdout.startswith("plugin-llm 0.")
@@ -225,6 +229,7 @@ def pty_dialog(home: Path, args: list[str], steps: list[tuple[Any, "bytes | tupl
     return os.waitstatus_to_exitcode(status), out.decode("utf-8", "replace")
 
 
+@pytest.mark.slow
 def test_chat_line_editing_history_ctrl_c_and_ctrl_d(hermes_home: Path):
     enable(hermes_home)
     # each reply is typed at a fresh prompt: the text that precedes it, then "you> " (a readline
@@ -244,6 +249,7 @@ def test_chat_line_editing_history_ctrl_c_and_ctrl_d(hermes_home: Path):
     assert (hermes_home / "chat_history").stat().st_mode & 0o077 == 0
 
 
+@pytest.mark.slow
 def test_colour_only_on_a_terminal_and_never_with_no_color(boom_home: Path):
     piped = cli(boom_home, "run", "nosuch")
     assert "\x1b[" not in piped.stderr
@@ -253,6 +259,7 @@ def test_colour_only_on_a_terminal_and_never_with_no_color(boom_home: Path):
     assert "\x1b[31m" not in plain and "error:" in plain
 
 
+@pytest.mark.slow
 def test_bare_trust_grant_warns_that_it_allows_any_model(boom_home: Path):
     out = cli(boom_home, "trust", "grant", "boom", "model")
     assert out.returncode == 0, out.stderr
@@ -267,6 +274,7 @@ def test_did_you_mean_names_each_candidate_once(boom_home: Path):
     assert "did you mean 'boom'?" in out.stderr and "'boom' or 'boom'" not in out.stderr
 
 
+@pytest.mark.slow
 def test_provider_errors_do_not_stutter(hermes_home: Path):
     from tests.servers import FakeServer, Reply
 
@@ -282,6 +290,7 @@ def test_provider_errors_do_not_stutter(hermes_home: Path):
             assert not any(a == b and a.endswith("Error") for a, b in zip(words, words[1:])), out.stderr
 
 
+@pytest.mark.slow
 def test_plugins_list_and_info_report_a_load_failure_once(hermes_home: Path):
     add_plugin(hermes_home, "broken", "raise RuntimeError('at import')\n")
     enable(hermes_home, "broken")
@@ -290,6 +299,7 @@ def test_plugins_list_and_info_report_a_load_failure_once(hermes_home: Path):
         assert (out.stdout + out.stderr).count("RuntimeError: at import") == 1, (args, out.stdout, out.stderr)
 
 
+@pytest.mark.slow
 def test_chat_ctrl_c_cancels_a_turn_in_progress(hermes_home: Path):
     from tests.servers import FakeServer, Reply
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import os
 import subprocess
 import sys
@@ -9,6 +11,7 @@ import sys
 from tests.conftest import write_config
 
 
+@pytest.mark.slow
 def test_a_closed_stdout_pipe_ends_the_command_quietly(hermes_home, tmp_path):
     entries = "".join(f"    plugin-{i}:\n      llm: {{allow_model_override: true}}\n" for i in range(400))
     write_config(hermes_home, "plugins:\n  entries:\n" + entries)  # far more output than a pipe buffer holds

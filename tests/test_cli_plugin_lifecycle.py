@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import json
 from pathlib import Path
 
@@ -26,6 +28,7 @@ plugins:
 """
 
 
+@pytest.mark.slow
 def test_remove_cleans_enabled_and_trust_grants_and_shows_them(hermes_home: Path, tmp_path: Path):
     src = make_plugin(tmp_path / "src" / "helper", "helper")
     (hermes_home / "config.yaml").write_text(GRANTS, encoding="utf-8")
@@ -43,6 +46,7 @@ def test_remove_cleans_enabled_and_trust_grants_and_shows_them(hermes_home: Path
     assert [p["status"] for p in listing if p["key"] == "helper"] == ["not enabled"]
 
 
+@pytest.mark.slow
 def test_remove_keep_config_then_install_refuses_without_accept(hermes_home: Path, tmp_path: Path):
     src = make_plugin(tmp_path / "src" / "helper", "helper")
     (hermes_home / "config.yaml").write_text(GRANTS, encoding="utf-8")
@@ -67,6 +71,7 @@ def test_install_on_a_terminal_asks_about_leftover_grants(hermes_home: Path, tmp
     assert "already has settings for helper" in out and not (hermes_home / "plugins" / "helper").exists()
 
 
+@pytest.mark.slow
 def test_install_asks_for_environment_values_masked_before_enable(hermes_home: Path, tmp_path: Path):
     src = make_plugin(tmp_path / "src" / "envy", "envy", manifest="requires_env:\n  - ENVY_API_KEY\n")
     code, out = pty_dialog(hermes_home, ["plugins", "install", str(src)],
@@ -78,6 +83,7 @@ def test_install_asks_for_environment_values_masked_before_enable(hermes_home: P
     assert "envy" in (hermes_home / "config.yaml").read_text()
 
 
+@pytest.mark.slow
 def test_install_link_uses_the_directory_in_place(hermes_home: Path, tmp_path: Path):
     dev = make_plugin(tmp_path / "dev" / "linked", "linked", body=(
         "def register(ctx):\n    ctx.register_command('hi', lambda raw: 'version one')\n"))
@@ -104,6 +110,7 @@ def register(ctx):
 """
 
 
+@pytest.mark.slow
 def test_tool_name_clash_is_won_by_the_plugin_installed_first(hermes_home: Path, tmp_path: Path):
     (hermes_home / "config.yaml").write_text("model:\n  provider: local\n", encoding="utf-8")
     hermesy = make_plugin(tmp_path / "src" / "hermesy", "hermesy", CALC.replace("{me}", "hermesy"))

@@ -125,6 +125,7 @@ def test_a_plugin_command_on_a_config_that_does_not_parse(hermes_home, capsys):
     assert exited.value.code == 2 and "invalid choice: 'plugns'" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_the_problem_is_printed_once_through_the_real_entry_point(hermes_home):
     """The first load's log line and the command's own error are not both printed (a subprocess:
     in-process, pytest captures log records instead of printing them)."""

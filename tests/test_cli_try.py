@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import json
 import subprocess
 import sys
@@ -52,6 +54,7 @@ def test_serve_local_rejects_bad_port(capsys):
     assert "--port must be between 0 and 65535" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_unknown_command_and_help_never_import_litellm():
     code = ("import sys; from plugin_llm.cli.main import main\n"
             "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"

@@ -194,6 +194,7 @@ def test_jsonl_memory_appends_never_rewrites_and_dedups(tmp_path: Path):
     assert [e["text"] for e in store.entries()] == ["Deploys happen on Friday", "the VPN needs a token"]
 
 
+@pytest.mark.slow
 def test_jsonl_memory_dedups_the_same_memory_written_by_several_processes(tmp_path: Path):
     path = tmp_path / "memories.jsonl"
     script = (

@@ -174,6 +174,7 @@ def test_group_writable_home_is_a_warning(hermes_home, capsys):
     assert warn[0]["fix"] == f"chmod go-w {hermes_home}"
 
 
+@pytest.mark.slow
 def test_tampered_audit_log_fails_verify(healthy, capsys):
     log = AuditLog(healthy / "logs" / "agent.log")
     log.write_event("plugin_load_failed", plugin_id="x", error="e")
@@ -210,6 +211,7 @@ def test_home_option_must_be_a_directory(tmp_path, capsys):
     assert "is not a directory" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_doctor_never_imports_litellm(healthy):
     code = "import sys; from plugin_llm.cli.main import main; rc = main(['doctor']); print('LITELLM', 'litellm' in sys.modules, rc)"
     env = dict(os.environ, PYTHONPATH=str(ROOT))

@@ -57,6 +57,7 @@ def test_tool_execution_middleware_wraps_in_registration_order(hermes_home):
     assert by_key(manager)["a-outer"]["middleware"] == ["tool_execution"]
 
 
+@pytest.mark.slow
 def test_a_failing_or_hanging_middleware_is_skipped_within_the_time_limit(hermes_home):
     write_plugin(hermes_home, "tools", TOOL)
     write_plugin(hermes_home, "broken", """
@@ -84,6 +85,7 @@ def test_a_failing_or_hanging_middleware_is_skipped_within_the_time_limit(hermes
     assert {e["plugin_id"] for e in failed} == {"broken", "slow"}
 
 
+@pytest.mark.slow
 def test_the_middleware_time_limit_does_not_count_the_downstream_call(hermes_home):
     write_plugin(hermes_home, "tools", """
         import time

@@ -353,6 +353,7 @@ def test_a_plugin_cannot_import_the_package_of_a_plugin_that_is_not_loaded(herme
     assert "plugins.victim belongs to plugin 'victim', which is not loaded" in error
 
 
+@pytest.mark.slow
 def test_a_hanging_memory_prefetch_is_bounded_by_the_hook_timeout(hermes_home):
     write_plugin(hermes_home, "memory/stuck", """
         import time
@@ -689,6 +690,7 @@ def file_safety(hermes_home):
         _home.set_active_home(None)
 
 
+@pytest.mark.slow
 def test_file_safety_protects_the_gateways_own_stores(hermes_home, file_safety, tmp_path):
     from plugin_llm.home_layout import HOST_PATHS, host_path
     from plugin_llm.limits.local import DB_NAME

@@ -113,6 +113,7 @@ def register(ctx):
 '''
 
 
+@pytest.mark.slow
 def test_an_isolated_memory_plugin_keeps_its_data_across_restarts_and_no_other_plugin_reads_it(
         hermes_home, managers):
     assert bubblewrap_status().usable, "bubblewrap must work here (.ci/run installs it): " + bubblewrap_status().reason
@@ -176,6 +177,7 @@ def test_data_dirs_are_one_per_key_and_never_a_symlink(hermes_home, tmp_path):
         plugin_data_dir(hermes_home, "linked")
 
 
+@pytest.mark.slow
 def test_isolation_network_none_cuts_the_network_under_bubblewrap(hermes_home, managers):
     assert bubblewrap_status().usable, bubblewrap_status().reason
     write_plugin(hermes_home / "plugins", "net-on", NET)
@@ -225,6 +227,7 @@ def test_isolation_network_is_validated_and_known_to_trust_check(hermes_home, ca
     assert "unknown key" not in out and code == 0, out
 
 
+@pytest.mark.slow
 def test_the_cli_listing_reports_no_pid_of_a_process_it_stopped(hermes_home, managers, capsys):
     from plugin_llm.cli.main import main
 
@@ -295,6 +298,7 @@ def _state(pid: int) -> str:
         return "?"
 
 
+@pytest.mark.slow
 def test_a_child_that_stops_reading_is_stopped_at_the_time_limit_even_while_the_host_sends(hermes_home, managers):
     """A hook call whose arguments fill the pipe of a child that no longer reads: the send itself is
     bounded by plugins.hook_timeout (before, the host waited in write() forever, holding the channel)."""

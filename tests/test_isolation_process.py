@@ -76,6 +76,7 @@ def _install_examples(home: Path) -> None:
 # --- parity -----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_isolated_plugins_behave_exactly_as_in_process(tmp_path, managers, monkeypatch):
     results = {}
     for mode in ("in_process", "process"):
@@ -249,6 +250,7 @@ def register(ctx):
     ("crash", "exited"), ("garbage", "protocol"), ("stray", "protocol"), ("unknown", "protocol"),
     ("flood_stdout", "flood"), ("flood_stderr", "flood"),
 ])
+@pytest.mark.slow
 def test_a_faulty_child_is_contained_audited_and_restarted(hermes_home, managers, tool, fault):
     write_plugin(hermes_home / "plugins", "faulty", FAULTY)
     write_plugin(hermes_home / "plugins", "hello-world", HELLO_WORLD_INIT, HELLO_WORLD_MANIFEST)
@@ -274,6 +276,7 @@ def test_a_faulty_child_is_contained_audited_and_restarted(hermes_home, managers
     assert again != f"ok from {first}" and manager.get_plugin("faulty")["restarts"] == 1
 
 
+@pytest.mark.slow
 def test_a_hanging_guard_blocks_kills_its_process_and_the_plugin_restarts(hermes_home, managers):
     code = '''
 import time
@@ -309,6 +312,7 @@ def register(ctx):
     assert run_bounded(until_allowed, 30).startswith("Hello, Ada!")
 
 
+@pytest.mark.slow
 def test_exit_in_register_fails_that_plugin_only(hermes_home, managers):
     write_plugin(hermes_home / "plugins", "quits", "import os\n\ndef register(ctx):\n    print('bye')\n    os._exit(5)\n")
     write_plugin(hermes_home / "plugins", "raises", "def register(ctx):\n    raise ValueError('no config')\n")
@@ -325,6 +329,7 @@ def test_exit_in_register_fails_that_plugin_only(hermes_home, managers):
     assert live_children() == [manager.get_plugin("hello-world")["pid"]]
 
 
+@pytest.mark.slow
 def test_restarts_are_bounded_then_the_plugin_is_failed_and_unregistered(hermes_home, managers):
     write_plugin(hermes_home / "plugins", "faulty", FAULTY)
     _config(hermes_home, ["faulty"], ["faulty"])
@@ -347,6 +352,7 @@ def test_restarts_are_bounded_then_the_plugin_is_failed_and_unregistered(hermes_
     assert plugin["pid"] is None and live_children() == []
 
 
+@pytest.mark.slow
 def test_stale_isolated_processes_are_stopped_by_a_forced_rediscovery(hermes_home, managers):
     write_plugin(hermes_home / "plugins", "hello-world", HELLO_WORLD_INIT, HELLO_WORLD_MANIFEST)
     _config(hermes_home, ["hello-world"], ["hello-world"])
@@ -360,6 +366,7 @@ def test_stale_isolated_processes_are_stopped_by_a_forced_rediscovery(hermes_hom
 # --- visibility -------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_plugins_list_info_and_doctor_show_isolation_and_confinement(hermes_home, capsys):
     from plugin_llm.cli.main import main
     from plugin_llm.plugins.sandbox import bubblewrap_status
@@ -566,6 +573,7 @@ def test_an_isolated_plugin_may_only_register_skills_inside_its_directory(hermes
     assert "register() raised: PermissionError" in plugin["error"] and "inside its own directory" in plugin["error"]
 
 
+@pytest.mark.slow
 def test_a_register_that_hangs_times_out_and_its_process_is_stopped(hermes_home, managers):
     write_plugin(hermes_home / "plugins", "slow", "import time\n\ndef register(ctx):\n    time.sleep(60)\n")
     _config(hermes_home, ["slow"], ["slow"], hook_timeout=1)
@@ -597,6 +605,7 @@ def register(ctx):
     assert [e["fault"] for e in _events(hermes_home, "plugin_process_fault")] == ["protocol"]
 
 
+@pytest.mark.slow
 def test_the_host_exiting_without_shutdown_leaves_no_plugin_process(hermes_home, tmp_path):
     import subprocess
     import sys
@@ -618,6 +627,7 @@ def test_the_host_exiting_without_shutdown_leaves_no_plugin_process(hermes_home,
         run_bounded(gone, 20)
 
 
+@pytest.mark.slow
 def test_bundled_hermes_plugins_run_unchanged_out_of_process(hermes_home, managers):
     bundled = Path(__file__).parent / "plugin_fixtures" / "hermes_bundled"
     for name in ("disk-cleanup", "spotify"):
@@ -646,6 +656,7 @@ def textwrap_probe() -> str:
     )
 
 
+@pytest.mark.slow
 def test_isolation_limits_apply_to_the_process_and_an_edit_applies_at_the_next_start(hermes_home, managers):
     code = '''
 import os, resource
@@ -840,6 +851,7 @@ def test_arguments_too_big_to_send_fail_that_call_only(hermes_home, managers):
     assert manager.get_plugin("small")["pid"] == pid and _events(hermes_home, "plugin_process_fault") == []
 
 
+@pytest.mark.slow
 def test_a_plugin_cannot_make_the_host_start_threads_without_bound(hermes_home, managers):
     code = '''
 import threading

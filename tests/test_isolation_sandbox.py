@@ -301,6 +301,7 @@ def test_resource_limits_are_in_effect_in_the_child(plugin_dir, hermes_home, con
     assert out["open_files"][0] == "OSError" and "Too many open files" in out["open_files"][1]
 
 
+@pytest.mark.slow
 def test_a_child_dies_with_its_host(hermes_home, plugin_dir, tmp_path):
     """PR_SET_PDEATHSIG (and bwrap's --die-with-parent): killing the host kills the child."""
     host = textwrap.dedent(f"""
@@ -527,6 +528,7 @@ def test_doctor_says_whether_bubblewrap_is_in_effect_and_why_not(capsys, tmp_pat
     assert "process confinement only" in line["message"]
 
 
+@pytest.mark.slow
 def test_doctor_warns_when_an_isolated_plugin_runs_without_bubblewrap(capsys, hermes_home, tmp_path, monkeypatch):
     from tests.conftest import write_config
     from tests.plugin_fixtures import write_plugin

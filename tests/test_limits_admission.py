@@ -137,6 +137,7 @@ def test_async_tasks_hammering_one_budget_never_overspend(kind, tmp_path):
     assert spent <= (fits + 0.5) * worst.cost_nano
 
 
+@pytest.mark.slow
 def test_aadmit_waits_for_a_hung_redis_off_the_event_loop(tmp_path):
     from tests.redis_server import RedisServer, _free_port
 
@@ -303,6 +304,7 @@ def _hold_the_local_store(home, seconds: float | None = None):
     return other
 
 
+@pytest.mark.slow
 def test_an_async_call_cancelled_during_its_store_step_leaks_no_reservation(tmp_path):
     settings = settings_for("local", None, "{max_concurrent: 1}")
     call(settings, tmp_path).release()  # the database exists
@@ -324,6 +326,7 @@ def test_an_async_call_cancelled_during_its_store_step_leaks_no_reservation(tmp_
     run_bounded(lambda: asyncio.run(main()), 30)
 
 
+@pytest.mark.slow
 def test_async_calls_waiting_for_a_hung_store_wait_store_timeout_all_told(tmp_path, monkeypatch):
     """A call that waits for another call's store step, then makes its own, gets only what is left
     of ``limits.store_timeout``: refused within it, as the README says, not after k times it. Every

@@ -158,6 +158,7 @@ _SPENDER = ("import threading, time\n\n"
             "    ctx.register_command('spend', spend)\n")
 
 
+@pytest.mark.slow
 def test_a_cli_call_that_ends_with_a_stray_thread_still_counts_its_usage(hermes_home):
     """The CLI ends with os._exit when a non-daemon thread is left (a plugin's, litellm's logging
     worker): the call's usage must reach the store all the same, and nothing stays in flight."""

@@ -73,6 +73,7 @@ def test_settlement_replaces_the_reservation_with_the_actual_cost(hermes_home):
     assert snap["spent_usd"]["day"] == pytest.approx(13e-6) and snap["reserved_usd"]["day"] == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("calls", [1, 40], ids=["per call", "under a lease"])
 def test_a_reply_without_usage_is_charged_its_reservation_never_free(hermes_home, calls):
     """The transport reads a reply with no ``usage`` as 0 tokens at $0.0: unknown, so the
@@ -240,6 +241,7 @@ def test_a_stream_without_reported_usage_is_charged_its_reservation_not_an_estim
     assert tokens > 1000 and _charged(hermes_home) == (tokens, pytest.approx(usd))
 
 
+@pytest.mark.slow
 def test_a_request_that_timed_out_is_charged_its_reservation(hermes_home):
     from plugin_llm import PluginLlmTimeoutError
 
@@ -265,6 +267,7 @@ def test_a_stream_the_provider_cuts_short_is_charged_its_reservation(hermes_home
     assert _charged(hermes_home)[0] == tokens > 500
 
 
+@pytest.mark.slow
 def test_an_async_stream_cancelled_while_it_waits_for_the_store_is_recorded_as_abandoned(hermes_home):
     from tests.test_limits_admission import _hold_the_local_store
 
@@ -298,6 +301,7 @@ def test_an_async_stream_cancelled_while_it_waits_for_the_store_is_recorded_as_a
     assert (last["status"], last["error.type"], last.get("stream")) == ("abandoned", None, True)
 
 
+@pytest.mark.slow
 def test_a_structured_repair_after_a_reload_is_admitted_under_the_new_limits(hermes_home):
     """A repair is a request of its own: a cap lowered while the first request was out applies to it."""
     schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}

@@ -114,6 +114,7 @@ def _hammer(text: str, home: str, threads: int, tries: int, queue) -> None:
     queue.put(admitted)  # exiting gives the leases back (atexit)
 
 
+@pytest.mark.slow
 def test_processes_times_threads_never_exceed_one_budget_and_settle_exactly(kind, tmp_path):
     k, url, prefix = kind
     probe = parse(settings_text(k, url, prefix, "{budget_usd: {day: 1.0}}"))
@@ -175,6 +176,7 @@ time.sleep(600)
 """
 
 
+@pytest.mark.slow
 def test_a_lease_held_by_a_crashed_process_expires(kind, tmp_path):
     k, url, prefix = kind
     text = settings_text(k, url, prefix, "{budget_usd: {day: 1000}, max_concurrent: 100}", extra="  reservation_grace: 1\n")
@@ -203,6 +205,7 @@ def test_a_lease_held_by_a_crashed_process_expires(kind, tmp_path):
     other.close()
 
 
+@pytest.mark.slow
 def test_idle_leases_are_given_back_and_the_settled_usage_is_exact(kind, tmp_path):
     k, url, prefix = kind
     settings = parse(settings_text(k, url, prefix, "{budget_usd: {day: 1000}, requests_per_minute: 100000}"))
@@ -459,6 +462,7 @@ def test_a_forked_child_does_not_use_its_parents_lease(tmp_path):
     limits.close_stores()
 
 
+@pytest.mark.slow
 def test_a_forked_child_runs_its_own_keeper_and_its_usage_reaches_the_store(tmp_path):
     """The child inherits the parent's books (forgotten) but not its keeper thread: without one,
     a busy child's settled usage stayed in memory, and was lost at its os._exit."""
@@ -631,6 +635,7 @@ def test_async_tasks_hammering_one_budget_through_aadmit_never_overspend(kind, t
     assert limits.snapshot(settings, tmp_path, PLUGIN).counters.day_spent == fits * per_call
 
 
+@pytest.mark.slow
 def test_a_lease_step_that_times_out_after_redis_ran_it_counts_the_usage_once(own_redis_server, tmp_path):
     """A hung Redis runs a step after the client gave up on it (SIGSTOP, then SIGCONT: the request
     waited in the socket). The step is sent again, with the same usage: Redis keeps what the lease

@@ -258,6 +258,7 @@ def _hammer(kind: str, where: str, threads: int, calls: int, queue, later: bool 
     queue.put(len(admitted))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("later", [False, True], ids=["settle", "settle_later"])
 def test_processes_times_threads_never_exceed_the_budget(store_spec, monkeypatch, later):
     kind, where = store_spec
@@ -326,6 +327,7 @@ def fresh_stores():
     limits.close_stores()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", ["deny", "allow"])
 @pytest.mark.parametrize("fault", ["kill", "pause"])
 def test_redis_down_or_hung_follows_on_store_error_within_the_deadline(own_redis_server, tmp_path, policy, fault, fresh_stores):
@@ -350,6 +352,7 @@ plugins: {{entries: {{{PLUGIN}: {{limits: {{requests_per_minute: 100}}}}}}}}
         ticket.settle(cost_usd=0.1)  # unmetered: nothing to settle, nothing raised
 
 
+@pytest.mark.slow
 def test_local_store_locked_by_another_process_follows_on_store_error_within_the_deadline(tmp_path, fresh_stores):
     settings = _settings(f"plugins: {{entries: {{{PLUGIN}: {{limits: {{max_concurrent: 3}}}}}}}}")
     call = dict(messages=[{"role": "user", "content": "hi"}], provider="local", model="local-echo-1", max_tokens=5)
@@ -659,6 +662,7 @@ def test_a_server_that_is_not_redis_or_a_tampered_file_is_a_store_error_not_a_tr
     db.close()
 
 
+@pytest.mark.slow
 def test_a_settlement_whose_reply_never_came_is_sent_again_and_counted_once(own_redis_server, monkeypatch):
     """Sent, then no reply (a hung Redis, a connection reset): applied or not, nobody knows. It is
     sent again as a retry, which Redis applies only while the reservation is still there."""

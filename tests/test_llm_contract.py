@@ -24,6 +24,8 @@ from tests import llm_scenarios
 from tests.bounded import run_bounded
 from tests.service_server import ServiceServer
 
+pytestmark = pytest.mark.slow  # starts processes or servers for most of its tests
+
 CARRIERS = ("in_process", "isolated", "http")
 PLUGIN = "conf"
 USAGE = {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import os
 import shutil
 import subprocess
@@ -15,6 +17,7 @@ _SKIP = shutil.ignore_patterns(".git", ".venv", "__pycache__", "*.egg-info", "bu
                                "benchmarks", "*.pyc")
 
 
+@pytest.mark.slow
 def test_wheel_installed_in_a_fresh_venv_runs_the_demo(tmp_path: Path):
     src = tmp_path / "src"
     shutil.copytree(ROOT, src, ignore=_SKIP, symlinks=True)  # a copy: the build writes nothing in the checkout

@@ -259,6 +259,7 @@ def _hook_errors(home) -> list[dict]:
     return [r for r in map(json.loads, filter(None, lines)) if r.get("event") == "hook_error"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("isolated", [False, True], ids=["in_process", "own_process"])
 def test_a_guard_whose_verdict_cannot_be_read_fails_closed(hermes_home, isolated):
     write_plugin(hermes_home / "plugins", "kit", TOOLS)

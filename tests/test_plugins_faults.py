@@ -104,6 +104,7 @@ def test_import_raising_keyboard_interrupt_is_isolated(hermes_home, deadline):
     assert plugins["b-good"]["status"] == "enabled"
 
 
+@pytest.mark.slow
 def test_register_that_never_returns_fails_with_the_time_limit(hermes_home, deadline):
     m = _manager(hermes_home, {
         "a-sleeps": "import time\n\ndef register(ctx):\n    time.sleep(1000)\n",
@@ -124,6 +125,7 @@ def test_register_that_never_returns_fails_with_the_time_limit(hermes_home, dead
     _assert_alarm_state_restored()
 
 
+@pytest.mark.slow
 def test_register_that_never_returns_off_the_main_thread_is_abandoned(hermes_home):
     write_plugin(hermes_home / "plugins", "slow", "import threading\n\nGO = threading.Event()\n\n"
                  "def register(ctx):\n    GO.wait(30)\n    ctx.register_command('late', lambda raw: 'x')\n")
@@ -158,6 +160,7 @@ _HANGING_AND_ABORTING = {
 }
 
 
+@pytest.mark.slow
 def test_cli_finishes_despite_hanging_aborting_and_thread_leaving_plugins(hermes_home):
     for name, code in _HANGING_AND_ABORTING.items():
         write_plugin(hermes_home / "plugins", name, code)
@@ -215,6 +218,7 @@ def register(ctx):
 """
 
 
+@pytest.mark.slow
 def test_guard_swallowing_its_timeout_is_forced_out_and_blocks(hermes_home, deadline):
     m = _manager(hermes_home, {"stubborn": _STUBBORN_GUARD}, hook_timeout=0.3)
     result = json.loads(m.dispatch_tool("echo", {}))
@@ -226,6 +230,7 @@ def test_guard_swallowing_its_timeout_is_forced_out_and_blocks(hermes_home, dead
     assert m.invoke_hook("post_tool_call") == []
 
 
+@pytest.mark.slow
 def test_spinning_callback_that_catches_everything_is_forced_out(deadline):
     def spin():
         while True:
@@ -397,6 +402,7 @@ def test_hostile_handlers_on_the_async_paths(hermes_home):
     assert turn.kind == "command_error" and "Boom (its message could not be read)" in turn.text
 
 
+@pytest.mark.slow
 def test_exception_whose_str_hangs_is_read_under_the_time_limit(hermes_home, deadline):
     class Stuck(Exception):
         def __str__(self):

@@ -350,6 +350,7 @@ def test_the_interactive_checklist_escapes_labels(hermes_home):
     assert not RAW_CONTROL.search("\n".join(shown))
 
 
+@pytest.mark.slow
 def test_cli_stderr_escapes_plugin_text_in_log_lines_and_errors(hermes_home, tmp_path):
     """Through the real entry point: logging's stderr output and error lines are escaped too."""
     import subprocess
@@ -368,6 +369,7 @@ def test_cli_stderr_escapes_plugin_text_in_log_lines_and_errors(hermes_home, tmp
             assert "boom \\x1b[2J\\x9b\\u202e" in proc.stderr + proc.stdout
 
 
+@pytest.mark.slow
 def test_command_output_errors_and_model_replies_are_printed_escaped(hermes_home, tmp_path):
     """run/try print plugin command output and provider replies: escapes shown, line breaks kept."""
     import subprocess

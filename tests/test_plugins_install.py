@@ -227,6 +227,7 @@ def test_git_runs_without_shell_prompts_or_option_injection(hermes_home, tmp_pat
     assert_nothing_installed(hermes_home)
 
 
+@pytest.mark.slow
 def test_git_timeout_kills_git_and_leaves_nothing(hermes_home, tmp_path, monkeypatch):
     bindir = tmp_path / "bin"
     bindir.mkdir()
@@ -383,6 +384,7 @@ def test_a_target_that_resolves_outside_the_plugins_directory_is_refused(hermes_
 # --------------------------------------------------------------------------- overwrite, atomicity
 
 
+@pytest.mark.slow
 def test_no_overwrite_without_force(hermes_home, make_repo):
     repo = make_repo("tool", plugin_files("tool", "1.0"))
     install_plugin(hermes_home, repo.url)
@@ -480,6 +482,7 @@ def test_example_files_are_copied_without_overwriting(hermes_home, make_repo):
 # --------------------------------------------------------------------------- update
 
 
+@pytest.mark.slow
 def test_update_pulls_new_commits(hermes_home, make_repo):
     repo = make_repo("tool", plugin_files("tool", "1.0"))
     first = install_plugin(hermes_home, repo.url).revision

@@ -114,6 +114,7 @@ def test_remove_on_a_terminal_asks_and_no_removes_nothing(hermes_home, tmp_path,
     assert "Moved its private data aside to" in out and not plugin_data_path(hermes_home, "notes").exists()
 
 
+@pytest.mark.slow
 def test_an_isolated_plugin_installed_under_a_removed_ones_name_never_reads_its_memory(hermes_home, tmp_path,
                                                                                        capsys):
     from plugin_llm.plugins import PluginManager
@@ -204,6 +205,7 @@ def test_remove_revokes_the_plugins_tokens_and_says_how_many(hermes_home, tmp_pa
     assert status == {("weather", "revoked"), ("other", "active")}
 
 
+@pytest.mark.slow
 def test_a_disabled_plugins_tokens_are_refused_with_403_until_it_is_enabled(hermes_home, tmp_path, capsys):
     assert _install(capsys, hermes_home, tmp_path, "weather")[0] == 0
     with ServiceServer(hermes_home) as service:

@@ -150,6 +150,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.slow
 def test_gateway_fails_closed_on_alias_bomb_and_recursive_alias_and_keeps_calling(hermes_home):
     out = run_bounded(GATEWAY_SCRIPT, hermes_home, json.dumps({"bomb": CONFIG_BOMB, "self": SELF_ALIAS}))
     for name, problem in (("bomb", "alias bomb"), ("self", "recursive alias")):
@@ -161,6 +162,7 @@ def test_gateway_fails_closed_on_alias_bomb_and_recursive_alias_and_keeps_callin
         assert len(error) < 400  # the value is never printed
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("doc", [CONFIG_BOMB, SELF_ALIAS], ids=["bomb", "self-alias"])
 def test_cli_commands_report_a_bad_alias_in_config_in_one_line(hermes_home, doc):
     write_plugin(hermes_home / "plugins", "p")
@@ -183,6 +185,7 @@ def test_cli_commands_report_a_bad_alias_in_config_in_one_line(hermes_home, doc)
     assert (hermes_home / "config.yaml").read_text() == doc  # grant wrote nothing
 
 
+@pytest.mark.slow
 def test_alias_bomb_in_a_manifest_fails_that_plugin_only_and_install_refuses_it(hermes_home, tmp_path):
     plugins = hermes_home / "plugins"
     write_plugin(plugins, "bombed", manifest="name: bombed\n" + bomb() + "provides_tools: *i\n")  # not enabled

@@ -58,6 +58,7 @@ def _refusals(home: Path) -> Counter:
     return counts
 
 
+@pytest.mark.slow
 def test_after_max_failures_the_address_gets_429_and_its_token_is_not_checked(hermes_home):
     write_config(hermes_home, _brake(max_failures=3, block=30))
     with ServiceServer(hermes_home) as service:
@@ -88,6 +89,7 @@ def test_after_max_failures_the_address_gets_429_and_its_token_is_not_checked(he
         assert token not in log and token[4:] not in log and token not in metrics
 
 
+@pytest.mark.slow
 def test_missing_tokens_are_not_counted_and_the_brake_can_be_turned_off(hermes_home):
     write_config(hermes_home, _brake(max_failures=2))
     with ServiceServer(hermes_home) as service:
@@ -100,6 +102,7 @@ def test_missing_tokens_are_not_counted_and_the_brake_can_be_turned_off(hermes_h
         assert _post(service.url, valid).status_code == 400
 
 
+@pytest.mark.slow
 def test_successes_do_not_reset_the_count_and_the_block_ends(hermes_home):
     write_config(hermes_home, _brake(max_failures=3, window=60, block=1))
     with ServiceServer(hermes_home) as service:
@@ -116,6 +119,7 @@ def test_successes_do_not_reset_the_count_and_the_block_ends(hermes_home):
         assert _post(service.url, valid).status_code == 429
 
 
+@pytest.mark.slow
 def test_two_workers_share_the_count(hermes_home):
     write_config(hermes_home, _brake(max_failures=4, block=60))
     store = token_store_for(hermes_home)
@@ -145,6 +149,7 @@ def _post_from(url: str, token: str, forwarded_for: str) -> int:
             "Authorization": f"Bearer {token}", "X-Forwarded-For": forwarded_for}).status_code
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("trusted", [False, True], ids=["no-proxy-configured", "forwarded-allow-ips"])
 def test_x_forwarded_for_is_believed_only_from_a_configured_proxy(hermes_home, trusted):
     """By default a client cannot name its own address (uvicorn alone would believe 127.0.0.1's header):
@@ -169,6 +174,7 @@ def test_x_forwarded_for_is_believed_only_from_a_configured_proxy(hermes_home, t
         assert _refusals(hermes_home) == {("127.0.0.1", "unknown"): 2, ("127.0.0.1", "too_many_failures"): 2}
 
 
+@pytest.mark.slow
 def test_with_limits_in_redis_replicas_on_two_machines_share_the_count(tmp_path, own_redis_server):  # noqa: F811
     homes = [tmp_path / "machine-a", tmp_path / "machine-b"]
     for home in homes:

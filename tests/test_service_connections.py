@@ -102,6 +102,7 @@ def _healthz(port: int, source: str = "127.0.0.1") -> bytes:
         return _answer(sock)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("http", [PROTOCOL, H11_PROTOCOL], ids=["httptools", "h11"])
 def test_a_half_sent_request_head_is_closed_after_the_header_timeout(hermes_home, http):
     guard = ConnectionLimits(header_timeout=0.3, max_connections=50)
@@ -117,6 +118,7 @@ def test_a_half_sent_request_head_is_closed_after_the_header_timeout(hermes_home
         assert _healthz(service.port).startswith(b"HTTP/1.1 200 ")  # a whole request is answered as before
 
 
+@pytest.mark.slow
 def test_the_per_address_cap_refuses_one_more_while_another_address_is_served(hermes_home, custom_route):
     guard = ConnectionLimits(header_timeout=30, max_connections=50, max_connections_per_address=3)
     with FakeServer(default=Reply(content="late", delay=3.0)) as upstream:
@@ -144,6 +146,7 @@ def test_the_per_address_cap_refuses_one_more_while_another_address_is_served(he
                 sock.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("http", [PROTOCOL, H11_PROTOCOL], ids=["httptools", "h11"])
 def test_a_request_body_sent_too_slowly_is_closed_too(hermes_home, http):
     guard = ConnectionLimits(header_timeout=0.3, max_connections=50)
@@ -155,6 +158,7 @@ def test_a_request_body_sent_too_slowly_is_closed_too(hermes_home, http):
             assert _closed_by_server(sock)
 
 
+@pytest.mark.slow
 def test_at_a_cap_the_connection_waiting_longest_for_a_head_makes_room(hermes_home):
     guard = ConnectionLimits(header_timeout=30, max_connections=4, max_connections_per_address=3)
     with ServiceServer(hermes_home, http=PROTOCOL, connections=guard, warm=False) as service:
@@ -199,6 +203,7 @@ def _low_files(soft: int, hard: int):
     return apply
 
 
+@pytest.mark.slow
 def test_serve_raises_the_file_limit_and_answers_a_real_client_under_a_flood(hermes_home):
     """300 connections that send half a head, under a soft limit of 128 (hard 256): the service raises its
     soft limit, holds at most its derived cap, and a real client is still answered."""
@@ -238,6 +243,7 @@ def _stream_request(token: str, timeout: float) -> bytes:
             + b"\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("which", ["deadline", "write_timeout", "deadline:uvicorn"])
 def test_a_stream_its_client_stops_reading_ends_and_frees_its_slot(hermes_home, custom_route, which):
     """A client takes the first bytes of a long stream and stops reading: at the call's deadline (or after the

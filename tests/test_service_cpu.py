@@ -100,6 +100,7 @@ def _stable(body: bytes) -> object:
     return data
 
 
+@pytest.mark.slow
 def test_answers_are_the_same_bytes_with_one_write_as_with_uvicorns_two(hermes_home):
     def answers(server):
         token = server.token("notes")
@@ -136,6 +137,7 @@ def test_answers_are_the_same_bytes_with_one_write_as_with_uvicorns_two(hermes_h
             assert body_a == body_b
 
 
+@pytest.mark.slow
 def test_pipelined_keep_alive_requests_are_answered_in_order(hermes_home):
     def answers(server):
         token = server.token("notes")
@@ -152,6 +154,7 @@ def test_pipelined_keep_alive_requests_are_answered_in_order(hermes_home):
         assert replies[4][0].split()[1] == b"400" and b"JSON object" in replies[4][2]
 
 
+@pytest.mark.slow
 def test_a_response_far_past_the_socket_buffer_arrives_whole(hermes_home, custom_route):
     # prose, not an x-run: other tests register x-runs as secrets, and the redactor would rightly hide them
     big = ("A reply far longer than any socket buffer, written out in plain words. " * 42_000)[:3_000_000]

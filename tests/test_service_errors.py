@@ -91,6 +91,7 @@ def test_a_token_store_that_cannot_be_read_is_a_503_without_its_path(canary_home
     assert any(e.get("reason") == "store_error" and CANARY in e.get("detail", "") for e in events)
 
 
+@pytest.mark.slow
 def test_a_limits_store_outage_is_a_503_without_its_path(canary_home, caplog):
     caplog.set_level(logging.WARNING, logger="plugin_llm.service")
     write_config(canary_home, "model:\n  provider: custom\n  model: m\n  base_url: http://127.0.0.1:9/v1\n"
@@ -110,6 +111,7 @@ def test_a_limits_store_outage_is_a_503_without_its_path(canary_home, caplog):
     assert CANARY in caplog.text and all(CANARY in r["error.message"] for r in audit_lines(canary_home))
 
 
+@pytest.mark.slow
 def test_an_unreachable_provider_is_a_502_without_its_address(canary_home, caplog):
     caplog.set_level(logging.WARNING, logger="plugin_llm.service")
     with socket.socket() as sock:  # a port nothing listens on

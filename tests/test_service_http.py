@@ -42,6 +42,7 @@ def events(home, name):
     return [line for line in lines if line.get("event") == name]
 
 
+@pytest.mark.slow
 def test_complete_over_http_is_the_plugins_call_with_its_audit_line(service, hermes_home):
     token = service.token("notes")
     response = httpx.post(service.url + COMPLETE, headers=service.auth(token),
@@ -139,6 +140,7 @@ def test_bad_requests_get_400_naming_the_field(service, body, kind, param, fragm
     assert error["type"] == kind and error["code"] == "invalid_request"
 
 
+@pytest.mark.slow
 def test_structured_bad_requests(service):
     token = service.token("p")
     cases = [({"instructions": "x", "input": ["y"], "n": 1}, "TypeError", "n", "complete()/acomplete() only"),
@@ -166,6 +168,7 @@ def test_an_oversized_body_is_413_before_it_is_read_whole(hermes_home):
         assert response.status_code == 413
 
 
+@pytest.mark.slow
 def test_errors_map_to_their_status_with_the_in_process_message(hermes_home, custom_route):
     with FakeServer([Reply.error(400, "no such model"), Reply.hanging()]) as upstream:
         custom_route(upstream.base_url, extra="limits:\n  store: local\nplugins:\n  entries:\n    capped:\n"
@@ -196,6 +199,7 @@ def test_errors_map_to_their_status_with_the_in_process_message(hermes_home, cus
     assert statuses == ["provider_error", "timeout", "denied", "denied", "ok", "quota"]
 
 
+@pytest.mark.slow
 def test_a_max_concurrent_refusal_says_retry_after_one_second_not_at_the_latest_slot(hermes_home, custom_route):
     """A slot frees when any call in flight ends: Retry-After 1, with the latest time in the body."""
     import threading
@@ -232,6 +236,7 @@ def test_a_schema_error_is_422_with_the_errors_and_the_text(hermes_home, custom_
     assert any(e.startswith("$.vendor") for e in error["errors"]) and error["usage"]["total_tokens"] == 20
 
 
+@pytest.mark.slow
 def test_openai_sdk_against_chat_completions(service, hermes_home):
     token = service.token("sdk-plugin")
     client = openai.OpenAI(base_url=service.url + "/v1", api_key=token, max_retries=0)
@@ -257,6 +262,7 @@ def test_openai_sdk_against_chat_completions(service, hermes_home):
         ("sdk-plugin", "ok"), ("sdk-plugin", "ok"), ("sdk-plugin", "denied")]
 
 
+@pytest.mark.slow
 def test_async_openai_sdk_with_a_trusted_model_override(hermes_home, custom_route):
     import asyncio
 
@@ -295,6 +301,7 @@ def test_a_provider_qualified_model_on_the_routes_provider_is_the_allowlisted_mo
     assert [line["status"] for line in audit_lines(hermes_home)] == ["ok", "denied"]
 
 
+@pytest.mark.slow
 def test_healthz_and_metrics(service):
     token = service.token("metered")
     assert httpx.get(service.url + "/healthz").json()["status"] == "ok"
@@ -316,6 +323,7 @@ def test_unknown_paths_and_methods(service):
     assert response.status_code == 405 and response.json()["error"]["code"] == "method_not_allowed"
 
 
+@pytest.mark.slow
 def test_no_token_or_key_in_responses_logs_or_audit(hermes_home, custom_route, caplog):
     secret = f"cnry{secrets.token_hex(16)}"
     auth = hermes_home / "auth.json"
@@ -348,6 +356,7 @@ def test_no_token_or_key_in_responses_logs_or_audit(hermes_home, custom_route, c
 from tests.redis_server import own_redis_server  # noqa: E402,F401
 
 
+@pytest.mark.slow
 def test_with_limits_in_redis_tokens_are_shared_across_machines_and_a_down_store_fails_closed(
         tmp_path, own_redis_server, monkeypatch):
     """Two replicas with separate homes (two machines) and one Redis: a token created on one works on the

@@ -51,6 +51,7 @@ def _metric_lines(url: str) -> list[str]:
 # --------------------------------------------------------------------------- F1: the limits store is down
 
 
+@pytest.mark.slow
 def test_a_limits_store_outage_is_a_503_with_retry_after_that_names_no_path(hermes_home, custom_route, caplog):
     """A refusal whose deciding limit is the store (limits.on_store_error: deny) is the gateway's outage, not the
     plugin's quota: 503 + Retry-After, a fixed message without the store's file; the log and the audit record
@@ -102,6 +103,7 @@ def test_a_limits_store_outage_is_a_503_with_retry_after_that_names_no_path(herm
 # --------------------------------------------------------------------------- F6: the token store is down
 
 
+@pytest.mark.slow
 def test_a_token_store_outage_shows_no_redis_address_to_any_caller(tmp_path, own_redis_server, caplog):  # noqa: F811
     home = tmp_path / "replica"
     home.mkdir()
@@ -131,6 +133,7 @@ def test_a_token_store_outage_shows_no_redis_address_to_any_caller(tmp_path, own
     (COMPLETE, b'{"messages":[{"role":"user","content":[{"type":"text","text":"ok \\udfff"}]}]}'),
     (COMPLETE, b'{"messages":[{"role":"user","content":"hi","name":"a\\ud83d"}]}'),
 ])
+@pytest.mark.slow
 def test_a_lone_surrogate_is_a_400_naming_where_before_anything_is_sent(hermes_home, path, body):
     with ServiceServer(hermes_home) as service:  # the local route: litellm would fail to encode it
         token = service.token("h")
@@ -151,6 +154,7 @@ def test_a_lone_surrogate_is_a_400_naming_where_before_anything_is_sent(hermes_h
 # --------------------------------------------------------------------------- F3: a hang-up during the body
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path, endpoint", [(COMPLETE, "complete"), (CHAT, "chat")])
 def test_a_client_that_hangs_up_while_sending_the_body_is_no_error(hermes_home, custom_route, caplog, path, endpoint):
     caplog.set_level(logging.DEBUG)

@@ -69,6 +69,7 @@ def swap(value, a: str, b: str):
     return repr(value).replace(a, b)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(SCENARIOS))
 def test_http_matches_in_process(hermes_home, name):
     settings, call = SCENARIOS[name]

@@ -9,6 +9,8 @@ share of the connections), also after it replaces a dead worker.
 
 from __future__ import annotations
 
+import pytest
+
 import collections
 import http.client
 import json
@@ -67,6 +69,7 @@ def _workers_ready(serve: Serve, count: int = 2) -> set[int]:
     return pids
 
 
+@pytest.mark.slow
 def test_each_worker_listens_on_its_own_socket_and_connections_are_spread(hermes_home):
     serve = Serve(hermes_home, "--workers", "2", env={"PLUGIN_LLM_SERVICE_WARM": "0"})
     try:
@@ -83,6 +86,7 @@ def test_each_worker_listens_on_its_own_socket_and_connections_are_spread(hermes
     assert code == 0 and "2 workers" in out, (code, out, err[-3000:])
 
 
+@pytest.mark.slow
 def test_a_replaced_worker_gets_a_socket_of_its_own_and_no_connection_waits(hermes_home):
     serve = Serve(hermes_home, "--workers", "2", env={"PLUGIN_LLM_SERVICE_WARM": "0"})
     try:

@@ -129,6 +129,7 @@ def test_many_addresses_are_bounded_in_records_and_memory():
 # --------------------------------------------------------------------------- end to end
 
 
+@pytest.mark.slow
 def test_a_flood_of_unauthenticated_requests_leaves_every_genuine_record_in_the_log(hermes_home, custom_route):
     with FakeServer() as upstream:
         custom_route(upstream.base_url, extra="audit:\n  max_bytes: 8192\n  backup_count: 2\n"
@@ -173,6 +174,7 @@ async def _refused_asgi(app, client: str, token: str | None) -> int:
     return sent[0]["status"]
 
 
+@pytest.mark.slow
 def test_a_flood_from_ten_thousand_addresses_pushes_no_genuine_record_out(hermes_home, custom_route):
     """Past the tracked addresses the refusals are summarized together, and every refusal record is a spare
     record: it never rotates the log, so the operator's retention keeps exactly the genuine records it did."""

@@ -58,6 +58,7 @@ class Serve:
         return self.proc.returncode, self.first_line + out, err
 
 
+@pytest.mark.slow
 def test_sigterm_drains_the_call_in_flight_then_exits_0(hermes_home):
     with FakeServer(default=Reply(content="slow answer", delay=1.0)) as upstream:
         write_config(hermes_home, f"model:\n  provider: custom\n  model: m\n  base_url: {upstream.base_url}\n")
@@ -87,6 +88,7 @@ def test_sigterm_drains_the_call_in_flight_then_exits_0(hermes_home):
     assert line["status"] == "ok" and line["plugin_id"] == "drained"
 
 
+@pytest.mark.slow
 def test_two_workers_share_tokens_revocation_and_metrics(hermes_home):
     store = TokenStore(hermes_home)
     info, token = store.create("shared")

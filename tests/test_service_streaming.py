@@ -42,6 +42,7 @@ def sse(lines):
             yield data if data == "[DONE]" else json.loads(data)
 
 
+@pytest.mark.slow
 def test_openai_sdk_streams_deltas_with_usage_in_the_last_chunk(service, upstream, hermes_home):
     upstream.default = Stream(pieces=["Quick", " brown", " fox"])
     client = openai.OpenAI(base_url=service.url + "/v1", api_key=service.token("sdk"), max_retries=0)
@@ -61,6 +62,7 @@ def test_openai_sdk_streams_deltas_with_usage_in_the_last_chunk(service, upstrea
     assert "".join(c.choices[0].delta.content or "" for c in plain) == "Quick brown fox"
 
 
+@pytest.mark.slow
 def test_httpx_sees_deltas_before_the_upstream_has_finished(service, upstream, hermes_home):
     upstream.default = Stream(pieces=["first", " second", " third"], stall_after=2)
     token = service.token("raw")
@@ -87,6 +89,7 @@ def test_httpx_sees_deltas_before_the_upstream_has_finished(service, upstream, h
     assert 'plugin_llm_service_calls_total{endpoint="chat",plugin="raw",status="abandoned"} 1.0' in metrics
 
 
+@pytest.mark.slow
 def test_a_failure_after_the_headers_is_an_error_event(service, upstream, hermes_home):
     upstream.default = Stream(pieces=["partial", " answer", " never"], cut_after=2)
     token = service.token("raw")
@@ -106,6 +109,7 @@ def test_a_failure_after_the_headers_is_an_error_event(service, upstream, hermes
     assert len(lines) == 2 and all(line["stream.partial"] for line in lines)
 
 
+@pytest.mark.slow
 def test_a_denial_before_the_stream_is_an_ordinary_error_answer(service, upstream, hermes_home):
     client = openai.OpenAI(base_url=service.url + "/v1", api_key=service.token("sdk"), max_retries=0)
     with pytest.raises(openai.PermissionDeniedError, match="allow_model_override"):
@@ -114,6 +118,7 @@ def test_a_denial_before_the_stream_is_an_ordinary_error_answer(service, upstrea
     assert [line["status"] for line in audit_lines(hermes_home)] == ["denied"]
 
 
+@pytest.mark.slow
 def test_gateway_client_stream_is_plugin_llm_stream_over_http(service, upstream, hermes_home):
     upstream.default = Stream(pieces=["Lazy", " dog"])
     with GatewayClient(service.url, service.token("remote")) as client:
@@ -133,6 +138,7 @@ def test_gateway_client_stream_is_plugin_llm_stream_over_http(service, upstream,
     assert denied["status"] == "denied" and abandoned["status"] == "abandoned"
 
 
+@pytest.mark.slow
 def test_gateway_client_astream_and_a_mid_stream_failure(service, upstream, hermes_home):
     upstream.default = Stream(pieces=["one", " two"])
     token = service.token("remote")
@@ -155,6 +161,7 @@ def test_gateway_client_astream_and_a_mid_stream_failure(service, upstream, herm
     assert [line["status"] for line in audit_lines(hermes_home)][0] == "ok"
 
 
+@pytest.mark.slow
 def test_a_quota_refusal_of_a_stream_is_429_before_anything_is_sent(hermes_home):
     with StreamServer() as fake:
         write_config(hermes_home, (

@@ -150,6 +150,7 @@ def test_a_token_file_from_before_signing_is_signed_once_then_unsigned_rows_are_
 # --------------------------------------------------------------------------- signed records: Redis
 
 
+@pytest.mark.slow
 def test_a_record_written_into_the_redis_gets_the_401_of_an_unknown_token(hermes_home, redis_server,  # noqa: F811
                                                                          caplog):
     prefix = f"t{secrets.token_hex(4)}"
@@ -321,6 +322,7 @@ def test_an_isolated_plugin_has_no_network_by_default_and_cannot_reach_the_limit
     assert redis.Redis.from_url(redis_server.url).keys(f"{prefix}:*") == []
 
 
+@pytest.mark.slow
 def test_with_the_network_opted_in_what_the_plugin_writes_into_redis_authenticates_nobody(
         hermes_home, managers, redis_server, capsys):  # noqa: F811
     assert bubblewrap_status().usable, bubblewrap_status().reason
@@ -378,6 +380,7 @@ def test_no_store_password_reaches_an_isolated_plugin(hermes_home, managers, mon
     assert "REDIS_URL, CACHE_PASSWORD withheld" in caplog.text
 
 
+@pytest.mark.slow
 def test_doctor_warns_of_a_plugin_with_the_network_and_a_redis_without_password(hermes_home, capsys):
     write_plugin(hermes_home / "plugins", "netty", "def register(ctx):\n    ctx.register_command('n', lambda raw: 'ok')\n")
     entry = {"isolation": "process", "isolation_network": "host"}

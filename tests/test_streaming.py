@@ -66,6 +66,7 @@ def astream_all(stream: PluginLlmAsyncStream) -> list[str]:
 
 
 # ----------------------------------------------------------------------------- the happy path
+@pytest.mark.slow
 def test_deltas_arrive_in_order_and_the_result_matches_the_one_audit_line(server, hermes_home, transport_path):
     server.default = Stream(pieces=["Quick", " brown", " fox"])
     stream = PluginLlm("writer").stream(USER, purpose="draft", max_tokens=50)
@@ -126,6 +127,7 @@ def test_usage_is_estimated_when_the_provider_sends_none(server, hermes_home, tr
     assert line["gen_ai.usage.output_tokens"] == usage.output_tokens
 
 
+@pytest.mark.slow
 def test_a_retryable_status_before_the_first_delta_is_retried(server, hermes_home):
     server._script.extend([Stream(status=503, message="busy"), Stream(pieces=["second", " try"])])
     stream = PluginLlm("writer").stream(USER)
@@ -172,6 +174,7 @@ def test_an_abandoned_stream_gets_exactly_one_record(server, hermes_home, how):
     assert "alpha".startswith(first) and line["stream.delivered_chars"] == len(first) and line["attempts"] == 1
 
 
+@pytest.mark.slow
 def test_aclose_and_a_cancelled_consumer_are_abandoned(server, hermes_home):
     server.default = Stream(pieces=["first", " second"], stall_after=1)
 
@@ -213,6 +216,7 @@ def test_a_provider_failing_mid_stream_is_one_record_and_a_clear_error(server, h
     sent_by(server, transport_path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault", ["stall", "trickle"])
 def test_the_deadline_holds_for_a_stalled_or_trickling_provider(server, hermes_home, fault, transport_path):
     server.default = Stream(pieces=["slow", " never"], stall_after=1 if fault == "stall" else None,
@@ -232,6 +236,7 @@ def test_the_deadline_holds_for_a_stalled_or_trickling_provider(server, hermes_h
     sent_by(server, transport_path)
 
 
+@pytest.mark.slow
 def test_the_deadline_holds_for_astream_too(server, hermes_home):
     server.default = Stream(pieces=["slow", " never"], trickle=True)
 
@@ -306,6 +311,7 @@ def test_an_abandoned_stream_frees_its_slot(hermes_home):
     assert [line["status"] for line in audit_lines(hermes_home)] == ["abandoned"] * 3
 
 
+@pytest.mark.slow
 def test_close_from_another_thread_ends_the_stream_once_whatever_the_reader_is_doing(hermes_home):
     """A "stop" button on another thread: close() may come while the reader's thread runs the
     pipeline. It waits for the pipeline's next step and closes it there: no error for either

@@ -78,6 +78,7 @@ def test_cost_filled_for_priced_model(hermes_home, custom_route, fake):
     assert audit_lines(hermes_home)[0]["cost_usd"] == pytest.approx(result.usage.cost_usd)
 
 
+@pytest.mark.slow
 def test_retry_after_500_then_success(hermes_home, custom_route, fake):
     custom_route(fake.base_url)
     fake.push(Reply.error(500, "upstream broke"), Reply(content="second time lucky"))
@@ -114,6 +115,7 @@ def test_retries_are_bounded_by_max_retries(hermes_home, custom_route, fake):
     assert len(fake.requests) == 2 and audit_lines(hermes_home)[0]["attempts"] == 2
 
 
+@pytest.mark.slow
 def test_timeout_against_hanging_server(hermes_home, custom_route, fake):
     custom_route(fake.base_url)
     fake.push(Reply.hanging(), Reply.hanging(), Reply.hanging())
@@ -123,6 +125,7 @@ def test_timeout_against_hanging_server(hermes_home, custom_route, fake):
     assert audit_lines(hermes_home)[0]["status"] == "timeout"
 
 
+@pytest.mark.slow
 def test_async_timeout_against_hanging_server(hermes_home, custom_route, fake):
     custom_route(fake.base_url)
     fake.push(Reply.hanging(), Reply.hanging(), Reply.hanging())
@@ -131,6 +134,7 @@ def test_async_timeout_against_hanging_server(hermes_home, custom_route, fake):
     assert audit_lines(hermes_home)[0]["status"] == "timeout" and audit_lines(hermes_home)[0]["mode"] == "async"
 
 
+@pytest.mark.slow
 def test_timeout_is_capped_by_max_timeout(hermes_home, custom_route, fake):
     custom_route(fake.base_url, max_timeout=0.5)
     fake.push(Reply.hanging(), Reply.hanging(), Reply.hanging())
@@ -145,6 +149,7 @@ def test_malformed_body_is_a_provider_error(hermes_home, custom_route, fake):
         PluginLlm("p").complete(USER)
 
 
+@pytest.mark.slow
 def test_connection_refused_is_retryable_provider_error(hermes_home, custom_route):
     with FakeServer() as server:
         url = server.base_url

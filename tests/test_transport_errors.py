@@ -53,6 +53,7 @@ def test_an_unencodable_request_is_not_retried_and_carries_no_traceback(hermes_h
     _assert_clean(str(error))
 
 
+@pytest.mark.slow
 def test_a_provider_error_body_with_a_traceback_is_cut_before_it(hermes_home, custom_route):
     with FakeServer([Reply.error(500, LEAKY)]) as upstream:
         custom_route(upstream.base_url, max_retries=0)

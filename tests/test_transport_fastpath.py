@@ -48,6 +48,7 @@ def test_a_pooled_key_refused_with_429_cools_and_the_retry_takes_the_next(hermes
     assert [line["attempts"] for line in audit_lines(hermes_home)] == [2, 1]
 
 
+@pytest.mark.slow
 def test_retry_after_is_honoured_for_a_single_key(hermes_home, monkeypatch):
     import time
     import types
@@ -164,6 +165,7 @@ def python(code: str) -> str:
     return out.stdout.strip()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("transport_path", ["fast"], indirect=True)
 def test_background_load_imports_litellm_off_the_main_thread_once_and_freezes_it(hermes_home):
     code = (
@@ -221,6 +223,7 @@ def test_an_http_proxy_from_the_environment_is_used(hermes_home, monkeypatch, mo
     assert request.path == "http://127.0.0.1:9/v1/chat/completions"  # the absolute form a proxy is sent
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("transport_path", ["fast", "fallback"], indirect=True)
 def test_an_interrupted_call_leaves_the_pool_usable(hermes_home, transport_path):
     """Ctrl-C (KeyboardInterrupt) while a sync call waits for the provider: the next call still gets through."""

@@ -119,6 +119,7 @@ def test_provider_errors_carry_no_key_in_frames_or_chain(hermes_home, mode, fail
     assert_no_key(key, traceback_texts(error))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", MODES)
 def test_deadline_errors_carry_no_key_in_frames_or_chain(hermes_home, mode):
     key = canary()
@@ -151,6 +152,7 @@ def test_failing_key_cmd_in_async_call_chains_nothing(hermes_home, tmp_path):
     assert_no_key("cnry-not-shown", traceback_texts(error))
 
 
+@pytest.mark.slow
 def test_key_cmd_timeout_chains_nothing(tmp_path):
     from auth.keycmd import run_key_cmd
 
@@ -433,6 +435,7 @@ def on_worker_thread(monkeypatch):
 @pytest.mark.parametrize("transport_path, mode", [
     ("fast", "sync"), ("fast", "async"), ("fallback", "sync"), ("fallback", "sync-worker"), ("fallback", "async"),
 ], indirect=["transport_path"])
+@pytest.mark.slow
 def test_deadline_holds_against_a_trickling_body(hermes_home, transport_path, mode, request):
     if mode == "sync-worker":
         request.getfixturevalue("on_worker_thread")
@@ -453,6 +456,7 @@ def test_deadline_holds_against_a_trickling_body(hermes_home, transport_path, mo
     assert audit_lines(hermes_home)[-1]["status"] == "timeout"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("transport_path", ["fallback"], indirect=True)  # the fast path never leaves the thread
 def test_a_late_answer_is_discarded(hermes_home, on_worker_thread):
     with FakeServer([Reply(content="too late", delay=1.5), Reply(content="in time")]) as fake:
