@@ -157,7 +157,7 @@ def test_harness_scripts_streams_errors_rate_limits_timeouts_and_tool_calls(tmp_
     from plugin_llm.testing import load_plugin, provider_error, rate_limited, stream, timeout, tool_call
 
     plugin_dir = _probe(tmp_path / "probe")
-    script = [stream("Hel", "lo ", "world"), stream("a", "b", error=provider_error(502)), stream("x", error=timeout()),
+    script = [stream("Hel", "lo ", "world"), stream("a", "b", error=provider_error(502)), stream("Late", error=timeout()),
               provider_error(503, retry_after=1), rate_limited(2), timeout(), tool_call("look", {"q": 1}),
               provider_error(400), stream("p", "q")]
     with load_plugin(plugin_dir, config={"llm": {"max_retries": 0}}, replies=script) as plugin:
@@ -168,7 +168,7 @@ def test_harness_scripts_streams_errors_rate_limits_timeouts_and_tool_calls(tmp_
         broken = run("live")
         assert (broken["deltas"], broken["error"], broken["status"]) == (["a", "b"], "PluginLlmProviderError", 502)
         late = run("live")
-        assert (late["deltas"], late["error"]) == (["x"], "PluginLlmTimeoutError")
+        assert (late["deltas"], late["error"]) == (["Late"], "PluginLlmTimeoutError")
         assert run("ask") == {"error": "PluginLlmProviderError", "status": 503, "retryable": True, "retry_after": 1.0}
         assert run("ask") == {"error": "PluginLlmProviderError", "status": 429, "retryable": True, "retry_after": 2.0}
         assert run("ask")["error"] == "PluginLlmTimeoutError"
