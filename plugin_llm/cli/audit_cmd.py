@@ -40,7 +40,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     common = argparse.ArgumentParser(add_help=False)
     where = common.add_argument_group("log location")
     where.add_argument("--home", metavar="DIR", help="Hermes home (default: $HERMES_HOME or ~/.hermes); the log is <home>/logs/agent.log")
-    where.add_argument("--log", metavar="FILE", help="read this log file instead (e.g. a copy handed to an auditor)")
+    where.add_argument("--log", metavar="PATH", action="append",
+                       help="read this log file instead (e.g. a copy handed to an auditor); verify, query, stats "
+                            "and serve take it several times, one per replica (a log file, or a replica's home or "
+                            "logs directory), and merge the records by time")
 
     filters = argparse.ArgumentParser(add_help=False)
     group = filters.add_argument_group("filters (all must match; lists are comma-separated)")
@@ -104,10 +107,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     verify.add_argument("--allow-pruned-head", action="store_true",
                         help="accept a log whose oldest record is not seq 1 because retention (audit.backup_count) "
                              "dropped old files; without it that is a failure")
-    verify.add_argument("--pubkey", metavar="FILE",
+    verify.add_argument("--pubkey", metavar="FILE", action="append",
                         help="public key file(s) from `plugin-llm audit pubkey`: check the signed checkpoints with "
                              "them and its key rotation records ('retired' lines: a retired key vouches for nothing "
-                             "after its hand-over) (default: the home's keys/audit-signing.pub, unless --log is given)")
+                             "after its hand-over) (default: the home's keys/audit-signing.pub, unless --log is given); "
+                             "with several --log, one per --log in the same order (default: each replica's "
+                             "audit-signing.pub beside its log)")
     verify.add_argument("--json", action="store_true", help="one JSON document; 'findings' lists every problem and warning")
 
     export = actions.add_parser("export", parents=[common, filters], help="records as CSV, JSON lines or OTLP JSON logs",
@@ -190,6 +195,8 @@ def run(args: argparse.Namespace) -> int:
     handler = {"tail": _tail, "query": _query, "stats": _stats, "verify": _verify, "export": _export,
                "keygen": _keygen, "pubkey": _pubkey, "checkpoint": _checkpoint}[action]
     try:
+        if action in _MULTI and args.log and len(args.log) > 1:
+            return _MULTI[action](args, _replicas(args))
         return handler(args, _log_path(args, must_exist=action not in ("keygen", "pubkey", "checkpoint")))
     except (AuditLogNotFoundError, AuditKeyError) as exc:
         raise CliError(str(exc)) from None
@@ -206,7 +213,10 @@ def _log_path(args: argparse.Namespace, must_exist: bool = True) -> Path:
     from audit.logfiles import resolve_log_path
 
     if args.log:
-        path = Path(args.log).expanduser()
+        if len(args.log) > 1:
+            raise CliError(f"audit {args.audit_action} reads one log: pass --log once (verify, query, stats and "
+                           f"serve take one --log per replica)")
+        path = Path(args.log[0]).expanduser()
         if not path.exists() and must_exist:
             raise CliError(f"no audit log at {path} (from --log)")
         return resolve_log_path(path)
@@ -317,12 +327,13 @@ class _BadLines:
 class _Header:
     """Prints the column titles once, before the first human-readable record (never with --json)."""
 
-    def __init__(self, as_json: bool, out: TextIO, width: int | None = None) -> None:
+    def __init__(self, as_json: bool, out: TextIO, width: int | None = None, replica: bool = False) -> None:
         self.done, self.out, self.width = as_json, out, width
+        self.title = f"{'REPLICA':<12} {HEADER}" if replica else HEADER
 
     def __call__(self) -> None:
         if not self.done:
-            self.out.write(_cut(HEADER, self.width) + "\n")
+            self.out.write(_cut(self.title, self.width) + "\n")
             self.done = True
 
 
@@ -515,8 +526,11 @@ def _verify(args: argparse.Namespace, log_path: Path) -> int:
     pubkeys = None
     retirements: list = []  # the key rotation records kept with the public keys
     key_source = None
-    if args.pubkey is not None:
-        path = Path(args.pubkey).expanduser()
+    if args.pubkey:
+        if len(args.pubkey) > 1:
+            raise CliError("--pubkey: one public keys file for one log (it may hold several keys); several "
+                           "--pubkey go with several --log, one each")
+        path = Path(args.pubkey[0]).expanduser()
         try:
             pubkeys, retirements = read_keyring(path)
         except FileNotFoundError:
@@ -536,6 +550,11 @@ def _verify(args: argparse.Namespace, log_path: Path) -> int:
         doc["pubkey"] = key_source
         print(dumps_json(doc))
         return 0 if result.ok else 1
+    _print_verify(result, key_source)
+    return 0 if result.ok else 1
+
+
+def _print_verify(result: Any, key_source: str | None) -> None:
     for warning in result.warnings:
         print(f"warning: {_clean(str(warning))}")
     files = f"{len(result.files)} file{'s' if len(result.files) != 1 else ''}"
@@ -565,7 +584,124 @@ def _verify(args: argparse.Namespace, log_path: Path) -> int:
               "`plugin-llm audit keygen` signs it)")
     if result.ok and result.head_seq is not None:
         print(f"head: {result.head_seq}:{result.head_hash}  (keep it; check later with --anchor)")
-    return 0 if result.ok else 1
+
+
+# -- several replicas: each chain verified on its own, the records merged by time ---------------
+
+
+def _replicas(args: argparse.Namespace) -> list[Any]:
+    from audit.replicas import replicas
+
+    for raw in args.log:
+        if not Path(raw).expanduser().exists():
+            raise CliError(f"no audit log at {Path(raw).expanduser()} (from --log)")
+    try:
+        found = replicas(args.log, getattr(args, "pubkey", None) or ())
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    for replica in found:
+        if not replica.log.exists():
+            raise CliError(f"no audit log at {replica.log} (from --log): point it at an agent.log file, "
+                           f"a logs directory or a home")
+        if replica.log.is_dir():
+            raise CliError(f"cannot read the audit log {replica.log}: a directory, not an audit log file")
+    return found
+
+
+def _verify_many(args: argparse.Namespace, found: list[Any]) -> int:
+    from audit.signing import read_keyring
+    from audit.verifier import verify
+
+    if args.anchor is not None:
+        raise CliError("--anchor names one chain's head: verify that replica's log alone (one --log) with it")
+    docs, results = [], []
+    for replica in found:
+        pubkeys, retirements = None, []
+        if replica.pubkey is not None:
+            try:
+                pubkeys, retirements = read_keyring(replica.pubkey)
+            except FileNotFoundError:
+                raise CliError(f"--pubkey {replica.pubkey}: no such file") from None
+            except OSError as exc:
+                raise CliError(f"--pubkey {replica.pubkey}: cannot read it "
+                               f"({exc.strerror or type(exc).__name__})") from None
+        result = verify(replica.log, strict=args.strict, allow_pruned_head=args.allow_pruned_head,
+                        pubkeys=pubkeys, retirements=retirements)
+        results.append(result)
+        key_source = None if replica.pubkey is None else str(replica.pubkey)
+        if args.json:
+            docs.append({"replica": replica.name, "log": str(replica.log), "pubkey": key_source, **result.as_dict()})
+            continue
+        print(f"== replica {_clean(replica.name)}: {_clean(str(replica.log))}")
+        _print_verify(result, key_source)
+    ok = all(r.ok for r in results)
+    if args.json:
+        print(dumps_json({"ok": ok, "replicas": docs}))
+    else:
+        bad = [r.name for r, res in zip(found, results) if not res.ok]
+        print(f"{'OK' if ok else 'FAILED'}: {len(found) - len(bad)} of {len(found)} replica chains whole"
+              + (f"; broken: {', '.join(_clean(b) for b in bad)}" if bad else ""))
+    return 0 if ok else 1
+
+
+def _merged(args: argparse.Namespace, found: list[Any], bad: "_BadLines", include_events: bool = False) -> Any:
+    from audit.reader import iter_records
+    from audit.replicas import merge_records
+
+    filters = _filters(args)
+    return merge_records((r.name, iter_records(r.log, include_events=include_events, on_bad_line=bad, **filters))
+                         for r in found)
+
+
+def _query_many(args: argparse.Namespace, found: list[Any]) -> int:
+    limit = _count(args.limit, "--limit")
+    bad = _BadLines()
+    records: Iterable[dict[str, Any]] = _merged(args, found, bad, include_events=args.events)
+    if limit is not None:
+        records = itertools.islice(records, limit)
+    out = sys.stdout
+    header = _Header(args.json, out, replica=True)
+    for record in records:
+        header()
+        if args.json:
+            _print_record(record, True, out)
+        else:
+            out.write(f"{_key(record.get('replica')):<12} {format_record(record)}\n")
+    if not header.done and not args.json:
+        print("no records match", file=sys.stderr)
+    bad.report()
+    return 0
+
+
+def _stats_many(args: argparse.Namespace, found: list[Any]) -> int:
+    from audit.summary import stats
+
+    bad = _BadLines()
+    per_replica: dict[str, int] = {r.name: 0 for r in found}
+
+    def counted(records: Iterable[dict[str, Any]]) -> Iterable[dict[str, Any]]:
+        for record in records:
+            per_replica[record["replica"]] += 1
+            yield record
+
+    rows = stats(counted(_merged(args, found, bad)))
+    if args.json:
+        print(dumps_json({
+            "by_plugin": [r.as_dict() for r in rows if r.dimension == "plugin"],
+            "by_model": [r.as_dict() for r in rows if r.dimension == "model"],
+            "by_replica": per_replica,
+            "percentiles": "nearest-rank, over calls that were not denied",
+        }))
+    elif not rows:
+        print("no call records match")
+    else:
+        _print_stats(rows, sys.stdout)
+        print("calls per replica: " + ", ".join(f"{_key(k)} {v}" for k, v in per_replica.items()))
+    bad.report()
+    return 0
+
+
+_MULTI = {"verify": _verify_many, "query": _query_many, "stats": _stats_many}
 
 
 def _export(args: argparse.Namespace, log_path: Path) -> int:
