@@ -147,6 +147,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                             "(newest last): give this file to auditors for `audit verify --pubkey`.")
     pubkey.add_argument("--json", action="store_true", help="one JSON document")
 
+    serve = actions.add_parser(
+        "serve", parents=[common], help="the auditor's page: a read-only web view of the log(s) and budgets",
+        description="Serve the auditor's page (spend per plugin against its budgets, calls and denials per plugin "
+                    "with the deciding rule, the records with filters, one record's evidence, the chain's state) "
+                    "on 127.0.0.1. Without --token anyone who can reach the port on this machine can read it; "
+                    "--token requires the admin token ($PLUGIN_LLM_ADMIN_TOKEN, or one generated and printed). "
+                    "Several --log: one per replica, each chain verified with its own keys.")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; any other needs --token)")
+    serve.add_argument("--port", type=int, default=8788, help="port (default 8788; 0 picks a free one)")
+    serve.add_argument("--pubkey", metavar="FILE", action="append",
+                       help="public keys file to check the signed checkpoints with (one per --log, in order; "
+                            "default: the home's, or the audit-signing.pub beside each log)")
+    serve.add_argument("--token", action="store_true",
+                       help="require the admin token: $PLUGIN_LLM_ADMIN_TOKEN (at least 32 characters) if set, "
+                            "else a random one printed once")
+
     parser.set_defaults(func=run, _audit_parser=parser)
 
 
@@ -193,8 +209,10 @@ def run(args: argparse.Namespace) -> int:
     from audit.signing import AuditKeyError
 
     handler = {"tail": _tail, "query": _query, "stats": _stats, "verify": _verify, "export": _export,
-               "keygen": _keygen, "pubkey": _pubkey, "checkpoint": _checkpoint}[action]
+               "keygen": _keygen, "pubkey": _pubkey, "checkpoint": _checkpoint, "serve": None}[action]
     try:
+        if action == "serve":
+            return _serve(args)
         if action in _MULTI and args.log and len(args.log) > 1:
             return _MULTI[action](args, _replicas(args))
         return handler(args, _log_path(args, must_exist=action not in ("keygen", "pubkey", "checkpoint")))
@@ -446,23 +464,11 @@ def _budgets(args: argparse.Namespace, plugins: list[str]) -> tuple[dict[str, An
     if args.log:
         return {}, {}
     try:
-        from plugin_llm.config import ConfigSource
         from plugin_llm.limits import views
 
-        config = ConfigSource(_home_of(args)).current()
-        problem = config.closed_reason if config.error is not None else config.limits.error
+        budgets, errors, problem = views.budgets_for(_home_of(args), plugins)
         if problem is not None:
             print(f"note: spend against budget not shown: {printable(problem, 300)}", file=sys.stderr)
-            return {}, {}
-        settings = config.limits
-        wanted = [p for p in {*plugins, *settings.plugins} if settings.for_plugin(p).has_budget]
-        budgets: dict[str, Any] = {}
-        errors: dict[str, str] = {}
-        for row in views.show(settings, config.home, wanted):
-            if row.error:
-                errors[row.plugin_id] = row.error
-            else:
-                budgets[row.plugin_id] = views.budget_summary(row)
         return budgets, errors
     except Exception as exc:  # noqa: BLE001 - the log's own stats never fail for the budget view
         print(f"note: spend against budget unavailable ({printable(type(exc).__name__)}: {printable(exc, 300)})",
@@ -702,6 +708,80 @@ def _stats_many(args: argparse.Namespace, found: list[Any]) -> int:
 
 
 _MULTI = {"verify": _verify_many, "query": _query_many, "stats": _stats_many}
+
+
+# -- the auditor's page -------------------------------------------------------------------------
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import ipaddress
+    import secrets
+    import socket
+
+    from audit.replicas import Replica
+    from plugin_llm.auditpage.data import Source
+
+    if not 0 <= args.port <= 65535:
+        raise CliError(f"--port must be between 0 and 65535, got {args.port}")
+    if args.log:
+        source = Source(tuple(_replicas(args)))
+    else:
+        if args.pubkey and len(args.pubkey) > 1:
+            raise CliError("--pubkey: one public keys file for the home's log (several go with several --log)")
+        home = _home_of(args)
+        log = _log_path(args)
+        _settings, _key, pub = _key_paths(home)
+        chosen = Path(args.pubkey[0]).expanduser() if args.pubkey else (pub if pub.is_file() else None)
+        source = Source((Replica(home.resolve().name or "home", log, chosen),), home)
+    try:
+        loopback = args.host == "localhost" or ipaddress.ip_address(args.host).is_loopback
+    except ValueError:
+        loopback = False
+    token = None
+    if args.token or not loopback:
+        if not args.token:
+            raise CliError(f"--host {_shown(args.host)} lets other machines read the audit log: add --token "
+                           f"(the page then needs the admin token), or keep the default 127.0.0.1")
+        from plugin_llm.auditpage.app import ADMIN_TOKEN_ENV, MIN_TOKEN_CHARS
+
+        token = os.environ.get(ADMIN_TOKEN_ENV, "").strip() or None
+        if token is not None and len(token) < MIN_TOKEN_CHARS:
+            raise CliError(f"${ADMIN_TOKEN_ENV} is {len(token)} characters; use at least {MIN_TOKEN_CHARS} random "
+                           f"ones (e.g. python3 -c 'import secrets; print(secrets.token_urlsafe(32))')")
+        if token is None:
+            token = secrets.token_urlsafe(32)
+            print(f"admin token (sign in with it; not stored anywhere): {token}", file=sys.stderr)
+    try:
+        infos = socket.getaddrinfo(args.host, args.port, type=socket.SOCK_STREAM)
+        sock = socket.socket(infos[0][0], socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(infos[0][4])
+        sock.listen(64)
+    except OSError as exc:
+        raise CliError(f"cannot listen on {_shown(args.host)}:{args.port}: {exc.strerror or exc}") from None
+    host, port = sock.getsockname()[:2]
+    shown_host = f"[{host}]" if ":" in host else host
+    print(f"audit page: http://{shown_host}:{port}/  (read-only; "
+          + ("the admin token is required)" if token else "no token: anyone on this machine can open it; --token "
+             "requires one)") + "; Ctrl-C stops it", file=sys.stderr, flush=True)
+    return _run_page(source, token, sock)
+
+
+def _run_page(source: Any, token: str | None, sock: Any) -> int:
+    import uvicorn
+
+    from plugin_llm.auditpage.app import create_audit_app
+
+    app = create_audit_app(source, token=token)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False,
+                                           server_header=False))
+    try:
+        server.run(sockets=[sock])
+    except KeyboardInterrupt:
+        pass
+    finally:
+        sock.close()
+    return 0
 
 
 def _export(args: argparse.Namespace, log_path: Path) -> int:

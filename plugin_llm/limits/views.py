@@ -17,7 +17,8 @@ from plugin_llm.limits.settings import NANO, LimitSettings, PluginLimits
 from plugin_llm.limits.store import (Counters, LimitStore, Snapshot, StoreDataError, StoreError, WindowUsage, iso_utc,
                                      usd_text)
 
-__all__ = ["UsageRow", "usd_text", "describe", "show", "format_rows", "budget_summary", "reset_target", "reset_event"]
+__all__ = ["UsageRow", "usd_text", "describe", "show", "format_rows", "budget_summary", "budgets_for", "reset_target",
+           "reset_event"]
 
 
 def describe(limits: PluginLimits) -> str:
@@ -122,6 +123,29 @@ def budget_summary(row: UsageRow) -> dict[str, Any]:
                 "resets_at_unix": w.resets_at,
             }
     return out
+
+
+def budgets_for(home: Path | str, plugins: Iterable[str]) -> tuple[dict[str, Any], dict[str, str], str | None]:
+    """Spend against budget in the current windows (:func:`budget_summary`) per plugin with a budget (those
+    of ``plugins`` and those configured with one of their own), from the home's limits store; per plugin
+    why the store could not say; and why nothing can be shown (a config that cannot say which plugins have
+    budgets is not taken for "no budgets")."""
+    from plugin_llm.config import ConfigSource
+
+    config = ConfigSource(Path(home)).current()
+    problem = config.closed_reason if config.error is not None else config.limits.error
+    if problem is not None:
+        return {}, {}, str(problem)
+    settings = config.limits
+    wanted = [p for p in {*plugins, *settings.plugins} if settings.for_plugin(p).has_budget]
+    budgets: dict[str, Any] = {}
+    errors: dict[str, str] = {}
+    for row in show(settings, config.home, wanted):
+        if row.error:
+            errors[row.plugin_id] = row.error
+        else:
+            budgets[row.plugin_id] = budget_summary(row)
+    return budgets, errors, None
 
 
 def reset_target(plugin_id: str, settings: LimitSettings, home: Path | str) -> dict[str, Any]:
