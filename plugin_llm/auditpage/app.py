@@ -198,3 +198,32 @@ def create_audit_app(source: data.Source, *, token: str | None = None,
         ],
         exception_handlers={404: not_found, 405: not_found},
     )
+
+
+def service_mount(home: Path, on_refused: Callable[[Request], None] | None = None) -> Mount | None:
+    """``/audit`` for ``plugin-llm serve``: the page over the home's log, behind the admin token in
+    ``$PLUGIN_LLM_ADMIN_TOKEN``. None (no route: 404) when it is unset, too short, or shaped like a plugin token."""
+    import logging
+    import os
+
+    from audit.replicas import Replica
+    from audit.signing import key_file, pub_file
+
+    token = os.environ.get(ADMIN_TOKEN_ENV, "").strip()
+    if not token:
+        return None
+    log = logging.getLogger("plugin_llm.service")
+    if len(token) < MIN_TOKEN_CHARS or token.startswith("plg_"):
+        log.warning("service: /audit is off: $%s must be at least %d random characters and not a plugin token",
+                    ADMIN_TOKEN_ENV, MIN_TOKEN_CHARS)
+        return None
+    try:
+        from plugin_llm.config import get_config_source
+
+        configured = get_config_source(home).current().audit.signing_key or None
+    except Exception:  # noqa: BLE001 - a broken config: the default key location
+        configured = None
+    pub = pub_file(key_file(home, configured))
+    source = data.Source((Replica(home.resolve().name or "home", home / "logs" / "agent.log",
+                                  pub if pub.is_file() else None),), home)
+    return Mount("/audit", app=create_audit_app(source, token=token, on_refused=on_refused))

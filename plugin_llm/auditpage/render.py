@@ -193,7 +193,7 @@ def record_page(base: str, record: dict[str, Any], state: Any) -> str:
 def chain_page(base: str, states: list[Any]) -> str:
     parts = []
     for s in states:
-        items = [f"<dt>Log</dt><dd><code>{e(s.replica.log)}</code></dd>",
+        items = [f"<dt>Log</dt><dd><code>{e(str(s.replica.log))}</code></dd>",
                  f"<dt>Public keys</dt><dd>{e(s.pubkey or 'none (the signatures are not checked)')}</dd>",
                  f"<dt>State</dt><dd>{_badge(s)}</dd>"]
         r = s.result
@@ -201,6 +201,10 @@ def chain_page(base: str, states: list[Any]) -> str:
             items.append(f"<dt>Records</dt><dd>{r.records} in {len(r.files)} file(s)</dd>")
             if r.ok and r.head_seq is not None:
                 items.append(f"<dt>Verified up to</dt><dd>seq {r.head_seq} (head hash <code>{e(r.head_hash)}</code>)</dd>")
+            elif r.first_error is not None:
+                first = r.first_error
+                items.append(f"<dt>Verified up to</dt><dd>not whole: the first problem is at "
+                             f"<code>{e(first.file)}:{first.line}</code></dd>")
             cps = r.checkpoints
             if cps is not None and cps.checked and cps.last_seq is not None:
                 items.append(f"<dt>Last signed checkpoint</dt><dd>seq {cps.last_seq} at {e(cps.last_time)}, "

@@ -426,6 +426,9 @@ def create_app(home: Path | str | None = None, *, llm_factory: Callable[[str], A
         finally:
             _shutdown(state)
 
+    from plugin_llm.auditpage.app import service_mount  # the auditor's page, with the admin token only
+
+    audit_page = service_mount(state.home, lambda request: state.audit_refusal(request, "invalid_admin_token", None))
     app = _Service(
         {("POST", "/v1/plugin-llm/complete"): complete, ("POST", "/v1/plugin-llm/complete_structured"): complete_structured,
          ("POST", "/v1/chat/completions"): chat_completions},
@@ -436,6 +439,7 @@ def create_app(home: Path | str | None = None, *, llm_factory: Callable[[str], A
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
             Route("/healthz", healthz, methods=["GET"]),
             Route("/metrics", metrics, methods=["GET"]),
+            *([audit_page] if audit_page is not None else []),
         ],
         exception_handlers={404: not_found, 405: not_found, 500: server_error},
         lifespan=lifespan,
