@@ -68,6 +68,9 @@ def test_several_replicas_one_view_each_chain_its_own(tmp_path):
     assert "<th>Replica</th>" in listing and listing.index("beta job 3") < listing.index("alpha job 3")  # newest first
     assert client.get("/records?replica=west").text.count("<td>west</td>") == 4
     assert "beta job 2" in client.get("/record/west/3").text
+    overview = client.get("/").text
+    assert re.search(r'replica=west">west</a></td><td class="n">4<', overview)
+    assert "covered by the signed checkpoint" in client.get("/record/east/2").text
     path = west / "logs" / "agent.log"
     path.write_bytes(path.read_bytes().replace(b"beta job 2", b"beta job X"))
     chain = client.get("/chain").text

@@ -69,6 +69,7 @@ class Overview:
     budget_errors: dict[str, str] = field(default_factory=dict)
     budget_note: str | None = None
     bad_lines: int = 0
+    per_replica: dict[str, int] = field(default_factory=dict)  #: call records per replica
 
 
 def _streams(source: Source, filters: Filters, include_events: bool, bad: Any) -> Iterator[dict[str, Any]]:
@@ -113,8 +114,11 @@ def overview(source: Source) -> Overview:
     daily: dict[str, dict[str, float]] = {}
     denials: collections.Counter[tuple[str, str, str]] = collections.Counter()
 
+    per_replica = {r.name: 0 for r in source.replicas}
+
     def watched(records: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
         for record in records:
+            per_replica[record[REPLICA]] += 1
             plugin = record.get(PLUGIN_ID)
             plugin = plugin if isinstance(plugin, str) and plugin else "-"
             if is_denied(record):
@@ -136,7 +140,8 @@ def overview(source: Source) -> Overview:
 
     rows = [r for r in stats(watched(_streams(source, Filters(), False, bad))) if r.dimension == "plugin"]
     result = Overview(rows, dict(sorted(daily.items())),
-                      [(p, r, k, n) for (p, r, k), n in denials.most_common()], bad_lines=bad.count)
+                      [(p, r, k, n) for (p, r, k), n in denials.most_common()], bad_lines=bad.count,
+                      per_replica=per_replica)
     if source.home is not None:
         try:
             from plugin_llm.limits.views import budgets_for

@@ -89,6 +89,10 @@ def _meter(window: str, w: dict[str, Any]) -> str:
 
 def overview_page(base: str, view: Any, series: dict[str, Any], states: list[Any], several: bool) -> str:
     parts = [chain_summary(base, states)]
+    if several:
+        parts.append('<section><h2>Calls per replica</h2><table id="per-replica"><tbody>' + "".join(
+            f'<tr><td><a href="{_link(base, "/records", replica=name)}">{e(name, 100)}</a></td><td class="n">{count}</td></tr>'
+            for name, count in view.per_replica.items()) + "</tbody></table></section>")
     rows = []
     for r in view.rows:
         budget = view.budgets.get(r.key)
@@ -171,7 +175,7 @@ def records_page(base: str, records: list[dict[str, Any]], more: bool, page: int
             f"<td class=\"n\">{_usd(r.get('cost_usd'))}</td><td>{e(r.get('purpose'), 300)}</td>"
             + (f'<td><a href="{link}">{seq}</a></td>' if link else "<td>-</td>") + "</tr>")
     body.append(f'<table id="records"><thead><tr>{head}</tr></thead><tbody>'
-                + ("".join(rows) or f'<tr><td colspan="11">no records match</td></tr>') + "</tbody></table>")
+                + ("".join(rows) or '<tr><td colspan="11">no records match</td></tr>') + "</tbody></table>")
     nav = []
     query = {k: v for k, v in form.items() if v}
     if page > 1:
@@ -185,7 +189,15 @@ def records_page(base: str, records: list[dict[str, Any]], more: bool, page: int
 def record_page(base: str, record: dict[str, Any], state: Any) -> str:
     rows = "".join(f"<tr><th>{e(k, 200)}</th><td><code>{e(v, 20000)}</code></td></tr>" for k, v in record.items())
     whole = json.dumps(record, ensure_ascii=False, indent=2, default=str)
-    body = (f"<p>Replica {e(record.get('replica'))}, seq {e(record.get('seq'))}; its chain: {_badge(state)}</p>"
+    seq = record.get("seq")
+    cps = state.result.checkpoints if state.result is not None else None
+    if cps is not None and cps.checked and isinstance(cps.covered_seq, int) and isinstance(seq, int):
+        signed = (f"covered by the signed checkpoint of seq {cps.last_seq} (key id {e(', '.join(cps.keys))})"
+                  if seq <= cps.covered_seq else "newer than the last signed checkpoint: not covered by a signature yet")
+    else:
+        signed = "no signed checkpoint checked"
+    body = (f"<p>Replica {e(record.get('replica'))}, seq {e(seq)}; its chain: {_badge(state)}; "
+            f'<span id="signature">{signed}</span></p>'
             f'<table id="evidence">{rows}</table><h2>As written</h2><pre>{escape(escape_unsafe_text(whole[:200000]))}</pre>')
     return layout(base, f"Record {record.get('seq')}", body)
 
