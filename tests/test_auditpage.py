@@ -31,12 +31,16 @@ def hostile_log(home: Path) -> Path:
     return home
 
 
+def local(app) -> TestClient:
+    return TestClient(app, base_url="http://127.0.0.1:8788")
+
+
 def _unescaped(text: str) -> list[str]:
     return re.findall(r"<script>alert|<img src=x|\u202e", text)
 
 
 def test_every_value_from_the_log_is_escaped_on_every_view(hermes_home):
-    client = TestClient(create_audit_app(source_for([hostile_log(hermes_home)])))
+    client = local(create_audit_app(source_for([hostile_log(hermes_home)])))
     for path in ("/", "/records", "/records?decision=denied", "/record/hermes/1", "/record/hermes/2", "/chain"):
         answer = client.get(path)
         assert answer.status_code == 200, path
@@ -50,7 +54,7 @@ def test_every_value_from_the_log_is_escaped_on_every_view(hermes_home):
 
 
 def test_filters_are_checked_and_bounded(hermes_home):
-    client = TestClient(create_audit_app(source_for([hostile_log(hermes_home)])))
+    client = local(create_audit_app(source_for([hostile_log(hermes_home)])))
     assert client.get("/records?decision=denied").text.count('class="status-denied"') == 1
     bad = client.get("/records?since=yesterday-ish")
     assert bad.status_code == 400 and "cannot read the time" in bad.text
@@ -63,7 +67,7 @@ def test_filters_are_checked_and_bounded(hermes_home):
 
 def test_several_replicas_one_view_each_chain_its_own(tmp_path):
     east, west = replica(tmp_path / "east", "alpha", 0), replica(tmp_path / "west", "beta", 30)
-    client = TestClient(create_audit_app(source_for([east, west])))
+    client = local(create_audit_app(source_for([east, west])))
     listing = client.get("/records").text
     assert "<th>Replica</th>" in listing and listing.index("beta job 3") < listing.index("alpha job 3")  # newest first
     assert client.get("/records?replica=west").text.count("<td>west</td>") == 4
@@ -78,8 +82,19 @@ def test_several_replicas_one_view_each_chain_its_own(tmp_path):
     assert chain.index("east") < chain.index('data-chain="whole"') < chain.index("west") < chain.index('data-chain="broken"')
 
 
+def test_without_a_token_the_page_answers_only_to_loopback_names(hermes_home):
+    """Another site's name resolving to 127.0.0.1 (DNS rebinding) must not read the page."""
+    app = create_audit_app(source_for([hostile_log(hermes_home)]))
+    for base in ("http://localhost:8788", "http://127.0.0.1", "http://[::1]:8788"):
+        assert TestClient(app, base_url=base).get("/").status_code == 200, base
+    for base in ("http://evil.example", "http://127.0.0.1.evil.example:8788", "http://testserver"):
+        assert TestClient(app, base_url=base).get("/records").status_code == 421, base
+    assert TestClient(create_audit_app(source_for([hermes_home]), token=ADMIN), base_url="http://audit.example").get(
+        "/", headers={"Authorization": f"Bearer {ADMIN}"}).status_code == 200  # with a token, any name
+
+
 def test_a_missing_log_is_a_page_not_an_error(hermes_home):
-    client = TestClient(create_audit_app(source_for([hermes_home])))
+    client = local(create_audit_app(source_for([hermes_home])))
     assert client.get("/").status_code == 200
     assert "no audit log yet" in client.get("/chain").text
 

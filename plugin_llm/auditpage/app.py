@@ -72,6 +72,19 @@ class _Auth:
             self.on_refused(request)
 
 
+_LOCAL_NAMES = frozenset({"127.0.0.1", "localhost", "[::1]", "::1"})
+
+
+def _local_host(request: Request) -> bool:
+    """The Host header names this machine's loopback: a page without a token answers only to those names."""
+    host = request.headers.get("host", "")[:300].strip().lower()
+    if host.startswith("["):
+        name = host.split("]", 1)[0] + "]"
+    else:
+        name = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+    return name in _LOCAL_NAMES or (name.startswith("127.") and name.replace(".", "").isdigit())
+
+
 def _base(request: Request) -> str:
     return str(request.scope.get("root_path", "")).rstrip("/")
 
@@ -116,6 +129,9 @@ def create_audit_app(source: data.Source, *, token: str | None = None,
 
     def guarded(view: Callable[[Request], Any]) -> Callable[[Request], Any]:
         async def handler(request: Request) -> Response:
+            if token is None and not _local_host(request):  # DNS rebinding: another site's name for 127.0.0.1
+                return _html(render.error_page(_base(request), "Wrong host", "open this page as 127.0.0.1 or "
+                                               "localhost (or serve it with --token)"), 421)
             if not auth.allowed(request):
                 auth.refused(request)
                 if request.headers.get("authorization"):
