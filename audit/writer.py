@@ -178,6 +178,7 @@ class AuditLog:
         self._timer: threading.Timer | None = None
         self._cp_failed = False
         self._renderer = self._make_renderer()
+        self._observer: Callable[[dict[str, Any]], None] | None = None
         _INSTANCES.add(self)
 
     # -- public API -------------------------------------------------------------
@@ -204,7 +205,14 @@ class AuditLog:
             event_dict = {str(k): v for k, v in event_dict.items()}
         event_dict.setdefault(KIND, KIND_CALL)
         event_dict.setdefault(EVENT, EVENT_LLM_CALL)
-        return self._emit(event_dict, raise_required=True)
+        written = self._emit(event_dict, raise_required=True)
+        observer = self._observer
+        if observer is not None:
+            try:
+                observer(written)
+            except Exception:  # noqa: BLE001 - an observer (telemetry) never breaks the record's call
+                pass
+        return written
 
     def write_event(self, event: str, /, **fields: Any) -> None:
         """Append an operational event (``kind: "event"``), chained like call records.
@@ -299,6 +307,11 @@ class AuditLog:
             self._renderer = self._make_renderer()
             if key_changed and self._signer_auto:
                 self._signer_loaded = False
+
+    def set_observer(self, observer: Callable[[dict[str, Any]], None] | None) -> None:
+        """Call ``observer(record)`` after each :meth:`write` with the record as written (as returned:
+        with its chain fields, or without them if it was lost); None removes it. Its errors are ignored."""
+        self._observer = observer
 
     def set_redactor(self, redact: Callable[[str], str] | None) -> None:
         """Replace the redactor (e.g. when credentials are reloaded)."""

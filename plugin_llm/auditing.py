@@ -58,7 +58,16 @@ def _on_reload(old: HostConfig | None, new: HostConfig) -> None:
     if new.error:
         fields["config_error"] = new.error
     event = "config_error" if new.error else ("config_loaded" if old is None else "config_reloaded")
-    host_audit_log(new.home, new.audit).write_event(event, **fields)
+    sink = host_audit_log(new.home, new.audit)
+    sink.write_event(event, **fields)
+    _telemetry(sink, new)
+
+
+def _telemetry(sink: Any, config: HostConfig) -> None:
+    """Export the home's call records as its ``telemetry:`` says (the SDK is imported only when it is on)."""
+    from plugin_llm import telemetry
+
+    telemetry.configure(sink, config.telemetry)
 
 
 _WATCHED: "weakref.WeakSet[ConfigSource]" = weakref.WeakSet()
@@ -72,3 +81,6 @@ def watch_config(source: ConfigSource) -> None:
             return
         _WATCHED.add(source)
     source.on_reload(_on_reload)
+    config = source.loaded()  # loaded before this listener (the service reads it first): apply telemetry now
+    if config is not None:
+        _telemetry(host_audit_log(config.home, config.audit), config)

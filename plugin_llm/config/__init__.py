@@ -30,6 +30,7 @@ from plugin_llm.limits.settings import LimitSettings, parse_limit_settings
 from plugin_llm.provider_names import unknown_provider_problem
 from plugin_llm.safe_yaml import load_yaml
 from plugin_llm.config.service import ServiceSettings, parse_service_settings
+from plugin_llm.config.telemetry import TelemetrySettings, parse_telemetry_settings
 from plugin_llm.trust import DENY_ALL, LIST_KEYS, TRUST_KEYS, TrustPolicy, config_path
 
 __all__ = [
@@ -141,6 +142,8 @@ class HostConfig:
     limits: LimitSettings = LimitSettings()
     #: ``plugin-llm serve``'s settings (``service:``)
     service: ServiceSettings = ServiceSettings()
+    #: live OpenTelemetry traces and metrics (``telemetry:``; off unless an endpoint is set)
+    telemetry: TelemetrySettings = TelemetrySettings()
     warnings: tuple[str, ...] = ()
     #: set when the file could not be read or parsed (fail-closed snapshot)
     error: str | None = None
@@ -377,12 +380,14 @@ def parse_config(home: Path, text: str) -> HostConfig:
         trust=MappingProxyType(_parse_trust(plugins, warnings)),
         limits=limits,
         service=parse_service_settings(data.get("service"), warnings),
+        telemetry=parse_telemetry_settings(data.get("telemetry"), warnings),
         warnings=(*warnings, *map(str, limit_issues)),
     )
 
 
 #: the top-level sections this host reads
-HOST_SECTIONS = ("model", "llm", "audit", "plugins", "limits", "memory", "image_gen", "context", "service")
+HOST_SECTIONS = ("model", "llm", "audit", "plugins", "limits", "memory", "image_gen", "context", "service",
+                 "telemetry")
 #: sections that decide trust, routing, limits, the service and auditing: a key written twice in them (at any
 #: depth), or one of them written twice, makes the file unusable (fail closed), never "the last one wins"
 GOVERNED_SECTIONS = frozenset(("plugins", "limits", "service", "audit", "model", "llm"))
@@ -461,6 +466,10 @@ class ConfigSource:
         """Call ``callback(old, new)`` after each (re)load; ``old`` is None for the first load."""
         self._listeners.append(callback)
 
+    def loaded(self) -> HostConfig | None:
+        """The snapshot last loaded, without checking the file; None before the first load."""
+        return self._current if self._stamp is not None else None
+
     def current(self) -> HostConfig:
         try:
             st = os.stat(self.path)
@@ -521,6 +530,7 @@ class ConfigSource:
             trust=MappingProxyType({}),
             limits=base.limits,
             service=base.service,
+            telemetry=base.telemetry,
             warnings=(),
             error=error,
         )

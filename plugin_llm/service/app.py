@@ -30,6 +30,8 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from plugin_llm import telemetry
+from plugin_llm.auditing import watch_config
 from plugin_llm.service import requests as req
 from plugin_llm.service.errors import (
     PLUGIN_DISABLED_MESSAGE,
@@ -333,6 +335,7 @@ def create_app(home: Path | str | None = None, *, llm_factory: Callable[[str], A
     from plugin_llm.config import hermes_home
 
     state = ServiceState(Path(home) if home is not None else hermes_home(), max_body=max_body, llm_factory=llm_factory)
+    watch_config(state.config)  # telemetry (and its trace context) from the first request on
 
     async def native(request: Request, api: str) -> Response:
         started = time.perf_counter()
@@ -465,6 +468,16 @@ class _Service(Starlette):
         self._on_error = on_error
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if not telemetry.active() or scope["type"] != "http":
+            await self._dispatch(scope, receive, send)
+            return
+        token = telemetry.continue_trace(scope.get("headers"))  # the caller's W3C traceparent, if any
+        try:
+            await self._dispatch(scope, receive, send)
+        finally:
+            telemetry.end_trace(token)
+
+    async def _dispatch(self, scope: Any, receive: Any, send: Any) -> None:
         handler = self._hot.get((scope.get("method"), scope.get("path"))) if scope["type"] == "http" else None
         if handler is None or scope.get("root_path"):
             await super().__call__(scope, receive, send)
