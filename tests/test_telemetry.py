@@ -238,3 +238,20 @@ def test_telemetry_off_imports_no_opentelemetry(hermes_home):
                          env={**os.environ, "PYTHONPATH": str(ROOT), "HERMES_HOME": str(hermes_home)})
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+# -- doctor ---------------------------------------------------------------------------------------------
+def test_doctor_says_how_to_install_the_sdk_when_telemetry_is_configured_without_it(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from plugin_llm.cli.doctor_cmd import WARN, _telemetry
+
+    monkeypatch.delenv("OTLP_KEY", raising=False)
+    view = SimpleNamespace(config=parse_config(tmp_path, "telemetry:\n  otlp_endpoint: http://127.0.0.1:4318\n"
+                                                         "  headers_from_env: {x-key: OTLP_KEY}\n"))
+    (check,) = _telemetry(view, find_spec=lambda name: None)
+    assert check.status == WARN and "pip install 'plugin-llm-gateway[telemetry]'" in check.fix
+    installed = _telemetry(view)
+    assert installed[0].status == "OK" and "http://127.0.0.1:4318" in installed[0].message
+    assert installed[1].status == WARN and "$OTLP_KEY is not set" in installed[1].message
+    assert _telemetry(SimpleNamespace(config=parse_config(tmp_path, ""))) == []

@@ -6,7 +6,7 @@ findings of ``trust check``), the active route and its credentials (masked),
 the audit log (writable without writing a record, and ``verify``), the
 plugins (load errors, missing environment variables), bubblewrap (whether
 out-of-process plugins are confined by it, and why not), and litellm (installed,
-its version, not a known-malicious release). Exit code 1 when any check FAILs, else 0.
+its version, not a known-malicious release), and telemetry when configured (its SDK installed). Exit code 1 when any check FAILs, else 0.
 
 Read-only: nothing is written to the home. The enabled plugins are loaded
 (that is the only way to see a ``register()`` that fails), but their load
@@ -109,6 +109,7 @@ def run_checks(home: Path) -> list[Check]:
         ("plugins", lambda: _plugins(plugins(), view)),
         ("bubblewrap", lambda: _bubblewrap(plugins)),
         ("litellm", _litellm),
+        ("telemetry", lambda: _telemetry(view)),
     ]
     for name, step in steps:
         try:
@@ -494,6 +495,34 @@ def _bubblewrap(plugins: Callable[[], list[dict[str, Any]]]) -> list[Check]:
 
 
 # ------------------------------------------------------------------ litellm
+def _telemetry(view: Any, find_spec: Callable[[str], Any] | None = None) -> list[Check]:
+    """With ``telemetry:`` configured: its SDK and exporter are installed (found, not imported), and the
+    variables ``headers_from_env`` names are set (their names only, never a value)."""
+    import importlib.util
+
+    from plugin_llm.telemetry import SDK_MISSING_FIX
+
+    settings = view.config.telemetry
+    if not settings.enabled:
+        return []
+    find_spec = find_spec or importlib.util.find_spec
+    exporter = "grpc" if settings.protocol == "grpc" else "http"
+    modules = ("opentelemetry.sdk", f"opentelemetry.exporter.otlp.proto.{exporter}")
+    try:
+        missing = [m for m in modules if find_spec(m) is None]
+    except (ImportError, ValueError):
+        missing = list(modules)
+    if missing:
+        return [Check(WARN, "telemetry", f"configured (telemetry.otlp_endpoint) but {', '.join(missing)} is not "
+                      "installed: no traces or metrics are exported", SDK_MISSING_FIX)]
+    out = [Check(OK, "telemetry", f"exports traces and metrics to {settings.otlp_endpoint} ({settings.protocol})")]
+    for header, env in settings.headers_from_env:
+        if not os.environ.get(env):
+            out.append(Check(WARN, "telemetry", f"telemetry.headers_from_env.{header}: ${env} is not set, so the "
+                             "header is not sent", f"set {env} in the environment or in <home>/.env"))
+    return out
+
+
 def _litellm(version_of: Callable[[str], str | None] | None = None,
              files_of: Callable[[str], Any] | None = None) -> list[Check]:
     """litellm installed, its version, and not a known-malicious release (``version_of``/``files_of``:
