@@ -67,8 +67,8 @@ def configure(sink: Any, settings: TelemetrySettings) -> None:
         else:
             _installed.pop(key, None)
         _active = any(t is not None for _, t, _ in _installed.values())
-    if old is not None:
-        old.shutdown()
+    if old is not None:  # its last export may wait on a slow collector: never in a call's thread
+        threading.Thread(target=old.shutdown, name="plugin-llm-telemetry-shutdown", daemon=True).start()
 
 
 def _start(settings: TelemetrySettings) -> "_Telemetry | None":

@@ -15,6 +15,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 from plugin_llm import PluginLlm, PluginLlmProviderError, PluginLlmQuotaError, PluginLlmTrustError, telemetry
+from plugin_llm.auditing import host_audit_log
 from plugin_llm.config import parse_config
 from plugin_llm.config.telemetry import TelemetrySettings
 from tests.conftest import audit_lines, write_config
@@ -192,10 +193,13 @@ def test_turning_telemetry_off_in_config_stops_the_export(hermes_home, captured)
         configure(hermes_home, upstream.base_url, secret=canary())
         llm = PluginLlm("p1")
         llm.complete([{"role": "user", "content": "hi"}])
-        assert telemetry.active()
+        assert telemetry.active() and len(captured.finished()) == 1
         write_config(hermes_home, f"model:\n  provider: custom\n  model: gpt-4o\n  base_url: {upstream.base_url}\n")
         llm.complete([{"role": "user", "content": "hi"}])
-    assert not telemetry.active() and len(captured.spans.get_finished_spans()) == 1
+        assert len(audit_lines(hermes_home)) == 2
+    assert not telemetry.active() and telemetry._installed == {}
+    assert host_audit_log(hermes_home)._observer is None
+    assert len(captured.spans.get_finished_spans()) == 1  # the second call's record has no observer
 
 
 # -- config ---------------------------------------------------------------------------------------------
