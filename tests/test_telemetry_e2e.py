@@ -155,3 +155,48 @@ def test_the_service_exports_spans_over_otlp_http_continuing_the_callers_trace(h
     assert secret.encode() not in everything and content.encode() not in everything
     log_text = (hermes_home / "logs" / "agent.log").read_text()
     assert header_secret not in log_text
+
+
+def test_grpc_protocol_exports_to_a_real_grpc_receiver_with_the_headers(hermes_home, monkeypatch):
+    from concurrent import futures
+
+    import grpc
+    from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+
+    from plugin_llm import PluginLlm
+
+    received: list = []
+    metadata: list = []
+
+    class Traces(trace_service_pb2_grpc.TraceServiceServicer):
+        def Export(self, request, context):  # noqa: N802 - the service's method name
+            received.append(request)
+            metadata.append(dict(context.invocation_metadata()))
+            return trace_service_pb2.ExportTraceServiceResponse()
+
+    class Metrics(metrics_service_pb2_grpc.MetricsServiceServicer):
+        def Export(self, request, context):  # noqa: N802
+            return metrics_service_pb2.ExportMetricsServiceResponse()
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Traces(), server)
+    metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(Metrics(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    header_secret = f"cnry{secrets.token_hex(16)}"
+    monkeypatch.setenv("OTLP_GRPC_TOKEN", header_secret)
+    try:
+        with FakeServer() as upstream:
+            write_config(hermes_home, (
+                f"model:\n  provider: custom\n  model: gpt-4o\n  base_url: {upstream.base_url}\n"
+                f"telemetry:\n  otlp_endpoint: http://127.0.0.1:{port}\n  protocol: grpc\n"
+                "  headers_from_env: {x-otlp-token: OTLP_GRPC_TOKEN}\n"))
+            result = PluginLlm("p1").complete([{"role": "user", "content": "hi"}])
+        flush()
+        wait_for(lambda: received, "a gRPC export")
+    finally:
+        server.stop(None)
+    spans = [s for r in received for rs in r.resource_spans for ss in rs.scope_spans for s in ss.spans]
+    assert len(spans) == 1 and attrs(spans[0])["plugin_llm.audit.call_id"] == result.audit["call_id"]
+    assert metadata[0]["x-otlp-token"] == header_secret
