@@ -90,12 +90,18 @@ def _warn_once(key: str, message: str, *args: Any) -> None:
 
 
 def _headers(settings: TelemetrySettings) -> dict[str, str]:
+    """The OTLP headers; each value is taught to the redactor (a collector's error reply may echo it into
+    the exporter's log lines, which pass the same redaction as litellm's)."""
     import os
 
+    from auth.redaction import install_log_redaction, register_secret
+
+    install_log_redaction(("opentelemetry",))
     headers = {}
     for name, env in settings.headers_from_env:
         value = os.environ.get(env)
         if value:
+            register_secret(value)
             headers[name] = value
         else:  # the variable's name only, never a value
             _warn_once(f"env:{env}", "telemetry.headers_from_env: $%s is not set; header %s is not sent", env, name)

@@ -200,3 +200,38 @@ def test_grpc_protocol_exports_to_a_real_grpc_receiver_with_the_headers(hermes_h
     spans = [s for r in received for rs in r.resource_spans for ss in rs.scope_spans for s in ss.spans]
     assert len(spans) == 1 and attrs(spans[0])["plugin_llm.audit.call_id"] == result.audit["call_id"]
     assert metadata[0]["x-otlp-token"] == header_secret
+
+
+def test_a_collector_echoing_the_header_value_never_puts_it_in_a_log_line(hermes_home, monkeypatch, caplog):
+    from plugin_llm import PluginLlm
+
+    header_secret = f"cnry{secrets.token_hex(16)}"
+    monkeypatch.setenv("OTLP_ECHO_TOKEN", header_secret)
+
+    class Echo(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802
+            self.rfile.read(min(int(self.headers.get("Content-Length") or 0), _MAX_BODY))
+            self.send_response(401, f"bad key {self.headers.get('x-otlp-token')}")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    collector = ThreadingHTTPServer(("127.0.0.1", 0), Echo)
+    threading.Thread(target=collector.serve_forever, daemon=True).start()
+    try:
+        with FakeServer() as upstream, caplog.at_level("DEBUG"):
+            write_config(hermes_home, (
+                f"model:\n  provider: custom\n  model: gpt-4o\n  base_url: {upstream.base_url}\n"
+                f"telemetry:\n  otlp_endpoint: http://127.0.0.1:{collector.server_address[1]}\n"
+                "  headers_from_env: {x-otlp-token: OTLP_ECHO_TOKEN}\n"))
+            PluginLlm("p1").complete([{"role": "user", "content": "hi"}])
+            flush()
+            wait_for(lambda: any("Failed to export" in r.getMessage() for r in caplog.records), "the export error")
+    finally:
+        collector.shutdown()
+        collector.server_close()
+    failures = [r.getMessage() for r in caplog.records if "Failed to export" in r.getMessage()]
+    assert failures and "bad key" in failures[0]  # the echo was logged...
+    assert all(header_secret not in r.getMessage() for r in caplog.records)  # ...redacted
