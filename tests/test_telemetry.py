@@ -259,3 +259,27 @@ def test_doctor_says_how_to_install_the_sdk_when_telemetry_is_configured_without
     assert installed[0].status == "OK" and "http://127.0.0.1:4318" in installed[0].message
     assert installed[1].status == WARN and "$OTLP_KEY is not set" in installed[1].message
     assert _telemetry(SimpleNamespace(config=parse_config(tmp_path, ""))) == []
+
+
+@pytest.mark.parametrize("traceparent, continued", [
+    ("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", True),
+    ("00-zzz-not-a-traceparent", False),
+    ("00-" + "0" * 32 + "-b7ad6b7169203331-01", False),  # an all-zero trace id is invalid
+])
+def test_a_callers_traceparent_is_continued_and_a_malformed_one_is_a_root(hermes_home, captured, traceparent,
+                                                                          continued):
+    with FakeServer() as upstream:
+        configure(hermes_home, upstream.base_url, secret=canary())
+        llm = PluginLlm("p1")
+        llm.complete([{"role": "user", "content": "hi"}])  # telemetry starts with the first load
+        token = telemetry.continue_trace([(b"traceparent", traceparent.encode()), (b"x-other", b"1")])
+        try:
+            llm.complete([{"role": "user", "content": "hi"}])
+        finally:
+            telemetry.end_trace(token)
+    span = captured.finished()[-1]
+    if continued:
+        assert format(span.context.trace_id, "032x") == traceparent.split("-")[1]
+        assert format(span.parent.span_id, "016x") == traceparent.split("-")[2]
+    else:
+        assert span.parent is None
