@@ -147,7 +147,7 @@ def test_structured_bad_requests(service):
              ({"instructions": "x", "input": ["y"], "json_mode": "yes"}, "ValueError", "json_mode", "true or false"),
              ({"instructions": "x"}, "ValueError", "input", "input is required"),
              ({"instructions": "x", "input": [{"type": "image", "data": "%%%"}]}, "ValueError", "input", "base64"),
-             ({"instructions": "x", "input": "y"}, "ValueError", "input", "input must be a list")]
+             ({"instructions": "x", "input": 5}, "ValueError", "input", "input must be a string or a list")]
     for payload, kind, param, fragment in cases:
         error = httpx.post(service.url + STRUCTURED, headers=service.auth(token), json=payload).json()["error"]
         assert (error["type"], error["param"]) == (kind, param) and fragment in error["message"], error
