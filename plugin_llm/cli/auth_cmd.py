@@ -436,11 +436,18 @@ class _AuthTestConfig:
         self._inner.on_reload(callback)
 
     def current(self) -> Any:
+        return self._with_trust(self._inner.current())
+
+    def loaded(self) -> Any:
+        config = self._inner.loaded()
+        return None if config is None else self._with_trust(config)
+
+    @staticmethod
+    def _with_trust(config: Any) -> Any:
         import dataclasses
 
         from plugin_llm.trust import TrustPolicy
 
-        config = self._inner.current()
         policy = TrustPolicy(allow_provider_override=True, allow_model_override=True, allow_profile_override=True)
         return dataclasses.replace(config, trust={**config.trust, AUTH_TEST_IDENTITY: policy})
 
