@@ -18,10 +18,24 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Generator, NoReturn
+from typing import Any, Callable, NoReturn
 
 from audit import records
 from plugin_llm import limits, structured
+from plugin_llm.call.protocols import AuditSink, ChecksWritable, Transport
+from plugin_llm.call.shells import Shell
+from plugin_llm.call.steps import (
+    Admitted,
+    Call,
+    Emit,
+    Flow,
+    LimitStep,
+    RepairRefused,
+    StreamOpen,
+    StreamProgress,
+    StreamRead,
+    Tally,
+)
 from plugin_llm.call.validate import (
     MAX_NAME,
     MAX_NESTING,
@@ -49,17 +63,9 @@ from plugin_llm.errors import (
 )
 from plugin_llm.routing import Route, resolve_route
 from plugin_llm.transport import TransportRequest, TransportResponse
-from plugin_llm.trust import Decision, Overrides, enforce
+from plugin_llm.trust import Overrides, enforce
 from plugin_llm.structured import _snippet
-from plugin_llm.streaming import (
-    Emit,
-    PluginLlmAsyncStream,
-    PluginLlmStream,
-    StreamOpen,
-    StreamProgress,
-    StreamRead,
-    _Driver,
-)
+from plugin_llm.streaming import PluginLlmAsyncStream, PluginLlmStream, _Driver
 from plugin_llm.types import (
     PluginLlmCompleteResult,
     PluginLlmStructuredResult,
@@ -74,9 +80,6 @@ __all__ = ["PluginLlm", "HostLlm", "HostChatResult", "ToolCall", "HOST_IDENTITY"
 log = logging.getLogger("plugin_llm")
 
 HOST_IDENTITY = "host"
-
-_Flow = Generator[Any, Any, Any]  # yields TransportRequest | _LimitStep
-
 
 #: a tool call requested by the model (the name the host runtime has always used)
 ToolCall = PluginLlmToolCall
@@ -95,36 +98,9 @@ class HostChatResult:
     audit: dict[str, Any]
 
 
-@dataclass(frozen=True)
-class _Call(records.CallFacts):
-    """Everything known about one call before it reaches the provider: what its records say, and when it began."""
-
-    started: float
-
-
-class _RepairRefused(Exception):
-    """A structured call's repair refused under the limits: the call ends in its schema mismatch."""
-
-    def __init__(self, failure: "limits.PluginLlmLimitError") -> None:
-        super().__init__(str(failure))
-        self.failure = failure
-
-
-@dataclass(frozen=True)
-class _LimitStep:
-    """Yielded by the flow for admission under the plugin's limits: the sync shell calls
-    ``limits.admit``, the async one ``limits.aadmit`` (the store work off the event loop)."""
-
-    settings: Any
-    home: Path
-    plugin_id: str
-    call: dict[str, Any]
-
-
 #: written before the provider call when ``audit.required`` is true (``PluginLlm._write_begin``)
 EVENT_CALL_BEGIN = records.EVENT_LLM_CALL_BEGIN
 _MAX_DETAIL = 160  # characters of an unexpected exception's text shown in a message
-_MAX_ANOMALIES = 16
 _MAX_ATTEMPTS = 1000
 
 _HASH_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
@@ -187,8 +163,8 @@ class PluginLlm:
         *,
         home: Path | str | None = None,
         config_source: ConfigSource | None = None,
-        transport: Any = None,
-        audit_log: Any = None,
+        transport: Transport | None = None,
+        audit_log: AuditSink | None = None,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         if not isinstance(plugin_id, str) or not plugin_id.strip():
@@ -198,6 +174,7 @@ class PluginLlm:
         if audit_log is None:
             watch_config(self._config)
         self._transport = transport
+        self._shell_cache: Shell | None = None
         self._audit_log = audit_log
         self._sink_cache: tuple[HostConfig, Any] | None = None
         self._clock = clock
@@ -325,10 +302,9 @@ class PluginLlm:
         progress = StreamProgress()
         flow = self._stream_flow("sync", messages, provider, model, temperature, max_tokens, timeout, agent_id,
                                  profile, purpose, options, progress)
-        transport = self._transport_impl()
-        if hasattr(transport, "ready"):
-            transport.ready()
-        driver = _Driver(flow, lambda step: self._stream_step_sync(transport, step), progress)
+        shell = self._shell()
+        shell.ready()
+        driver = _Driver(flow, shell.stream_step, progress)
         first = driver.next_sync()
         return PluginLlmStream(driver, first)
 
@@ -351,101 +327,26 @@ class PluginLlm:
         progress = StreamProgress()
         flow = self._stream_flow("async", messages, provider, model, temperature, max_tokens, timeout, agent_id,
                                  profile, purpose, options, progress)
-        transport = self._transport_impl()
-
-        async def prepare() -> None:
-            if hasattr(transport, "aready"):
-                await transport.aready()
-
-        async def perform(step: Any) -> Any:
-            return await self._stream_step_async(transport, step)
-
-        return PluginLlmAsyncStream(_Driver(flow, perform, progress, prepare))
+        shell = self._shell()
+        return PluginLlmAsyncStream(_Driver(flow, shell.astream_step, progress, shell.aready))
 
     # ------------------------------------------------------------- shells
-    def _transport_impl(self):
-        if self._transport is None:
-            from plugin_llm.transport import LitellmTransport
+    def _shell(self) -> Shell:
+        shell = self._shell_cache
+        if shell is None:
+            transport = self._transport
+            if transport is None:
+                from plugin_llm.transport import LitellmTransport
 
-            self._transport = LitellmTransport()
-        return self._transport
+                transport = self._transport = LitellmTransport()
+            shell = self._shell_cache = Shell(transport)
+        return shell
 
-    # Both shells hand *every* outcome of a transport request to the flow, which
-    # audits it and raises: the flow, not the shell, decides what the plugin sees.
-    # The failure is thrown outside the ``except`` block (no implicit chaining of
-    # the transport's exception, whose frames may hold a key) and dropped after.
-    def _run_sync(self, flow: _Flow) -> Any:
-        transport = self._transport_impl()
-        if hasattr(transport, "ready"):  # one-time litellm import: not part of any call's latency
-            transport.ready()
-        try:
-            request = next(flow)
-            while True:
-                failure: BaseException | None = None
-                try:
-                    if type(request) is _LimitStep:
-                        response = limits.admit(request.settings, request.home, request.plugin_id, **request.call)
-                    else:
-                        response = transport.complete(request)
-                except BaseException as exc:  # noqa: BLE001 - audited and re-raised by the flow
-                    failure = exc
-                if failure is None:
-                    request = flow.send(response)
-                    continue
-                try:
-                    request = flow.throw(failure)
-                finally:
-                    failure = None
-        except StopIteration as done:
-            return done.value
+    def _run_sync(self, flow: Flow) -> Any:
+        return self._shell().run_sync(flow)
 
-    async def _run_async(self, flow: _Flow) -> Any:
-        transport = self._transport_impl()
-        if hasattr(transport, "aready"):
-            await transport.aready()
-        try:
-            request = next(flow)
-            while True:
-                failure: BaseException | None = None
-                try:
-                    if type(request) is _LimitStep:
-                        response = await limits.aadmit(request.settings, request.home, request.plugin_id, **request.call)
-                    else:
-                        response = await transport.acomplete(request)
-                except BaseException as exc:  # noqa: BLE001 - incl. CancelledError: audited, then re-raised as is
-                    failure = exc
-                if failure is None:
-                    request = flow.send(response)
-                    continue
-                try:
-                    request = flow.throw(failure)
-                finally:
-                    failure = None
-        except StopIteration as done:
-            return done.value
-
-    @staticmethod
-    def _stream_step_sync(transport: Any, step: Any) -> Any:
-        """One step of a stream's flow, sync (the stream shell's counterpart of ``_run_sync``)."""
-        kind = type(step)
-        if kind is StreamRead:
-            return step.stream.read()
-        if kind is _LimitStep:
-            return limits.admit(step.settings, step.home, step.plugin_id, **step.call)
-        if kind is StreamOpen:
-            return _opener(transport, "open_stream")(step.request)
-        raise TypeError(f"a stream's flow yielded a {kind.__name__}")  # pragma: no cover - a bug in the flow
-
-    @staticmethod
-    async def _stream_step_async(transport: Any, step: Any) -> Any:
-        kind = type(step)
-        if kind is StreamRead:
-            return await step.stream.read()
-        if kind is _LimitStep:
-            return await limits.aadmit(step.settings, step.home, step.plugin_id, **step.call)
-        if kind is StreamOpen:
-            return await _opener(transport, "aopen_stream")(step.request)
-        raise TypeError(f"a stream's flow yielded a {kind.__name__}")  # pragma: no cover - a bug in the flow
+    async def _run_async(self, flow: Flow) -> Any:
+        return await self._shell().run_async(flow)
 
     # ------------------------------------------------------------- pipeline
     # A flow = argument checks (nothing audited: no call yet) -> admission (audits
@@ -453,7 +354,7 @@ class PluginLlm:
     # every outcome gets exactly one record: the steps audit what they know how
     # to describe, and ``_guarded`` audits anything else once, as an error.
     def _complete_flow(self, mode, messages, provider, model, temperature, max_tokens, timeout, agent_id, profile,
-                       purpose, options, *, tools=None, finish=None) -> _Flow:
+                       purpose, options, *, tools=None, finish=None) -> Flow:
         call = self._new_call("complete", mode, purpose, agent_id, profile, None)
         self._refuse_forbidden(call, options)
         messages = check_messages(messages)
@@ -464,11 +365,11 @@ class PluginLlm:
         if tools:
             params["tools"] = tools
         admitted = self._admit(call, provider, model, timeout)
-        tally = _Tally()
+        tally = Tally()
         steps = self._complete_steps(call, admitted, tally, messages, params, finish or self._result)
         return (yield from self._guarded(call, admitted, tally, messages, steps))
 
-    def _complete_steps(self, call, admitted, tally, messages, params, finish) -> _Flow:
+    def _complete_steps(self, call, admitted, tally, messages, params, finish) -> Flow:
         response = yield from self._provider_call(call, admitted, messages, params, tally)
         tally.add(response)
         result = finish(call, admitted.route, response, tally.usage)  # before the record: a failure here is the outcome
@@ -476,7 +377,7 @@ class PluginLlm:
         return result
 
     def _stream_flow(self, mode, messages, provider, model, temperature, max_tokens, timeout, agent_id, profile,
-                     purpose, options, progress: StreamProgress) -> _Flow:
+                     purpose, options, progress: StreamProgress) -> Flow:
         """``complete``'s flow, streamed: the same checks and admission, then :meth:`_stream_steps`."""
         call = self._new_call("complete", mode, purpose, agent_id, profile, None)
         progress.call_id = call.call_id
@@ -491,12 +392,12 @@ class PluginLlm:
         params: dict[str, Any] = {"temperature": temperature, "max_tokens": max_tokens, **extra}
         admitted = self._admit(call, provider, model, timeout)
         progress.deadline = admitted.deadline
-        tally = _Tally()
+        tally = Tally()
         tally.stream = progress
         steps = self._stream_steps(call, admitted, tally, messages, params, progress)
         return (yield from self._guarded(call, admitted, tally, messages, steps))
 
-    def _stream_steps(self, call, admitted, tally, messages, params, progress: StreamProgress) -> _Flow:
+    def _stream_steps(self, call, admitted, tally, messages, params, progress: StreamProgress) -> Flow:
         """Admit, open the provider stream, hand out each delta, settle and audit at the end.
 
         Whatever the stream ends in gets the call's one record: ``ok`` at the
@@ -555,7 +456,7 @@ class PluginLlm:
         self._audit_outcome(call, admitted, "abandoned", messages=messages, response=None, tally=tally)
 
     def _structured_flow(self, mode, instructions, input, json_schema, json_mode, schema_name, system_prompt,
-                         provider, model, temperature, max_tokens, timeout, agent_id, profile, purpose, options) -> _Flow:
+                         provider, model, temperature, max_tokens, timeout, agent_id, profile, purpose, options) -> Flow:
         schema_name = check_optional_str("schema_name", schema_name)
         call = self._new_call("structured", mode, purpose, agent_id, profile, schema_name)
         self._refuse_forbidden(call, options)
@@ -566,14 +467,14 @@ class PluginLlm:
         check_system_prompt(system_prompt)
         check_params(temperature, max_tokens, timeout)
         admitted = self._admit(call, provider, model, timeout)
-        tally = _Tally(schema=schema)
+        tally = Tally(schema=schema)
         steps = self._structured_steps(call, admitted, tally, instructions, blocks, schema, schema_name, system_prompt,
                                        bool(json_mode), temperature, max_tokens, extra)
         return (yield from self._guarded(call, admitted, tally, None, steps))
 
     def _structured_steps(self, call, admitted, tally, instructions, blocks, schema, schema_name, system_prompt,
-                          json_mode, temperature, max_tokens, extra) -> _Flow:
-        native = schema is not None and bool(self._transport_impl().supports_json_schema(admitted.route))
+                          json_mode, temperature, max_tokens, extra) -> Flow:
+        native = schema is not None and bool(self._shell().transport.supports_json_schema(admitted.route))
         messages = first_messages = tally.audit_messages = structured.build_messages(
             instructions=instructions, blocks=blocks, json_schema=schema, schema_name=schema_name,
             system_prompt=system_prompt, native_schema=native,
@@ -594,7 +495,7 @@ class PluginLlm:
             tally.repairing = bool(repair)
             try:
                 response = yield from self._provider_call(call, admitted, first_messages, params, tally, messages=messages)
-            except _RepairRefused as exc:  # no repair can be sent: the last reply is the outcome
+            except RepairRefused as exc:  # no repair can be sent: the last reply is the outcome
                 refused = exc.failure
                 tally.add_limits({records.LIMITS_REPAIR_REFUSED: refused.denial.limit,
                                   records.LIMITS_REPAIR_REFUSED_KEY: refused.denial.config_key})
@@ -626,7 +527,7 @@ class PluginLlm:
         self._audit_outcome(call, admitted, "ok", messages=first_messages, response=response, tally=tally)
         return result
 
-    def _guarded(self, call: _Call, admitted: _Admitted, tally: "_Tally", messages, steps: _Flow) -> _Flow:
+    def _guarded(self, call: Call, admitted: Admitted, tally: "Tally", messages, steps: Flow) -> Flow:
         """Run ``steps``; whatever escapes them unaudited is audited once as an error and raised as a PluginLlmError."""
         failure: BaseException | None = None
         try:
@@ -654,7 +555,7 @@ class PluginLlm:
                             error=error, cause=cause)
         raise error
 
-    def _result(self, call: _Call, route: Route, response: TransportResponse, usage: PluginLlmUsage) -> PluginLlmCompleteResult:
+    def _result(self, call: Call, route: Route, response: TransportResponse, usage: PluginLlmUsage) -> PluginLlmCompleteResult:
         return PluginLlmCompleteResult(
             text=response.text or "",
             provider=route.provider,
@@ -672,7 +573,7 @@ class PluginLlm:
         )
 
     # -- pipeline steps
-    def _refuse_forbidden(self, call: _Call, options: dict[str, Any]) -> None:
+    def _refuse_forbidden(self, call: Call, options: dict[str, Any]) -> None:
         """An endpoint or key argument is a trust denial: audited as one, before anything else."""
         error = _forbidden_error(self._plugin_id, options) if options else None
         if error is None:
@@ -685,9 +586,9 @@ class PluginLlm:
         self._write_audit(call, config, record)
         raise error
 
-    def _new_call(self, api, mode, purpose, agent_id, profile, schema_name) -> _Call:
+    def _new_call(self, api, mode, purpose, agent_id, profile, schema_name) -> Call:
         check_purpose(purpose)
-        return _Call(
+        return Call(
             call_id=records.new_call_id(),
             plugin_id=self._plugin_id,
             api=api,
@@ -699,7 +600,7 @@ class PluginLlm:
             started=self._clock(),
         )
 
-    def _admit(self, call: _Call, provider: str | None, model: str | None, timeout: float | None) -> _Admitted:
+    def _admit(self, call: Call, provider: str | None, model: str | None, timeout: float | None) -> Admitted:
         """Trust gate, route, deadline and - with ``audit.required`` - the begin record, before any provider call."""
         config = self._config.current()
         provider = check_optional_str("provider", provider)
@@ -717,7 +618,7 @@ class PluginLlm:
             raise exc from None
         try:
             route = resolve_route(config, provider=provider, model=model, profile=call.profile, timeout=timeout)
-            admitted = _Admitted(config, route, decision, time.monotonic() + route.timeout)
+            admitted = Admitted(config, route, decision, time.monotonic() + route.timeout)
         except PluginLlmError as exc:
             record = records.error_record(call, provider=config.model.provider or None,
                                           request_model=model or config.model.model,
@@ -730,7 +631,7 @@ class PluginLlm:
             self._write_begin(call, admitted)
         return admitted
 
-    def _write_begin(self, call: _Call, admitted: _Admitted) -> None:
+    def _write_begin(self, call: Call, admitted: Admitted) -> None:
         """With ``audit.required``: put the attempt on record before the provider sees the request.
 
         A pre-check alone (``check_writable``) cannot promise that the write
@@ -746,7 +647,7 @@ class PluginLlm:
         route = admitted.route
         try:
             sink = self._audit_sink(config)
-            if hasattr(sink, "check_writable"):
+            if isinstance(sink, ChecksWritable):
                 sink.check_writable()  # also refuses a nearly full disk, which one small record would not notice
             sink.write({
                 "event": EVENT_CALL_BEGIN,
@@ -768,8 +669,8 @@ class PluginLlm:
             return
         raise PluginLlmConfigError(self._required_message(config, reason, sent=False))
 
-    def _limits_in_memory(self, call: _Call, admitted: _Admitted, audit_messages, messages, params,
-                          tally: "_Tally") -> "limits.Ticket | None":
+    def _limits_in_memory(self, call: Call, admitted: Admitted, audit_messages, messages, params,
+                          tally: "Tally") -> "limits.Ticket | None":
         """Admission under the plugin's limits without a store step (issue: budgets and rate limits):
         the ticket of an unlimited plugin (one dict lookup) or of a call this process's lease admits
         in memory (nearly every call of a busy plugin), else None: the store must decide
@@ -792,12 +693,12 @@ class PluginLlm:
             tally.add_limits(ticket.audit_fields())
         return ticket
 
-    def _limits_store_step(self, call: _Call, admitted: _Admitted, audit_messages, messages, params, tally: "_Tally"):
+    def _limits_store_step(self, call: Call, admitted: Admitted, audit_messages, messages, params, tally: "Tally"):
         """Admission with a store step, through the shell (``limits.admit``, or ``aadmit`` off the event loop)."""
         route = admitted.route
         failure: limits.PluginLlmLimitError | None = None
         try:
-            ticket = yield _LimitStep(admitted.config.limits, admitted.config.home, call.plugin_id, {
+            ticket = yield LimitStep(admitted.config.limits, admitted.config.home, call.plugin_id, {
                 "messages": messages, "provider": route.provider, "model": route.model,
                 "max_tokens": params.get("max_tokens"), "deadline": admitted.deadline,
                 "extra": (params.get("tools"), params.get("response_format")),
@@ -809,19 +710,19 @@ class PluginLlm:
         tally.add_limits(ticket.audit_fields())
         return ticket
 
-    def _limits_refused(self, call: _Call, admitted: _Admitted, audit_messages, tally: "_Tally",
+    def _limits_refused(self, call: Call, admitted: Admitted, audit_messages, tally: "Tally",
                         failure: "limits.PluginLlmLimitError") -> NoReturn:
         """Audit a refusal under the limits (status ``quota``, the deciding limit and key) and raise it;
         a structured call's repair is not audited here: the call's outcome is its schema mismatch."""
         if tally.repairing:  # (not a denial of the call: recorded as the repair's, see _structured_steps)
-            raise _RepairRefused(failure)
+            raise RepairRefused(failure)
         tally.add_limits(failure.denial.audit_fields())  # decision "denied", the deciding limit and key
         if tally.schema is not None:
             tally.validation = "none"
         self._audit_outcome(call, admitted, "quota", messages=audit_messages, response=None, tally=tally, error=failure)
         raise failure
 
-    def _provider_call(self, call: _Call, admitted: _Admitted, audit_messages, params, tally: "_Tally", *, messages=None):
+    def _provider_call(self, call: Call, admitted: Admitted, audit_messages, params, tally: "Tally", *, messages=None):
         """Admit under the limits, yield one transport request, settle; audit and raise whatever it
         ends in other than a usable response."""
         messages = messages if messages is not None else audit_messages
@@ -846,7 +747,7 @@ class PluginLlm:
         failure = None  # not kept in this frame: the transport's exception may hold a key in its frames
         raise error
 
-    def _request_failed(self, call: _Call, admitted: _Admitted, tally: "_Tally", audit_messages,
+    def _request_failed(self, call: Call, admitted: Admitted, tally: "Tally", audit_messages,
                         failure: BaseException) -> BaseException:
         """Audit the failure of a transport request (the reservation is already released); the error to raise."""
         cause = None
@@ -871,7 +772,7 @@ class PluginLlm:
         return error
 
     @staticmethod
-    def _checked_response(response: Any, route: Route, tally: "_Tally") -> TransportResponse:
+    def _checked_response(response: Any, route: Route, tally: "Tally") -> TransportResponse:
         """The transport's response, made safe to use and to record (one pass, no copy when sane).
 
         Structural problems (not a TransportResponse, text not a str, message
@@ -927,7 +828,7 @@ class PluginLlm:
             "audit.required: false to log best-effort."
         )
 
-    def _write_audit(self, call: _Call, config: HostConfig, record: dict[str, Any], *, sent: bool = False) -> None:
+    def _write_audit(self, call: Call, config: HostConfig, record: dict[str, Any], *, sent: bool = False) -> None:
         """Append ``record``; never raises, except PluginLlmConfigError when audit.required is true.
 
         ``sent``: whether the provider has seen the request (for the error message).
@@ -945,16 +846,16 @@ class PluginLlm:
         except Exception:  # noqa: BLE001 - a broken logging setup neither
             pass
 
-    def _elapsed_ms(self, call: _Call) -> float:
+    def _elapsed_ms(self, call: Call) -> float:
         return (self._clock() - call.started) * 1000.0
 
-    def _denial_record(self, call: _Call, config: HostConfig, overrides: Overrides, exc: PluginLlmTrustError) -> dict[str, Any]:
+    def _denial_record(self, call: Call, config: HostConfig, overrides: Overrides, exc: PluginLlmTrustError) -> dict[str, Any]:
         return records.denial_record(call, provider=overrides.provider or config.model.provider,
                                      request_model=overrides.model or config.model.model,
                                      latency_ms=self._elapsed_ms(call), reason=str(exc), key=exc.config_key or None,
                                      error_type=type(exc).__name__, config_error=config.error)
 
-    def _audit_outcome(self, call: _Call, admitted: _Admitted, status: str, *, messages, response, tally: "_Tally",
+    def _audit_outcome(self, call: Call, admitted: Admitted, status: str, *, messages, response, tally: "Tally",
                        error: BaseException | None = None, cause: str | None = None) -> None:
         """Write the call's one outcome record (``tally.audited`` keeps ``_guarded`` from writing a second)."""
         config = admitted.config
@@ -995,64 +896,7 @@ class PluginLlm:
         return record
 
 
-@dataclass(frozen=True)
-class _Admitted:
-    config: HostConfig
-    route: Route
-    decision: Decision
-    deadline: float
-
-
-#: limits fields that add up over a call's requests (a structured call's repairs reserve again)
-_SUMMED_LIMIT_FIELDS = frozenset({records.LIMITS_RESERVED_USD, records.LIMITS_RESERVED_TOKENS})
-
-
-class _Tally:
-    """Running totals of one call across transport requests (repairs), and whether it is on record."""
-
-    __slots__ = ("usage", "attempts", "provider_seconds", "repairs", "schema", "validation", "anomalies",
-                 "audited", "audit_messages", "limit_fields", "stream", "repairing")
-
-    def __init__(self, schema: dict | None = None) -> None:
-        self.usage = PluginLlmUsage()
-        self.attempts = 0
-        self.provider_seconds = 0.0
-        self.repairs = 0
-        self.repairing = False  # a structured call's repair is being admitted (a refusal ends the call otherwise)
-        self.schema = schema
-        self.validation = "none"
-        self.anomalies: list[str] = []
-        self.audited = False
-        self.audit_messages: list[dict[str, Any]] | None = None
-        self.limit_fields: dict[str, Any] | None = None
-        self.stream: StreamProgress | None = None  # a streamed call's progress (stream.* audit fields)
-
-    def add_limits(self, fields: dict[str, Any]) -> None:
-        """Limit fields for the audit record; reservations of several requests (repairs) add up."""
-        if not fields:
-            return
-        if self.limit_fields is None:  # the first request's fields (audit_fields() returns a new dict)
-            self.limit_fields = fields
-            return
-        for key, value in fields.items():
-            if key in _SUMMED_LIMIT_FIELDS and key in self.limit_fields:
-                value = round(self.limit_fields[key] + value, 9)
-            self.limit_fields[key] = value
-
-    def add(self, response: TransportResponse) -> "_Tally":
-        self.usage = self.usage + response.usage
-        self.attempts += response.attempts
-        self.provider_seconds += response.provider_seconds
-        return self
-
-    def note(self, anomalies) -> None:
-        for anomaly in anomalies:
-            if len(self.anomalies) >= _MAX_ANOMALIES:
-                return
-            self.anomalies.append(anomaly[:200] if isinstance(anomaly, str) else f"a {type(anomaly).__name__}")
-
-
-def _with_current_limits(admitted: _Admitted, config: HostConfig) -> _Admitted:
+def _with_current_limits(admitted: Admitted, config: HostConfig) -> Admitted:
     """``admitted`` with the limits of ``config`` (a reload since the call began may have lowered a
     cap); its trust decision and route stay the call's."""
     if config.limits is admitted.config.limits:
@@ -1071,7 +915,7 @@ def _settle_failed(ticket: "limits.Ticket", failure: BaseException, *, replied: 
         ticket.release()
 
 
-def _bounded_output(call: _Call, admitted: _Admitted, params: dict, tally: "_Tally") -> dict:
+def _bounded_output(call: Call, admitted: Admitted, params: dict, tally: "Tally") -> dict:
     """``params`` with ``max_tokens`` set to the output bound the limits reserved when they count
     output and the plugin set none (or a larger one): the reservation is then a ceiling the
     provider keeps (litellm names it per provider: max_completion_tokens, max_output_tokens ...)."""
@@ -1087,7 +931,7 @@ def _bounded_output(call: _Call, admitted: _Admitted, params: dict, tally: "_Tal
     return {**params, "max_tokens": bound}
 
 
-def _transport_request(admitted: _Admitted, messages: list, params: dict) -> TransportRequest:
+def _transport_request(admitted: Admitted, messages: list, params: dict) -> TransportRequest:
     """The transport request of one provider request, with the operator's price of the route when
     ``limits.prices`` has one (the transport then reports that cost: ``TransportResponse.priced``)."""
     route, config = admitted.route, admitted.config
@@ -1102,7 +946,7 @@ def _transport_request(admitted: _Admitted, messages: list, params: dict) -> Tra
     )
 
 
-def _operator_priced(admitted: _Admitted, response: TransportResponse) -> TransportResponse:
+def _operator_priced(admitted: Admitted, response: TransportResponse) -> TransportResponse:
     """The response with its cost at the operator's price (``limits.prices``) when one is set for
     the route's model: it wins over litellm's price map, for the result, the audit and the budget.
     (For a transport that did not apply ``TransportRequest.cost`` itself: ``priced`` is False.)"""
@@ -1129,15 +973,6 @@ def _with_field(obj: Any, name: str, value: Any) -> Any:
     fields.update(obj.__dict__)
     fields[name] = value
     return new
-
-
-def _opener(transport: Any, name: str) -> Callable[[Any], Any]:
-    """The transport's ``open_stream``/``aopen_stream``; a transport without one cannot stream."""
-    opener = getattr(transport, name, None)
-    if opener is None:
-        raise PluginLlmConfigError(f"the gateway's transport ({type(transport).__name__}) cannot stream: it has no "
-                                   f"{name}(); use complete() with it, or the default LitellmTransport")
-    return opener
 
 
 def _malformed(route: Route, problem: str) -> PluginLlmProviderError:
@@ -1174,11 +1009,11 @@ class HostLlm(PluginLlm):
         """Async twin of :meth:`chat`."""
         return await self._run_async(self._chat_flow("async", messages, tools, purpose, timeout))
 
-    def _chat_flow(self, mode, messages, tools, purpose, timeout) -> _Flow:
+    def _chat_flow(self, mode, messages, tools, purpose, timeout) -> Flow:
         return self._complete_flow(mode, messages, None, None, None, None, timeout, None, None, purpose, {},
                                    tools=tools, finish=self._chat_result)
 
-    def _chat_result(self, call: _Call, route: Route, response: TransportResponse, usage: PluginLlmUsage) -> HostChatResult:
+    def _chat_result(self, call: Call, route: Route, response: TransportResponse, usage: PluginLlmUsage) -> HostChatResult:
         base = self._result(call, route, response, usage)
         return HostChatResult(
             text=response.text, tool_calls=base.tool_calls, message=dict(response.message), usage=usage,

@@ -1,19 +1,16 @@
-"""Streamed completions: ``ctx.llm.stream(...)`` / ``astream(...)`` (issue 14).
+"""Streamed completions: ``ctx.llm.stream(...)`` / ``astream(...)``.
 
 A :class:`PluginLlmStream` is an iterator of text deltas (``str``) and a
 context manager; :class:`PluginLlmAsyncStream` is its async twin (``async
 for``, ``async with``, or ``await`` to open it). Both drive the *same*
-pipeline generator as ``complete`` (``plugin_llm.llm``): the trust gate,
-limits, routing and audit are that code, only the steps differ - open the
-provider stream, read a delta, hand it out. When the stream ends, ``.result``
-is the :class:`~plugin_llm.types.PluginLlmCompleteResult` (full text, usage,
-cost, audit ids), as ``complete`` would have returned it.
+pipeline as ``complete`` (``plugin_llm.call.pipeline``); only the steps
+differ: open the provider stream, read a delta, hand it out. When the stream
+ends, ``.result`` is the ``PluginLlmCompleteResult``.
 
 Exactly one audit record per stream, written when it ends, fails, or is
-abandoned: ``close()``/``aclose()``, leaving the ``with`` block early,
-breaking out of the loop and dropping it (garbage collection is the last
-resort: the record is then written by a helper thread, or by the stream's
-event loop, never from inside the collector).
+abandoned (``close()``, leaving the ``with`` block, dropping it: the
+collector's record is written by a helper thread or the stream's event loop,
+never from inside the collector).
 """
 
 from __future__ import annotations
@@ -21,57 +18,11 @@ from __future__ import annotations
 import asyncio
 import threading
 import weakref
-from dataclasses import dataclass
-from typing import Any, Callable, Generator
+from typing import Any, Callable
 
-from audit import records
+from plugin_llm.call.steps import Emit, Flow, StreamOpen, StreamProgress, StreamRead
 
 __all__ = ["PluginLlmStream", "PluginLlmAsyncStream", "StreamOpen", "StreamRead", "Emit", "StreamProgress"]
-
-
-@dataclass(frozen=True)
-class StreamOpen:
-    """Step: open the provider stream of ``request`` (the transport's ``open_stream``)."""
-
-    request: Any
-
-
-@dataclass(frozen=True)
-class StreamRead:
-    """Step: the next text delta of an open transport stream (None at its end)."""
-
-    stream: Any
-
-
-@dataclass(frozen=True)
-class Emit:
-    """Step: hand ``text`` to the consumer; the pipeline resumes when the next delta is asked for."""
-
-    text: str
-
-
-class StreamProgress:
-    """What a stream delivered so far (for the audit record of a partial stream)."""
-
-    __slots__ = ("delivered", "partial", "stream", "call_id", "deadline", "abandoned_by")
-
-    def __init__(self) -> None:
-        self.delivered = 0
-        self.partial = True
-        self.stream: Any = None  # the open transport stream
-        self.call_id: str | None = None
-        self.deadline: float | None = None  # the call's (time.monotonic), once admitted
-        self.abandoned_by: str | None = None  # why the host ended it early (e.g. the service's "deadline")
-
-    def fields(self) -> dict[str, Any]:
-        fields = {records.STREAM: True, records.STREAM_PARTIAL: self.partial,
-                  records.STREAM_DELIVERED_CHARS: self.delivered}
-        if self.abandoned_by is not None:
-            fields[records.STREAM_ABANDONED_BY] = self.abandoned_by
-        return fields
-
-
-_Flow = Generator[Any, Any, Any]
 
 
 class _Driver:
@@ -83,7 +34,7 @@ class _Driver:
 
     __slots__ = ("flow", "perform", "prepare", "result", "done", "text", "progress", "loop", "lock", "__weakref__")
 
-    def __init__(self, flow: _Flow, perform: Callable[[Any], Any], progress: StreamProgress,
+    def __init__(self, flow: Flow, perform: Callable[[Any], Any], progress: StreamProgress,
                  prepare: Callable[[], Any] | None = None) -> None:
         self.flow = flow
         self.perform = perform
