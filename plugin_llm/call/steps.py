@@ -25,7 +25,7 @@ if TYPE_CHECKING:  # for annotations only: a stream's module imports this one, a
     from plugin_llm.trust import Decision
 
 __all__ = ["Step", "Flow", "LimitStep", "StreamOpen", "StreamRead", "Emit", "StreamProgress", "Call", "Admitted",
-           "Tally", "RepairRefused"]
+           "Run", "Tally", "RepairRefused"]
 
 _MAX_ANOMALIES = 16
 #: limits fields that add up over a call's requests (a structured call's repairs reserve again)
@@ -105,6 +105,17 @@ class Admitted:
     route: Route
     decision: Decision
     deadline: float
+
+
+class Run:
+    """One call on its way through the pipeline: its facts, its admission and its running totals."""
+
+    __slots__ = ("call", "admitted", "tally")
+
+    def __init__(self, call: Call, admitted: Admitted, tally: "Tally") -> None:
+        self.call = call
+        self.admitted = admitted  # a structured call's repair runs under the limits as they are then
+        self.tally = tally
 
 
 class RepairRefused(Exception):
