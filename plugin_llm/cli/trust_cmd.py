@@ -320,7 +320,7 @@ def _explain(tr: Any, view: Any, installed: Mapping[str, str], args: argparse.Na
 
     plugin_id = _resolve(tr, view, installed, args.plugin)
     provider = _optional(args, "provider")
-    # the gateway's own rule (PluginLlm._admit): the override, else the configured provider
+    # the gateway's own rule (call/pipeline.py, Pipeline._admit): the override, else the configured provider
     active = (provider or view.config.model.provider or "").lower() or None
     overrides = Overrides(
         provider=provider, model=_optional(args, "model"), agent_id=_optional(args, "agent_id"),
