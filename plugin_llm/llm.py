@@ -104,7 +104,7 @@ class PluginLlm:
                               profile=profile, temperature=temperature, max_tokens=max_tokens, timeout=timeout,
                               purpose=purpose, options=options)
         pipeline = self._pipeline
-        return pipeline.shell().run_sync(pipeline.complete(request))
+        return pipeline.shell().run_sync(pipeline.complete_flow(request))
 
     async def acomplete(
         self,
@@ -125,7 +125,7 @@ class PluginLlm:
                               profile=profile, temperature=temperature, max_tokens=max_tokens, timeout=timeout,
                               purpose=purpose, options=options)
         pipeline = self._pipeline
-        return await pipeline.shell().run_async(pipeline.complete(request))
+        return await pipeline.shell().run_async(pipeline.complete_flow(request))
 
     def complete_structured(
         self,
@@ -153,7 +153,7 @@ class PluginLlm:
                               temperature=temperature, max_tokens=max_tokens, timeout=timeout, purpose=purpose,
                               options=options, structured=spec)
         pipeline = self._pipeline
-        return pipeline.shell().run_sync(pipeline.structured(request))
+        return pipeline.shell().run_sync(pipeline.structured_flow(request))
 
     async def acomplete_structured(
         self,
@@ -181,7 +181,7 @@ class PluginLlm:
                               temperature=temperature, max_tokens=max_tokens, timeout=timeout, purpose=purpose,
                               options=options, structured=spec)
         pipeline = self._pipeline
-        return await pipeline.shell().run_async(pipeline.structured(request))
+        return await pipeline.shell().run_async(pipeline.structured_flow(request))
 
     def stream(
         self,
@@ -211,7 +211,7 @@ class PluginLlm:
                               profile=profile, temperature=temperature, max_tokens=max_tokens, timeout=timeout,
                               purpose=purpose, options=options)
         progress = StreamProgress()
-        flow = self._pipeline.stream(request, progress)
+        flow = self._pipeline.stream_flow(request, progress)
         shell = self._pipeline.shell()
         shell.ready()
         driver = _Driver(flow, shell.stream_step, progress)
@@ -238,7 +238,7 @@ class PluginLlm:
                               profile=profile, temperature=temperature, max_tokens=max_tokens, timeout=timeout,
                               purpose=purpose, options=options)
         progress = StreamProgress()
-        flow = self._pipeline.stream(request, progress)
+        flow = self._pipeline.stream_flow(request, progress)
         shell = self._pipeline.shell()
         return PluginLlmAsyncStream(_Driver(flow, shell.astream_step, progress, shell.aready))
 
@@ -254,14 +254,14 @@ class HostLlm(PluginLlm):
         """One model request of a session turn; ``tools`` in OpenAI function-calling form."""
         request = CallRequest(mode="sync", messages=messages, timeout=timeout, purpose=purpose, options={}, tools=tools)
         pipeline = self._pipeline
-        return pipeline.shell().run_sync(pipeline.complete(request, _chat_result))
+        return pipeline.shell().run_sync(pipeline.complete_flow(request, _chat_result))
 
     async def achat(self, messages: list[dict[str, Any]], *, tools: list[dict[str, Any]] | None = None,
                     purpose: str | None = None, timeout: float | None = None) -> HostChatResult:
         """Async twin of :meth:`chat`."""
         request = CallRequest(mode="async", messages=messages, timeout=timeout, purpose=purpose, options={}, tools=tools)
         pipeline = self._pipeline
-        return await pipeline.shell().run_async(pipeline.complete(request, _chat_result))
+        return await pipeline.shell().run_async(pipeline.complete_flow(request, _chat_result))
 
 
 def _chat_result(call: Call, route: Route, response: TransportResponse, usage: PluginLlmUsage) -> HostChatResult:

@@ -90,7 +90,7 @@ class Pipeline:
         return shell
 
     # ------------------------------------------------------------- flows
-    def complete(self, request: CallRequest, finish: Finish = complete_result) -> Flow:
+    def complete_flow(self, request: CallRequest, finish: Finish = complete_result) -> Flow:
         """``complete`` (and the host's ``chat``, whose ``finish`` makes its own result)."""
         call = self._new_call(request, None)
         options = request.options
@@ -113,7 +113,7 @@ class Pipeline:
         self._audit.outcome(run, "ok", response)
         return result
 
-    def stream(self, request: CallRequest, progress: StreamProgress) -> Flow:
+    def stream_flow(self, request: CallRequest, progress: StreamProgress) -> Flow:
         """``complete``'s flow, streamed: the same checks and admission, then :meth:`_stream_steps`."""
         call = self._new_call(request, None)
         progress.call_id = call.call_id
@@ -194,7 +194,7 @@ class Pipeline:
             tally.provider_seconds += seconds(getattr(stream, "provider_seconds", 0.0))
         self._audit.outcome(run, "abandoned", None)
 
-    def structured(self, request: CallRequest) -> Flow:
+    def structured_flow(self, request: CallRequest) -> Flow:
         """``complete_structured``: typed JSON, validated against the schema, repaired if it does not match."""
         spec = request.structured
         schema_name = check_optional_str("schema_name", spec.schema_name)
