@@ -54,12 +54,13 @@ class CallAudit:
     """Writes the records of one plugin's calls: to ``audit_log`` when one is given (tests,
     embedding hosts), else to the host's log of the config's home."""
 
-    __slots__ = ("_audit_log", "_clock", "_sink_cache")
+    __slots__ = ("_audit_log", "_clock", "_sink_cache", "_checks")
 
     def __init__(self, audit_log: AuditSink | None, clock: Callable[[], float]) -> None:
         self._audit_log = audit_log
         self._clock = clock
         self._sink_cache: tuple[HostConfig, AuditSink] | None = None
+        self._checks: tuple[AuditSink, bool] | None = None  # whether the last sink is ChecksWritable
 
     def elapsed_ms(self, call: Call) -> float:
         return (self._clock() - call.started) * 1000.0
@@ -108,7 +109,10 @@ class CallAudit:
         route = admitted.route
         try:
             sink = self.sink(config)
-            if isinstance(sink, ChecksWritable):
+            checks = self._checks
+            if checks is None or checks[0] is not sink:  # a protocol check costs microseconds: once per sink
+                checks = self._checks = (sink, isinstance(sink, ChecksWritable))
+            if checks[1]:
                 sink.check_writable()  # also refuses a nearly full disk, which one small record would not notice
             sink.write({
                 "event": EVENT_CALL_BEGIN,
