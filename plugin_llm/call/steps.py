@@ -77,7 +77,7 @@ class StreamProgress:
     def __init__(self) -> None:
         self.delivered = 0
         self.partial = True
-        self.stream: Any = None  # the open transport stream
+        self.stream: "TransportStream | AsyncTransportStream | None" = None  # the open transport stream
         self.call_id: str | None = None
         self.deadline: float | None = None  # the call's (time.monotonic), once admitted
         self.abandoned_by: str | None = None  # why the host ended it early (e.g. the service's "deadline")
