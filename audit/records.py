@@ -38,7 +38,9 @@ __all__ = [
     "CALL_FIELDS", "OPTIONAL_CALL_FIELDS", "DECISION_KEY", "ERROR_MESSAGE", "CONFIG_ERROR", "DENIED_ARGUMENTS",
     "REPAIRS", "AUDIT_RECORD_ERROR", "LIMITS_RESERVED_USD", "LIMITS_RESERVED_TOKENS", "LIMITS_STORE_ERROR",
     "LIMITS_LIMIT", "LIMITS_RESETS_AT", "LIMITS_REPAIR_REFUSED", "LIMITS_REPAIR_REFUSED_KEY", "LIMITS_MAX_TOKENS_SENT",
-    "STREAM", "STREAM_PARTIAL", "STREAM_DELIVERED_CHARS", "STREAM_ABANDONED_BY",
+    "STREAM", "STREAM_PARTIAL", "STREAM_DELIVERED_CHARS", "STREAM_ABANDONED_BY", "TIME_TO_FIRST_CHUNK",
+    "REQUEST_MAX_TOKENS", "REQUEST_TEMPERATURE", "REQUEST_TOP_P", "FINISH_REASONS", "CACHE_READ_TOKENS",
+    "CACHE_CREATION_TOKENS",
     # builders
     "CallFacts", "denial_record", "error_record", "outcome_record",
     # values
@@ -117,6 +119,15 @@ STREAM_PARTIAL = "stream.partial"
 STREAM_DELIVERED_CHARS = "stream.delivered_chars"
 #: why the host ended a stream early (``deadline``: its client stopped reading; ``write_timeout``)
 STREAM_ABANDONED_BY = "stream.abandoned_by"
+#: seconds from the call's start to the stream's first delta
+TIME_TO_FIRST_CHUNK = "gen_ai.response.time_to_first_chunk"
+# -- what the plugin asked for and how the reply ended (OpenTelemetry GenAI names), when known ---------------
+REQUEST_MAX_TOKENS = "gen_ai.request.max_tokens"
+REQUEST_TEMPERATURE = "gen_ai.request.temperature"
+REQUEST_TOP_P = "gen_ai.request.top_p"
+FINISH_REASONS = "gen_ai.response.finish_reasons"
+CACHE_READ_TOKENS = "gen_ai.usage.cache_read.input_tokens"
+CACHE_CREATION_TOKENS = "gen_ai.usage.cache_creation.input_tokens"
 #: added by the writer to the first line written after lines were lost
 AUDIT_WRITE_ERROR = "audit_write_error"
 #: present only when needed: what provider-reported usage had to be clamped
@@ -145,7 +156,8 @@ OPTIONAL_CALL_FIELDS: tuple[str, ...] = (
     DECISION_KEY, ERROR_MESSAGE, ERROR_CAUSE, CONFIG_ERROR, DENIED_ARGUMENTS, REPAIRS, USAGE_ANOMALY,
     AUDIT_WRITE_ERROR, AUDIT_RECORD_ERROR, LIMITS_RESERVED_USD, LIMITS_RESERVED_TOKENS, LIMITS_STORE_ERROR,
     LIMITS_LIMIT, LIMITS_RESETS_AT, LIMITS_REPAIR_REFUSED, LIMITS_REPAIR_REFUSED_KEY, LIMITS_MAX_TOKENS_SENT,
-    STREAM, STREAM_PARTIAL, STREAM_DELIVERED_CHARS, STREAM_ABANDONED_BY, *CONTENT_FIELDS,
+    STREAM, STREAM_PARTIAL, STREAM_DELIVERED_CHARS, STREAM_ABANDONED_BY, TIME_TO_FIRST_CHUNK, REQUEST_MAX_TOKENS,
+    REQUEST_TEMPERATURE, REQUEST_TOP_P, FINISH_REASONS, CACHE_READ_TOKENS, CACHE_CREATION_TOKENS, *CONTENT_FIELDS,
 )
 
 APIS = ("complete", "structured")
@@ -317,10 +329,12 @@ def outcome_record(facts: CallFacts, *, provider: str | None, request_model: str
                    response_model: str | None, usage: tuple[int, int, float | None], attempts: int,
                    overhead_ms: float, prompt_sha256: str | None, response_sha256: str | None,
                    anomalies: list[str] | None = None, structured: tuple[str | None, str, int] | None = None,
-                   content: tuple[Any, str | None] | None = None) -> dict[str, Any]:
+                   content: tuple[Any, str | None] | None = None,
+                   details: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The record of a call that was admitted: its outcome, usage and hashes. ``usage`` is (input tokens,
     output tokens, cost), ``structured`` (schema digest, validation, repairs) for a structured call,
-    ``content`` (messages, reply text) only when the operator logs content."""
+    ``content`` (messages, reply text) only when the operator logs content; ``details`` the request's sampling
+    parameters, the finish reason and cache token counts, keyed by their declared names (None values dropped)."""
     record = _opening(facts, "allowed", provider, request_model, latency_ms)
     record.update({
         DECISION_REASON: decision_reason, STATUS: status,
@@ -335,6 +349,10 @@ def outcome_record(facts: CallFacts, *, provider: str | None, request_model: str
         record[SCHEMA_SHA256], record[VALIDATION], record[REPAIRS] = structured
     if content is not None:
         record[INPUT_MESSAGES], record[OUTPUT_TEXT] = content
+    if details:
+        for key, value in details.items():
+            if value is not None:
+                record[key] = value
     return record
 
 

@@ -167,6 +167,24 @@ def test_a_streamed_call_is_one_span_marked_stream(hermes_home, captured):
     assert "streamed words" not in captured.exported_text() and content not in captured.exported_text()
 
 
+def test_the_request_parameters_finish_reason_and_first_chunk_time_reach_the_span(hermes_home, captured):
+    with FakeServer(default=Reply(content="streamed words", finish_reason="length")) as upstream:
+        configure(hermes_home, upstream.base_url, secret=canary())
+        llm = PluginLlm("p1")
+        llm.complete([{"role": "user", "content": "hi"}], max_tokens=50, temperature=0.3, top_p=0.9)
+        with llm.stream([{"role": "user", "content": "hi"}], max_tokens=40) as stream:
+            "".join(stream)
+    plain, streamed = sorted(captured.finished(), key=lambda s: s.start_time)
+    attrs = dict(plain.attributes)
+    assert (attrs["gen_ai.request.max_tokens"], attrs["gen_ai.request.temperature"],
+            attrs["gen_ai.request.top_p"]) == (50, 0.3, 0.9)
+    assert tuple(attrs["gen_ai.response.finish_reasons"]) == ("length",)
+    first = streamed.attributes["gen_ai.response.time_to_first_chunk"]
+    record = audit_lines(hermes_home)[-1]
+    assert record["gen_ai.response.time_to_first_chunk"] == first and 0 <= first <= record["latency_ms"] / 1000
+    assert streamed.attributes["gen_ai.request.max_tokens"] == 40
+
+
 def test_logged_content_and_error_messages_never_reach_the_export(hermes_home, captured):
     secret, content = canary(), canary()
     with FakeServer([Reply(content=f"reply {content}"), Reply.error(400, f"bad {content}")]) as upstream:

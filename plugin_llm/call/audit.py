@@ -172,7 +172,8 @@ class CallAudit:
             anomalies=tally.anomalies or None,
             structured=((structured.schema_sha256(tally.schema), tally.validation, tally.repairs)
                         if call.api == "structured" else None),
-            content=(messages, response.text if response else None) if admitted.config.audit.log_content else None)
+            content=(messages, response.text if response else None) if admitted.config.audit.log_content else None,
+            details=_details(tally.params, response, usage))
         if tally.limit_fields:
             record.update(tally.limit_fields)
         return record
@@ -186,3 +187,16 @@ class CallAudit:
             f"{config.path}: {what}. Fix the log (free disk space, permissions, file-size limits) or set "
             "audit.required: false to log best-effort."
         )
+
+
+def _details(params: dict[str, Any] | None, response: TransportResponse | None, usage: Any) -> dict[str, Any]:
+    """The request's sampling parameters as the plugin passed them, how the reply ended, its cache tokens."""
+    params = params or {}
+    return {
+        records.REQUEST_MAX_TOKENS: params.get("max_tokens"),
+        records.REQUEST_TEMPERATURE: params.get("temperature"),
+        records.REQUEST_TOP_P: params.get("top_p"),
+        records.FINISH_REASONS: [response.finish_reason] if response is not None and response.finish_reason else None,
+        records.CACHE_READ_TOKENS: usage.cache_read_tokens or None,
+        records.CACHE_CREATION_TOKENS: usage.cache_write_tokens or None,
+    }

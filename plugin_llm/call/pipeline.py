@@ -103,7 +103,7 @@ class Pipeline:
         if tools:
             params["tools"] = tools
         run = Run(call, self._admit(call, request), Tally())
-        run.tally.audit_messages = messages
+        run.tally.audit_messages, run.tally.params = messages, params
         return (yield from self._guarded(run, self._complete_steps(run, messages, params, finish)))
 
     def _complete_steps(self, run: Run, messages: list, params: dict, finish: Finish) -> Flow:
@@ -130,7 +130,7 @@ class Pipeline:
         run = Run(call, self._admit(call, request), Tally())
         progress.deadline = run.admitted.deadline
         run.tally.stream = progress
-        run.tally.audit_messages = messages
+        run.tally.audit_messages, run.tally.params = messages, params
         return (yield from self._guarded(run, self._stream_steps(run, messages, params)))
 
     def _stream_steps(self, run: Run, messages: list, params: dict) -> Flow:
@@ -154,6 +154,8 @@ class Pipeline:
                 text = yield StreamRead(progress.stream)
                 if text is None:
                     break
+                if not progress.delivered:
+                    progress.first_chunk_seconds = self._audit.elapsed_ms(run.call) / 1000.0
                 progress.delivered += len(text)
                 yield Emit(text)
             response = checked_response(progress.stream.final(), admitted.route, tally)
@@ -214,6 +216,7 @@ class Pipeline:
         check_params(request.temperature, request.max_tokens, request.timeout)
         params: dict[str, Any] = {"temperature": request.temperature, "max_tokens": request.max_tokens, **extra}
         run = Run(call, self._admit(call, request), Tally(schema=checked.json_schema))
+        run.tally.params = params
         return (yield from self._guarded(run, self._structured_steps(run, checked, params)))
 
     def _structured_steps(self, run: Run, spec: StructuredSpec, params: dict) -> Flow:

@@ -72,7 +72,7 @@ Flow = Generator[Step, Any, Any]
 class StreamProgress:
     """What a stream delivered so far (for the audit record of a partial stream)."""
 
-    __slots__ = ("delivered", "partial", "stream", "call_id", "deadline", "abandoned_by")
+    __slots__ = ("delivered", "partial", "stream", "call_id", "deadline", "abandoned_by", "first_chunk_seconds")
 
     def __init__(self) -> None:
         self.delivered = 0
@@ -81,12 +81,15 @@ class StreamProgress:
         self.call_id: str | None = None
         self.deadline: float | None = None  # the call's (time.monotonic), once admitted
         self.abandoned_by: str | None = None  # why the host ended it early (e.g. the service's "deadline")
+        self.first_chunk_seconds: float | None = None  # from the call's start to the first delta
 
     def fields(self) -> dict[str, Any]:
         fields = {records.STREAM: True, records.STREAM_PARTIAL: self.partial,
                   records.STREAM_DELIVERED_CHARS: self.delivered}
         if self.abandoned_by is not None:
             fields[records.STREAM_ABANDONED_BY] = self.abandoned_by
+        if self.first_chunk_seconds is not None:
+            fields[records.TIME_TO_FIRST_CHUNK] = round(self.first_chunk_seconds, 6)
         return fields
 
 
@@ -130,7 +133,7 @@ class Tally:
     """Running totals of one call across transport requests (repairs), and whether it is on record."""
 
     __slots__ = ("usage", "attempts", "provider_seconds", "repairs", "schema", "validation", "anomalies",
-                 "audited", "audit_messages", "limit_fields", "stream", "repairing")
+                 "audited", "audit_messages", "limit_fields", "stream", "repairing", "params")
 
     def __init__(self, schema: dict | None = None) -> None:
         self.usage = PluginLlmUsage()
@@ -145,6 +148,7 @@ class Tally:
         self.audit_messages: list[dict[str, Any]] | None = None
         self.limit_fields: dict[str, Any] | None = None
         self.stream: StreamProgress | None = None  # a streamed call's progress (stream.* audit fields)
+        self.params: dict[str, Any] | None = None  # the request's parameters (the record's sampling fields)
 
     def add_limits(self, fields: dict[str, Any]) -> None:
         """Limit fields for the audit record; reservations of several requests (repairs) add up."""
