@@ -30,7 +30,15 @@ def test_valid_hooks_is_the_spec_set():
         # added by current Hermes
         "api_request_error", "subagent_start", "subagent_stop", "transform_terminal_output",
         "pre_gateway_dispatch", "pre_approval_request", "post_approval_response",
+        # Hermes 0.19.0 names this host lacked, and the ones 0.21.3 added: 39 in all
+        "pre_verify", "kanban_task_claimed", "kanban_task_completed", "kanban_task_blocked",
+        "on_stream_start", "on_stream_delta", "on_stream_end", "on_interim_message",
+        "transform_api_error_classification", "on_skill_lifecycle", "agent_loop_stopped",
+        "on_room_member_activity", "pre_transcription", "on_kanban_worker_spawned", "on_kanban_worker_exited",
+        "on_kanban_worker_stale_claim", "on_kanban_task_updated", "on_kanban_dispatch_tick",
+        "gateway_platform_event", "pre_command",
     }
+    assert len(VALID_HOOKS) == 39
 
 
 def test_results_in_registration_order_without_none(hermes_home):
@@ -60,7 +68,7 @@ def test_callbacks_receive_only_accepted_kwargs_and_params_alias(hermes_home):
     assert seen == [
         ("params", "t", {"x": 1}, "r"),
         ("args", {"x": 1}),
-        ("kw", ["args", "extra", "params", "result", "tool_name"]),
+        ("kw", ["args", "extra", "params", "result", "telemetry_schema_version", "tool_name"]),
         ("none",),
         ("kwonly", "r", "default"),
     ]

@@ -33,42 +33,60 @@ from typing import Any, Callable
 
 from .isolation import SIGINT_WATCH, HostInterrupt, UnusableValue, error_text, exact_str, plain, shown, type_name
 
-__all__ = ["VALID_HOOKS", "NEVER_FIRED", "HookEntry", "HookOutcome", "HookTimeoutError", "HookRunner", "call_limited"]
+__all__ = ["VALID_HOOKS", "NEVER_FIRED", "CALLBACK_TIMEOUT_HOOKS", "FAIL_CLOSED_HOOKS", "SUPPRESSION_SECONDS",
+           "TELEMETRY_SCHEMA_VERSION", "HookEntry", "HookOutcome", "HookTimeoutError", "HookSuppressedError",
+           "HookRunner", "call_limited"]
 
 _log = logging.getLogger("plugin_llm.plugins")
 
-#: Hook names plugins may register (SPEC §8 plus the ones current Hermes added). Unknown names are
-#: accepted with a warning. Where this host fires each one is listed in :data:`NEVER_FIRED` (never)
-#: and the README; ``api_request_error`` fires when a turn's model request fails.
+#: Hermes 0.21.3's hook names. Unknown names are accepted with a warning. Where this host fires
+#: each one: :data:`NEVER_FIRED` (never) and docs/plugin-authors.md.
 VALID_HOOKS = frozenset(
     {
-        "pre_tool_call",
-        "post_tool_call",
-        "pre_llm_call",
-        "post_llm_call",
-        "pre_api_request",
-        "post_api_request",
-        "api_request_error",
-        "on_session_start",
-        "on_session_end",
-        "on_session_finalize",
-        "on_session_reset",
-        "transform_tool_result",
-        "transform_llm_output",
-        "transform_terminal_output",
-        "subagent_start",
-        "subagent_stop",
-        "pre_gateway_dispatch",
-        "pre_approval_request",
-        "post_approval_response",
+        "pre_tool_call", "post_tool_call", "transform_terminal_output", "transform_tool_result",
+        "transform_llm_output", "pre_llm_call", "post_llm_call",
+        "on_stream_start", "on_stream_delta", "on_stream_end", "on_interim_message",
+        "pre_verify", "pre_api_request", "post_api_request", "api_request_error",
+        "transform_api_error_classification",
+        "on_session_start", "on_session_end", "on_session_finalize", "on_session_reset",
+        "on_skill_lifecycle", "subagent_start", "subagent_stop", "pre_gateway_dispatch",
+        "agent_loop_stopped", "pre_approval_request", "post_approval_response",
+        "on_room_member_activity", "pre_transcription",
+        "kanban_task_claimed", "kanban_task_completed", "kanban_task_blocked",
+        "on_kanban_worker_spawned", "on_kanban_worker_exited", "on_kanban_worker_stale_claim",
+        "on_kanban_task_updated", "on_kanban_dispatch_tick",
+        "gateway_platform_event", "pre_command",
     }
 )
 #: Hooks accepted for compatibility that this host has no point to fire: no subagents, no
-#: messaging gateway, no approval prompts, no terminal (shell) tool.
+#: messaging gateway, no approval prompts, no terminal (shell) tool, no skills lifecycle, no
+#: rooms, no transcription, no kanban board.
 NEVER_FIRED = frozenset(
     {"subagent_start", "subagent_stop", "pre_gateway_dispatch", "pre_approval_request", "post_approval_response",
-     "transform_terminal_output"}
+     "transform_terminal_output", "on_interim_message", "on_skill_lifecycle", "agent_loop_stopped",
+     "on_room_member_activity", "pre_transcription", "kanban_task_claimed", "kanban_task_completed",
+     "kanban_task_blocked", "on_kanban_worker_spawned", "on_kanban_worker_exited",
+     "on_kanban_worker_stale_claim", "on_kanban_task_updated", "on_kanban_dispatch_tick",
+     "gateway_platform_event"}
 )
+#: Hermes's hot-path hooks bounded by ``plugins.hook_callback_timeout`` (timeout = skipped, fail-open).
+CALLBACK_TIMEOUT_HOOKS = frozenset(
+    {"post_tool_call", "transform_terminal_output", "transform_tool_result", "transform_llm_output",
+     "pre_llm_call", "post_llm_call", "pre_api_request", "post_api_request", "api_request_error",
+     "pre_verify", "on_session_start", "on_session_end"}
+)
+#: Policy hooks: a callback that times out, is suppressed or raises blocks (fail-closed).
+FAIL_CLOSED_HOOKS = frozenset({"pre_tool_call"})
+#: Seconds a callback that timed out is skipped for (Hermes: a hung hook cannot pile up threads).
+SUPPRESSION_SECONDS = 60.0
+#: Added to every hook's keywords (Hermes's observer schema) except ``gateway_platform_event``.
+TELEMETRY_SCHEMA_VERSION = "hermes.observer.v1"
+#: The time limit of the hook invocation running on this thread/context (an isolated plugin's
+#: process call uses it as its budget); None outside one.
+CURRENT_LIMIT: contextvars.ContextVar[float | None] = contextvars.ContextVar("plugin_hook_limit", default=None)
+#: The config key that set that limit (named in timeout errors).
+_LIMIT_SETTING: contextvars.ContextVar[str] = contextvars.ContextVar("plugin_hook_setting",
+                                                                     default="plugins.hook_timeout")
 
 #: Seconds a callback that caught its timeout gets to unwind before every check point raises.
 _GRACE = 0.1
@@ -77,7 +95,12 @@ _FORCE_INTERVAL = 0.01
 
 
 class HookTimeoutError(TimeoutError):
-    """A hook callback did not return within ``plugins.hook_timeout``."""
+    """A hook callback did not return within its time limit (``plugins.hook_callback_timeout`` /
+    ``plugins.hook_timeout``)."""
+
+
+class HookSuppressedError(HookTimeoutError):
+    """A callback skipped because it timed out less than :data:`SUPPRESSION_SECONDS` ago."""
 
 
 @dataclass(frozen=True)
@@ -146,7 +169,7 @@ class HookOutcome:
 
     @property
     def timed_out(self) -> bool:
-        return type(self.error) is HookTimeoutError
+        return isinstance(self.error, HookTimeoutError)
 
     @property
     def unreadable(self) -> bool:
@@ -295,7 +318,7 @@ class _InlineRunner:
         except _Alarm:
             forced = " (it caught the interruption and was forced out)" if self.forced else ""
             error = HookTimeoutError(
-                f"did not return within {timeout:g}s (plugins.hook_timeout); it was interrupted{forced}")
+                f"did not return within {timeout:g}s ({_LIMIT_SETTING.get()}); it was interrupted{forced}")
             return HookOutcome(entry, None, error, f"HookTimeoutError: {error}")
         return outcome
 
@@ -445,7 +468,7 @@ def _wait(batch: _Batch, timeout: float) -> int:
             batch.abandoned = True
             entry = batch.calls[index][0]
             error = HookTimeoutError(
-                f"did not return within {timeout:g}s (plugins.hook_timeout); it keeps running in the background"
+                f"did not return within {timeout:g}s ({_LIMIT_SETTING.get()}); it keeps running in the background"
             )
             batch.outcomes[index] = HookOutcome(entry, None, error, f"HookTimeoutError: {error}")
         return index + 1
@@ -472,7 +495,10 @@ class HookRunner:
     """Registered callbacks per hook and their isolated, time-limited invocation.
 
     ``timeout`` is called on every invocation (it reads ``plugins.hook_timeout``
-    from the current config); ``on_error(entry, error, text)`` is called once per
+    from the current config); ``callback_timeout`` (``plugins.hook_callback_timeout``,
+    None when unset or disabled) replaces it for :data:`CALLBACK_TIMEOUT_HOOKS` and
+    :data:`FAIL_CLOSED_HOOKS`. A callback that timed out is skipped for
+    :data:`SUPPRESSION_SECONDS`. ``on_error(entry, error, text)`` is called once per
     distinct error with its safe ``Type: message`` text (the manager writes the
     audit ``hook_error`` event).
     """
@@ -483,12 +509,15 @@ class HookRunner:
         self,
         timeout: Callable[[], float],
         on_error: Callable[[HookEntry, BaseException, str], None] | None = None,
+        callback_timeout: Callable[[], float | None] | None = None,
     ) -> None:
         self._timeout = timeout
+        self._callback_timeout = callback_timeout
         self._on_error = on_error
         self._hooks: dict[str, tuple[HookEntry, ...]] = {}  # replaced, never mutated: lock-free reads
         self._lock = threading.Lock()
         self._reported: set[tuple[str, str, str, str]] = set()
+        self._suppressed: dict[int, tuple[HookEntry, float]] = {}  # id(entry) -> (entry, until)
 
     # registration ---------------------------------------------------------------------
 
@@ -515,10 +544,12 @@ class HookRunner:
                 for hook, entries in self._hooks.items()
                 if (kept := tuple(e for e in entries if e.plugin_key != plugin_key))
             }
+            self._suppressed = {k: v for k, v in self._suppressed.items() if v[0].plugin_key != plugin_key}
 
     def clear(self) -> None:
         with self._lock:
             self._hooks = {}
+            self._suppressed = {}
 
     def entries(self, hook: str) -> tuple[HookEntry, ...]:
         return self._hooks.get(hook, ())
@@ -531,18 +562,56 @@ class HookRunner:
 
     # invocation -----------------------------------------------------------------------
 
+    def limit(self, hook: str) -> tuple[float, str]:
+        """(seconds, config key) bounding one callback of ``hook``."""
+        if self._callback_timeout is not None and (hook in CALLBACK_TIMEOUT_HOOKS or hook in FAIL_CLOSED_HOOKS):
+            seconds = self._callback_timeout()
+            if seconds is not None:
+                return min(float(seconds), threading.TIMEOUT_MAX), "plugins.hook_callback_timeout"
+        return min(float(self._timeout()), threading.TIMEOUT_MAX), "plugins.hook_timeout"
+
     def run(self, hook: str, kwargs: dict[str, Any]) -> list[HookOutcome]:
-        """Every callback's outcome, in registration order (errors and timeouts included)."""
+        """Every callback's outcome, in registration order (errors, timeouts and skips included)."""
         entries = self._hooks.get(hook)
         if not entries:
             return []
-        timeout = min(float(self._timeout()), threading.TIMEOUT_MAX)
-        calls = [(entry, entry.select_kwargs(kwargs)) for entry in entries]
-        outcomes = _run_limited(calls, timeout)
+        if hook != "gateway_platform_event" and "telemetry_schema_version" not in kwargs:
+            kwargs = {**kwargs, "telemetry_schema_version": TELEMETRY_SCHEMA_VERSION}
+        timeout, setting = self.limit(hook)
+        outcomes: list[Any] = [None] * len(entries)
+        calls, slots = [], []
+        now = monotonic()
+        for index, entry in enumerate(entries):
+            held = self._suppressed.get(id(entry))
+            if held is not None and held[0] is entry and held[1] > now:
+                error = HookSuppressedError(
+                    f"skipped: it timed out less than {SUPPRESSION_SECONDS:g}s ago ({setting})")
+                outcomes[index] = HookOutcome(entry, None, error, f"HookSuppressedError: {error}")
+                continue
+            calls.append((entry, entry.select_kwargs(kwargs)))
+            slots.append(index)
+        if calls:
+            tokens = CURRENT_LIMIT.set(timeout), _LIMIT_SETTING.set(setting)
+            try:
+                ran = _run_limited(calls, timeout)
+            finally:
+                _LIMIT_SETTING.reset(tokens[1])
+                CURRENT_LIMIT.reset(tokens[0])
+            for index, outcome in zip(slots, ran):
+                outcomes[index] = outcome
+                if outcome.timed_out:
+                    self._suppress(outcome.entry)
         for outcome in outcomes:
             if outcome.error is not None:
                 self.report(outcome)
         return outcomes
+
+    def _suppress(self, entry: HookEntry) -> None:
+        with self._lock:
+            now = monotonic()
+            if len(self._suppressed) >= self._MAX_REPORTED:
+                self._suppressed = {k: v for k, v in self._suppressed.items() if v[1] > now}
+            self._suppressed[id(entry)] = (entry, now + SUPPRESSION_SECONDS)
 
     def results(self, hook: str, kwargs: dict[str, Any]) -> list[Any]:
         """Non-None return values of the callbacks that succeeded, in registration order."""

@@ -35,7 +35,7 @@ from .context import PluginContext
 from .discovery import SOURCE_ENTRY_POINT, PluginCandidate, candidate_location, discover_all_candidates
 from .manifest import KIND_EXCLUSIVE, KIND_MODEL_PROVIDER, KIND_PLATFORM, KIND_STANDALONE
 from .engines import ContextEngine, MemoryProvider
-from .hooks import HookEntry, HookOutcome, HookRunner, call_limited
+from .hooks import FAIL_CLOSED_HOOKS, HookEntry, HookOutcome, HookRunner, call_limited
 from .middleware import REQUEST_KINDS, RUN_KINDS, MiddlewareEntry, apply_requests, run_chain
 from .isolation import (
     MAX_TEXT,
@@ -195,6 +195,20 @@ def _run_awaitable(awaitable: Any) -> Any:
     return box.get("value")
 
 
+#: what a transform_api_error_classification verdict may carry (Hermes's ClassifiedError fields)
+_CLASSIFICATION_FIELDS = ("reason", "retryable", "should_compress", "should_rotate_credential", "should_fallback",
+                          "message", "error_context")
+
+
+def _fail_closed_message(hook: str, outcome: HookOutcome) -> str:
+    """Hermes's block directive text for a fail-closed hook whose callback gave no decision."""
+    if outcome.timed_out:
+        return f"{hook} plugin callback timed out or is still running"
+    callback = getattr(outcome.entry.callback, "__name__", None)
+    name = exact_str(callback) if issubclass(type(callback), str) else type_name(outcome.entry.callback)
+    return f"{hook} plugin callback {bounded(name, 100)} raised {bounded(outcome.error_text or '', 240)}"
+
+
 def _tool_error(message: str) -> str:
     return json.dumps({"error": message}, ensure_ascii=False)
 
@@ -330,7 +344,7 @@ class PluginManager:
         self._entry_points = list(entry_points) if entry_points is not None else None
         self._settings = SettingsSource(self.home)
         self._registry = PluginRegistry()
-        self._hooks = HookRunner(self._hook_timeout, self._on_hook_error)
+        self._hooks = HookRunner(self._hook_timeout, self._on_hook_error, self._hook_callback_timeout)
         #: tool and middleware failures: logged and audited once each, with the plugin's frames
         self._failures = FailureReporter(_log, self._audit)
         self._records: dict[str, _PluginRecord] = {}
@@ -355,6 +369,9 @@ class PluginManager:
 
     def _hook_timeout(self) -> float:
         return self._settings.current().hook_timeout
+
+    def _hook_callback_timeout(self) -> float | None:
+        return self._settings.current().hook_callback_timeout
 
     def _say_once(self, message: str, level: int = logging.WARNING) -> None:
         if message not in self._said:
@@ -1026,8 +1043,19 @@ class PluginManager:
 
     def invoke_hook(self, name: str, **kwargs: Any) -> list[Any]:
         """Call every callback of ``name`` (keyword arguments only); their non-None
-        results in registration order. Each callback is isolated and time-limited."""
-        return self._hooks.results(name, kwargs)
+        results in registration order. Each callback is isolated and time-limited; for a
+        fail-closed hook (``pre_tool_call``) a callback that timed out, is suppressed or
+        raised contributes Hermes's block directive instead."""
+        if name not in FAIL_CLOSED_HOOKS:
+            return self._hooks.results(name, kwargs)
+        results = []
+        for outcome in self._hooks.run(name, kwargs):
+            if outcome.error is None:
+                if outcome.value is not None:
+                    results.append(outcome.value)
+            else:
+                results.append({"action": "block", "message": _fail_closed_message(name, outcome)})
+        return results
 
     async def ainvoke_hook(self, name: str, **kwargs: Any) -> list[Any]:
         """``invoke_hook`` without blocking the event loop."""
@@ -1045,6 +1073,19 @@ class PluginManager:
         verdict that cannot be read (reading it raised, too large or deep, an ``action``
         that is not a string) blocks (fail-closed) with a message naming its plugin.
         """
+        action, message, _ = self._pre_tool_call(tool_name, args, kw)
+        return message if action == "block" else None
+
+    def get_pre_tool_call_directive(self, tool_name: str, args: Any, **kw: Any) -> tuple[str | None, str | None]:
+        """Hermes's ``(directive, message)``: ``("block", message)``, ``("approve", message or None)``
+        (the first of the two wins) or ``(None, None)``."""
+        action, message, _ = self._pre_tool_call(tool_name, args, kw)
+        return action, message
+
+    def _pre_tool_call(self, tool_name: str, args: Any, kw: dict[str, Any]) -> tuple[str | None, str | None, Any]:
+        """(directive, message, args): the first block/approve directive (a failing guard blocks), and
+        ``args`` with every ``{"action": "modify", "args": {...}}`` shallow-merged in order (later wins)."""
+        modified: dict[str, Any] = {}
         for outcome in self._hooks.run("pre_tool_call", {**kw, "tool_name": tool_name, "args": args}):
             value = outcome.value  # plain data: exact types only (see hooks.HookOutcome)
             if outcome.error is None and type(value) is dict and not _readable_action(value.get("action")):
@@ -1055,15 +1096,53 @@ class PluginManager:
                 what = ("timed out" if outcome.timed_out else
                         "returned a verdict that could not be read" if outcome.unreadable else "failed")
                 name = bounded(exact_str(tool_name), 100) if issubclass(type(tool_name), str) else type_name(tool_name)
-                return (
+                return "block", (
                     f"the pre_tool_call guard of plugin '{outcome.entry.plugin_key}' {what} "
                     f"({outcome.error_text}); '{name}' is blocked (fail-closed)"
-                )
-            if type(value) is dict and value.get("action") == "block":
-                message = value.get("message")
-                if type(message) is str and message.strip():
-                    return message
+                ), args
+            if type(value) is not dict:
+                continue
+            action, message = value.get("action"), value.get("message")
+            message = message.strip() if type(message) is str and message.strip() else None
+            if action == "block" and message:
+                return "block", message, args
+            if action == "approve":
+                return "approve", message, args
+            if action == "modify" and type(value.get("args")) is dict:
+                modified.update(value["args"])
+        if modified and isinstance(args, Mapping):
+            args = {**args, **modified}
+        return None, None, args
+
+    def get_pre_verify_continue_message(self, **kw: Any) -> str | None:
+        """Hermes's pre_verify verdict: the first ``{"action": "continue", "message"}`` or
+        ``{"decision": "block", "reason"}`` with a non-empty text keeps the turn going (its text)."""
+        kw.setdefault("changed_paths", [])
+        for value in self._hooks.results("pre_verify", kw):
+            if type(value) is not dict:
+                continue
+            action = value.get("action") or value.get("decision") or ""
+            if type(action) is not str or action.strip().lower() not in ("continue", "block"):
+                continue
+            message = value.get("message") or value.get("reason")
+            if type(message) is str and message.strip():
+                return message.strip()
         return None
+
+    def get_plugin_error_classification(self, **kw: Any) -> dict[str, Any] | None:
+        """transform_api_error_classification: every callback runs, the first dict naming a
+        ``reason`` wins (only Hermes's fields are kept)."""
+        for value in self._hooks.results("transform_api_error_classification", kw):
+            if type(value) is dict and type(value.get("reason")) is str and value["reason"].strip():
+                return {k: value[k] for k in _CLASSIFICATION_FIELDS if k in value}
+        return None
+
+    def fire_pre_command_hook(self, *, surface: str, command: str, alias_used: str | None = None,
+                              args_raw: str = "", session_key: str | None = None,
+                              platform: str | None = None) -> None:
+        """Hermes's ``pre_command`` observer, before a slash command runs (return values ignored)."""
+        self._hooks.run("pre_command", dict(surface=surface, command=command, alias_used=alias_used,
+                                            args_raw=args_raw, session_key=session_key, platform=platform))
 
     def get_pre_llm_call_context(self, **kw: Any) -> str:
         """pre_llm_call contributions (a string or ``{"context": str}``), joined with a blank line."""
@@ -1241,12 +1320,25 @@ class PluginManager:
         tool_name = entry.name
         hook_kw = self._hook_kwargs(kw, parent_agent)
         args = self._tool_request(tool_name, args, hook_kw)
-        block = self.get_pre_tool_call_block_message(tool_name, args, **hook_kw)
+        block, args = self._tool_verdict(tool_name, args, hook_kw)
         if block is not None:
-            _log.info("tool %s blocked: %s", tool_name, block)
-            return _tool_error(f"Tool '{tool_name}' was blocked by plugin policy: {block}")
+            return block
         result = self._execute_tool(entry, tool_name, args, parent_agent, kw, hook_kw)
         return self._after_tool(tool_name, args, result, hook_kw)
+
+    def _tool_verdict(self, tool_name: str, args: Any, hook_kw: dict[str, Any]) -> tuple[str | None, Any]:
+        """(the tool error when the guards block it, the arguments after their ``modify`` directives).
+        ``approve`` blocks too: this host has no human-approval prompt (fail-closed)."""
+        if not self._hooks.has_hook("pre_tool_call"):
+            return None, args
+        action, message, args = self._pre_tool_call(tool_name, args, hook_kw)
+        if action == "approve":
+            message = (f"plugin approval required for {tool_name}" + (f" ({message})" if message else "")
+                       + "; this host has no approval prompt, so the call is refused (fail-closed)")
+        if action is None:
+            return None, args
+        _log.info("tool %s blocked: %s", tool_name, message)
+        return _tool_error(f"Tool '{tool_name}' was blocked by plugin policy: {message}"), args
 
     def _run_tool_terminal(self, entry: ToolEntry, args: Any, parent_agent: Any, kw: dict[str, Any]) -> str:
         result, failure = _guarded(self._run_handler, entry, args, parent_agent, kw)
@@ -1277,10 +1369,9 @@ class PluginManager:
         if self._middleware.get("tool_request"):
             args = await asyncio.to_thread(self._tool_request, tool_name, args, hook_kw)
         if self._hooks.has_hook("pre_tool_call"):
-            block = await asyncio.to_thread(self.get_pre_tool_call_block_message, tool_name, args, **hook_kw)
+            block, args = await asyncio.to_thread(self._tool_verdict, tool_name, args, hook_kw)
             if block is not None:
-                _log.info("tool %s blocked: %s", tool_name, block)
-                return _tool_error(f"Tool '{tool_name}' was blocked by plugin policy: {block}")
+                return block
         if self._middleware.get("tool_execution"):
             result, failure = await asyncio.to_thread(
                 _guarded, self._execute_tool, entry, tool_name, args, parent_agent, kw, hook_kw)

@@ -915,12 +915,12 @@ class RemotePlugin:
 
     def invoke(self, index: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Run the plugin's callable ``index`` in its process: its (decoded) result, or what it raised."""
-        from .hooks import HookTimeoutError
+        from .hooks import CURRENT_LIMIT, HookTimeoutError
 
         slot = self._slots[index]
         child = self._ready_child()
         # A little under the hook runner's own limit: this call times out first, with its own message.
-        limit = self._manager._hook_timeout()
+        limit = CURRENT_LIMIT.get() or self._manager._hook_timeout()
         budget = _Budget(limit - min(0.05, limit / 10)) if slot.limited else None
         ids: list[int] = []
 

@@ -79,6 +79,9 @@ class PluginSettings:
     enabled: frozenset[str] = frozenset()
     disabled: frozenset[str] = frozenset()
     hook_timeout: float = DEFAULT_HOOK_TIMEOUT
+    #: ``plugins.hook_callback_timeout`` (Hermes's key; at most 600 s): bounds Hermes's hot-path hooks
+    #: instead of ``hook_timeout``; None when unset, not a number or <= 0 (``hook_timeout`` applies)
+    hook_callback_timeout: float | None = None
     memory_provider: str = ""
     context_engine: str = ""
     image_gen_provider: str = ""
@@ -165,6 +168,23 @@ def _timeout(value: Any, problems: list[str]) -> float:
         )
         return DEFAULT_HOOK_TIMEOUT
     return float(value)
+
+
+#: Hermes's ceiling for ``plugins.hook_callback_timeout``
+MAX_HOOK_CALLBACK_TIMEOUT = 600.0
+
+
+def _callback_timeout(value: Any, problems: list[str]) -> float | None:
+    """Hermes's reading of ``plugins.hook_callback_timeout``; <= 0 disables it (``hook_timeout`` still bounds)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        problems.append(f"plugins.hook_callback_timeout must be a number of seconds, got {value!r}; "
+                        "plugins.hook_timeout applies")
+        return None
+    if value <= 0:
+        return None
+    return min(float(value), MAX_HOOK_CALLBACK_TIMEOUT)
 
 
 def _selected(raw: Mapping[str, Any]) -> dict[str, str]:
@@ -272,6 +292,7 @@ def settings_from_raw(raw: Mapping[str, Any] | None) -> PluginSettings:
         enabled=_name_list(plugins.get("enabled"), "plugins.enabled", problems),
         disabled=_name_list(plugins.get("disabled"), "plugins.disabled", problems),
         hook_timeout=_timeout(plugins.get("hook_timeout"), problems),
+        hook_callback_timeout=_callback_timeout(plugins.get("hook_callback_timeout"), problems),
         memory_provider=_text(raw, "memory", "provider", problems),
         context_engine=_text(raw, "context", "engine", problems),
         image_gen_provider=_text(raw, "image_gen", "provider", problems),

@@ -1,0 +1,210 @@
+"""Hermes 0.21.3's hook contract: the 39 names, ``plugins.hook_callback_timeout`` with its
+fail-open / fail-closed split and 60 s suppression, the pre_tool_call directives (block, approve,
+modify), pre_verify, error classification, pre_command and the observer schema version."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+
+from plugin_llm.plugins import PluginManager
+from plugin_llm.plugins import hooks as hooks_module
+from plugin_llm.plugins.hooks import HookRunner
+from plugin_llm.plugins.settings import settings_from_raw
+from tests.plugin_fixtures import configure, write_plugin
+
+RELEASE = threading.Event()  # set at teardown: abandoned callbacks finish
+SEEN: list = []  # what the test plugins record
+
+
+@pytest.fixture(autouse=True)
+def _release_hung_callbacks():
+    RELEASE.clear()
+    SEEN.clear()
+    yield
+    RELEASE.set()
+
+
+def manager_with(home, plugins: dict[str, str], **plugin_settings) -> PluginManager:
+    for name, code in plugins.items():
+        write_plugin(home / "plugins", name, code)
+    configure(home, enabled=list(plugins), plugins=plugin_settings)
+    m = PluginManager(home)
+    m.discover_plugins()
+    return m
+
+
+# --- plugins.hook_callback_timeout ------------------------------------------------------------
+
+
+def test_callback_timeout_setting_is_read_like_hermes():
+    read = lambda value: settings_from_raw({"plugins": {"hook_callback_timeout": value}})  # noqa: E731
+    assert settings_from_raw({}).hook_callback_timeout is None  # unset: plugins.hook_timeout applies
+    assert read(5).hook_callback_timeout == 5.0
+    assert read(10_000).hook_callback_timeout == 600.0  # clamped
+    assert read(0).hook_callback_timeout is None and read(-1).hook_callback_timeout is None  # disabled
+    bad = read("soon")
+    assert bad.hook_callback_timeout is None
+    assert any("plugins.hook_callback_timeout" in p for p in bad.problems)
+    assert read(5).hook_timeout == 30.0  # the older key keeps its own default
+
+
+def test_callback_timeout_bounds_hermes_hot_path_hooks_only():
+    runner = HookRunner(lambda: 30.0, callback_timeout=lambda: 2.0)
+    assert runner.limit("pre_tool_call") == (2.0, "plugins.hook_callback_timeout")
+    assert runner.limit("post_llm_call") == (2.0, "plugins.hook_callback_timeout")
+    # Hermes leaves these unbounded; here the older plugins.hook_timeout still bounds them
+    assert runner.limit("on_session_finalize") == (30.0, "plugins.hook_timeout")
+    assert runner.limit("pre_command") == (30.0, "plugins.hook_timeout")
+    assert HookRunner(lambda: 7.0, callback_timeout=lambda: None).limit("pre_tool_call") == (7.0, "plugins.hook_timeout")
+
+
+HUNG_GUARD = """
+import threading
+from tests.test_hermes_hooks import RELEASE, SEEN
+
+def register(ctx):
+    def guard(tool_name, args):
+        SEEN.append(tool_name)
+        RELEASE.wait(30)
+    ctx.register_hook("pre_tool_call", guard)
+    ctx.register_tool("echo", {"name": "echo", "parameters": {"type": "object"}},
+                      lambda args: "ran")
+"""
+
+
+@pytest.mark.slow
+def test_pre_tool_call_timeout_fails_closed_and_is_suppressed(hermes_home):
+    m = manager_with(hermes_home, {"hung": HUNG_GUARD}, hook_timeout=30, hook_callback_timeout=0.3)
+    directive = {"action": "block", "message": "pre_tool_call plugin callback timed out or is still running"}
+    assert m.invoke_hook("pre_tool_call", tool_name="echo", args={}) == [directive]
+    # suppressed for 60 s: not called again, still blocks
+    assert m.invoke_hook("pre_tool_call", tool_name="echo", args={}) == [directive]
+    result = json.loads(m.dispatch_tool("echo", {}))
+    assert "blocked" in result["error"] and "timed out" in result["error"] and "ran" not in result["error"]
+    assert SEEN == ["echo"]
+
+
+@pytest.mark.slow
+def test_suppression_ends_after_its_window(hermes_home, monkeypatch):
+    monkeypatch.setattr(hooks_module, "SUPPRESSION_SECONDS", 0.0)
+    m = manager_with(hermes_home, {"hung": HUNG_GUARD}, hook_callback_timeout=0.3)
+    m.invoke_hook("pre_tool_call", tool_name="a", args={})
+    m.invoke_hook("pre_tool_call", tool_name="b", args={})
+    assert SEEN == ["a", "b"]
+
+
+@pytest.mark.slow
+def test_observer_timeout_fails_open(hermes_home):
+    m = manager_with(hermes_home, {
+        "a_hung": "from tests.test_hermes_hooks import RELEASE\n"
+                  "def register(ctx):\n    ctx.register_hook('post_llm_call', lambda: RELEASE.wait(30))\n",
+        "b_ok": "def register(ctx):\n    ctx.register_hook('post_llm_call', lambda: 'fine')\n",
+    }, hook_callback_timeout=0.3)
+    assert m.invoke_hook("post_llm_call", session_id="s") == ["fine"]
+
+
+def test_pre_tool_call_that_raises_gives_hermes_block_directive(hermes_home):
+    m = manager_with(hermes_home, {
+        "boom": "def register(ctx):\n"
+                "    def strict_guard(**kw):\n        raise RuntimeError('policy store down')\n"
+                "    ctx.register_hook('pre_tool_call', strict_guard)\n",
+    })
+    [directive] = m.invoke_hook("pre_tool_call", tool_name="t", args={})
+    assert directive["action"] == "block"
+    assert directive["message"] == "pre_tool_call plugin callback strict_guard raised RuntimeError: policy store down"
+    # an observer that raises contributes nothing (fail-open)
+    assert m.invoke_hook("post_tool_call", tool_name="t", args={}, result="r") == []
+
+
+# --- pre_tool_call directives -----------------------------------------------------------------
+
+
+TOOL = """
+SEEN = []
+def register(ctx):
+    def handler(args):
+        SEEN.append(dict(args))
+        return "ok " + ",".join(f"{k}={v}" for k, v in sorted(args.items()))
+    ctx.register_tool("write", {"name": "write", "parameters": {"type": "object"}}, handler)
+"""
+
+
+def test_modify_directives_are_shallow_merged_in_order(hermes_home):
+    m = manager_with(hermes_home, {
+        "a_tool": TOOL,
+        "b_mod": "def register(ctx):\n"
+                 "    ctx.register_hook('pre_tool_call', lambda args: {'action': 'modify', 'args': {'path': '/safe/a', 'mode': 'ro'}})\n",
+        "c_mod": "def register(ctx):\n"
+                 "    ctx.register_hook('pre_tool_call', lambda args: {'action': 'modify', 'args': {'path': '/safe/c'}})\n",
+        "d_bad": "def register(ctx):\n"
+                 "    ctx.register_hook('pre_tool_call', lambda args: {'action': 'modify', 'args': 'not a dict'})\n",
+    })
+    seen_after = []
+    m._hooks.register("post_tool_call", "test", lambda args, result: seen_after.append((args, result)))
+    out = m.dispatch_tool("write", {"path": "/etc/passwd", "text": "x"})
+    assert out == "ok mode=ro,path=/safe/c,text=x"
+    assert seen_after == [({"path": "/safe/c", "text": "x", "mode": "ro"}, out)]
+
+
+def test_modify_directive_applies_on_the_async_path(hermes_home):
+    import asyncio
+
+    m = manager_with(hermes_home, {
+        "a_tool": TOOL,
+        "b_mod": "def register(ctx):\n"
+                 "    ctx.register_hook('pre_tool_call', lambda args: {'action': 'modify', 'args': {'path': '/safe'}})\n",
+    })
+    assert asyncio.run(m.adispatch_tool("write", {"path": "/etc"})) == "ok path=/safe"
+
+
+def test_block_wins_over_modify_and_approve_is_refused_here(hermes_home):
+    m = manager_with(hermes_home, {
+        "a_tool": TOOL,
+        "b_approve": "def register(ctx):\n"
+                     "    ctx.register_hook('pre_tool_call', lambda tool_name: {'action': 'approve', 'message': 'writes files', 'rule_key': 'write:x'} if tool_name == 'write' else None)\n",
+    })
+    assert m.get_pre_tool_call_directive("write", {}) == ("approve", "writes files")
+    assert m.get_pre_tool_call_directive("other", {}) == (None, None)
+    assert m.get_pre_tool_call_block_message("write", {}) is None  # Hermes: approve is invisible to it
+    out = json.loads(m.dispatch_tool("write", {}))
+    assert "plugin approval required for write (writes files)" in out["error"]
+
+
+def test_pre_verify_continue_message(hermes_home):
+    m = manager_with(hermes_home, {
+        "a_ignore": "def register(ctx):\n    ctx.register_hook('pre_verify', lambda: {'action': 'finish'})\n",
+        "b_claude": "def register(ctx):\n"
+                    "    ctx.register_hook('pre_verify', lambda coding, attempt: {'decision': 'block', 'reason': ' run the tests '} if coding and attempt == 0 else None)\n",
+    })
+    assert m.get_pre_verify_continue_message(session_id="s", coding=True, attempt=0, final_response="done") == "run the tests"
+    assert m.get_pre_verify_continue_message(session_id="s", coding=True, attempt=1) is None
+
+
+def test_error_classification_runs_all_and_picks_the_first(hermes_home):
+    m = manager_with(hermes_home, {
+        "a_none": "CALLED = []\ndef register(ctx):\n    ctx.register_hook('transform_api_error_classification', lambda **kw: CALLED.append(1))\n",
+        "b_first": "def register(ctx):\n    ctx.register_hook('transform_api_error_classification', "
+                   "lambda status_code: {'reason': 'rate_limit', 'retryable': True, 'junk': 1} if status_code == 429 else None)\n",
+        "c_second": "def register(ctx):\n    ctx.register_hook('transform_api_error_classification', "
+                    "lambda: {'reason': 'billing'})\n",
+    })
+    assert m.get_plugin_error_classification(status_code=429, provider="p") == {"reason": "rate_limit", "retryable": True}
+    assert m.get_plugin_error_classification(status_code=500) == {"reason": "billing"}
+
+
+def test_every_hook_gets_the_observer_schema_version_but_gateway_platform_event(hermes_home):
+    m = manager_with(hermes_home, {
+        "rec": "from tests.test_hermes_hooks import SEEN\ndef register(ctx):\n"
+               "    ctx.register_hook('pre_command', lambda **kw: SEEN.append(('pre_command', dict(kw))))\n"
+               "    ctx.register_hook('gateway_platform_event', lambda **kw: SEEN.append(('gw', dict(kw))))\n",
+    })
+    m.fire_pre_command_hook(surface="cli", command="deploy", args_raw="now", platform="cli")
+    m.invoke_hook("gateway_platform_event", platform="x", event_type="y", payload={})
+    seen = SEEN
+    assert seen[0] == ("pre_command", {"surface": "cli", "command": "deploy", "alias_used": None, "args_raw": "now",
+                                       "session_key": None, "platform": "cli",
+                                       "telemetry_schema_version": "hermes.observer.v1"})
+    assert "telemetry_schema_version" not in seen[1][1]
