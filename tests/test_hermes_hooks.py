@@ -208,3 +208,70 @@ def test_every_hook_gets_the_observer_schema_version_but_gateway_platform_event(
                                        "session_key": None, "platform": "cli",
                                        "telemetry_schema_version": "hermes.observer.v1"})
     assert "telemetry_schema_version" not in seen[1][1]
+
+
+# --- the host session fires them ----------------------------------------------------------------
+
+
+SESSION_RECORDER = """
+from tests.test_hermes_hooks import SEEN
+
+def register(ctx):
+    for name in ("pre_command", "on_stream_start", "on_stream_delta", "on_stream_end", "api_request_error"):
+        ctx.register_hook(name, (lambda n: lambda **kw: SEEN.append((n, kw)))(name))
+    ctx.register_hook("transform_api_error_classification",
+                      lambda status_code, **kw: {"reason": "server_error", "retryable": status_code == 500})
+    ctx.register_hook("pre_verify", lambda attempt, final_response: {"action": "continue", "message": "check it"}
+                      if attempt == 0 and final_response == "draft" else None)
+    ctx.register_command("deploy", lambda raw: "deployed " + raw)
+"""
+
+
+def _session(home, *script):
+    from plugin_llm.host import Session
+    from tests.test_host_support import ScriptedLlm
+
+    m = manager_with(home, {"rec": SESSION_RECORDER})
+    llm = ScriptedLlm(*script)
+    return Session(m, llm=llm), llm
+
+
+def test_session_fires_pre_command_for_plugin_and_builtin_commands(hermes_home):
+    from tests.test_host_support import reply
+
+    session, _ = _session(hermes_home, reply("x"))
+    assert session.run_command("deploy", "prod").text == "deployed prod"
+    session.run_command("quit")
+    calls = [kw for name, kw in SEEN if name == "pre_command"]
+    assert [(c["command"], c["alias_used"], c["args_raw"], c["surface"]) for c in calls] == [
+        ("deploy", None, "prod", "cli"), ("exit", "quit", "", "cli")]
+    assert calls[0]["session_key"] == session.session_id
+
+
+def test_session_stream_observers_and_pre_verify(hermes_home):
+    from tests.test_host_support import reply
+
+    session, llm = _session(hermes_home, reply("draft"), reply("final"))
+    result = session.run_turn("go")
+    assert result.text == "final" and result.model_requests == 2
+    assert llm.requests[1]["messages"][-1] == {"role": "user", "content": "check it"}
+    stream = [(name, kw.get("delta"), kw.get("final_text")) for name, kw in SEEN if name.startswith("on_stream")]
+    assert stream == [("on_stream_start", None, None), ("on_stream_delta", "draft", None),
+                      ("on_stream_end", None, "draft"),
+                      ("on_stream_start", None, None), ("on_stream_delta", "final", None),
+                      ("on_stream_end", None, "final")]
+
+
+def test_session_classifies_api_errors_through_plugins(hermes_home):
+    from plugin_llm.errors import PluginLlmProviderError
+
+    def boom(messages, tools):
+        raise PluginLlmProviderError("upstream 500", status=500, provider="fake")
+
+    session, _ = _session(hermes_home, boom)
+    with pytest.raises(PluginLlmProviderError):
+        session.run_turn("go")
+    [error] = [kw for name, kw in SEEN if name == "api_request_error"]
+    assert error["error_classification"] == {"reason": "server_error", "retryable": True}
+    end = [kw for name, kw in SEEN if name == "on_stream_end"]
+    assert end[0]["finished"] is False and end[0]["error"]["type"] == "PluginLlmProviderError"

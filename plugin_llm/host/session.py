@@ -133,6 +133,10 @@ class _Blocking:
 
 
 _Gen = Generator[Any, Any, "TurnResult"]
+#: built-in command aliases -> their canonical name (pre_command's ``command`` / ``alias_used``)
+_BUILTIN_ALIASES = {"quit": "exit", "clear": "reset"}
+#: times pre_verify hooks may keep one turn going
+MAX_VERIFY_ATTEMPTS = 3
 
 
 class Session:
@@ -501,6 +505,10 @@ class Session:
     def _command(self, name: str, raw_args: str) -> _Gen:
         key = name.strip().lstrip("/").strip().lower()
         if key in BUILTIN_COMMAND_HELP:
+            canonical = _BUILTIN_ALIASES.get(key, key)
+            yield _Blocking(self._hook, ("pre_command",), dict(
+                surface="cli", command=canonical, alias_used=key if canonical != key else None,
+                args_raw=raw_args, session_key=self.session_id, platform=self.platform))
             return self._builtin(key, raw_args)
         handler = None
         try:
@@ -513,6 +521,9 @@ class Session:
                 kind="unknown_command", text=f"Unknown command /{key}. Available commands: {known}",
                 stop_reason="unknown_command", command=key,
             )
+        yield _Blocking(self._hook, ("pre_command",), dict(
+            surface="cli", command=key, alias_used=None, args_raw=raw_args, session_key=self.session_id,
+            platform=self.platform))
         try:
             out = yield _CommandRun(key, raw_args)
         except Exception as exc:  # the manager turns every other plugin BaseException into one
@@ -654,6 +665,7 @@ class Session:
         usage = None
         requests = 0
         tool_rounds = 0
+        verify_attempts = 0
         stop_reason = "done"
         while True:
             for content in self._take_interrupts():
@@ -669,14 +681,27 @@ class Session:
                 approx_input_tokens=_approx_tokens(messages)))
             if self.manager.has_middleware("llm_request"):
                 messages, tools = yield _Blocking(self._llm_request, (messages, tools))
+            stream = self._observes_stream()
+            if stream:
+                yield _Blocking(self._hook, ("on_stream_start",), dict(
+                    session_id=self.session_id, platform=self.platform, model=model, provider=provider,
+                    api_call_count=requests))
             try:
                 result = yield _ModelRequest(messages, tools or None, "host.turn")
             except Exception as exc:
+                error = {"type": type_name(exc), "message": error_text(exc)}
+                if stream:
+                    yield _Blocking(self._hook, ("on_stream_end",), dict(
+                        session_id=self.session_id, model=model, provider=provider, final_text="",
+                        finished=False, error=error))
+                classification = yield _Blocking(self._classify_error, (exc, provider, model, messages))
                 yield _Blocking(self._hook, ("api_request_error",), dict(
                     session_id=self.session_id, platform=self.platform, model=model, provider=provider,
-                    api_call_count=requests, error={"type": type_name(exc), "message": error_text(exc)},
-                    reason=type_name(exc)))
+                    api_call_count=requests, error=error, reason=type_name(exc),
+                    error_classification=classification))
                 raise
+            if stream:
+                yield _Blocking(self._stream_observers, (result, model, provider))
             yield _Blocking(self._engine_usage, (result.usage,))
             usage = result.usage if usage is None else _add_usage(usage, result.usage)
             if getattr(result, "provider", None) or getattr(result, "model", None):
@@ -718,6 +743,12 @@ class Session:
             if self._has_interrupts():  # a message arrived during the request: go on with it
                 continue
             final_text = result.text or ""
+            if verify_attempts < MAX_VERIFY_ATTEMPTS:
+                follow_up = yield _Blocking(self._pre_verify, (final_text, verify_attempts))
+                if follow_up:  # a pre_verify hook keeps the turn going with a message for the model
+                    verify_attempts += 1
+                    self.history.append({"role": "user", "content": follow_up})
+                    continue
             transformed = yield _Blocking(self._transform_output, (final_text,))
             if transformed is not None and transformed != final_text:
                 final_text = transformed
@@ -752,6 +783,54 @@ class Session:
         return out
 
     # --- blocking helpers (run in a worker thread on the async path) ---------------------
+
+    def _has_hook(self, name: str) -> bool:
+        try:
+            return bool(self.manager.has_hook(name))
+        except Exception:
+            return False
+
+    def _observes_stream(self) -> bool:
+        return any(self._has_hook(n) for n in ("on_stream_start", "on_stream_delta", "on_stream_end"))
+
+    def _stream_observers(self, result: Any, model: str, provider: str) -> None:
+        """The stream observers after a request: this host does not stream a turn, so the reply's
+        text arrives as one ``text`` delta (reasoning is not sent)."""
+        text = result.text or ""
+        route = dict(session_id=self.session_id, model=getattr(result, "model", None) or model,
+                     provider=getattr(result, "provider", None) or provider)
+        if text:
+            self._hook("on_stream_delta", delta=text, kind="text", **route)
+        self._hook("on_stream_end", final_text=text, finished=True, error=None, **route)
+
+    def _classify_error(self, exc: BaseException, provider: str, model: str,
+                        messages: list[dict[str, Any]]) -> dict[str, Any] | None:
+        """transform_api_error_classification's verdict on a failed request (reported, not acted on)."""
+        if not self._has_hook("transform_api_error_classification"):
+            return None
+        status = getattr(exc, "status_code", None) or getattr(exc, "status", None)
+        try:
+            return self.manager.get_plugin_error_classification(
+                provider=provider, model=model, status_code=status if type(status) is int else None,
+                error_type=type_name(exc), error_code=None, error_message=error_text(exc), error_body=None,
+                error={"type": type_name(exc), "message": error_text(exc)},
+                approx_tokens=_approx_tokens(messages), context_length=self.context_budget_tokens,
+                num_messages=len(messages))
+        except Exception as exc2:
+            _log.warning("hook transform_api_error_classification failed: %s", error_text(exc2))
+            return None
+
+    def _pre_verify(self, final_text: str, attempt: int) -> str | None:
+        if not self._has_hook("pre_verify"):
+            return None
+        try:
+            message = self.manager.get_pre_verify_continue_message(
+                session_id=self.session_id, platform=self.platform, model=self.route[1], coding=False,
+                attempt=attempt, final_response=final_text, changed_paths=[])
+        except Exception as exc:
+            _log.warning("hook pre_verify failed: %s", error_text(exc))
+            return None
+        return message[:MAX_TEXT] if type(message) is str and message.strip() else None
 
     def _hook(self, name: str, **kwargs: Any) -> list[Any]:
         try:
