@@ -75,14 +75,24 @@ def register(ctx):
 """
 
 
+def off_main_thread(fn):
+    """``fn()`` on another thread (the hook runner's worker pool path: a timed-out callback is left running)."""
+    box = []
+    thread = threading.Thread(target=lambda: box.append(fn()))
+    thread.start()
+    thread.join(60)
+    assert box, "hang guard: the call did not return"
+    return box[0]
+
+
 @pytest.mark.slow
 def test_pre_tool_call_timeout_fails_closed_and_is_suppressed(hermes_home):
     m = manager_with(hermes_home, {"hung": HUNG_GUARD}, hook_timeout=30, hook_callback_timeout=0.3)
     directive = {"action": "block", "message": "pre_tool_call plugin callback timed out or is still running"}
-    assert m.invoke_hook("pre_tool_call", tool_name="echo", args={}) == [directive]
-    # suppressed for 60 s: not called again, still blocks
-    assert m.invoke_hook("pre_tool_call", tool_name="echo", args={}) == [directive]
-    result = json.loads(m.dispatch_tool("echo", {}))
+    assert off_main_thread(lambda: m.invoke_hook("pre_tool_call", tool_name="echo", args={})) == [directive]
+    # left running, so suppressed for 60 s: not called again, still blocks
+    assert off_main_thread(lambda: m.invoke_hook("pre_tool_call", tool_name="echo", args={})) == [directive]
+    result = json.loads(off_main_thread(lambda: m.dispatch_tool("echo", {})))
     assert "blocked" in result["error"] and "timed out" in result["error"] and "ran" not in result["error"]
     assert SEEN == ["echo"]
 
@@ -90,6 +100,15 @@ def test_pre_tool_call_timeout_fails_closed_and_is_suppressed(hermes_home):
 @pytest.mark.slow
 def test_suppression_ends_after_its_window(hermes_home, monkeypatch):
     monkeypatch.setattr(hooks_module, "SUPPRESSION_SECONDS", 0.0)
+    m = manager_with(hermes_home, {"hung": HUNG_GUARD}, hook_callback_timeout=0.3)
+    off_main_thread(lambda: m.invoke_hook("pre_tool_call", tool_name="a", args={}))
+    off_main_thread(lambda: m.invoke_hook("pre_tool_call", tool_name="b", args={}))
+    assert SEEN == ["a", "b"]
+
+
+@pytest.mark.slow
+def test_an_interrupted_callback_is_not_suppressed(hermes_home):
+    """On the main thread the callback is interrupted, not left running: tried again at once."""
     m = manager_with(hermes_home, {"hung": HUNG_GUARD}, hook_callback_timeout=0.3)
     m.invoke_hook("pre_tool_call", tool_name="a", args={})
     m.invoke_hook("pre_tool_call", tool_name="b", args={})

@@ -77,7 +77,7 @@ CALLBACK_TIMEOUT_HOOKS = frozenset(
 )
 #: Policy hooks: a callback that times out, is suppressed or raises blocks (fail-closed).
 FAIL_CLOSED_HOOKS = frozenset({"pre_tool_call"})
-#: Seconds a callback that timed out is skipped for (Hermes: a hung hook cannot pile up threads).
+#: Seconds a callback that timed out and keeps running is skipped for (a hung hook cannot pile up threads).
 SUPPRESSION_SECONDS = 60.0
 #: Added to every hook's keywords (Hermes's observer schema) except ``gateway_platform_event``.
 TELEMETRY_SCHEMA_VERSION = "hermes.observer.v1"
@@ -470,6 +470,7 @@ def _wait(batch: _Batch, timeout: float) -> int:
             error = HookTimeoutError(
                 f"did not return within {timeout:g}s ({_LIMIT_SETTING.get()}); it keeps running in the background"
             )
+            error.abandoned = True  # type: ignore[attr-defined]  # still running: suppressed (HookRunner.run)
             batch.outcomes[index] = HookOutcome(entry, None, error, f"HookTimeoutError: {error}")
         return index + 1
     return len(batch.calls)
@@ -497,8 +498,8 @@ class HookRunner:
     ``timeout`` is called on every invocation (it reads ``plugins.hook_timeout``
     from the current config); ``callback_timeout`` (``plugins.hook_callback_timeout``,
     None when unset or disabled) replaces it for :data:`CALLBACK_TIMEOUT_HOOKS` and
-    :data:`FAIL_CLOSED_HOOKS`. A callback that timed out is skipped for
-    :data:`SUPPRESSION_SECONDS`. ``on_error(entry, error, text)`` is called once per
+    :data:`FAIL_CLOSED_HOOKS`. A callback that timed out and was left running is
+    skipped for :data:`SUPPRESSION_SECONDS`. ``on_error(entry, error, text)`` is called once per
     distinct error with its safe ``Type: message`` text (the manager writes the
     audit ``hook_error`` event).
     """
@@ -599,8 +600,8 @@ class HookRunner:
                 CURRENT_LIMIT.reset(tokens[0])
             for index, outcome in zip(slots, ran):
                 outcomes[index] = outcome
-                if outcome.timed_out:
-                    self._suppress(outcome.entry)
+                if outcome.timed_out and getattr(outcome.error, "abandoned", False):
+                    self._suppress(outcome.entry)  # an interrupted callback or a stopped process is not
         for outcome in outcomes:
             if outcome.error is not None:
                 self.report(outcome)
