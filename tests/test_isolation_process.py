@@ -832,7 +832,8 @@ def test_host_objects_reach_an_isolated_plugin_as_their_type_name_only(hermes_ho
     _config(hermes_home, ["peek"], ["peek"])
     manager = _manager(hermes_home, managers)
     [seen] = manager.invoke_hook("on_session_start", session_id="s1", parent_agent=Holder(), tags=("a", 1))
-    assert seen == "[('parent_agent', '<Holder>'), ('session_id', 's1'), ('tags', ['a', 1])]"
+    assert seen == ("[('parent_agent', '<Holder>'), ('session_id', 's1'), ('tags', ['a', 1]), "
+                    "('telemetry_schema_version', 'hermes.observer.v1')]")
     assert secret not in seen
 
 

@@ -97,7 +97,7 @@ def test_missing_required_env_still_loads_and_is_listed(hermes_home, monkeypatch
 
 @pytest.mark.parametrize("code, manifest, fragment", [
     ("def register(ctx):\n    raise RuntimeError('kaput')\n", None, "register() raised: RuntimeError: kaput"),
-    ("x = 1\n", None, "no register(ctx) function"),
+    ("x = 1\n", None, "no register() function"),
     ("import definitely_not_a_module_xyz\n", None, "import failed: ModuleNotFoundError"),
     ("def register(ctx:\n", None, "import failed: SyntaxError"),
     ("register = 5\n", None, "register is not callable"),

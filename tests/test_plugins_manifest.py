@@ -48,10 +48,11 @@ def test_empty_manifest_is_fine():
 
 def test_unknown_fields_tolerated_and_debug_logged(caplog):
     caplog.set_level(logging.DEBUG, logger="plugin_llm.plugins")
-    m = parse_manifest("name: x\nhomepage: https://example.org\nlicense: MIT\n", default_name="x")
-    assert dict(m.extra) == {"homepage": "https://example.org", "license": "MIT"}
+    m = parse_manifest("name: x\nflavour: mint\ncolour: green\nlicense: MIT\n", default_name="x")
+    assert dict(m.extra) == {"flavour": "mint", "colour": "green"}
+    assert m.license == "MIT"  # a Hermes manifest v2 field now
     debug = [r for r in caplog.records if r.levelno == logging.DEBUG and "unknown manifest fields" in r.getMessage()]
-    assert debug and "homepage" in debug[0].getMessage() and "license" in debug[0].getMessage()
+    assert debug and "flavour" in debug[0].getMessage() and "colour" in debug[0].getMessage()
 
 
 def test_malformed_yaml_names_file_and_line():

@@ -49,6 +49,7 @@ __all__ = [
     "discover_candidates",
     "discover_all_candidates",
     "candidate_location",
+    "dependency_order",
 ]
 
 _log = logging.getLogger("plugin_llm.plugins")
@@ -361,3 +362,41 @@ def discover_candidates(
     for cand in discover_all_candidates(home, project_dir, entry_points, environ):
         merged.setdefault(cand.key, cand)
     return merged
+
+
+def dependency_order(candidates: list[PluginCandidate]) -> tuple[list[PluginCandidate], list[str]]:
+    """``candidates`` reordered so that every plugin loads after the ones its ``requires_plugins``
+    names (matched by key, else manifest name), otherwise keeping the given order; and the warnings
+    (a dependency on itself, a cycle: then the given order is kept for all). A dependency nobody
+    provides is the loader's to report (it knows what loaded)."""
+    usable = [c for c in candidates if c.error is None and c.manifest is not None]
+    by_id: dict[str, PluginCandidate] = {}
+    for c in usable:
+        by_id.setdefault(c.key, c)
+    for c in usable:
+        by_id.setdefault(c.manifest.name, c)  # type: ignore[union-attr]
+    edges: dict[int, set[int]] = {id(c): set() for c in candidates}
+    warnings: list[str] = []
+    for c in usable:
+        for dep in c.manifest.requires_plugins:  # type: ignore[union-attr]
+            target = by_id.get(dep.id)
+            if target is c:
+                warnings.append(f"plugin {c.key} declares a dependency on itself; ignored")
+            elif target is not None:
+                edges[id(c)].add(id(target))
+    if not any(edges.values()):
+        return list(candidates), warnings
+    ordered: list[PluginCandidate] = []
+    placed: set[int] = set()
+    pending = list(candidates)
+    while pending:
+        ready = [c for c in pending if edges[id(c)] <= placed]
+        if not ready:
+            cycle = ", ".join(c.key for c in pending if edges[id(c)])
+            warnings.append(f"plugin dependency cycle among {cycle}; they load in discovery order")
+            return list(candidates), warnings
+        first = ready[0]  # the earliest one in the given order whose dependencies are placed
+        ordered.append(first)
+        placed.add(id(first))
+        pending.remove(first)
+    return ordered, warnings

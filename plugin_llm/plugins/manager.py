@@ -32,8 +32,21 @@ from types import MappingProxyType
 from typing import Any, Callable, Iterable
 
 from .context import PluginContext
-from .discovery import SOURCE_ENTRY_POINT, PluginCandidate, candidate_location, discover_all_candidates
-from .manifest import KIND_EXCLUSIVE, KIND_MODEL_PROVIDER, KIND_PLATFORM, KIND_STANDALONE
+from .discovery import (
+    SOURCE_ENTRY_POINT,
+    PluginCandidate,
+    candidate_location,
+    dependency_order,
+    discover_all_candidates,
+)
+from .manifest import (
+    KIND_EXCLUSIVE,
+    KIND_MODEL_PROVIDER,
+    KIND_PLATFORM,
+    KIND_STANDALONE,
+    config_schema_warnings,
+    requires_hermes_error,
+)
 from .engines import ContextEngine, MemoryProvider
 from .hooks import FAIL_CLOSED_HOOKS, HookEntry, HookOutcome, HookRunner, call_limited
 from .middleware import REQUEST_KINDS, RUN_KINDS, MiddlewareEntry, apply_requests, run_chain
@@ -207,6 +220,41 @@ def _fail_closed_message(hook: str, outcome: HookOutcome) -> str:
     callback = getattr(outcome.entry.callback, "__name__", None)
     name = exact_str(callback) if issubclass(type(callback), str) else type_name(outcome.entry.callback)
     return f"{hook} plugin callback {bounded(name, 100)} raised {bounded(outcome.error_text or '', 240)}"
+
+
+def _manifest_v2_fields(manifest: Any) -> dict[str, Any]:
+    """The manifest v2 fields of a listing (empty values without a manifest)."""
+    if manifest is None:
+        return {"manifest_version": 1, "api_version": None, "requires_hermes": "", "requires_plugins": [],
+                "python_dependencies": [], "config_schema": {}, "license": "", "homepage": "", "tags": [],
+                "emits": [], "listens": []}
+    return {
+        "manifest_version": manifest.manifest_version, "api_version": manifest.api_version,
+        "requires_hermes": manifest.requires_hermes,
+        "requires_plugins": [{"id": d.id, "version_range": d.version_range} for d in manifest.requires_plugins],
+        "python_dependencies": list(manifest.python_dependencies),
+        "config_schema": {k: dict(v) for k, v in manifest.config_schema.items()},
+        "license": manifest.license, "homepage": manifest.homepage, "tags": list(manifest.tags),
+        "emits": list(manifest.emits), "listens": list(manifest.listens),
+    }
+
+
+def _distribution_installed(requirement: str) -> bool:
+    """Whether the distribution a requirement string names is installed (its version is not checked;
+    a requirement whose name cannot be read counts as installed)."""
+    import importlib.metadata
+    import re
+
+    match = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]{0,200})", requirement)
+    if match is None:
+        return True
+    try:
+        importlib.metadata.distribution(match.group(1))
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    except Exception:
+        return True
+    return True
 
 
 def _tool_error(message: str) -> str:
@@ -393,6 +441,9 @@ class PluginManager:
             candidates = discover_all_candidates(self.home, self.project_dir, self._entry_points)
             listed = {id(c): i for i, c in enumerate(candidates)}  # listings keep the discovery order
             candidates = load_order(candidates, self.home)  # a clashing name stays with the plugin there first
+            candidates, order_warnings = dependency_order(candidates)  # requires_plugins load first
+            for warning in order_warnings:
+                self._say_once(warning)
             self._prepare_compat(candidates)
             for candidate in candidates:
                 key = candidate.key
@@ -412,6 +463,11 @@ class PluginManager:
                 elif settings.is_enabled(key, candidate.name) or (
                     kind == KIND_EXCLUSIVE and settings.is_selected(key, candidate.name)
                 ):
+                    refusal = requires_hermes_error(candidate.manifest) if candidate.manifest is not None else None
+                    if refusal is not None:  # never imported
+                        self._mark_failed(record, refusal)
+                        continue
+                    self._preload_warnings(record)
                     self._load(record)
                 else:
                     record.status = STATUS_NOT_ENABLED
@@ -424,6 +480,37 @@ class PluginManager:
             self._discovered = True
             loaded = sum(1 for r in self._records.values() if r.status == STATUS_ENABLED)
             _log.debug("plugins: %d found, %d loaded from %s", len(self._records), loaded, self.home)
+
+    def _preload_warnings(self, record: _PluginRecord) -> None:
+        """Hermes's advisory manifest checks before a load (warnings, never a refusal): a
+        ``requires_plugins`` entry that is not loaded, a ``python_dependencies`` requirement that is
+        not installed (never installed here), settings that do not match ``config_schema``."""
+        manifest = record.candidate.manifest
+        assert manifest is not None
+        warnings: list[str] = []
+        loaded = {r.key for r in self._records.values() if r.status == STATUS_ENABLED}
+        loaded |= {r.candidate.name for r in self._records.values() if r.status == STATUS_ENABLED}
+        for dep in manifest.requires_plugins:
+            if dep.id not in loaded:
+                warnings.append(f"requires plugin '{dep.id}', which is not loaded (not installed or not enabled); "
+                                f"loading anyway (enable it with: plugin-llm plugins enable {dep.id})")
+        for requirement in manifest.python_dependencies:
+            if not _distribution_installed(requirement):
+                warnings.append(f"python dependency '{requirement}' is not installed; this host never installs "
+                                "plugin dependencies (install it into the host's environment)")
+        if manifest.config_schema:
+            warnings += config_schema_warnings(record.key, manifest.config_schema, self._plugin_settings(record.key))
+        for warning in warnings:
+            record.warnings.append(warning)
+            _log.warning("plugin %s: %s", record.key, warning)
+
+    def _plugin_settings(self, key: str) -> Any:
+        """``plugins.entries.<key>.settings`` as written in config.yaml (None when absent or unreadable)."""
+        try:
+            raw = self._settings._config_source().current().raw
+            return raw["plugins"]["entries"][key]["settings"]
+        except Exception:
+            return None
 
     def _prepare_compat(self, candidates: list[PluginCandidate]) -> None:
         """Install the Hermes SDK import hook for this home's plugins (before any plugin code runs)."""
@@ -532,7 +619,7 @@ class PluginManager:
         def load() -> None:  # plugin code from here on: runs under the time limit
             register, plugin_dir = self._import(record)
             if register is None:
-                raise _LoadError(f"no register(ctx) function in {where}")
+                raise _LoadError(f"no register() function (expected register(ctx) in {where})")
             if not callable(register):
                 raise _LoadError(f"register is not callable ({type_name(register)})")
             ctx = PluginContext(self, candidate.manifest, plugin_dir, record.generation)
@@ -890,6 +977,7 @@ class PluginManager:
             "provides_hooks": list(manifest.provides_hooks) if manifest else [],
             "requires_env": required,
             "missing_env": missing,
+            **_manifest_v2_fields(manifest),
             "error": record.error,
             "error_frames": list(record.frames),
             "warnings": list(record.warnings),

@@ -29,7 +29,12 @@ __all__ = [
     "MANIFEST_FILENAMES",
     "EnvRequirement",
     "PluginManifest",
+    "PluginDependency",
     "ManifestError",
+    "HERMES_API_VERSION",
+    "requires_hermes_error",
+    "version_satisfies",
+    "config_schema_warnings",
     "parse_manifest",
     "load_manifest",
     "find_manifest",
@@ -45,10 +50,33 @@ __all__ = [
 _log = logging.getLogger("plugin_llm.plugins")
 
 MANIFEST_FILENAMES = ("plugin.yaml", "plugin.yml")
+#: Hermes 0.21.3's known manifest fields, plus this host's ``isolation``
 KNOWN_FIELDS = frozenset(
     {"name", "version", "description", "author", "requires_env", "provides_tools", "provides_hooks", "kind",
-     "capabilities", "isolation"}
+     "hooks", "label", "optional_env", "platforms", "external_dependencies", "pip_dependencies",
+     "provides_browser_providers", "provides_web_providers", "manifest_version", "api_version",
+     "requires_plugins", "python_dependencies", "config_schema", "license", "homepage", "tags", "capabilities",
+     "emits", "listens", "hermes", "depends", "requires_hermes", "isolation"}
 )
+#: The Hermes plugin API version this host implements (``requires_hermes`` is checked against it).
+HERMES_API_VERSION = "0.21.3"
+#: The highest manifest format version understood (a newer one warns and still loads).
+SUPPORTED_MANIFEST_VERSION = 2
+#: Hermes's capability ids (``hermes_cli/plugin_capabilities.py``); others are dropped with a warning.
+KNOWN_CAPABILITIES = frozenset(
+    {"tools.override", "llm.provider_override", "llm.model_override", "llm.agent_id_override",
+     "llm.profile_override", "llm.task_override", "gateway.platform_actions", "gateway.plugin_status"}
+)
+#: ``config_schema`` types Hermes checks (others warn and are not checked)
+CONFIG_SCHEMA_TYPES: Mapping[str, tuple[type, ...]] = {
+    "str": (str,), "string": (str,), "int": (int,), "integer": (int,), "float": (int, float),
+    "number": (int, float), "bool": (bool,), "boolean": (bool,), "list": (list,), "array": (list,),
+    "dict": (dict,), "object": (dict,),
+}
+#: entries a list-valued v2 field may have (a real manifest has a few)
+MAX_LIST_ITEMS = 64
+#: characters a v2 string value may have
+MAX_FIELD_CHARS = 500
 KIND_STANDALONE = "standalone"
 KIND_BACKEND = "backend"
 KIND_EXCLUSIVE = "exclusive"
@@ -79,6 +107,14 @@ class EnvRequirement:
 
 
 @dataclass(frozen=True)
+class PluginDependency:
+    """A ``requires_plugins`` entry: another plugin's key or name (advisory: orders the load)."""
+
+    id: str
+    version_range: str | None = None
+
+
+@dataclass(frozen=True)
 class PluginManifest:
     """A plugin as described by its manifest (or synthesised for an entry point).
 
@@ -101,6 +137,23 @@ class PluginManifest:
     capabilities: tuple[str, ...] = ()
     #: ``isolation: process`` when the manifest asks to run out of process ("" otherwise).
     isolation: str = ""
+    #: ``requires_hermes`` (``">=0.19"``-style clauses); unsatisfied -> not loaded (see :func:`requires_hermes_error`)
+    requires_hermes: str = ""
+    #: manifest format version (absent: 1) and the plugin API generation it targets (None: current)
+    manifest_version: int = 1
+    api_version: int | None = None
+    #: advisory dependencies: they load first; a missing one warns
+    requires_plugins: tuple[PluginDependency, ...] = ()
+    #: requirement strings, reported when missing, never installed
+    python_dependencies: tuple[str, ...] = ()
+    #: ``key: {type, default, description, required}`` for ``plugins.entries.<key>.settings`` (warnings only)
+    config_schema: Mapping[str, Mapping[str, Any]] = field(default_factory=dict, compare=False)
+    license: str = ""
+    homepage: str = ""
+    tags: tuple[str, ...] = ()
+    #: advisory event-bus declarations
+    emits: tuple[str, ...] = ()
+    listens: tuple[str, ...] = ()
     #: Things worth telling the operator about this manifest (an unknown kind, ...).
     notes: tuple[str, ...] = field(default=(), compare=False)
     #: Unknown manifest fields, kept for display and forward compatibility.
@@ -139,6 +192,15 @@ def _text(data: Mapping[str, Any], key: str, where: str) -> str:
     if not isinstance(value, str):
         raise ManifestError(f"{where}: {key!r} must be a string, got {type(value).__name__}")
     return value.strip()
+
+
+def _author(data: Mapping[str, Any], where: str) -> str:
+    """``author``: a string, or Hermes's mapping shown as "name, email, url"."""
+    value = data.get("author")
+    if isinstance(value, Mapping):
+        return ", ".join(str(value[f]).strip()[:MAX_FIELD_CHARS] for f in ("name", "email", "url")
+                         if isinstance(value.get(f), (str, int, float)) and str(value[f]).strip())
+    return _text(data, "author", where)
 
 
 def _string_list(data: Mapping[str, Any], key: str, where: str) -> tuple[str, ...]:
@@ -205,27 +267,196 @@ def _kind(data: Mapping[str, Any], key: str, category: str | None, where: str) -
     return kind, declared, tuple(notes)
 
 
-def _capabilities(data: Mapping[str, Any], where: str) -> tuple[str, ...]:
+def _capabilities(data: Mapping[str, Any], where: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(capability ids, notes), parsed as tolerantly as Hermes: a non-list is ignored, non-strings are
+    skipped, unknown ids are dropped, duplicates are merged; each with a warning, never a failure."""
     value = data.get("capabilities")
     if value is None:
-        return ()
+        return (), ()
     if isinstance(value, str):
         value = [value]
-    if not isinstance(value, list) or len(value) > MAX_CAPABILITIES:
-        raise ManifestError(
-            f"{where}: 'capabilities' must be a list of at most {MAX_CAPABILITIES} capability names "
-            f"(e.g. [llm.model_override]), got {short_repr(value)}"
-        )
+    if not isinstance(value, list):
+        return (), (f"{where}: 'capabilities' must be a list of capability ids, got {type(value).__name__}; ignored",)
     out: list[str] = []
-    for item in value:
-        if not isinstance(item, str) or not _CAPABILITY.match(item.strip()) or len(item) > 100:
-            raise ManifestError(
-                f"{where}: capability {short_repr(item)} is not a capability name "
-                "(dotted lowercase words, e.g. llm.model_override)"
-            )
-        if item.strip() not in out:
+    notes: list[str] = []
+    for item in value[:MAX_CAPABILITIES]:
+        if not isinstance(item, str):
+            notes.append(f"{where}: capability {short_repr(item)} is not a string; skipped")
+        elif item.strip() not in KNOWN_CAPABILITIES:
+            notes.append(f"{where}: unknown capability {short_repr(item)} dropped "
+                         f"(known: {', '.join(sorted(KNOWN_CAPABILITIES))})")
+        elif item.strip() not in out:
             out.append(item.strip())
+    if len(value) > MAX_CAPABILITIES:
+        notes.append(f"{where}: more than {MAX_CAPABILITIES} capabilities; the rest are ignored")
+    return tuple(out), tuple(notes)
+
+
+def _v2_int(data: Mapping[str, Any], key: str, where: str, default: int | None, notes: list[str]) -> int | None:
+    raw = data.get(key)
+    if raw is None:
+        return default
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        return raw
+    if isinstance(raw, str) and raw.strip().isdigit() and len(raw.strip()) < 10:
+        return int(raw.strip())
+    notes.append(f"{where}: {key} {short_repr(raw)} is not an integer; "
+                 + (f"treated as {default}" if default is not None else "ignored"))
+    return default
+
+
+def _v2_strings(data: Mapping[str, Any], key: str, where: str, notes: list[str]) -> tuple[str, ...]:
+    raw = data.get(key)
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        notes.append(f"{where}: {key} must be a list of strings, got {type(raw).__name__}; ignored")
+        return ()
+    out = []
+    for item in raw[:MAX_LIST_ITEMS]:
+        if isinstance(item, (str, int, float)) and not isinstance(item, bool) and str(item).strip():
+            out.append(str(item).strip()[:MAX_FIELD_CHARS])
+        else:
+            notes.append(f"{where}: {key} entry {short_repr(item)} must be a non-empty string; skipped")
     return tuple(out)
+
+
+def _v2_text(data: Mapping[str, Any], key: str, where: str, notes: list[str]) -> str:
+    raw = data.get(key)
+    if raw is None:
+        return ""
+    if isinstance(raw, bool) or not isinstance(raw, (str, int, float)):
+        notes.append(f"{where}: {key} must be a string, got {type(raw).__name__}; ignored")
+        return ""
+    return str(raw).strip()[:MAX_FIELD_CHARS]
+
+
+def _requires_plugins(data: Mapping[str, Any], where: str, notes: list[str]) -> tuple[PluginDependency, ...]:
+    raw = data.get("requires_plugins")
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        notes.append(f"{where}: requires_plugins must be a list, got {type(raw).__name__}; ignored")
+        return ()
+    out: list[PluginDependency] = []
+    for item in raw[:MAX_LIST_ITEMS]:
+        if isinstance(item, str) and item.strip():
+            dep = PluginDependency(item.strip()[:MAX_FIELD_CHARS])
+        elif isinstance(item, Mapping) and isinstance(item.get("id"), str) and item["id"].strip():
+            version_range = item.get("version_range")
+            dep = PluginDependency(item["id"].strip()[:MAX_FIELD_CHARS],
+                                   None if version_range is None else str(version_range)[:MAX_FIELD_CHARS])
+        else:
+            notes.append(f"{where}: requires_plugins entry {short_repr(item)} must be a plugin id or "
+                         "{id, version_range}; skipped")
+            continue
+        if dep.id not in (d.id for d in out):
+            out.append(dep)
+    return tuple(out)
+
+
+def _config_schema(data: Mapping[str, Any], where: str, notes: list[str]) -> dict[str, dict[str, Any]]:
+    raw = data.get("config_schema")
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        notes.append(f"{where}: config_schema must be a mapping, got {type(raw).__name__}; ignored")
+        return {}
+    schema: dict[str, dict[str, Any]] = {}
+    for key, spec in list(raw.items())[:128]:
+        if not isinstance(spec, Mapping):
+            notes.append(f"{where}: config_schema entry {short_repr(key)} must be a mapping (e.g. {{type: str}}); skipped")
+            continue
+        kind = spec.get("type")
+        if kind is not None and str(kind).lower() not in CONFIG_SCHEMA_TYPES:
+            notes.append(f"{where}: config_schema key {short_repr(key)} declares unknown type {short_repr(kind)} "
+                         f"(known: {', '.join(sorted(CONFIG_SCHEMA_TYPES))}); its type is not checked")
+        schema[str(key)[:MAX_FIELD_CHARS]] = dict(spec)
+    return schema
+
+
+def _v2_fields(data: Mapping[str, Any], where: str) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """Hermes's manifest v2 fields as PluginManifest keywords, and the notes about them (never failures)."""
+    notes: list[str] = []
+    version = _v2_int(data, "manifest_version", where, 1, notes) or 1
+    if version > SUPPORTED_MANIFEST_VERSION:
+        notes.append(f"{where}: manifest_version {version} is newer than this host supports "
+                     f"({SUPPORTED_MANIFEST_VERSION}); loading anyway and ignoring unknown fields")
+    requires_hermes = data.get("requires_hermes")
+    if requires_hermes is not None and not isinstance(requires_hermes, (str, int, float)):
+        notes.append(f"{where}: requires_hermes must be a version spec such as '>=0.19'; ignored")
+        requires_hermes = None
+    fields = dict(
+        requires_hermes=str(requires_hermes or "").strip()[:MAX_FIELD_CHARS],
+        manifest_version=version,
+        api_version=_v2_int(data, "api_version", where, None, notes),
+        requires_plugins=_requires_plugins(data, where, notes),
+        python_dependencies=_v2_strings(data, "python_dependencies", where, notes),
+        config_schema=_config_schema(data, where, notes),
+        license=_v2_text(data, "license", where, notes),
+        homepage=_v2_text(data, "homepage", where, notes),
+        tags=_v2_strings(data, "tags", where, notes),
+        emits=_v2_strings(data, "emits", where, notes),
+        listens=_v2_strings(data, "listens", where, notes),
+    )
+    return fields, tuple(notes)
+
+
+_COMPARATOR = re.compile(r"^\s*(>=|<=|==|!=|>|<)?\s*(.+?)\s*$")
+
+
+def _version_tuple(text: str) -> tuple[int, int, int] | None:
+    """``v1.2.3-rc1`` -> (1, 2, 3); None when a part is not a number."""
+    parts = re.split(r"[-+]", text.strip().lstrip("v"), maxsplit=1)[0].split(".")
+    parts += ["0"] * (3 - len(parts))
+    if not all(p.isdigit() and len(p) < 10 for p in parts[:3]):
+        return None
+    return int(parts[0]), int(parts[1]), int(parts[2])
+
+
+def version_satisfies(spec: str, current: str) -> bool:
+    """Hermes's ``requires_hermes`` check: clauses joined by ``,`` (AND), a bare version means ``>=``;
+    a clause whose version cannot be read is ignored (as in Hermes)."""
+    now = _version_tuple(current)
+    if now is None:
+        return True
+    checks = {">=": now.__ge__, "<=": now.__le__, "==": now.__eq__, "!=": now.__ne__, ">": now.__gt__, "<": now.__lt__}
+    for clause in filter(None, (c.strip() for c in spec.split(","))):
+        match = _COMPARATOR.match(clause)
+        if match is None:
+            continue
+        target = _version_tuple(match.group(2))
+        if target is not None and not checks[match.group(1) or ">="](target):
+            return False
+    return True
+
+
+def requires_hermes_error(manifest: PluginManifest, current: str = HERMES_API_VERSION) -> str | None:
+    """Why the manifest's ``requires_hermes`` refuses this host (None when it accepts it)."""
+    if not manifest.requires_hermes or version_satisfies(manifest.requires_hermes, current):
+        return None
+    return (f"requires hermes {manifest.requires_hermes}, running {current} (the Hermes plugin API this host "
+            "implements); not loaded")
+
+
+def config_schema_warnings(key: str, schema: Mapping[str, Any], settings: Any) -> list[str]:
+    """Mismatches between ``plugins.entries.<key>.settings`` and the manifest's ``config_schema``
+    (warnings only: a mismatch never blocks the load)."""
+    if not isinstance(settings, Mapping):
+        settings = {}
+    warnings: list[str] = []
+    for name, spec in schema.items():
+        if name not in settings:
+            if spec.get("required") and "default" not in spec:
+                warnings.append(f"plugins.entries.{key}.settings.{name} is required by the plugin's config_schema "
+                                "but is not set")
+            continue
+        kind = spec.get("type")
+        expected = CONFIG_SCHEMA_TYPES.get(str(kind).lower()) if kind is not None else None
+        value = settings[name]
+        if expected is not None and (not isinstance(value, expected) or (isinstance(value, bool) and bool not in expected)):
+            warnings.append(f"plugins.entries.{key}.settings.{name} should be {kind} (got {type(value).__name__})")
+    return warnings
 
 
 def _isolation(data: Mapping[str, Any], where: str) -> tuple[str, tuple[str, ...]]:
@@ -269,26 +500,33 @@ def parse_manifest(text: str, *, default_name: str, category: str | None = None,
         raise ManifestError(f"{where}: the manifest must be a mapping of fields, got {type(data).__name__}")
     name = validate_plugin_name(data.get("name", default_name), where)
     unknown = {k: v for k, v in data.items() if k not in KNOWN_FIELDS}
-    if unknown:
-        _log.debug("%s: unknown manifest fields ignored: %s", where, ", ".join(sorted(map(str, unknown))))
     key = f"{category}/{validate_plugin_name(default_name, where)}" if category else name
     kind, declared_kind, notes = _kind(data, key, category, where)
     isolation, isolation_notes = _isolation(data, where)
+    v2, v2_notes = _v2_fields(data, where)
+    capabilities, capability_notes = _capabilities(data, where)
+    if unknown:
+        text = f"{where}: unknown manifest fields ignored: {', '.join(sorted(map(str, unknown)))[:300]}"
+        if v2["manifest_version"] >= 2:  # Hermes: a warning for v2 manifests, debug for v1
+            v2_notes += (text,)
+        else:
+            _log.debug("%s", text)
     return PluginManifest(
         name=name,
         key=key,
         version=_text(data, "version", where),
         description=_text(data, "description", where),
-        author=_text(data, "author", where),
+        author=_author(data, where),
         requires_env=_requires_env(data, where),
         provides_tools=_string_list(data, "provides_tools", where),
         provides_hooks=_string_list(data, "provides_hooks", where),
         kind=kind,
         declared_kind=declared_kind,
-        capabilities=_capabilities(data, where),
+        capabilities=capabilities,
         isolation=isolation,
-        notes=notes + isolation_notes,
+        notes=notes + isolation_notes + capability_notes + v2_notes,
         extra=unknown,
+        **v2,
     )
 
 

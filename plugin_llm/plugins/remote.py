@@ -643,7 +643,7 @@ class RemotePlugin:
             return "its process answered the load with something malformed"
         where = self.plugin_dir / "__init__.py"
         if reply.get("missing_register"):
-            return f"no register(ctx) function in {where}"
+            return f"no register() function (expected register(ctx) in {where})"
         if reply.get("not_callable"):
             return f"register is not callable ({bounded(str(reply['not_callable']), 100)})"
         info = reply.get("error") if type(reply.get("error")) is dict else {}
