@@ -294,3 +294,66 @@ def test_session_classifies_api_errors_through_plugins(hermes_home):
     assert error["error_classification"] == {"reason": "server_error", "retryable": True}
     end = [kw for name, kw in SEEN if name == "on_stream_end"]
     assert end[0]["finished"] is False and end[0]["error"]["type"] == "PluginLlmProviderError"
+
+
+# --- what differed from Hermes 0.19.0 ------------------------------------------------------------
+
+
+def test_invoke_middleware_calls_each_callback_with_keywords(hermes_home):
+    m = manager_with(hermes_home, {
+        "a_mw": "def register(ctx):\n    ctx.register_middleware('llm_request', lambda request, **kw: {'seen': request})\n",
+        "b_mw": "def register(ctx):\n"
+                "    def broken(**kw):\n        raise ValueError('nope')\n"
+                "    ctx.register_middleware('llm_request', broken)\n"
+                "    ctx.register_middleware('llm_request', lambda: None)\n",
+    })
+    assert m.invoke_middleware("llm_request", request={"model": "m"}, extra=1) == [{"seen": {"model": "m"}}]
+    assert m.invoke_middleware("tool_request") == []
+
+
+def test_a_hook_name_shared_by_plugins_is_credited_to_each(hermes_home):
+    from tests.plugin_fixtures import by_key
+
+    m = manager_with(hermes_home, {
+        "one": "def register(ctx):\n    ctx.register_hook('post_llm_call', lambda: 1)\n",
+        "two": "def register(ctx):\n    ctx.register_hook('post_llm_call', lambda: 2)\n"
+               "    ctx.register_hook('pre_llm_call', lambda: None)\n",
+    })
+    plugins = by_key(m.list_plugins())
+    assert plugins["one"]["hooks"] == ["post_llm_call"]
+    assert plugins["two"]["hooks"] == ["post_llm_call", "pre_llm_call"]
+
+
+def test_get_plugin_commands_returns_hermes_dicts(hermes_home, monkeypatch):
+    import plugin_llm.plugins as plugins
+
+    manager_with(hermes_home, {
+        "cmd": "def register(ctx):\n    ctx.register_command('deploy', lambda raw: raw, description='Ship it', args_hint='<env>')\n",
+    })
+    monkeypatch.setattr(plugins, "_MANAGERS", {})
+    commands = plugins.get_plugin_commands()
+    assert set(commands) == {"deploy"}
+    entry = commands["deploy"]
+    assert {k: entry[k] for k in ("description", "plugin", "args_hint")} == {
+        "description": "Ship it", "plugin": "cmd", "args_hint": "<env>"}
+    assert entry["handler"]("prod") == "prod"
+    assert plugins.get_plugin_manager().list_plugins()[0]["commands"] == ["deploy"]
+
+
+def test_profile_name_follows_hermes_home(hermes_home, tmp_path, monkeypatch):
+    from plugin_llm.plugins.manager import _home_profile_name
+
+    monkeypatch.setenv("HOME", str(tmp_path / "user"))
+    default = tmp_path / "user" / ".hermes"
+    assert _home_profile_name(default) == "default"
+    assert _home_profile_name(default / "profiles" / "work") == "work"
+    assert _home_profile_name(default / "profiles" / "Bad Name") == "custom"
+    assert _home_profile_name(tmp_path / "elsewhere") == "custom"
+    assert PluginManager(hermes_home).profile_name() == "custom"  # the test home is a custom HERMES_HOME
+
+
+def test_a_plugin_without_register_is_reported_in_hermes_words(hermes_home):
+    from tests.plugin_fixtures import by_key
+
+    m = manager_with(hermes_home, {"empty": "x = 1\n"})
+    assert by_key(m.list_plugins())["empty"]["error"].startswith("no register() function")

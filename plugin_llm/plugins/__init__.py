@@ -27,6 +27,11 @@ __all__ = [
     "get_plugin_manager",
     "discover_plugins",
     "invoke_hook",
+    "invoke_middleware",
+    "get_pre_tool_call_directive",
+    "get_pre_verify_continue_message",
+    "get_plugin_error_classification",
+    "fire_pre_command_hook",
     "has_hook",
     "has_middleware",
     "get_plugin_image_gen_provider",
@@ -104,9 +109,30 @@ def get_plugin_command_handler(name: str) -> Callable[[str], Any] | None:
     return _discovered().get_plugin_command_handler(name)
 
 
-def get_plugin_commands() -> dict[str, CommandEntry]:
-    """Plugin slash commands by normalised name."""
-    return dict(_discovered().commands)
+def get_plugin_commands() -> dict[str, dict[str, Any]]:
+    """Plugin slash commands by normalised name, as Hermes's dicts:
+    ``{handler, description, plugin, args_hint}``."""
+    return _discovered().plugin_commands()
+
+
+def get_pre_tool_call_directive(tool_name: str, args: Any, **kw: Any) -> tuple[str | None, str | None]:
+    return _discovered().get_pre_tool_call_directive(tool_name, args, **kw)
+
+
+def get_pre_verify_continue_message(**kw: Any) -> str | None:
+    return _discovered().get_pre_verify_continue_message(**kw)
+
+
+def get_plugin_error_classification(**kw: Any) -> dict[str, Any] | None:
+    return _discovered().get_plugin_error_classification(**kw)
+
+
+def fire_pre_command_hook(**kw: Any) -> None:
+    _discovered().fire_pre_command_hook(**kw)
+
+
+def invoke_middleware(kind: str, **kwargs: Any) -> list[Any]:
+    return _discovered().invoke_middleware(kind, **kwargs)
 
 
 def get_plugin_toolsets() -> list[tuple[str, str, str]]:

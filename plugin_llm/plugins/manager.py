@@ -222,6 +222,22 @@ def _fail_closed_message(hook: str, outcome: HookOutcome) -> str:
     return f"{hook} plugin callback {bounded(name, 100)} raised {bounded(outcome.error_text or '', 240)}"
 
 
+def _home_profile_name(home: Path) -> str:
+    """Hermes's profile name of a home directory (``hermes_cli.profiles.get_active_profile_name``)."""
+    import re
+
+    try:
+        resolved = home.expanduser().resolve()
+        default = (Path.home() / ".hermes").resolve()
+    except (OSError, RuntimeError):
+        return "custom"
+    if resolved == default:
+        return "default"
+    if resolved.parent == default / "profiles" and re.fullmatch(r"[a-z0-9][a-z0-9_-]{0,63}", resolved.name):
+        return resolved.name
+    return "custom"
+
+
 def _manifest_v2_fields(manifest: Any) -> dict[str, Any]:
     """The manifest v2 fields of a listing (empty values without a manifest)."""
     if manifest is None:
@@ -771,6 +787,21 @@ class PluginManager:
                                              context={**context, "tool_name": tool_name},
                                              accept_payload=_tool_args_payload)
 
+    def invoke_middleware(self, kind: str, **kwargs: Any) -> list[Any]:
+        """Hermes's direct call of every ``kind`` middleware callback with keyword arguments (no chain,
+        no ``next_call``): their non-None results in registration order, each isolated and under
+        ``plugins.hook_timeout``, a failing one reported and skipped."""
+        results = []
+        for entry in self._middleware.get(kind, ()):
+            offered = entry._hook.select_kwargs(kwargs)
+            outcome = call_limited(f"middleware {kind}", entry.plugin_key,
+                                   lambda e=entry, k=offered: e.callback(**k), self._hook_timeout())
+            if outcome.error is not None:
+                self._on_middleware_error(entry, outcome.error_text or "", outcome.error)
+            elif outcome.value is not None:
+                results.append(outcome.value)
+        return results
+
     def _on_middleware_error(self, entry: MiddlewareEntry, what: str, error: BaseException | None = None) -> None:
         self._failures.report("hook_error", entry.plugin_key, f"middleware {entry.kind}", what, error=error,
                               plugin_dir=plugin_dir_of(self, entry.plugin_key), hook=f"middleware:{entry.kind}")
@@ -858,15 +889,17 @@ class PluginManager:
         return [c for c in manifest.capabilities if c in granted]
 
     def profile_name(self) -> str:
-        """The active credential profile's name (``auth.json`` ``default_profile``, else ``default``)."""
+        """The active credential profile's name (``auth.json`` ``default_profile``), else Hermes's name
+        of the home: ``default`` for ``~/.hermes``, ``<name>`` for ``~/.hermes/profiles/<name>``, ``custom``
+        for any other home."""
         try:
             from auth.authfile import load_auth
 
             spec, _ = load_auth(self.home / "auth.json")
+            name = spec.default_profile
         except Exception:
-            return "default"
-        name = spec.default_profile
-        return name if isinstance(name, str) and name else "default"
+            name = None
+        return name if isinstance(name, str) and name else _home_profile_name(self.home)
 
     # --- registration callbacks used by PluginContext ---------------------------------
 
@@ -1257,6 +1290,12 @@ class PluginManager:
         )
 
     # --- commands ---------------------------------------------------------------------
+
+    def plugin_commands(self) -> dict[str, dict[str, Any]]:
+        """Hermes's ``get_plugin_commands()`` shape: ``{name: {handler, description, plugin, args_hint}}``."""
+        return {name: {"handler": e.handler, "description": e.description or "Plugin command",
+                       "plugin": e.plugin_key, "args_hint": e.args_hint}
+                for name, e in self.commands.items()}
 
     def get_plugin_command_handler(self, name: str) -> Callable[[str], Any] | None:
         entry = self._command(name)

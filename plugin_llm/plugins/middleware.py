@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from time import monotonic
 from typing import Any, Callable
 
-from .hooks import HookEntry
+from .hooks import TELEMETRY_SCHEMA_VERSION, HookEntry
 from .isolation import SIGINT_WATCH, error_text
 
 __all__ = [
@@ -48,7 +48,7 @@ TOOL_REQUEST = "tool_request"
 VALID_MIDDLEWARE = frozenset({LLM_EXECUTION, TOOL_EXECUTION, LLM_REQUEST, TOOL_REQUEST})
 RUN_KINDS = frozenset({LLM_EXECUTION, TOOL_EXECUTION})
 REQUEST_KINDS = frozenset({LLM_REQUEST, TOOL_REQUEST})
-OBSERVER_SCHEMA_VERSION = "hermes.observer.v1"
+OBSERVER_SCHEMA_VERSION = TELEMETRY_SCHEMA_VERSION
 MIDDLEWARE_SCHEMA_VERSION = "hermes.middleware.v1"
 
 
