@@ -123,7 +123,9 @@ def test_chat_piped_plugins_turn_and_exit(home: Path, capsys, monkeypatch):
     assert "assistant> Tool hello_world returned: Hello, Ada!" in out
     assert "Bye." in out and "never read" not in out
     hooks = [e["hook"] for e in events(home)]
-    assert hooks[0] == "on_session_start" and hooks[-1] == "on_session_finalize"
+    assert hooks[0] == "pre_command"  # /plugins, before the session starts
+    assert hooks[1] == "on_session_start" and hooks[-1] == "on_session_finalize"
+    assert hooks.count("pre_command") == 2  # /plugins and /exit
 
 
 def test_chat_runs_injected_messages_as_next_turns(home: Path, capsys, monkeypatch):
