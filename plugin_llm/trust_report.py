@@ -65,7 +65,7 @@ WARNING = "warning"
 #: the four overrides, in the order TrustPolicy lists them
 OVERRIDES = tuple(FLAG_KEYS)
 #: keys the host understands directly under ``plugins:``
-PLUGINS_KEYS = ("enabled", "disabled", "hook_timeout", "entries", "isolation_limits")
+PLUGINS_KEYS = ("enabled", "disabled", "hook_timeout", "hook_callback_timeout", "entries", "isolation_limits")
 #: keys the host understands under ``plugins.entries.<id>``
 ENTRY_KEYS = ("llm", "limits", "allow_tool_override", "granted_capabilities", "capabilities_sha256", "isolation",
               "isolation_limits", "isolation_network")
@@ -646,6 +646,18 @@ class _Checker:
             self.add(ERROR, ("plugins", "hook_timeout"), f"expected a positive number of seconds, got {short_repr(value)}; 30 is used",
                      "hook_timeout: 30")
 
+    def hook_callback_timeout(self, plugins: Mapping[str, Any]) -> None:
+        value = plugins.get("hook_callback_timeout")
+        if value is None:
+            return
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or value == float("inf"):
+            self.add(ERROR, ("plugins", "hook_callback_timeout"),
+                     f"expected a number of seconds, got {short_repr(value)}; plugins.hook_timeout is used",
+                     "hook_callback_timeout: 30")
+        elif value > 600:
+            self.add(WARNING, ("plugins", "hook_callback_timeout"), f"{value:g} is above Hermes's ceiling; 600 is used",
+                     "hook_callback_timeout: 600")
+
     # --- plugins.entries
     def entry(self, plugin_id: str, entry: Any) -> None:
         keys = ("plugins", "entries", plugin_id)
@@ -811,6 +823,7 @@ class _Checker:
         self.name_list(plugins, "enabled")
         self.name_list(plugins, "disabled")
         self.hook_timeout(plugins)
+        self.hook_callback_timeout(plugins)
         entries = plugins.get("entries")
         if entries is not None and not isinstance(entries, Mapping):
             self.add(ERROR, ("plugins", "entries"), f"expected a mapping of plugin key -> settings, got {_type_name(entries)}; no override is granted",

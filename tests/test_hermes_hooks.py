@@ -116,13 +116,14 @@ def test_an_interrupted_callback_is_not_suppressed(hermes_home):
 
 
 @pytest.mark.slow
-def test_observer_timeout_fails_open(hermes_home):
+def test_observer_timeout_fails_open(hermes_home, caplog):
     m = manager_with(hermes_home, {
         "a_hung": "from tests.test_hermes_hooks import RELEASE\n"
                   "def register(ctx):\n    ctx.register_hook('post_llm_call', lambda: RELEASE.wait(30))\n",
         "b_ok": "def register(ctx):\n    ctx.register_hook('post_llm_call', lambda: 'fine')\n",
     }, hook_callback_timeout=0.3)
     assert m.invoke_hook("post_llm_call", session_id="s") == ["fine"]
+    assert any("within 0.3s (plugins.hook_callback_timeout)" in r.getMessage() for r in caplog.records)
 
 
 def test_pre_tool_call_that_raises_gives_hermes_block_directive(hermes_home):

@@ -768,3 +768,19 @@ def test_trust_commands_never_import_litellm(home, argv):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
     assert "LITELLM False" in result.stdout, result.stdout + result.stderr
+
+
+def test_check_knows_hermes_hook_callback_timeout(home, capsys):
+    config(home, """
+        plugins:
+          hook_callback_timeout: 900
+    """)
+    code, out, err = run(capsys, "trust", "check")
+    assert "unknown key" not in out
+    assert "plugins.hook_callback_timeout" in out and "600 is used" in out
+    config(home, """
+        plugins:
+          hook_callback_timeout: soon
+    """)
+    code, out, err = run(capsys, "trust", "check")
+    assert code == 1 and "expected a number of seconds" in out
