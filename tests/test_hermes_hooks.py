@@ -358,3 +358,29 @@ def test_a_plugin_without_register_is_reported_in_hermes_words(hermes_home):
 
     m = manager_with(hermes_home, {"empty": "x = 1\n"})
     assert by_key(m.list_plugins())["empty"]["error"].startswith("no register() function")
+
+
+def test_session_hooks_carry_hermes_turn_ids(hermes_home):
+    from plugin_llm.host import Session
+    from tests.test_host_support import ScriptedLlm, reply, tool_request
+
+    m = manager_with(hermes_home, {
+        "a_tool": TOOL,
+        "ids": "from tests.test_hermes_hooks import SEEN\ndef register(ctx):\n"
+               "    for n in ('pre_llm_call', 'pre_api_request', 'post_api_request', 'pre_tool_call', 'post_tool_call',"
+               " 'post_llm_call', 'on_session_end'):\n"
+               "        ctx.register_hook(n, (lambda n: lambda **kw: SEEN.append((n, kw)))(n))\n",
+    })
+    llm = ScriptedLlm(tool_request("write", {"path": "p"}), reply("done"))
+    session = Session(m, llm=llm)
+    session.run_turn("go")
+    turn_id = f"{session.session_id}:1"
+    for name, kw in SEEN:
+        assert kw["turn_id"] == turn_id and kw["task_id"] == session.session_id, name
+    requests = [kw for name, kw in SEEN if name == "pre_api_request"]
+    assert [kw["api_request_id"] for kw in requests] == [f"{turn_id}:1", f"{turn_id}:2"]
+    sent = llm.requests[0]["messages"]
+    assert requests[0]["request_char_count"] == sum(len(x["content"]) for x in sent if isinstance(x["content"], str))
+    assert requests[0]["max_tokens"] is None
+    [tool] = [kw for name, kw in SEEN if name == "pre_tool_call"]
+    assert tool["api_request_id"] == f"{turn_id}:1" and tool["tool_call_id"] == "call_1"

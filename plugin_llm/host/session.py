@@ -654,10 +654,11 @@ class Session:
             yield _Blocking(self._hook, ("on_session_start",),
                             dict(session_id=self.session_id, model=self.route[1], platform=self.platform))
         self._turns += 1
+        ids = dict(task_id=self.session_id, turn_id=f"{self.session_id}:{self._turns}")  # Hermes's turn ids
         user_msg: dict[str, Any] = {"role": "user", "content": user_text}
         self.history.append(user_msg)
         yield _Blocking(self._start_hermes_plugins)
-        extra = yield _Blocking(self._turn_context, (user_text, first))
+        extra = yield _Blocking(self._turn_context, (user_text, first, ids))
         tools = yield _Blocking(self._offered_tools)
         budget = self.context_budget_tokens
 
@@ -675,10 +676,12 @@ class Session:
             messages = yield _Blocking(self._compress, (messages, budget))
             requests += 1
             provider, model = self.route
+            request_ids = dict(ids, api_request_id=f"{ids['turn_id']}:{requests}")
             yield _Blocking(self._hook, ("pre_api_request",), dict(
-                session_id=self.session_id, platform=self.platform, model=model, provider=provider,
+                session_id=self.session_id, **request_ids, platform=self.platform, model=model, provider=provider,
                 api_call_count=requests, message_count=len(messages), tool_count=len(tools),
-                approx_input_tokens=_approx_tokens(messages)))
+                approx_input_tokens=_approx_tokens(messages), request_char_count=_char_count(messages),
+                max_tokens=None))
             if self.manager.has_middleware("llm_request"):
                 messages, tools = yield _Blocking(self._llm_request, (messages, tools))
             stream = self._observes_stream()
@@ -696,7 +699,7 @@ class Session:
                         finished=False, error=error))
                 classification = yield _Blocking(self._classify_error, (exc, provider, model, messages))
                 yield _Blocking(self._hook, ("api_request_error",), dict(
-                    session_id=self.session_id, platform=self.platform, model=model, provider=provider,
+                    session_id=self.session_id, **request_ids, platform=self.platform, model=model, provider=provider,
                     api_call_count=requests, error=error, reason=type_name(exc),
                     error_classification=classification))
                 raise
@@ -708,7 +711,7 @@ class Session:
                 self._last_route = (result.provider or provider, result.model or model)
             assistant = _assistant_message(result)
             yield _Blocking(self._hook, ("post_api_request",), dict(
-                session_id=self.session_id, platform=self.platform, model=self.route[1],
+                session_id=self.session_id, **request_ids, platform=self.platform, model=self.route[1],
                 provider=self.route[0], api_call_count=requests, message_count=len(messages),
                 response_model=getattr(result, "model", None), usage=_usage_dict(result.usage),
                 assistant_content_chars=len(result.text or ""),
@@ -731,7 +734,7 @@ class Session:
                 for call in result.tool_calls:
                     try:
                         out = yield _ToolDispatch(call.name, dict(call.arguments or {}), dict(
-                            session_id=self.session_id, tool_call_id=call.id))
+                            session_id=self.session_id, tool_call_id=call.id, **request_ids))
                     except Exception as exc:  # the dispatcher isolates handlers; this is a last guard
                         _log.warning("tool %s failed: %s", call.name, error_text(exc))
                         out = json.dumps({"error": error_text(exc)})
@@ -757,12 +760,12 @@ class Session:
 
         if stop_reason == "done":
             yield _Blocking(self._hook, ("post_llm_call",), dict(
-                session_id=self.session_id, user_message=user_text, assistant_response=final_text,
+                session_id=self.session_id, **ids, user_message=user_text, assistant_response=final_text,
                 conversation_history=_copy_messages(self.history), model=self.route[1],
                 platform=self.platform))
             yield _Blocking(self._remember, (user_text, final_text))
         yield _Blocking(self._hook, ("on_session_end",), dict(
-            session_id=self.session_id, completed=stop_reason == "done", interrupted=bool(consumed),
+            session_id=self.session_id, **ids, completed=stop_reason == "done", interrupted=bool(consumed),
             model=self.route[1], platform=self.platform, reason="turn"))
         provider, model = self.route
         return TurnResult(kind="reply", text=final_text, stop_reason=stop_reason, tool_runs=tuple(runs),
@@ -839,11 +842,11 @@ class Session:
             _log.warning("hook %s failed: %s", name, error_text(exc))
             return []
 
-    def _turn_context(self, user_text: str, first: bool) -> str:
+    def _turn_context(self, user_text: str, first: bool, ids: dict[str, Any]) -> str:
         parts: list[str] = []
         try:
             context = self.manager.get_pre_llm_call_context(
-                session_id=self.session_id, user_message=user_text,
+                session_id=self.session_id, **ids, user_message=user_text,
                 conversation_history=_copy_messages(self.history), is_first_turn=first,
                 model=self.route[1], platform=self.platform)
         except Exception as exc:
@@ -1081,6 +1084,11 @@ def _check_tool(entry: Any) -> bool:
 
 def _copy_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [dict(m) for m in messages]
+
+
+def _char_count(messages: list[dict[str, Any]]) -> int:
+    """Characters of the messages' text content (Hermes's ``request_char_count``)."""
+    return sum(len(m["content"]) for m in messages if isinstance(m.get("content"), str))
 
 
 def _approx_tokens(messages: list[dict[str, Any]]) -> int:
