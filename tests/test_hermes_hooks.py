@@ -384,3 +384,26 @@ def test_session_hooks_carry_hermes_turn_ids(hermes_home):
     assert requests[0]["max_tokens"] is None
     [tool] = [kw for name, kw in SEEN if name == "pre_tool_call"]
     assert tool["api_request_id"] == f"{turn_id}:1" and tool["tool_call_id"] == "call_1"
+
+
+@pytest.mark.slow
+def test_an_isolated_plugin_gets_the_new_hooks_and_directives(hermes_home):
+    """Out of process: the new hooks reach the plugin and its directives come back."""
+    write_plugin(hermes_home / "plugins", "a_tool", TOOL)
+    write_plugin(hermes_home / "plugins", "iso", """
+        def register(ctx):
+            ctx.register_hook("pre_tool_call", lambda args, telemetry_schema_version:
+                              {"action": "modify", "args": {"path": "/iso", "v": telemetry_schema_version}})
+            ctx.register_hook("pre_verify", lambda attempt: {"action": "continue", "message": "again"} if attempt == 0 else None)
+            ctx.register_hook("transform_api_error_classification", lambda status_code: {"reason": "billing", "code": status_code})
+    """)
+    configure(hermes_home, enabled=["a_tool", "iso"], plugins={"entries": {"iso": {"isolation": "process"}}})
+    m = PluginManager(hermes_home)
+    try:
+        m.discover_plugins()
+        assert m.get_plugin("iso")["pid"]
+        assert m.dispatch_tool("write", {"path": "/etc"}) == "ok path=/iso,v=hermes.observer.v1"
+        assert m.get_pre_verify_continue_message(attempt=0) == "again"
+        assert m.get_plugin_error_classification(status_code=402) == {"reason": "billing"}
+    finally:
+        m.shutdown()
