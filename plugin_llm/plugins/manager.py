@@ -224,8 +224,6 @@ def _fail_closed_message(hook: str, outcome: HookOutcome) -> str:
 
 def _home_profile_name(home: Path) -> str:
     """Hermes's profile name of a home directory (``hermes_cli.profiles.get_active_profile_name``)."""
-    import re
-
     try:
         resolved = home.expanduser().resolve()
         default = (Path.home() / ".hermes").resolve()
@@ -259,7 +257,6 @@ def _distribution_installed(requirement: str) -> bool:
     """Whether the distribution a requirement string names is installed (its version is not checked;
     a requirement whose name cannot be read counts as installed)."""
     import importlib.metadata
-    import re
 
     match = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]{0,200})", requirement)
     if match is None:
