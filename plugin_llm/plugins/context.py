@@ -106,6 +106,18 @@ class PluginContext:
         """The name of the active credential profile (never anything of its keys)."""
         return self._manager.profile_name()
 
+    @property
+    def plugin_id(self) -> str:
+        """This plugin's key (``image_gen/openai`` for a category plugin): what its config and trust are under."""
+        return self._key
+
+    @implements
+    def has_plugin(self, plugin_id: str) -> bool:
+        """True when another plugin is loaded and enabled, named by its key or its manifest name."""
+        if not isinstance(plugin_id, str) or not plugin_id.strip():
+            return False
+        return self._manager.is_plugin_loaded(plugin_id.strip())
+
     @implements
     def has_capability(self, name: str) -> bool:
         """True when the manifest requests capability ``name`` and the operator consented to it."""

@@ -34,7 +34,12 @@ class Ctx(Protocol):
     @property
     def profile_name(self) -> str: ...
 
+    @property
+    def plugin_id(self) -> str: ...
+
     def has_capability(self, name: str) -> bool: ...
+
+    def has_plugin(self, plugin_id: str) -> bool: ...
 
     def register_tool(self, name: str, toolset: str | None = None, schema: Mapping[str, Any] | None = None,
                       handler: Callable[..., Any] | None = None, check_fn: Callable[[], Any] | None = None,
@@ -82,13 +87,13 @@ _SHORT_FORM: dict[str, Callable[[tuple[Any, ...]], bool]] = {
 }
 
 #: the contract's properties and methods, in the order the docs list them
-PROPERTIES = ("llm", "manifest", "profile_name")
+PROPERTIES = ("llm", "manifest", "profile_name", "plugin_id")
 METHODS = tuple(name for name in vars(Ctx) if not name.startswith("_") and name not in PROPERTIES)
 
 # --- how each member reaches the host from an isolated plugin's process -----------------------
 
 #: answered in the plugin's process (``ctx.llm`` is itself a proxy, see plugin_llm.api)
-LOCAL = frozenset({"llm", "manifest"})
+LOCAL = frozenset({"llm", "manifest", "plugin_id"})
 #: what cannot cross to the host, and why: refused with a warning (the arguments are still bound)
 NOT_ACROSS: dict[str, str] = {
     "register_platform": "a platform adapter is built and run inside the host's messaging gateway",

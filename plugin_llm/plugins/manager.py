@@ -900,6 +900,14 @@ class PluginManager:
 
     # --- registration callbacks used by PluginContext ---------------------------------
 
+    def is_plugin_loaded(self, name: str) -> bool:
+        """A plugin loaded and enabled whose key or manifest name is ``name`` (``ctx.has_plugin``)."""
+        for record in list(self._records.values()):
+            manifest = record.candidate.manifest
+            if record.status == STATUS_ENABLED and (record.key == name or (manifest is not None and manifest.name == name)):
+                return True
+        return False
+
     def _is_current(self, key: str, generation: int) -> bool:
         record = self._records.get(key)
         return (

@@ -487,6 +487,10 @@ class RemoteContext:
         return self._manifest
 
     @property
+    def plugin_id(self) -> str:
+        return self._key
+
+    @property
     def llm(self) -> RemoteLlm:
         if self._llm is None:
             self._llm = RemoteLlm(self._worker, self._key)
