@@ -119,6 +119,29 @@ class PluginContext:
         return self._manager.is_plugin_loaded(plugin_id.strip())
 
     @implements
+    def get_config(self, key: str, default: Any = None) -> Any:
+        """``plugins.entries.<key>.settings.<key>`` (dotted, plugin-relative), else the legacy ``…config``
+        section, else ``default``."""
+        from plugin_llm.config import get_config_source
+
+        from .plugin_config import read_setting, setting_segments
+
+        segments = setting_segments(key, f"plugin {self._key}: get_config()")
+        try:
+            raw = get_config_source(self._manager.home).current().raw
+        except Exception:  # an unreadable config.yaml has no settings
+            return default
+        return read_setting(raw, self._key, segments, default)
+
+    @implements
+    def set_config(self, key: str, value: Any) -> None:
+        """Write one value under this plugin's own ``settings`` (atomic, the rest of config.yaml kept)."""
+        from .plugin_config import setting_segments, write_setting
+
+        who = f"plugin {self._key}: set_config()"
+        write_setting(self._manager.home, self._key, setting_segments(key, who), value, who)
+
+    @implements
     def has_capability(self, name: str) -> bool:
         """True when the manifest requests capability ``name`` and the operator consented to it."""
         return isinstance(name, str) and name.strip() in self._manager.granted_capabilities(self._key)

@@ -41,6 +41,10 @@ class Ctx(Protocol):
 
     def has_plugin(self, plugin_id: str) -> bool: ...
 
+    def get_config(self, key: str, default: Any = None) -> Any: ...
+
+    def set_config(self, key: str, value: Any) -> None: ...
+
     def register_tool(self, name: str, toolset: str | None = None, schema: Mapping[str, Any] | None = None,
                       handler: Callable[..., Any] | None = None, check_fn: Callable[[], Any] | None = None,
                       requires_env: Any = None, is_async: bool = False, description: str = "", emoji: str = "",

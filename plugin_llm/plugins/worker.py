@@ -507,6 +507,13 @@ class RemoteContext:
         return self._forward("register_cli_command", {"name": name, "help": help, "setup_fn": setup_fn,
                                                       "handler_fn": handler_fn, "description": description})
 
+    @implements
+    def set_config(self, key: str, value: Any) -> None:
+        """The value is checked here (the channel would turn what YAML cannot hold into something it can)."""
+        from .plugin_config import checked_value
+
+        return self._forward("set_config", {"key": key, "value": checked_value(value, f"plugin {self._key}: set_config()")})
+
     def _forward(self, method: str, named: dict[str, Any]) -> Any:
         """``ctx.<method>`` with its bound arguments, answered by the host."""
         from .ctx_api import NOT_ACROSS, PROVIDER_PARAMS, is_registration
