@@ -129,3 +129,71 @@ def test_get_and_set_config_are_jailed_to_the_plugins_settings(hermes_home, mana
                         "deep": {"a": {"b": True}}}
     before["plugins"]["entries"]["cfg"].pop("settings")
     assert after == before  # nothing else changed
+
+
+# --- state ------------------------------------------------------------------------------------
+
+STATE = '''
+import json
+
+def register(ctx):
+    def probe(args):
+        state = ctx.state
+        out = {"same": state is ctx.state, "quota": state.quota_bytes, "dir": str(state.data_dir),
+               "path": str(state.path), "absent": state.get("count", "none")}
+        state.set("count", 1)
+        state.set("ns:list.v1", [1, "two", {"3": None}])
+        for bad in ("", "a..b", ".x", "a/b", "x" * 129, 5):
+            try:
+                state.set(bad, 1)
+                out[str(bad)[:10]] = "written"
+            except ValueError:
+                out[str(bad)[:10]] = "ValueError"
+        for name, value in (("object", object()), ("nan", float("nan")), ("over", "x" * (10 * 1024 * 1024))):
+            try:
+                state.set("bad", value)
+                out[name] = "written"
+            except ValueError:
+                out[name] = "ValueError"
+        out["after"] = [state.get("count"), state.get("ns:list.v1"), state.get("bad", "kept out")]
+        return json.dumps(out)
+    ctx.register_tool("probe", {"name": "probe", "description": "p"}, probe)
+'''
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_state_is_durable_keyed_and_bounded_in_the_plugins_data_dir(hermes_home, managers, mode):
+    manager = _load(hermes_home, managers, "image_gen/stateful", STATE, mode)
+    out = _probe(manager)
+    data_dir = hermes_home / "plugin-data" / "image_gen%2Fstateful"
+    assert out.pop("after") == [1, [1, "two", {"3": None}], "kept out"]
+    assert out == {"same": True, "quota": 10 * 1024 * 1024, "dir": str(data_dir), "path": str(data_dir / "state.json"),
+                   "absent": "none", "": "ValueError", "a..b": "ValueError", ".x": "ValueError", "a/b": "ValueError",
+                   "x" * 10: "ValueError", "5": "ValueError", "object": "ValueError", "nan": "ValueError",
+                   "over": "ValueError"}
+    path = data_dir / "state.json"
+    assert json.loads(path.read_text(encoding="utf-8")) == {"count": 1, "ns:list.v1": [1, "two", {"3": None}]}
+    assert path.stat().st_mode & 0o777 == 0o600
+    # the host's view of the same plugin's state is the same file
+    from plugin_llm.plugins.state import PluginState
+
+    assert PluginState(data_dir).get("count") == 1
+
+
+def test_state_does_not_follow_a_link_planted_in_the_data_dir(hermes_home, tmp_path):
+    from plugin_llm.plugins.state import PluginState
+
+    secret = tmp_path / "auth.json"
+    secret.write_text('{"key": "sk-canary"}', encoding="utf-8")
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    (data_dir / "state.json").symlink_to(secret)
+    elsewhere = tmp_path / "created-by-lock"
+    (data_dir / ".state.json.lock").symlink_to(elsewhere)
+    with pytest.raises(RuntimeError, match="cannot lock plugin state"):
+        PluginState(data_dir).get("key")
+    assert not elsewhere.exists()
+    (data_dir / ".state.json.lock").unlink()
+    with pytest.raises(RuntimeError, match="cannot read plugin state") as info:
+        PluginState(data_dir).get("key")
+    assert "sk-canary" not in str(info.value)

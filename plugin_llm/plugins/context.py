@@ -44,6 +44,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from plugin_llm.llm import PluginLlm
 
     from .manager import PluginManager
+    from .state import PluginState
 
 __all__ = ["PluginContext", "HermesSubsystemMissing", "HERMES_ONLY_REGISTRATIONS"]
 
@@ -68,7 +69,7 @@ class PluginContext:
     :mod:`.ctx_api` (``@implements`` binds the arguments there), which the isolated ``ctx`` shares.
     """
 
-    __slots__ = ("_manager", "_key", "_manifest", "_plugin_dir", "_generation", "_llm")
+    __slots__ = ("_manager", "_key", "_manifest", "_plugin_dir", "_generation", "_llm", "_state")
 
     def __init__(self, manager: "PluginManager", manifest: PluginManifest, plugin_dir: Path | None, generation: int) -> None:
         self._manager = manager
@@ -77,6 +78,7 @@ class PluginContext:
         self._plugin_dir = plugin_dir
         self._generation = generation
         self._llm: Any = None
+        self._state: Any = None
 
     def __repr__(self) -> str:
         return f"PluginContext(plugin={self._key!r})"
@@ -110,6 +112,17 @@ class PluginContext:
     def plugin_id(self) -> str:
         """This plugin's key (``image_gen/openai`` for a category plugin): what its config and trust are under."""
         return self._key
+
+    @property
+    def state(self) -> "PluginState":
+        """Durable JSON key/value state in ``<home>/plugin-data/<key>/state.json`` (10 MiB quota)."""
+        if self._state is None:
+            from . import sandbox
+            from .state import PluginState
+
+            home, key = self._manager.home, self._key
+            self._state = PluginState(sandbox.plugin_data_path(home, key), lambda: sandbox.plugin_data_dir(home, key))
+        return self._state
 
     @implements
     def has_plugin(self, plugin_id: str) -> bool:

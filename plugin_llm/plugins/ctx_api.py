@@ -37,6 +37,9 @@ class Ctx(Protocol):
     @property
     def plugin_id(self) -> str: ...
 
+    @property
+    def state(self) -> Any: ...
+
     def has_capability(self, name: str) -> bool: ...
 
     def has_plugin(self, plugin_id: str) -> bool: ...
@@ -91,13 +94,14 @@ _SHORT_FORM: dict[str, Callable[[tuple[Any, ...]], bool]] = {
 }
 
 #: the contract's properties and methods, in the order the docs list them
-PROPERTIES = ("llm", "manifest", "profile_name", "plugin_id")
+PROPERTIES = ("llm", "manifest", "profile_name", "plugin_id", "state")
 METHODS = tuple(name for name in vars(Ctx) if not name.startswith("_") and name not in PROPERTIES)
 
 # --- how each member reaches the host from an isolated plugin's process -----------------------
 
 #: answered in the plugin's process (``ctx.llm`` is itself a proxy, see plugin_llm.api)
-LOCAL = frozenset({"llm", "manifest", "plugin_id"})
+#: (``ctx.state`` is the file in the plugin's data directory, which is its process's HOME)
+LOCAL = frozenset({"llm", "manifest", "plugin_id", "state"})
 #: what cannot cross to the host, and why: refused with a warning (the arguments are still bound)
 NOT_ACROSS: dict[str, str] = {
     "register_platform": "a platform adapter is built and run inside the host's messaging gateway",

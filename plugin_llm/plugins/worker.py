@@ -465,7 +465,7 @@ class RemoteContext:
     Callables a registration passes stay here, named by handle numbers. Members without a method
     below are forwarded as they are (added after the class)."""
 
-    __slots__ = ("_worker", "_manifest", "_key", "_plugin_dir", "_llm")
+    __slots__ = ("_worker", "_manifest", "_key", "_plugin_dir", "_llm", "_state")
 
     def __init__(self, worker: "_Worker", manifest: Any, plugin_dir: Path) -> None:
         self._worker = worker
@@ -473,6 +473,7 @@ class RemoteContext:
         self._key = manifest.key
         self._plugin_dir = plugin_dir
         self._llm: RemoteLlm | None = None
+        self._state: Any = None
 
     def __repr__(self) -> str:
         return f"PluginContext(plugin={self._key!r}, out of process)"
@@ -489,6 +490,19 @@ class RemoteContext:
     @property
     def plugin_id(self) -> str:
         return self._key
+
+    @property
+    def state(self) -> Any:
+        """The same file as in process: the data directory is this process's HERMES_HOME (see .sandbox)."""
+        if self._state is None:
+            from .state import PluginState
+
+            data_dir = os.environ.get("HERMES_HOME")
+            if not data_dir:
+                raise RuntimeError(f"plugin {self._key}: ctx.state needs the plugin's data directory, which this "
+                                   "process was not given")
+            self._state = PluginState(Path(data_dir))
+        return self._state
 
     @property
     def llm(self) -> RemoteLlm:
