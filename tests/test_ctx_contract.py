@@ -63,7 +63,7 @@ def test_a_ctx_method_that_drifts_from_the_contract_is_refused_when_it_is_define
 
 def test_every_member_of_the_contract_has_a_way_to_the_host():
     """Local in the plugin's process, refused with a reason, or forwarded by name (the generic path)."""
-    assert ctx_api.LOCAL <= set(ctx_api.PROPERTIES)
+    assert ctx_api.LOCAL <= set(ctx_api.PROPERTIES) | set(ctx_api.METHODS)
     assert set(ctx_api.NOT_ACROSS) <= set(ctx_api.METHODS) and all(ctx_api.NOT_ACROSS.values())
     assert set(ctx_api.PROVIDER_PARAMS) <= set(ctx_api.METHODS)
     for method, param in ctx_api.PROVIDER_PARAMS.items():
@@ -142,7 +142,7 @@ class _Manifest:
 def test_a_method_the_isolated_ctx_does_not_special_case_is_forwarded_by_name():
     special = {name for name in ctx_api.METHODS if getattr(RemoteContext, name).__qualname__ != name}
     # a parser cannot cross; a config value is checked before the channel could convert it; the rest is generic
-    assert special == {"register_cli_command", "set_config"}
+    assert special == {"register_cli_command", "set_config"} | (ctx_api.LOCAL & set(ctx_api.METHODS))
     worker = _Worker({"entry": True})
     ctx = RemoteContext(worker, _Manifest(), None)  # type: ignore[arg-type]
 

@@ -197,3 +197,123 @@ def test_state_does_not_follow_a_link_planted_in_the_data_dir(hermes_home, tmp_p
     with pytest.raises(RuntimeError, match="cannot read plugin state") as info:
         PluginState(data_dir).get("key")
     assert "sk-canary" not in str(info.value)
+
+
+# --- on_unload, spawn_task, PluginManager.unload -----------------------------------------------
+
+LIFECYCLE = '''
+import asyncio
+import json
+
+
+def register(ctx):
+    def log(name):
+        def callback():
+            ctx.state.set("log", ctx.state.get("log", []) + [name])
+        callback.__name__ = name
+        return callback
+
+    def boom():
+        raise RuntimeError("cleanup failed")
+
+    ctx.on_unload(log("a"))
+    ctx.on_unload(log("b"))
+    early = ctx.on_unload(log("c"))
+    early.dispose()
+    early.dispose()
+    ctx.on_unload(boom)
+    ctx.on_unload(log("d"))
+    errors = []
+    for bad in (lambda: ctx.on_unload("not callable"), lambda: ctx.spawn_task("not a coroutine"),
+                lambda: ctx.spawn_task(asyncio.sleep(0))):
+        try:
+            bad()
+        except (TypeError, RuntimeError) as exc:
+            errors.append(type(exc).__name__)
+    ctx.state.set("register", {"errors": errors, "active": early.active})
+    ctx.register_tool("probe", {"name": "probe", "description": "p"}, lambda args: "here")
+    ctx.register_hook("on_session_start", lambda **kw: None)
+'''
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_unload_runs_on_unload_callbacks_in_reverse_and_removes_every_registration(hermes_home, managers, mode):
+    from plugin_llm.plugins.state import PluginState
+
+    manager = _load(hermes_home, managers, "life", LIFECYCLE, mode)
+    state = PluginState(hermes_home / "plugin-data" / "life")
+    assert state.get("register") == {"errors": ["TypeError", "TypeError", "RuntimeError"], "active": False}
+    assert state.get("log") == ["c"]  # disposed early, once
+    assert manager.dispatch_tool("probe", {}) == "here" and manager.has_hook("on_session_start")
+    assert manager.unload("life") == ["life"]
+    assert state.get("log") == ["c", "d", "b", "a"]  # the last registered first; boom did not stop the rest
+    assert "probe" not in manager.tools and not manager.has_hook("on_session_start")
+    plugin = manager.get_plugin("life")
+    assert plugin["status"] == "not enabled" and not plugin.get("pid")
+    assert manager.unload("life") == []  # nothing left to unload
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_forced_reload_runs_the_callbacks_and_loads_the_plugin_again(hermes_home, managers, mode):
+    from plugin_llm.plugins.state import PluginState
+
+    manager = _load(hermes_home, managers, "life", LIFECYCLE, mode)
+    state = PluginState(hermes_home / "plugin-data" / "life")
+    manager.discover_plugins(force=True)
+    assert state.get("log") == ["c", "d", "b", "a", "c"]  # unloaded, then registered again (c disposed again)
+    assert manager.get_plugin("life")["status"] == "enabled" and manager.dispatch_tool("probe", {}) == "here"
+
+
+def test_a_failed_register_still_runs_the_callbacks_it_registered(hermes_home, managers):
+    code = ("def register(ctx):\n"
+            "    ctx.on_unload(lambda: ctx.state.set('ran', True))\n"
+            "    raise ValueError('half way')\n")
+    write_plugin(hermes_home / "plugins", "half", code)
+    _config(hermes_home, ["half"], [])
+    manager = PluginManager(hermes_home)
+    managers.append(manager)
+    manager.discover_plugins()
+    assert manager.get_plugin("half")["status"] == "failed"
+    from plugin_llm.plugins.state import PluginState
+
+    assert PluginState(hermes_home / "plugin-data" / "half").get("ran") is True
+
+
+def test_spawned_tasks_are_cancelled_at_unload(hermes_home, managers):
+    import asyncio
+    import threading
+
+    code = '''
+import asyncio
+
+CTX = []
+
+def register(ctx):
+    CTX.append(ctx)
+'''
+    manager = _load(hermes_home, managers, "tasks", code, "in-process")
+    import sys
+
+    ctx = sys.modules["hermes_plugins.tasks"].CTX[0]
+    started, outcome = threading.Event(), {}
+
+    async def main() -> None:
+        async def forever() -> None:
+            await asyncio.sleep(3600)
+
+        task = ctx.spawn_task(forever())
+        finished = ctx.spawn_task(asyncio.sleep(0), name="quick")
+        outcome["names"] = (task.get_name(), finished.get_name())
+        await finished
+        started.set()
+        try:
+            await asyncio.wait_for(task, 60)
+        except asyncio.CancelledError:
+            outcome["cancelled"] = True
+
+    thread = threading.Thread(target=asyncio.run, args=(main(),))
+    thread.start()
+    assert started.wait(60)
+    manager.unload("tasks")
+    thread.join(60)
+    assert outcome == {"names": ("plugin:tasks:task", "quick"), "cancelled": True}

@@ -154,6 +154,31 @@ class PluginContext:
         who = f"plugin {self._key}: set_config()"
         write_setting(self._manager.home, self._key, setting_segments(key, who), value, who)
 
+    # --- lifecycle --------------------------------------------------------------------
+
+    @implements
+    def on_unload(self, callback: Callable[[], Any]) -> Any:
+        """``callback()`` when the plugin is unloaded (or reloaded, or its ``register`` fails), the last
+        registered first; a ``PluginRegistration`` whose ``dispose()`` runs it early."""
+        if not callable(callback):
+            raise TypeError(f"plugin {self._key}: on_unload callback must be callable, got {type(callback).__name__}")
+        if not self._live("on_unload"):
+            return None
+        name = getattr(callback, "__name__", None)
+        return self._manager._holdings_of(self._key).track("on_unload", name if isinstance(name, str) else "callback",
+                                                           callback)
+
+    @implements
+    def spawn_task(self, coro: Any, *, name: str | None = None) -> Any:
+        """``coro`` as an ``asyncio.Task`` on the running loop, cancelled when the plugin is unloaded."""
+        from .lifecycle import spawn_task
+
+        if not self._live("spawn_task"):
+            if hasattr(coro, "close"):
+                coro.close()
+            return None
+        return spawn_task(self._manager._holdings_of(self._key), coro, name, f"plugin:{self._key}:task")
+
     @implements
     def has_capability(self, name: str) -> bool:
         """True when the manifest requests capability ``name`` and the operator consented to it."""

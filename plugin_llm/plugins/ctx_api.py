@@ -46,6 +46,10 @@ class Ctx(Protocol):
 
     def get_config(self, key: str, default: Any = None) -> Any: ...
 
+    def on_unload(self, callback: Callable[[], Any]) -> Any: ...
+
+    def spawn_task(self, coro: Any, *, name: str | None = None) -> Any: ...
+
     def set_config(self, key: str, value: Any) -> None: ...
 
     def register_tool(self, name: str, toolset: str | None = None, schema: Mapping[str, Any] | None = None,
@@ -100,8 +104,9 @@ METHODS = tuple(name for name in vars(Ctx) if not name.startswith("_") and name 
 # --- how each member reaches the host from an isolated plugin's process -----------------------
 
 #: answered in the plugin's process (``ctx.llm`` is itself a proxy, see plugin_llm.api)
-#: (``ctx.state`` is the file in the plugin's data directory, which is its process's HOME)
-LOCAL = frozenset({"llm", "manifest", "plugin_id", "state"})
+#: (``ctx.state`` is the file in the plugin's data directory, which is its process's HOME; unload
+#: callbacks and tasks live with the plugin's code, and the host asks its process to run them)
+LOCAL = frozenset({"llm", "manifest", "plugin_id", "state", "on_unload", "spawn_task"})
 #: what cannot cross to the host, and why: refused with a warning (the arguments are still bound)
 NOT_ACROSS: dict[str, str] = {
     "register_platform": "a platform adapter is built and run inside the host's messaging gateway",

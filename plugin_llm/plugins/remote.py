@@ -1024,6 +1024,17 @@ class RemotePlugin:
 
     # --- stopping -----------------------------------------------------------------------
 
+    def unload(self, timeout: float) -> None:
+        """Ask the child to run the plugin's on_unload callbacks and cancel its tasks (within ``timeout``);
+        whatever happens, the caller stops it next."""
+        child = self._child
+        if child is None or child.dead or self.stopped:
+            return
+        try:
+            child.peer.call("unload", {}, timeout=max(0.1, timeout))
+        except Exception as exc:
+            _log.warning("plugin %s: its unload callbacks did not complete: %s", self.key, type(exc).__name__)
+
     def stop(self) -> None:
         """Stop the child (close its channel, then kill it); the plugin stays registered but unusable."""
         with self._lock:

@@ -522,6 +522,32 @@ class RemoteContext:
                                                       "handler_fn": handler_fn, "description": description})
 
     @implements
+    def on_unload(self, callback: Callable[[], Any]) -> Any:
+        """Kept here, with the plugin's code; the host asks this process to run them when it unloads it."""
+        if not callable(callback):
+            raise TypeError(f"plugin {self._key}: on_unload callback must be callable, got {type(callback).__name__}")
+        name = getattr(callback, "__name__", None)
+
+        def release() -> None:
+            _resolved(callback())
+
+        return self._holdings().track("on_unload", name if isinstance(name, str) else "callback", release)
+
+    @implements
+    def spawn_task(self, coro: Any, *, name: str | None = None) -> Any:
+        """A task on this process's running loop (cancelled when the host unloads the plugin)."""
+        from .lifecycle import spawn_task
+
+        return spawn_task(self._holdings(), coro, name, f"plugin:{self._key}:task")
+
+    def _holdings(self) -> Any:
+        if self._worker.holdings is None:
+            from .lifecycle import Holdings
+
+            self._worker.holdings = Holdings(self._key)
+        return self._worker.holdings
+
+    @implements
     def set_config(self, key: str, value: Any) -> None:
         """The value is checked here (the channel would turn what YAML cannot hold into something it can)."""
         from .plugin_config import checked_value
@@ -629,6 +655,7 @@ class _Worker:
         self._handles: dict[int, Callable[..., Any]] = {}
         self._lock = threading.Lock()
         self._loaded = False
+        self.holdings: Any = None  # the plugin's on_unload callbacks and tasks (.lifecycle)
 
     # handles and values
     def handle(self, fn: Callable[..., Any]) -> int:
@@ -659,6 +686,11 @@ class _Worker:
             return self._load(params)
         if method == "ping":
             return {"pid": os.getpid()}
+        if method == "unload":  # the host unloads the plugin: its callbacks run, its tasks are cancelled
+            holdings = self.holdings
+            if holdings is not None:
+                holdings.release_all()
+            return {"ok": True}
         raise ValueError(f"unknown method {method[:60]!r}")
 
     def _invoke(self, params: dict[str, Any]) -> Any:
