@@ -32,6 +32,9 @@ __all__ = [
     "key_shaped",
     "redact_obj",
     "register_secret",
+    "add_pattern_rules",
+    "remove_pattern_rules",
+    "pattern_rule_count",
     "mask",
     "RedactingFilter",
     "redact_processor",
@@ -167,6 +170,12 @@ class _Registry:
 
     def __contains__(self, secret: str) -> bool:
         return secret in self._known
+
+    def invalidate(self) -> None:
+        """The rules changed: values remembered as clean (:func:`redact_field`) are checked again."""
+        with self._lock:
+            self._version += 1
+            self.snapshot = None
 
 
 # Below this many variants a loop of `in` tests is faster than the regex.
@@ -348,6 +357,54 @@ _RULES: tuple[_Rule, ...] = (
 )
 
 
+#: Extra shapes, each a (trigger, regex) whose whole match is a secret, by owner (a plugin's
+#: ``ctx.register_redaction_patterns``; checked there for bounded matching cost). Replaced, never mutated.
+_extra: dict[str, tuple[tuple[str, re.Pattern[str]], ...]] = {}
+_extra_rules: tuple[tuple[str, re.Pattern[str]], ...] = ()
+_extra_lock = threading.Lock()
+
+
+def add_pattern_rules(owner: str, rules: Iterable[tuple[str, re.Pattern[str]]]) -> None:
+    """Hide every match of each ``(trigger, regex)`` from now on (the regex runs only when ``trigger``
+    occurs in the text; a case-insensitive regex is triggered on lower-cased text)."""
+    global _extra, _extra_rules
+    with _extra_lock:
+        _extra = {**_extra, owner: _extra.get(owner, ()) + tuple(rules)}
+        _extra_rules = tuple(rule for group in _extra.values() for rule in group)
+    _registry.invalidate()
+
+
+def remove_pattern_rules(owner: str) -> None:
+    """Forget the rules ``owner`` added."""
+    global _extra, _extra_rules
+    with _extra_lock:
+        if owner not in _extra:
+            return
+        _extra = {k: v for k, v in _extra.items() if k != owner}
+        _extra_rules = tuple(rule for group in _extra.values() for rule in group)
+    _registry.invalidate()
+
+
+def pattern_rule_count(owner: str) -> int:
+    return len(_extra.get(owner, ()))
+
+
+def _hide_extra(text: str) -> str:
+    low: str | None = None
+    for trigger, regex in _extra_rules:
+        if regex.flags & re.IGNORECASE:
+            if low is None:
+                low = text.lower()
+            if trigger not in low:
+                continue
+        elif trigger not in text:
+            continue
+        new = regex.sub(_REDACTED, text)
+        if new != text:
+            text, low = new, None
+    return text
+
+
 def _apply(rule: _Rule, text: str, haystack: str, regex: re.Pattern[str]) -> str:
     """Replace the secret group of every match (found in ``haystack``) in ``text``."""
     pieces: list[str] = []
@@ -508,6 +565,8 @@ def redact(text: Any) -> str:
                 if new is not text:
                     text, low = new, None
                 break
+    if _extra_rules:
+        text = _hide_extra(text)
     return text
 
 

@@ -317,3 +317,76 @@ def register(ctx):
     manager.unload("tasks")
     thread.join(60)
     assert outcome == {"names": ("plugin:tasks:task", "quick"), "cancelled": True}
+
+
+# --- register_redaction_patterns ---------------------------------------------------------------
+
+SECRET = "acme_" + "Q7" * 16
+
+
+@pytest.fixture
+def no_plugin_patterns():
+    from auth import redaction
+
+    yield
+    for owner in list(redaction._extra):
+        redaction.remove_pattern_rules(owner)
+
+
+@pytest.mark.parametrize("pattern", [r"acme_[A-Za-z0-9]{32}", r"xoxb-[0-9]{10,13}-[A-Za-z0-9]{24,34}", r"tok_[a-z0-9]+",
+                                     r"(?i)secret-[a-f0-9]{16}", r"ab(cd|ef)[0-9]{4}\b", r"ghp_\w{36}"])
+def test_ordinary_secret_shapes_are_accepted(pattern):
+    from plugin_llm.plugins.redaction_patterns import compile_pattern
+
+    trigger, regex = compile_pattern(pattern)
+    assert regex.pattern == pattern and len(trigger) >= 2
+
+
+@pytest.mark.parametrize(("pattern", "why"), [
+    (r"a[0-9]+", "two literal characters"),
+    (r"[a-z]{4}_x", "two literal characters"),
+    (r"ab(a+)+$", "not a group"),  # the classic catastrophic backtracking
+    (r"ab(x|xy){1,30}z", "not a group"),
+    (r"ab\w+\w+x", "only as the last item"),
+    (r"ab.*=.*;", "only as the last item"),
+    (r"ab[a-z]{0,100}[0-9]{0,100}x", "combinations per position"),
+    (r"ab(x)\1", "not allowed"),
+    (r"ab(?=x)[a-z]{3}", "not allowed"),
+    (r"ab[", "does not compile"),
+    ("ab" + "c" * 300, "characters long"),
+    (5, "must be a string"),
+])
+def test_patterns_that_could_backtrack_or_match_anything_are_refused(pattern, why):
+    from plugin_llm.plugins.redaction_patterns import compile_pattern
+
+    with pytest.raises(ValueError, match=why):
+        compile_pattern(pattern)
+
+
+REDACTING = '''
+def register(ctx):
+    count = ctx.register_redaction_patterns([r"acme_[A-Za-z0-9]{32}", r"(a+)+$", "x"])
+    ctx.register_tool("probe", {"name": "probe", "description": "p"}, lambda args: str(count))
+    try:
+        ctx.register_redaction_patterns("acme_.*")
+    except TypeError:
+        pass
+    else:
+        raise AssertionError("a bare string was accepted")
+'''
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_plugins_redaction_patterns_reach_the_redactor_until_it_is_unloaded(hermes_home, managers, mode,
+                                                                              no_plugin_patterns):
+    from auth.redaction import redact, redact_field, redact_obj
+
+    assert SECRET in redact(f"token {SECRET} end") and SECRET in redact_field(f"k={SECRET}")  # remembered as clean
+    manager = _load(hermes_home, managers, "redactor", REDACTING, mode)
+    assert manager.dispatch_tool("probe", {}) == "1"
+    warnings = manager.get_plugin("redactor")["warnings"]
+    assert len(warnings) == 2 and all("refused" in w for w in warnings), warnings
+    for hidden in (redact(f"token {SECRET} end"), redact_field(f"k={SECRET}"), json.dumps(redact_obj({"m": [SECRET]}))):
+        assert SECRET not in hidden and "[REDACTED]" in hidden
+    manager.unload("redactor")
+    assert SECRET in redact(f"token {SECRET} end") and SECRET in redact_field(f"k={SECRET}")

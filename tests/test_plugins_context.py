@@ -46,7 +46,8 @@ def test_ctx_exposes_only_the_documented_surface(hermes_home):
         "register_context_engine", "register_memory_provider", "register_skill", "register_platform",
         "register_image_gen_provider", "inject_message", "dispatch_tool",
         "register_middleware", "profile_name", "has_capability",  # Hermes's current ctx
-        "plugin_id", "has_plugin", "get_config", "set_config", "state", "on_unload", "spawn_task",  # Hermes 0.21
+        "plugin_id", "has_plugin", "get_config", "set_config", "state", "on_unload", "spawn_task",
+        "register_redaction_patterns",  # Hermes 0.21
     }
     assert ctx["p"].manifest.key == "p"
     with pytest.raises(AttributeError):

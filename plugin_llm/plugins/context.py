@@ -526,6 +526,38 @@ class PluginContext:
             manager._plugin_warning(key, message, log=False)
         return entry
 
+    # --- redaction --------------------------------------------------------------------
+
+    @implements
+    def register_redaction_patterns(self, patterns: Any) -> int:
+        """More secret shapes for the host's redactor (audit log, logs, output): regexes of a bounded-cost
+        subset (see :mod:`.redaction_patterns`), each starting with two literal characters. Refused ones
+        are listed as warnings; returns how many were added. Removed when the plugin is unloaded."""
+        from auth.redaction import add_pattern_rules, pattern_rule_count, remove_pattern_rules
+
+        from .redaction_patterns import MAX_PER_PLUGIN, compile_pattern
+
+        if isinstance(patterns, str) or not isinstance(patterns, (list, tuple)):
+            raise TypeError(f"plugin {self._key}: register_redaction_patterns() needs a list of regex strings")
+        if not self._live("register_redaction_patterns"):
+            return 0
+        owner = f"plugin:{self._key}"
+        held = pattern_rule_count(owner)
+        accepted: list[tuple[str, Any]] = []
+        for pattern in patterns:
+            shown = repr(pattern[:60]) if isinstance(pattern, str) else type(pattern).__name__
+            if held + len(accepted) >= MAX_PER_PLUGIN:
+                self._refuse(f"redaction pattern {shown} refused: a plugin may add at most {MAX_PER_PLUGIN}")
+                continue
+            try:
+                accepted.append(compile_pattern(pattern))
+            except ValueError as exc:
+                self._refuse(f"redaction pattern {shown} refused: {exc}")
+        if accepted:
+            add_pattern_rules(owner, accepted)
+            self._manager._holdings_of(self._key).track("redaction patterns", owner, lambda: remove_pattern_rules(owner))
+        return len(accepted)
+
     # --- talking to the host ----------------------------------------------------------
 
     @implements
