@@ -154,7 +154,7 @@ def test_a_method_the_isolated_ctx_does_not_special_case_is_forwarded_by_name():
     [(method, params)] = worker.sent
     assert method == "ctx" and params["m"] == "register_command"
     assert decode_value(params["a"], lambda h: worker.handles[h]) == {
-        "name": "shout", "handler": shout, "description": "", "args_hint": "<text>"}
+        "name": "shout", "handler": shout, "description": "", "args_hint": "<text>", "argument_mode": None}
     assert params["sig"] == {"1": [["raw", 1, False]]}
 
 

@@ -390,3 +390,48 @@ def test_a_plugins_redaction_patterns_reach_the_redactor_until_it_is_unloaded(he
         assert SECRET not in hidden and "[REDACTED]" in hidden
     manager.unload("redactor")
     assert SECRET in redact(f"token {SECRET} end") and SECRET in redact_field(f"k={SECRET}")
+
+
+# --- changed signatures: argument_mode, frontmatter, session_key --------------------------------
+
+SIGNATURES = '''
+def register(ctx):
+    ctx.register_command("opts", lambda raw: raw, args_hint="--n N", argument_mode="Options")
+    ctx.register_command("hinted", lambda raw: raw, args_hint="TEXT")
+    ctx.register_command("odd", lambda raw: raw, argument_mode="weird")
+    ctx.register_command("plain", lambda raw: raw)
+    ctx.register_skill("guide", "SKILL.md", "how to", frontmatter={"tags": ["a", "b"], "version": 2})
+    try:
+        ctx.register_skill("bad", "SKILL.md", frontmatter=["not", "a", "mapping"])
+    except TypeError:
+        pass
+    else:
+        raise AssertionError("a list frontmatter was accepted")
+    def probe(args):
+        try:
+            ctx.inject_message("hi", session_key=5)
+        except TypeError:
+            typed = True
+        else:
+            typed = False
+        return repr((ctx.inject_message("hi", session_key="telegram:42"), ctx.inject_message("hi"), typed))
+    ctx.register_tool("probe", {"name": "probe", "description": "p"}, probe)
+'''
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_argument_mode_frontmatter_and_session_key(hermes_home, managers, mode):
+    write_plugin(hermes_home / "plugins", "sigs", SIGNATURES, files={"SKILL.md": "# Guide\n"})
+    manager = _load(hermes_home, managers, "sigs", SIGNATURES, mode)
+    modes = {name: manager.commands[name].argument_mode for name in ("opts", "hinted", "odd", "plain")}
+    assert modes == {"opts": "options", "hinted": "text", "odd": None, "plain": None}
+    assert any("argument_mode 'weird'" in w for w in manager.get_plugin("sigs")["warnings"])
+    assert dict(manager.skills["sigs:guide"].frontmatter) == {"tags": ["a", "b"], "version": 2}
+
+    class Session:
+        def inject(self, content, role):
+            return True
+
+    manager.active_session = Session()
+    # a gateway session key: this host has no messaging gateway (False); the active session takes the rest
+    assert manager.dispatch_tool("probe", {}) == "(False, True, True)"

@@ -53,6 +53,8 @@ _log = logging.getLogger("plugin_llm.plugins")
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _CLI_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_ARGUMENT_MODES = frozenset({"options", "text", "mixed"})
+_MAX_FRONTMATTER_BYTES = 16 * 1024
 
 
 class PluginContext:
@@ -317,7 +319,8 @@ class PluginContext:
     # --- commands ---------------------------------------------------------------------
 
     @implements
-    def register_command(self, name: str, handler: Callable[[str], Any], description: str = "", args_hint: str = "") -> CommandEntry | None:
+    def register_command(self, name: str, handler: Callable[[str], Any], description: str = "", args_hint: str = "",
+                         argument_mode: str | None = None) -> CommandEntry | None:
         """A slash command ``/name raw args``; ``handler(raw_args) -> str | None``, sync or async.
 
         Names are normalised (``"/MyCmd "`` -> ``mycmd``); built-in names
@@ -334,12 +337,18 @@ class PluginContext:
             return None
         description = description.strip() or "Plugin command"
         args_hint = args_hint.strip()
+        mode = argument_mode.strip().lower() if isinstance(argument_mode, str) else None
+        if mode not in _ARGUMENT_MODES:  # Hermes: anything else is "text" with an args_hint, else unset
+            if argument_mode is not None:
+                self._refuse(f"command /{normalized}: argument_mode {str(argument_mode)[:40]!r} is not one of "
+                             f"{', '.join(sorted(_ARGUMENT_MODES))}; using {'text' if args_hint else 'none'}")
+            mode = "text" if args_hint else None
         if not self._live("register_command"):
             return None
         if normalized in BUILTIN_COMMANDS:
             self._refuse(f"command /{normalized} refused: it is a built-in command")
             return None
-        entry = CommandEntry(normalized, handler, description, args_hint, self._key)
+        entry = CommandEntry(normalized, handler, description, args_hint, self._key, mode)
         owner = self._manager._add_named("commands", entry)
         if owner is not None:
             self._refuse(f"command /{normalized} refused: already registered by {owner}")
@@ -469,7 +478,8 @@ class PluginContext:
     # --- skills -----------------------------------------------------------------------
 
     @implements
-    def register_skill(self, name: str, path: str | Path, description: str = "") -> SkillEntry | None:
+    def register_skill(self, name: str, path: str | Path, description: str = "",
+                       frontmatter: Mapping[str, Any] | None = None) -> SkillEntry | None:
         """Ship a read-only skill addressed as ``<plugin>:<name>``.
 
         ``path`` is a Markdown file, or a directory with ``SKILL.md``; relative
@@ -489,6 +499,7 @@ class PluginContext:
             raise TypeError(f"{who}: description must be a string")
         if not isinstance(path, (str, Path)):
             raise TypeError(f"{who}: path must be a str or Path")
+        meta = _frontmatter(frontmatter, who)
         if self._plugin_dir is None:
             raise PermissionError(f"{who}: this plugin has no directory of its own, and a skill must be a file "
                                   "inside it")
@@ -514,6 +525,7 @@ class PluginContext:
             root=Path(self._plugin_dir),
             description=description,
             injection_findings=findings,
+            frontmatter=meta,
             _siblings=lambda: manager._registry.skill_names_of(key),
         )
         owner = manager._add_named("skills", entry)
@@ -561,13 +573,18 @@ class PluginContext:
     # --- talking to the host ----------------------------------------------------------
 
     @implements
-    def inject_message(self, content: str, role: str = "user") -> bool:
+    def inject_message(self, content: str, role: str = "user", *, session_key: str | None = None) -> bool:
         """Queue a message into the active session (an interrupt while a turn runs,
-        the next input otherwise). False when no session is attached."""
+        the next input otherwise). False when no session is attached. ``session_key`` names a
+        messaging-gateway session, which this host has none of: False (as Hermes without a live gateway)."""
         if not isinstance(content, str):
             raise TypeError(f"plugin {self._key}: inject_message content must be a string")
         if not isinstance(role, str) or not role.strip():
             raise TypeError(f"plugin {self._key}: inject_message role must be a non-empty string")
+        if session_key is not None:
+            if not isinstance(session_key, str):
+                raise TypeError(f"plugin {self._key}: inject_message session_key must be a string or None")
+            return False
         session = self._manager.active_session
         if session is None:
             return False
@@ -614,6 +631,24 @@ def is_hermes_context_engine(obj: Any) -> bool:
     if isinstance(obj, HermesContextEngine):
         return True
     return not isinstance(obj, ContextEngine) and all(callable(getattr(type(obj), m, None)) for m in _HERMES_ENGINE_METHODS)
+
+
+def _frontmatter(frontmatter: Any, who: str) -> Mapping[str, Any] | None:
+    """A skill's frontmatter as a read-only copy of plain data (bounded), or None."""
+    if frontmatter is None:
+        return None
+    if not isinstance(frontmatter, Mapping):
+        raise TypeError(f"{who}: frontmatter must be a mapping or None, got {type(frontmatter).__name__}")
+    try:
+        copy = plain(dict(frontmatter))
+        size = len(json.dumps(copy, ensure_ascii=False))
+    except (UnusableValue, TypeError, ValueError) as exc:
+        raise ValueError(f"{who}: frontmatter must be plain data (strings, numbers, lists, mappings): {exc}") from None
+    if size > _MAX_FRONTMATTER_BYTES or not all(isinstance(k, str) for k in copy):
+        raise ValueError(f"{who}: frontmatter must have string keys and stay under {_MAX_FRONTMATTER_BYTES} bytes as JSON")
+    from types import MappingProxyType
+
+    return MappingProxyType(copy)
 
 
 def _env_names(requires_env: Any, who: str) -> tuple[str, ...]:

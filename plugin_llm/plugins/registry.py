@@ -84,6 +84,8 @@ class CommandEntry:
     description: str = ""
     args_hint: str = ""
     plugin_key: str = ""
+    #: how the raw arguments are meant: ``options``, ``text`` or ``mixed`` (None: not said)
+    argument_mode: str | None = None
 
 
 @dataclass(frozen=True)
@@ -116,6 +118,8 @@ class SkillEntry:
     _siblings: Callable[[], tuple[str, ...]] | None = field(default=None, repr=False, compare=False)
     #: the plugin's directory: the file must still be inside it when read (a link swapped in later is refused)
     root: Path | None = None
+    #: the plugin's metadata for the skill (plain data; never read as instructions)
+    frontmatter: Mapping[str, Any] | None = field(default=None, compare=False)
 
     def read(self) -> str:
         """The skill text, followed by the other skills the same plugin registered."""
