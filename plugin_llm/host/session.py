@@ -184,6 +184,7 @@ class Session:
         self._hmemory_checked = False
         self._memory_block = ""
         self._memory_tools: set[str] = set()
+        self._plugin_sections: str | None = None  # rendered once per new session (ctx.register_system_prompt_section)
         self._engine_started: Any = None  # the Hermes context engine told on_session_start
 
     # --- lifecycle -----------------------------------------------------------------------
@@ -564,6 +565,7 @@ class Session:
             self._hook("on_session_finalize", session_id=old, platform=self.platform, reason="reset")
         self.history.clear()
         self.session_id = _new_session_id()
+        self._plugin_sections = None
         self._started = False
         self._hook("on_session_reset", session_id=self.session_id, previous_session_id=old,
                    platform=self.platform)
@@ -775,7 +777,7 @@ class Session:
     def _api_messages(self, user_msg: dict[str, Any], extra: str) -> list[dict[str, Any]]:
         """System prompt + history; the turn's context rides on its user message only here."""
         out: list[dict[str, Any]] = []
-        system = "\n\n".join(p for p in (self.system_prompt, self._memory_block) if p)
+        system = "\n\n".join(p for p in (self.system_prompt, self._memory_block, self._prompt_sections()) if p)
         if system:
             out.append({"role": "system", "content": system})
         for msg in self.history:
@@ -784,6 +786,17 @@ class Session:
             else:
                 out.append(dict(msg))
         return out
+
+    def _prompt_sections(self) -> str:
+        if self._plugin_sections is None:
+            render = getattr(self.manager, "render_system_prompt_sections", None)
+            try:
+                self._plugin_sections = render({"session_id": self.session_id, "platform": self.platform,
+                                                "model": self.route[1]}) if render is not None else ""
+            except Exception as exc:  # plugin code is isolated by the manager; never let a section end a turn
+                _log.warning("system prompt sections failed: %s", error_text(exc))
+                self._plugin_sections = ""
+        return self._plugin_sections
 
     # --- blocking helpers (run in a worker thread on the async path) ---------------------
 

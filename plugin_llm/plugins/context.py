@@ -570,6 +570,25 @@ class PluginContext:
             self._manager._holdings_of(self._key).track("redaction patterns", owner, lambda: remove_pattern_rules(owner))
         return len(accepted)
 
+    # --- system prompt sections ---------------------------------------------------------
+
+    @implements
+    def register_system_prompt_section(self, id: str, content: Any, *, position: str = "after_memory",
+                                       max_chars: int = 4000) -> Any:
+        """A block of every new session's system prompt (``## Plugin Context: <id>``): a string or a
+        ``callable(session_info)`` run once per session. At most 32 sections and 8,000 characters in all;
+        a duplicate id is a ValueError. Returns a handle whose ``dispose()`` removes it."""
+        from .prompt_sections import SectionEntry, check_section
+
+        who = f"plugin {self._key}: register_system_prompt_section({str(id)[:60]!r})"
+        check_section(id, content, position, max_chars, who)
+        if not self._live("register_system_prompt_section"):
+            return None
+        entry = SectionEntry(id, content, position, max_chars, self._key)
+        self._manager._add_prompt_section(entry, who)
+        return self._manager._holdings_of(self._key).track(
+            "system prompt section", id, lambda: self._manager._remove_prompt_section(entry))
+
     # --- talking to the host ----------------------------------------------------------
 
     @implements

@@ -416,6 +416,8 @@ class PluginManager:
         self._generation = 0
         #: per plugin: its on_unload callbacks and tasks (.lifecycle), released when it is unloaded
         self._holdings: dict[str, Any] = {}
+        #: ctx.register_system_prompt_section entries by id (.prompt_sections); replaced, never mutated
+        self._prompt_sections: dict[str, Any] = {}
         self._said: set[str] = set()
         #: The host ``Session`` currently attached (``ctx.inject_message`` / ``dispatch_tool``).
         self.active_session: Any = None
@@ -553,6 +555,7 @@ class PluginManager:
         with self._registry_lock:
             self._registry.clear()
             self._middleware = {}
+            self._prompt_sections = {}
         self._hooks.clear()
 
     def unload(self, plugin: str | None = None) -> list[str]:
@@ -578,6 +581,32 @@ class PluginManager:
         if record.module_name:
             _purge_modules(record.module_name)
             record.module_name = None
+
+    def _add_prompt_section(self, entry: Any, who: str) -> None:
+        from .prompt_sections import MAX_SECTIONS
+
+        with self._registry_lock:
+            if entry.id in self._prompt_sections:
+                raise ValueError(f"{who}: a section {entry.id!r} is already registered "
+                                 f"(by plugin {self._prompt_sections[entry.id].plugin_key})")
+            if len(self._prompt_sections) >= MAX_SECTIONS:
+                raise ValueError(f"{who}: there are {MAX_SECTIONS} system prompt sections already (the most)")
+            self._prompt_sections = {**self._prompt_sections, entry.id: entry}
+
+    def _remove_prompt_section(self, entry: Any) -> None:
+        with self._registry_lock:
+            if self._prompt_sections.get(entry.id) is entry:
+                self._prompt_sections = {k: v for k, v in self._prompt_sections.items() if k != entry.id}
+
+    def render_system_prompt_sections(self, session_info: Mapping[str, Any]) -> str:
+        """The plugins' system prompt sections for a new session (see :mod:`.prompt_sections`)."""
+        from .prompt_sections import render
+
+        sections = list(self._prompt_sections.values())
+        if not sections:
+            return ""
+        return render(sections, lambda e, info: self.call_plugin(f"system prompt section {e.id}", e.plugin_key,
+                                                                 e.content, info), dict(session_info))
 
     def _holdings_of(self, key: str) -> Any:
         """Plugin ``key``'s on_unload callbacks and tasks (created on first use)."""
@@ -805,6 +834,7 @@ class PluginManager:
         with self._registry_lock:
             self._registry.remove_plugin(key)
             self._middleware = {k: tuple(e for e in v if e.plugin_key != key) for k, v in self._middleware.items()}
+            self._prompt_sections = {k: v for k, v in self._prompt_sections.items() if v.plugin_key != key}
         self._hooks.remove_plugin(key)
 
     # --- middleware -------------------------------------------------------------------

@@ -481,6 +481,7 @@ class RemotePlugin:
         self._child: _Child | None = None
         self._slots: list[_Slot] = []
         self._answers: list[tuple[str, str, Any]] = []  # (method, label, answer or its error) of each registration
+        self._registrations: list[Any] = []  # the handles (.lifecycle) registrations returned, by number
         self._replay: list[tuple[str, str, Any]] | None = None  # during a restart: what the first load registered
         self._loading: _Child | None = None
         self._restart_slot = 0
@@ -668,6 +669,8 @@ class RemotePlugin:
             return self._on_llm(child, params)
         if method == "ctx":
             return self._on_ctx(child, params)
+        if method == "registration":
+            return self._on_registration(params)
         # An unknown request: the child does not speak our protocol (or was taken over): stop it.
         self._fault(child, "protocol", f"its process sent an unknown request ({bounded(exact_str(method), 60)!r}); it was stopped")
         raise ValueError("unknown method")
@@ -702,6 +705,16 @@ class RemotePlugin:
             raise
         self._answers.append((method, label, answer))
         return answer
+
+    def _on_registration(self, params: dict[str, Any]) -> Any:
+        """``handle.active`` / ``handle.dispose()`` of a registration's handle in the plugin's process."""
+        number, op = params.get("h"), params.get("op")
+        if type(number) is not int or not 0 <= number < len(self._registrations) or op not in ("active", "dispose"):
+            raise ValueError("unknown registration handle")
+        handle = self._registrations[number]
+        if op == "dispose":
+            handle.dispose()
+        return {"active": bool(handle.active)}
 
     def _replay_register(self, method: str, label: str, encoded: dict[str, Any]) -> Any:
         index = len(self._answers)
@@ -768,7 +781,11 @@ class RemotePlugin:
         named.update(ctx_api.SET_ON_HOST.get(method, {}))
         if method == "register_cli_command":
             named["setup_fn"] = self._cli_setup(label, named.get("setup_fn"))
-        return _reply(getattr(ctx, method)(**ctx_api.spread(method, named)))
+        answer = _reply(getattr(ctx, method)(**ctx_api.spread(method, named)))
+        if answer.get("entry") is True and answer.get("handle") is not None:  # the plugin may dispose of it
+            self._registrations.append(answer.pop("handle"))
+            answer["h"] = len(self._registrations) - 1
+        return answer
 
     def _stand_in(self, method: str, f: Any, signatures: dict[str, Any]) -> Any:
         """A memory provider, context engine or image generator: a stand-in of the same base class
@@ -1047,10 +1064,13 @@ class RemotePlugin:
 
 
 def _reply(result: Any) -> dict[str, Any]:
-    """A registration's answer for the plugin: plain values as they are, a registry entry as "registered"."""
+    """A registration's answer for the plugin: plain values as they are, a registry entry as "registered"
+    (a disposable handle is kept: the plugin's process refers to it by number)."""
     if result is None or type(result) in (bool, int, float, str):
         return {"v": result}
-    return {"entry": True}
+    from .lifecycle import PluginRegistration
+
+    return {"entry": True, "handle": result if isinstance(result, PluginRegistration) else None}
 
 
 def _label(value: Any) -> str:

@@ -410,10 +410,25 @@ def _result(reply: Any) -> Any:
 
 
 class _Registered:
-    """What a successful ``register_*`` returns here (the host keeps the real entry)."""
+    """What a successful ``register_*`` returns here (the host keeps the real entry); a disposable
+    one's ``active`` and ``dispose()`` ask the host about its handle."""
 
-    def __init__(self, kind: str, name: str, plugin_key: str) -> None:
+    def __init__(self, kind: str, name: str, plugin_key: str, worker: Any = None, handle: int | None = None) -> None:
         self.kind, self.name, self.plugin_key = kind, name, plugin_key
+        self._worker, self._handle = worker, handle
+
+    def _ask(self, op: str) -> bool:
+        if self._handle is None:
+            raise AttributeError(f"this {self.kind} registration has no handle to dispose of")
+        reply = self._worker.host("registration", {"h": self._handle, "op": op})
+        return bool(reply.get("active")) if type(reply) is dict else False
+
+    @property
+    def active(self) -> bool:
+        return self._ask("active")
+
+    def dispose(self) -> None:
+        self._ask("dispose")
 
     def __repr__(self) -> str:
         return f"<{self.kind} {self.name!r} of plugin {self.plugin_key} (out of process)>"
@@ -577,7 +592,9 @@ class RemoteContext:
                 params["sig"] = signatures
         reply = self._worker.host("ctx", params)
         if type(reply) is dict and reply.get("entry") is True:
-            return _Registered(method.removeprefix("register_").replace("_", " "), _label(named), self._key)
+            handle = reply.get("h") if type(reply.get("h")) is int else None
+            return _Registered(method.removeprefix("register_").replace("_", " "), _label(named), self._key,
+                               self._worker, handle)
         return reply.get("v") if type(reply) is dict else None
 
 
