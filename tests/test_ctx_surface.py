@@ -494,3 +494,105 @@ def test_system_prompt_sections_render_once_per_new_session(hermes_home, manager
     assert llm.requests[-1]["messages"][0]["content"] == expected
     manager.unload("sections")
     assert manager.render_system_prompt_sections({"session_id": "s", "platform": "cli", "model": "m"}) == ""
+
+
+# --- the event bus ------------------------------------------------------------------------------
+
+PUBLISHER = '''
+import json
+
+
+def register(ctx):
+    def probe(args):
+        out = {"sent": ctx.emit("tick", {"n": 1, "items": [1, 2]}), "nobody": ctx.emit("unheard")}
+        for bad, payload in (("other:tick", None), ("", None), ("tick", ["not", "a", "dict"])):
+            try:
+                ctx.emit(bad, payload)
+                out[bad or "empty"] = "sent"
+            except (ValueError, TypeError) as exc:
+                out[bad or "empty"] = type(exc).__name__
+        return json.dumps(out)
+    ctx.register_tool("probe", {"name": "probe", "description": "p"}, probe)
+'''
+
+SUBSCRIBER = '''
+def register(ctx):
+    async def on_tick(payload):
+        seen = ctx.state.get("seen", [])
+        ctx.state.set("seen", seen + [dict(payload)])
+        payload["items"].append("mutated by sub")
+
+    def on_loop(payload):
+        ctx.state.set("depth", payload["depth"])
+        ctx.emit("loop", {"depth": payload["depth"] + 1})
+
+    ctx.subscribe("pub:tick", on_tick)
+    ctx.subscribe("sub:loop", on_loop)
+    ctx.register_tool("start_loop", {"name": "start_loop", "description": "p"},
+                      lambda args: str(ctx.emit("loop", {"depth": 1})))
+    try:
+        ctx.subscribe("unqualified", on_tick)
+    except ValueError:
+        pass
+    else:
+        raise AssertionError("an unqualified event was accepted")
+'''
+
+OTHER = '''
+def register(ctx):
+    def on_tick(payload):
+        ctx.state.set("seen", payload)
+        payload["items"].append("mutated by other")
+    ctx.subscribe("pub:tick", on_tick)
+'''
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_events_are_namespaced_copied_bounded_and_unsubscribed_at_unload(hermes_home, managers, mode):
+    from plugin_llm.plugins.state import PluginState
+
+    write_plugin(hermes_home / "plugins", "pub", PUBLISHER)
+    write_plugin(hermes_home / "plugins", "other", OTHER)
+    manager = _load(hermes_home, managers, "sub", SUBSCRIBER, mode, others={"pub": None, "other": None})
+    assert {k: sorted(v) for k, v in manager.get_plugin_subscriptions().items()} == {
+        "pub:tick": ["other", "sub"], "sub:loop": ["sub"]}
+    out = _probe(manager)
+    manager._events().join()
+    assert out == {"sent": 2, "nobody": 0, "other:tick": "ValueError", "empty": "ValueError", "tick": "TypeError"}
+    # each subscriber got its own copy: the first one's change is not in the second one's
+    assert PluginState(hermes_home / "plugin-data" / "sub").get("seen") == [{"n": 1, "items": [1, 2]}]
+    assert PluginState(hermes_home / "plugin-data" / "other").get("seen") == {"n": 1, "items": [1, 2]}
+    # a subscriber that re-emits its own event forever stops at the recursion cap
+    assert manager.dispatch_tool("start_loop", {}) == "1"
+    for _ in range(20):
+        manager._events().join()
+    assert PluginState(hermes_home / "plugin-data" / "sub").get("depth") == 8
+    manager.unload("sub")
+    assert manager.get_plugin_subscriptions() == {"pub:tick": ["other"]}
+
+
+def test_at_most_64_events_wait_for_delivery(hermes_home, managers):
+    import threading
+
+    code = '''
+import threading
+
+GATE = threading.Event()
+
+
+def register(ctx):
+    ctx.subscribe("slow:e", lambda payload: GATE.wait(60))
+    ctx.register_tool("probe", {"name": "probe", "description": "p"},
+                      lambda args: ",".join(str(ctx.emit("e", {"i": i})) for i in range(70)))
+'''
+    manager = _load(hermes_home, managers, "slow", code, "in-process")
+    import sys
+
+    gate: threading.Event = sys.modules["hermes_plugins.slow"].GATE
+    try:
+        counts = manager.dispatch_tool("probe", {}).split(",")
+    finally:
+        gate.set()
+    manager._events().join()
+    # the first is being delivered (or waiting), 64 wait; the rest are dropped
+    assert counts[:64] == ["1"] * 64 and set(counts[65:]) == {"0"}

@@ -570,6 +570,27 @@ class PluginContext:
             self._manager._holdings_of(self._key).track("redaction patterns", owner, lambda: remove_pattern_rules(owner))
         return len(accepted)
 
+    # --- events -----------------------------------------------------------------------
+
+    @implements
+    def emit(self, event: str, payload: dict | None = None) -> int:
+        """Publish ``<plugin_id>:<event>`` with a copy of ``payload`` (a dict) to its subscribers, in the
+        background; returns how many there are (0 when none, or when the event was dropped)."""
+        if not self._live("emit"):
+            return 0
+        return self._manager._events().emit(self._key, event, payload)
+
+    @implements
+    def subscribe(self, event: str, callback: Callable[..., Any]) -> Any:
+        """``callback(payload)`` for each ``<plugin>:<event>`` published (sync or async; its own copy of the
+        payload); a handle whose ``dispose()`` unsubscribes. Removed when the plugin is unloaded."""
+        bus = self._manager._events()
+        if not self._live("subscribe"):
+            return None
+        entry = bus.subscribe(self._key, event, callback)
+        return self._manager._holdings_of(self._key).track("subscription", entry.event,
+                                                           lambda: bus.unsubscribe(entry))
+
     # --- system prompt sections ---------------------------------------------------------
 
     @implements

@@ -81,6 +81,10 @@ class Ctx(Protocol):
 
     def register_redaction_patterns(self, patterns: Any) -> int: ...
 
+    def emit(self, event: str, payload: dict | None = None) -> int: ...
+
+    def subscribe(self, event: str, callback: Callable[..., Any]) -> Any: ...
+
     def register_system_prompt_section(self, id: str, content: Any, *, position: str = "after_memory",
                                        max_chars: int = 4000) -> Any: ...
 
@@ -160,8 +164,9 @@ def missing_attribute(name: str) -> AttributeError:
 
 
 def is_registration(method: str) -> bool:
-    """A ``register_*`` method (an isolated plugin may call these only while ``register(ctx)`` runs)."""
-    return method.startswith("register_")
+    """A ``register_*`` method or ``subscribe``: its callables stay with the plugin, the host gets proxies
+    (an isolated plugin may call these only while ``register(ctx)`` runs)."""
+    return method.startswith("register_") or method == "subscribe"
 
 
 @functools.lru_cache(maxsize=None)

@@ -418,6 +418,7 @@ class PluginManager:
         self._holdings: dict[str, Any] = {}
         #: ctx.register_system_prompt_section entries by id (.prompt_sections); replaced, never mutated
         self._prompt_sections: dict[str, Any] = {}
+        self._event_bus: Any = None  # .events.EventBus, made on first use
         self._said: set[str] = set()
         #: The host ``Session`` currently attached (``ctx.inject_message`` / ``dispatch_tool``).
         self.active_session: Any = None
@@ -556,6 +557,8 @@ class PluginManager:
             self._registry.clear()
             self._middleware = {}
             self._prompt_sections = {}
+        if self._event_bus is not None:
+            self._event_bus.clear()
         self._hooks.clear()
 
     def unload(self, plugin: str | None = None) -> list[str]:
@@ -581,6 +584,21 @@ class PluginManager:
         if record.module_name:
             _purge_modules(record.module_name)
             record.module_name = None
+
+    def _events(self) -> Any:
+        """The plugins' event bus (``ctx.emit`` / ``ctx.subscribe``)."""
+        if self._event_bus is None:
+            from .events import EventBus
+
+            with self._registry_lock:
+                if self._event_bus is None:
+                    self._event_bus = EventBus(lambda sub, payload: self.call_plugin(
+                        f"event {sub.event}", sub.plugin_key, sub.callback, payload))
+        return self._event_bus
+
+    def get_plugin_subscriptions(self) -> dict[str, list[str]]:
+        """Event name -> the plugins subscribed to it."""
+        return self._event_bus.subscriptions() if self._event_bus is not None else {}
 
     def _add_prompt_section(self, entry: Any, who: str) -> None:
         from .prompt_sections import MAX_SECTIONS
@@ -835,6 +853,8 @@ class PluginManager:
             self._registry.remove_plugin(key)
             self._middleware = {k: tuple(e for e in v if e.plugin_key != key) for k, v in self._middleware.items()}
             self._prompt_sections = {k: v for k, v in self._prompt_sections.items() if v.plugin_key != key}
+        if self._event_bus is not None:
+            self._event_bus.remove_plugin(key)
         self._hooks.remove_plugin(key)
 
     # --- middleware -------------------------------------------------------------------
