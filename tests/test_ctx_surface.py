@@ -596,3 +596,31 @@ def register(ctx):
     manager._events().join()
     # the first is being delivered (or waiting), 64 wait; the rest are dropped
     assert counts[:64] == ["1"] * 64 and set(counts[65:]) == {"0"}
+
+
+# --- disposable handles of the register_* calls ----------------------------------------------------
+
+HANDLES = '''
+import json
+
+
+def register(ctx):
+    tool = ctx.register_tool("gone", {"name": "gone", "description": "d"}, lambda args: "gone")
+    command = ctx.register_command("kept", lambda raw: "kept")
+    ctx.register_command("dropped", lambda raw: "dropped").dispose()
+
+    def probe(args):
+        before = [tool.active, command.active]
+        tool.dispose()
+        tool.dispose()
+        return json.dumps(before + [tool.active, command.active])
+    ctx.register_tool("probe", {"name": "probe", "description": "p"}, probe)
+'''
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_registrations_return_handles_that_dispose_of_them(hermes_home, managers, mode):
+    manager = _load(hermes_home, managers, "handles", HANDLES, mode)
+    assert "dropped" not in manager.commands and "gone" in manager.tools
+    assert _probe(manager) == [True, True, False, True]
+    assert "gone" not in manager.tools and manager.run_command("kept") == "kept"

@@ -1042,19 +1042,45 @@ class PluginManager:
 
     def _add_named(self, table: str, entry: Any) -> str | None:
         """Add ``entry`` unless its name is taken; returns who holds the name when refused."""
+        name = entry.name if table != "skills" else entry.qualified_name
         with self._registry_lock:
             registered = getattr(self._registry, table)
-            existing = registered.get(entry.name if table != "skills" else entry.qualified_name)
+            existing = registered.get(name)
             if existing is not None:
                 return f"plugin {existing.plugin_key}"
-            registered[entry.name if table != "skills" else entry.qualified_name] = entry
+            registered[name] = entry
+        self._bind_handle(table, name, entry)
         return None
+
+    def _bind_handle(self, table: str, name: str, entry: Any) -> None:
+        """``entry.dispose()`` removes it (only while it is the one registered under ``name``)."""
+        if not hasattr(entry, "_bind_handle"):
+            return
+
+        def release() -> None:
+            with self._registry_lock:
+                registered = getattr(self._registry, table)
+                if registered.get(name) is entry:
+                    del registered[name]
+
+        entry._bind_handle(release, lambda: getattr(self._registry, table).get(name) is entry)
 
     def _replace_tool(self, entry: ToolEntry) -> str:
         """Put ``entry`` in place of the tool of the same name (``allow_tool_override``); who held it."""
         with self._registry_lock:
             old = self._registry.tools.get(entry.name)
             self._registry.tools[entry.name] = entry
+
+        def release() -> None:  # the tool it replaced comes back (if it is still loaded)
+            with self._registry_lock:
+                if self._registry.tools.get(entry.name) is entry:
+                    holder = self._records.get(old.plugin_key) if old is not None else None
+                    if old is not None and holder is not None and holder.status == STATUS_ENABLED:
+                        self._registry.tools[entry.name] = old
+                    else:
+                        del self._registry.tools[entry.name]
+
+        entry._bind_handle(release, lambda: self._registry.tools.get(entry.name) is entry)
         return f"plugin {old.plugin_key}" if old is not None else "nobody"
 
     def _add_context_engine(self, entry: ProviderEntry) -> str | None:

@@ -19,6 +19,7 @@ MAX_SKILL_BYTES = MIB
 
 __all__ = [
     "BUILTIN_COMMANDS",
+    "Disposable",
     "ToolEntry",
     "CommandEntry",
     "CliCommandEntry",
@@ -34,8 +35,26 @@ __all__ = [
 BUILTIN_COMMANDS = frozenset({"help", "exit", "quit", "plugins", "tools", "clear", "reset", "model", "history"})
 
 
+class Disposable:
+    """A registry entry as Hermes's registration handle: ``active`` while it is registered,
+    ``dispose()`` removes it (idempotent). The manager binds both when it adds the entry."""
+
+    def _bind_handle(self, release: Callable[[], None], is_active: Callable[[], bool]) -> None:
+        object.__setattr__(self, "_handle", (release, is_active))  # frozen dataclasses: not a field
+
+    @property
+    def active(self) -> bool:
+        handle = self.__dict__.get("_handle")
+        return bool(handle is not None and handle[1]())
+
+    def dispose(self) -> None:
+        handle = self.__dict__.get("_handle")
+        if handle is not None:
+            handle[0]()
+
+
 @dataclass(frozen=True)
-class ToolEntry:
+class ToolEntry(Disposable):
     """A tool offered to the model. ``schema`` is an OpenAI function schema."""
 
     name: str
@@ -76,7 +95,7 @@ class ToolEntry:
 
 
 @dataclass(frozen=True)
-class CommandEntry:
+class CommandEntry(Disposable):
     """A slash command (``/name args``); ``handler(raw_args) -> str | None``, sync or async."""
 
     name: str
@@ -89,7 +108,7 @@ class CommandEntry:
 
 
 @dataclass(frozen=True)
-class CliCommandEntry:
+class CliCommandEntry(Disposable):
     """``plugin-llm <name> ...``: ``setup_fn(parser)``, then ``handler_fn(args)`` (or ``args.func``)."""
 
     name: str
@@ -101,7 +120,7 @@ class CliCommandEntry:
 
 
 @dataclass(frozen=True)
-class SkillEntry:
+class SkillEntry(Disposable):
     """A read-only skill shipped by a plugin, addressed as ``<plugin>:<skill>``.
 
     It never enters the home's skill index (``<home>/skills/``); it is only
@@ -141,7 +160,7 @@ class SkillEntry:
 
 
 @dataclass(frozen=True)
-class PlatformEntry:
+class PlatformEntry(Disposable):
     """A messaging platform adapter (``ctx.register_platform``)."""
 
     name: str
@@ -153,7 +172,7 @@ class PlatformEntry:
 
 
 @dataclass(frozen=True)
-class ProviderEntry:
+class ProviderEntry(Disposable):
     """A registered provider object (memory provider, image generator, context engine)."""
 
     name: str

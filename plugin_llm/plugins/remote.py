@@ -1069,8 +1069,9 @@ def _reply(result: Any) -> dict[str, Any]:
     if result is None or type(result) in (bool, int, float, str):
         return {"v": result}
     from .lifecycle import PluginRegistration
+    from .registry import Disposable
 
-    return {"entry": True, "handle": result if isinstance(result, PluginRegistration) else None}
+    return {"entry": True, "handle": result if isinstance(result, (PluginRegistration, Disposable)) else None}
 
 
 def _label(value: Any) -> str:
