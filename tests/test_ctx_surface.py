@@ -624,3 +624,17 @@ def test_registrations_return_handles_that_dispose_of_them(hermes_home, managers
     assert "dropped" not in manager.commands and "gone" in manager.tools
     assert _probe(manager) == [True, True, False, True]
     assert "gone" not in manager.tools and manager.run_command("kept") == "kept"
+
+
+def test_disposing_of_an_override_gives_the_replaced_tool_its_place_back(hermes_home, managers):
+    write_plugin(hermes_home / "plugins", "base", "def register(ctx):\n"
+                 "    ctx.register_tool('echo', {'name': 'echo'}, lambda args: 'original')\n")
+    code = ("HANDLE = []\n\ndef register(ctx):\n"
+            "    HANDLE.append(ctx.register_tool('echo', {'name': 'echo'}, lambda args: 'replaced', override=True))\n")
+    manager = _load(hermes_home, managers, "zover", code, "in-process", others={"base": None},
+                    entries={"zover": {"allow_tool_override": True}})
+    assert manager.dispatch_tool("echo", {}) == "replaced"
+    import sys
+
+    sys.modules["hermes_plugins.zover"].HANDLE[0].dispose()
+    assert manager.dispatch_tool("echo", {}) == "original"
