@@ -638,3 +638,21 @@ def test_disposing_of_an_override_gives_the_replaced_tool_its_place_back(hermes_
 
     sys.modules["hermes_plugins.zover"].HANDLE[0].dispose()
     assert manager.dispatch_tool("echo", {}) == "original"
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_what_a_gateway_does_not_have_fails_with_one_line_naming_it(hermes_home, managers, mode):
+    code = '''
+def register(ctx):
+    errors = []
+    for name in ("platform_actions", "subagent_lifecycle", "call_mcp", "register_approval_transport"):
+        try:
+            getattr(ctx, name)
+        except AttributeError as exc:
+            errors.append(type(exc).__name__ + ": " + str(exc))
+    ctx.register_tool("probe", {"name": "probe", "description": "p"}, lambda args: "|".join(errors))
+'''
+    manager = _load(hermes_home, managers, "na", code, mode)
+    lines = manager.dispatch_tool("probe", {}).split("|")
+    assert len(lines) == 4 and all(line.startswith("HermesSubsystemMissing: ctx.") for line in lines), lines
+    assert "ctx.call_mcp needs Hermes's MCP client, which a gateway like plugin-llm does not have" in lines[2]

@@ -18,7 +18,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from plugin_llm.api import CtxLlm
 
 __all__ = ["Ctx", "METHODS", "PROPERTIES", "LOCAL", "NOT_ACROSS", "PROVIDER_PARAMS", "UNTIMED", "SET_ON_HOST",
-           "HERMES_ONLY_REGISTRATIONS", "HermesSubsystemMissing", "signature_of", "bind", "spread", "implements",
+           "HERMES_ONLY_REGISTRATIONS", "NOT_IN_A_GATEWAY", "HermesSubsystemMissing", "signature_of", "bind", "spread", "implements",
            "is_registration", "missing_attribute"]
 
 
@@ -150,12 +150,29 @@ HERMES_ONLY_REGISTRATIONS = {
 }
 
 
+#: members of Hermes 0.21's ``ctx`` with no counterpart in a gateway, and what they need
+NOT_IN_A_GATEWAY = {
+    "platform_actions": "messaging platforms",
+    "register_platform_handler": "messaging platforms",
+    "register_telegram_handler": "messaging platforms",
+    "subagent_lifecycle": "subagents",
+    "register_approval_transport": "human-approval UI",
+    "register_context_reference": "@-references in user input",
+    "register_terminal_environment_provider": "terminal backends",
+    "call_mcp": "MCP client",
+}
+
+
 class HermesSubsystemMissing(AttributeError):
     """A plugin registered with a Hermes subsystem this host does not provide."""
 
 
 def missing_attribute(name: str) -> AttributeError:
     """What ``ctx.<name>`` raises for a member the contract does not have."""
+    needs = NOT_IN_A_GATEWAY.get(name)
+    if needs is not None:
+        return HermesSubsystemMissing(f"ctx.{name} needs Hermes's {needs}, which a gateway like plugin-llm does not "
+                                      "have (see docs/hermes-compatibility.md)")
     subsystem = HERMES_ONLY_REGISTRATIONS.get(name)
     if subsystem is not None:
         return HermesSubsystemMissing(
