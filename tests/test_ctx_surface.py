@@ -264,12 +264,13 @@ def test_a_forced_reload_runs_the_callbacks_and_loads_the_plugin_again(hermes_ho
     assert manager.get_plugin("life")["status"] == "enabled" and manager.dispatch_tool("probe", {}) == "here"
 
 
-def test_a_failed_register_still_runs_the_callbacks_it_registered(hermes_home, managers):
+@pytest.mark.parametrize("mode", MODES)
+def test_a_failed_register_still_runs_the_callbacks_it_registered(hermes_home, managers, mode):
     code = ("def register(ctx):\n"
             "    ctx.on_unload(lambda: ctx.state.set('ran', True))\n"
             "    raise ValueError('half way')\n")
     write_plugin(hermes_home / "plugins", "half", code)
-    _config(hermes_home, ["half"], [])
+    _config(hermes_home, ["half"], ["half"] if mode == "process" else [])
     manager = PluginManager(hermes_home)
     managers.append(manager)
     manager.discover_plugins()

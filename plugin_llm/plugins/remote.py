@@ -631,6 +631,10 @@ class RemotePlugin:
             self._loading = None
         if type(reply) is not dict or reply.get("phase") != "done":
             child.reason = "loading failed"
+            try:  # what register() set up before it failed is released, as in process
+                child.peer.call("unload", {}, timeout=max(0.1, timeout - (time.monotonic() - started)))
+            except Exception:
+                pass
             child.kill()
             raise RemoteLoadError(self._load_failure(reply))
         if not first and len(self._answers) != len(self._replay or []):
