@@ -35,6 +35,7 @@ __all__ = [
     "add_pattern_rules",
     "remove_pattern_rules",
     "pattern_rule_count",
+    "pattern_rules_of",
     "mask",
     "RedactingFilter",
     "redact_processor",
@@ -387,6 +388,10 @@ def remove_pattern_rules(owner: str) -> None:
 
 def pattern_rule_count(owner: str) -> int:
     return len(_extra.get(owner, ()))
+
+
+def pattern_rules_of(owner: str) -> tuple[tuple[str, re.Pattern[str]], ...]:
+    return _extra.get(owner, ())
 
 
 def _hide_extra(text: str) -> str:

@@ -351,6 +351,7 @@ def test_ordinary_secret_shapes_are_accepted(pattern):
     (r"ab\w+\w+x", "only as the last item"),
     (r"ab.*=.*;", "only as the last item"),
     (r"ab[a-z]{0,100}[0-9]{0,100}x", "combinations per position"),
+    (r"ab[a-z]{0,256}x", "combinations per position"),
     (r"ab(x)\1", "not allowed"),
     (r"ab(?=x)[a-z]{3}", "not allowed"),
     (r"ab[", "does not compile"),
@@ -366,7 +367,8 @@ def test_patterns_that_could_backtrack_or_match_anything_are_refused(pattern, wh
 
 REDACTING = '''
 def register(ctx):
-    count = ctx.register_redaction_patterns([r"acme_[A-Za-z0-9]{32}", r"(a+)+$", "x"])
+    wide = [r"w%d[a-z]{0,255}x" % i for i in range(4)]  # 256 combinations each: the fourth is over 1024
+    count = ctx.register_redaction_patterns([r"acme_[A-Za-z0-9]{32}", r"(a+)+$", "x"] + wide)
     ctx.register_tool("probe", {"name": "probe", "description": "p"}, lambda args: str(count))
     try:
         ctx.register_redaction_patterns("acme_.*")
@@ -384,9 +386,10 @@ def test_a_plugins_redaction_patterns_reach_the_redactor_until_it_is_unloaded(he
 
     assert SECRET in redact(f"token {SECRET} end") and SECRET in redact_field(f"k={SECRET}")  # remembered as clean
     manager = _load(hermes_home, managers, "redactor", REDACTING, mode)
-    assert manager.dispatch_tool("probe", {}) == "1"
+    assert manager.dispatch_tool("probe", {}) == "4"
     warnings = manager.get_plugin("redactor")["warnings"]
-    assert len(warnings) == 2 and all("refused" in w for w in warnings), warnings
+    assert len(warnings) == 3 and all("refused" in w for w in warnings), warnings
+    assert "combinations per position in all" in warnings[2]
     for hidden in (redact(f"token {SECRET} end"), redact_field(f"k={SECRET}"), json.dumps(redact_obj({"m": [SECRET]}))):
         assert SECRET not in hidden and "[REDACTED]" in hidden
     manager.unload("redactor")

@@ -545,9 +545,9 @@ class PluginContext:
         """More secret shapes for the host's redactor (audit log, logs, output): regexes of a bounded-cost
         subset (see :mod:`.redaction_patterns`), each starting with two literal characters. Refused ones
         are listed as warnings; returns how many were added. Removed when the plugin is unloaded."""
-        from auth.redaction import add_pattern_rules, pattern_rule_count, remove_pattern_rules
+        from auth.redaction import add_pattern_rules, pattern_rule_count, pattern_rules_of, remove_pattern_rules
 
-        from .redaction_patterns import MAX_PER_PLUGIN, compile_pattern
+        from .redaction_patterns import MAX_PER_PLUGIN, MAX_PLUGIN_CHOICES, compile_pattern, cost_of
 
         if isinstance(patterns, str) or not isinstance(patterns, (list, tuple)):
             raise TypeError(f"plugin {self._key}: register_redaction_patterns() needs a list of regex strings")
@@ -555,6 +555,7 @@ class PluginContext:
             return 0
         owner = f"plugin:{self._key}"
         held = pattern_rule_count(owner)
+        spent = sum(cost_of(regex) for _, regex in pattern_rules_of(owner))
         accepted: list[tuple[str, Any]] = []
         for pattern in patterns:
             shown = repr(pattern[:60]) if isinstance(pattern, str) else type(pattern).__name__
@@ -562,9 +563,16 @@ class PluginContext:
                 self._refuse(f"redaction pattern {shown} refused: a plugin may add at most {MAX_PER_PLUGIN}")
                 continue
             try:
-                accepted.append(compile_pattern(pattern))
+                trigger, regex = compile_pattern(pattern)
             except ValueError as exc:
                 self._refuse(f"redaction pattern {shown} refused: {exc}")
+                continue
+            if spent + cost_of(regex) > MAX_PLUGIN_CHOICES:
+                self._refuse(f"redaction pattern {shown} refused: the plugin's patterns would allow over "
+                             f"{MAX_PLUGIN_CHOICES} combinations per position in all; narrow their ranges")
+                continue
+            spent += cost_of(regex)
+            accepted.append((trigger, regex))
         if accepted:
             add_pattern_rules(owner, accepted)
             self._manager._holdings_of(self._key).track("redaction patterns", owner, lambda: remove_pattern_rules(owner))

@@ -21,13 +21,15 @@ except ImportError:  # pragma: no cover - before Python 3.11
     import sre_constants as _c  # type: ignore[no-redef]
     import sre_parse as _p  # type: ignore[no-redef]
 
-__all__ = ["MAX_PATTERN_CHARS", "MAX_PER_PLUGIN", "MAX_CHOICES", "compile_pattern"]
+__all__ = ["MAX_PATTERN_CHARS", "MAX_PER_PLUGIN", "MAX_CHOICES", "MAX_PLUGIN_CHOICES", "compile_pattern", "cost_of"]
 
 MAX_PATTERN_CHARS = 256
 #: patterns one plugin may add (more are refused)
 MAX_PER_PLUGIN = 32
 #: the product of the bounded repeats' ranges (max - min + 1): the backtracking per starting position
-MAX_CHOICES = 4096
+MAX_CHOICES = 256
+#: the sum of that over one plugin's patterns (what one plugin may add to the redactor's worst case)
+MAX_PLUGIN_CHOICES = 1024
 
 _SINGLE = {_c.LITERAL, _c.NOT_LITERAL, _c.ANY, _c.IN}
 _PLAIN = _SINGLE | {_c.AT}
@@ -66,6 +68,11 @@ def compile_pattern(pattern: Any) -> tuple[str, re.Pattern[str]]:
                          "narrow their ranges")
     trigger = prefix.lower() if regex.flags & re.IGNORECASE else prefix
     return trigger, regex
+
+
+def cost_of(regex: re.Pattern[str]) -> int:
+    """The backtracking choices per starting position of an accepted pattern."""
+    return _check(list(_p.parse(regex.pattern)), top=True)
 
 
 def _check(items: list[Any], *, top: bool) -> int:
