@@ -157,3 +157,10 @@ def test_list_plugins_shows_the_v2_metadata(hermes_home):
                                    "requires_hermes", "requires_plugins")} == {
         "manifest_version": 2, "api_version": 1, "license": "MIT", "homepage": "https://x.org", "tags": ["t"],
         "requires_hermes": ">=0.19", "requires_plugins": [{"id": "meta2", "version_range": None}]}
+
+
+def test_the_hermes_version_plugins_see_is_the_one_requires_hermes_is_checked_against():
+    from plugin_llm.compat.hermes import hermes_cli
+    from plugin_llm.plugins.manifest import HERMES_API_VERSION
+
+    assert hermes_cli.__version__ == HERMES_API_VERSION == "0.21.3"
