@@ -585,14 +585,17 @@ GATE = threading.Event()
 
 
 def register(ctx):
-    ctx.subscribe("slow:e", lambda payload: GATE.wait(60))
+    ctx.subscribe("gated-events:e", lambda payload: GATE.wait(60))
     ctx.register_tool("probe", {"name": "probe", "description": "p"},
                       lambda args: ",".join(str(ctx.emit("e", {"i": i})) for i in range(70)))
 '''
-    manager = _load(hermes_home, managers, "slow", code, "in-process")
+    # a name no other test gives a plugin: its module is then the one in sys.modules under that name
+    manager = _load(hermes_home, managers, "gated-events", code, "in-process")
     import sys
 
-    gate: threading.Event = sys.modules["hermes_plugins.slow"].GATE
+    gate: threading.Event = next(m.GATE for name, m in list(sys.modules.items())
+                                 if name.startswith("hermes_plugins.") and name.endswith("gated_events")
+                                 or name == "hermes_plugins.gated-events")
     try:
         counts = manager.dispatch_tool("probe", {}).split(",")
     finally:
