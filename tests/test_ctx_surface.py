@@ -663,3 +663,33 @@ def register(ctx):
     lines = manager.dispatch_tool("probe", {}).split("|")
     assert len(lines) == 4 and all(line.startswith("HermesSubsystemMissing: ctx.") for line in lines), lines
     assert "ctx.call_mcp needs Hermes's MCP client, which a gateway like plugin-llm does not have" in lines[2]
+
+
+HOOK_HANDLES = '''
+import json
+
+
+def register(ctx):
+    guard = ctx.register_hook("pre_tool_call", lambda tool_name, **kw: (
+        {"action": "block", "message": "guarded"} if tool_name == "echo" else None))
+    kept = ctx.register_hook("post_tool_call", lambda **kw: None)
+    rewrite = ctx.register_middleware("tool_request", lambda args, **kw: {"args": {**args, "x": "rewritten"}})
+    ctx.register_tool("echo", {"name": "echo", "description": "e"}, lambda args: "echo:" + args.get("x", ""))
+
+    def probe(args):
+        before = [guard.active, rewrite.active, kept.active]
+        guard.dispose()
+        rewrite.dispose()
+        guard.dispose()  # idempotent
+        return json.dumps(before + [guard.active, rewrite.active, kept.active])
+    ctx.register_tool("probe", {"name": "probe", "description": "p"}, probe)
+'''
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_hook_and_middleware_registrations_return_handles_that_remove_that_callback(hermes_home, managers, mode):
+    manager = _load(hermes_home, managers, "hk", HOOK_HANDLES, mode)
+    assert "guarded" in manager.dispatch_tool("echo", {"x": "a"})
+    assert _probe(manager) == [True, True, True, False, False, True]
+    assert manager.dispatch_tool("echo", {"x": "a"}) == "echo:a"  # neither the guard nor the rewrite runs
+    assert manager.get_plugin("hk")["hooks"] == ["post_tool_call"] and manager.middleware_of("hk") == []

@@ -287,21 +287,24 @@ class PluginContext:
     # --- hooks ------------------------------------------------------------------------
 
     @implements
-    def register_hook(self, name: str, callback: Callable[..., Any]) -> None:
+    def register_hook(self, name: str, callback: Callable[..., Any]) -> Any:
         """Call ``callback(**kwargs)`` at a lifecycle point (see ``VALID_HOOKS``).
 
         The callback receives only the keyword arguments its signature names
         (``params`` is an alias of ``args``). Unknown hook names warn but are kept.
+        Returns a handle whose ``dispose()`` removes this callback.
         """
         if not self._live("register_hook"):
-            return
-        self._manager._hooks.register(name, self._key, callback)
+            return None
+        hooks = self._manager._hooks
+        entry = hooks.register(name, self._key, callback)
+        return self._manager._holdings_of(self._key).track("hook", entry.hook, lambda: hooks.unregister(entry))
 
     @implements
-    def register_middleware(self, kind: str, callback: Callable[..., Any]) -> None:
+    def register_middleware(self, kind: str, callback: Callable[..., Any]) -> Any:
         """Rewrite (``llm_request``, ``tool_request``) or wrap (``llm_execution``, ``tool_execution``)
         the host's model requests and tool calls (see :mod:`.middleware`). Unknown kinds are kept
-        with a warning and never run."""
+        with a warning and never run. Returns a handle whose ``dispose()`` removes this callback."""
         from .middleware import VALID_MIDDLEWARE, MiddlewareEntry
 
         if not isinstance(kind, str) or not kind.strip():
@@ -309,12 +312,15 @@ class PluginContext:
         if not callable(callback):
             raise TypeError(f"plugin {self._key}: register_middleware({kind!r}): callback must be callable")
         if not self._live("register_middleware"):
-            return
+            return None
         kind = kind.strip()
         if kind not in VALID_MIDDLEWARE:
             self._refuse(f"middleware kind {kind!r} is unknown (valid: {', '.join(sorted(VALID_MIDDLEWARE))}); "
                          "kept, never run")
-        self._manager._add_middleware(MiddlewareEntry.create(kind, self._key, callback))
+        entry = MiddlewareEntry.create(kind, self._key, callback)
+        self._manager._add_middleware(entry)
+        return self._manager._holdings_of(self._key).track("middleware", kind,
+                                                           lambda: self._manager._remove_middleware(entry))
 
     # --- commands ---------------------------------------------------------------------
 

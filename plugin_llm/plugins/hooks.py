@@ -538,6 +538,14 @@ class HookRunner:
             self._hooks[hook] = self._hooks.get(hook, ()) + (entry,)
         return entry
 
+    def unregister(self, entry: HookEntry) -> None:
+        """Drop this one registration (a disposed handle); the plugin's other callbacks stay."""
+        with self._lock:
+            kept = tuple(e for e in self._hooks.get(entry.hook, ()) if e is not entry)
+            self._hooks = {**self._hooks, entry.hook: kept} if kept else {
+                h: e for h, e in self._hooks.items() if h != entry.hook}
+            self._suppressed.pop(id(entry), None)
+
     def remove_plugin(self, plugin_key: str) -> None:
         with self._lock:
             self._hooks = {

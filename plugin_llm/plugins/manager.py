@@ -863,6 +863,12 @@ class PluginManager:
         with self._registry_lock:
             self._middleware = {**self._middleware, entry.kind: self._middleware.get(entry.kind, ()) + (entry,)}
 
+    def _remove_middleware(self, entry: MiddlewareEntry) -> None:
+        with self._registry_lock:
+            kept = tuple(e for e in self._middleware.get(entry.kind, ()) if e is not entry)
+            self._middleware = {**{k: v for k, v in self._middleware.items() if k != entry.kind},
+                                **({entry.kind: kept} if kept else {})}
+
     def has_middleware(self, kind: str) -> bool:
         return bool(self._middleware.get(kind))
 
