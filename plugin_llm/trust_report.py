@@ -68,7 +68,9 @@ OVERRIDES = tuple(FLAG_KEYS)
 PLUGINS_KEYS = ("enabled", "disabled", "hook_timeout", "hook_callback_timeout", "entries", "isolation_limits")
 #: keys the host understands under ``plugins.entries.<id>``
 ENTRY_KEYS = ("llm", "limits", "allow_tool_override", "granted_capabilities", "capabilities_sha256", "isolation",
-              "isolation_limits", "isolation_network")
+              "isolation_limits", "isolation_network",
+              # written by Hermes: its consent record and the older keys of its chat-platform capabilities
+              "capabilities_consent", "allow_platform_actions", "allow_plugin_status")
 _POLICY_ORDER = tuple(TrustPolicy.__dataclass_fields__)
 _LIST_FLAG = {lst: FLAG_KEYS[name] for name, lst in LIST_KEYS.items()}
 _DEFAULT_FLAG = "default (fail closed)"
@@ -436,7 +438,7 @@ def effective_policy(view: ConfigView, plugin_id: str, installed: Mapping[str, s
             if key in _LIST_FLAG or key == "granted_capabilities":
                 written = raw if raw is not None and not isinstance(raw, list) else None
                 if key == "granted_capabilities" and isinstance(raw, list) and raw and not value:
-                    written = raw  # written, but not by a consent (its digest does not match): nothing granted
+                    written = raw  # its digest does not match, or no capability is known: nothing granted
             elif not isinstance(raw, bool):
                 written = raw
         else:

@@ -664,6 +664,10 @@ def _consent(args: argparse.Namespace, home: Path) -> int:
         lines.append(f"  {capability}: {mark} — {describe(capability)}")
     if not state.valid:
         lines.append("  the recorded grant does not match its capabilities_sha256: it grants nothing")
+    unbound = state.valid and not state.bound
+    if unbound:
+        lines.append("  granted as Hermes records it (no capabilities_sha256): honoured; once bound, an edit "
+                     "or a copy of the list to another plugin grants nothing")
     if state.pending:
         if not args.yes and (args.json or not _interactive()):  # nobody to ask: never "run this command again"
             why = "--json" if args.json else "not a terminal"
@@ -672,6 +676,11 @@ def _consent(args: argparse.Namespace, home: Path) -> int:
         grant = args.yes or _ask_consent(key, state.pending)
         already = tuple(c for c in state.granted if c in requested) if state.valid else ()
         lines.append(_record_consent(home, key, state.pending, bool(grant), already))
+    elif unbound:
+        bind = args.yes or (not args.json and _interactive() and _ask_yes_no(f"Bind the grant of {key}?"))
+        kept = tuple(c for c in state.granted if c in requested)
+        lines.append(_record_consent(home, key, kept, bool(bind)) if bind else
+                     f"Not bound; bind it with: plugin-llm plugins consent {key} --yes")
     after = consent_state(home, key, requested)
     _emit(args, {"key": key, "requested": list(requested), "granted": list(after.granted if after.valid else ()),
                  "pending": list(after.pending)}, lines)

@@ -211,10 +211,16 @@ def _render_plugin(pt: Any, view: Any) -> list[str]:
     if granted:  # consented capabilities allow the matching overrides like the allow_* flags
         from plugin_llm.trust import CAPABILITY_FOR
 
+        from plugin_llm.capabilities import parse_grant
+        from plugin_llm.trust_report import _entries
+
+        entry = next((v for k, v in _entries(view.raw).items() if str(k) == pt.plugin_id), None)
+        how = ("consent recorded" if parse_grant(pt.plugin_id, entry).bound else
+               f"as Hermes records it, not bound: plugin-llm plugins consent {printable(pt.plugin_id, 200)} binds it")
         by_capability = {c: n for n, c in CAPABILITY_FOR.items()}
         for capability in granted:
             what = f"allows the {by_capability[capability]} override" if capability in by_capability else "no effect here"
-            lines.append(f"    capability {printable(capability, 100)}  granted (consent recorded)  {what}")
+            lines.append(f"    capability {printable(capability, 100)}  granted ({how})  {what}")
     for f in pt.findings:
         lines.extend(_render_finding(f, view, indent="  "))
     return lines

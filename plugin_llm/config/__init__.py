@@ -335,24 +335,12 @@ def _parse_trust(plugins: Any, warnings: list[str]) -> dict[str, TrustPolicy]:
 
 
 def _granted_capabilities(plugin_id: str, entry: Any, warnings: list[str]) -> tuple[str, ...]:
-    """``granted_capabilities`` when its ``capabilities_sha256`` matches (consent), else nothing."""
-    from plugin_llm.trust import consent_digest
+    """What ``granted_capabilities`` grants (see :func:`plugin_llm.capabilities.parse_grant`)."""
+    from plugin_llm.capabilities import parse_grant
 
-    if not isinstance(entry, Mapping) or entry.get("granted_capabilities") is None:
-        return ()
-    names, digest = entry.get("granted_capabilities"), entry.get("capabilities_sha256")
-    where = config_path(plugin_id, "")[: -len(".llm.")]
-    if not isinstance(names, list) or not all(isinstance(n, str) and n.strip() for n in names):
-        warnings.append(f"{where}.granted_capabilities: expected a list of capability names; nothing granted")
-        return ()
-    granted = tuple(sorted({n.strip() for n in names}))
-    if not isinstance(digest, str) or digest.strip() != consent_digest(plugin_id, granted):
-        warnings.append(
-            f"{where}.granted_capabilities does not match {where}.capabilities_sha256 (not recorded by a consent): "
-            f"nothing granted; run 'plugin-llm plugins consent {plugin_id}' to review and grant them"
-        )
-        return ()
-    return granted
+    grant = parse_grant(plugin_id, entry)
+    warnings.extend(grant.problems)
+    return grant.granted
 
 
 def parse_config(home: Path, text: str) -> HostConfig:

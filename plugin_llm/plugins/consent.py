@@ -2,12 +2,14 @@
 
 A consent is recorded in ``config.yaml`` as ``plugins.entries.<key>.granted_capabilities`` plus
 ``capabilities_sha256`` (:func:`consent_digest` of the key and the list), which ties the list to
-the key it was consented for: a list copied to another plugin, or edited by hand, grants nothing.
+the key it was consented for: a list copied to another plugin with its digest, or edited after the
+consent, grants nothing. A list without a digest, as Hermes writes it (with ``capabilities_consent``),
+is honoured as Hermes honours it; ``plugins consent KEY`` binds it.
 ``plugins install`` on a terminal shows the requested capabilities and asks; a non-interactive
 install grants nothing; an update that requests more asks again; ``plugins consent KEY`` reviews
 and grants later.
 
-Fail closed where Hermes documents nothing: unknown capabilities can be granted but give nothing,
+Fail closed where Hermes documents nothing: unknown capabilities give nothing,
 a capability the current manifest no longer requests is not in effect
 (:meth:`PluginManager.granted_capabilities`), and nothing is granted without an explicit yes.
 """
@@ -18,16 +20,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from plugin_llm.capabilities import LEGACY_KEYS, Grant, legacy_granted, parse_grant
 from plugin_llm.trust import consent_digest
 
-__all__ = ["CAPABILITY_HELP", "ConsentState", "consent_state", "record_consent", "describe"]
+__all__ = ["CAPABILITY_HELP", "LEGACY_KEYS", "ConsentState", "Grant", "parse_grant", "legacy_granted",
+           "consent_state", "record_consent", "describe"]
 
 #: what each capability this host knows lets a plugin do
 CAPABILITY_HELP = {
+    "tools.override": "replace a tool another plugin registered (as allow_tool_override does)",
     "llm.model_override": "choose the model of its ctx.llm calls (as allow_model_override does)",
     "llm.provider_override": "choose the provider of its ctx.llm calls (as allow_provider_override does)",
     "llm.agent_id_override": "pass agent_id= to ctx.llm (as allow_agent_id_override does)",
     "llm.profile_override": "pick the credential profile of its ctx.llm calls (as allow_profile_override does)",
+    "llm.task_override": "route ctx.llm calls through Hermes's auxiliary task lanes (none here: no effect)",
+    "gateway.platform_actions": "act on chat platforms as the gateway bot (no chat platforms here: no effect)",
+    "gateway.plugin_status": "post status lines to chat platforms (no chat platforms here: no effect)",
 }
 
 
@@ -37,12 +45,14 @@ def describe(capability: str) -> str:
 
 @dataclass(frozen=True)
 class ConsentState:
-    """Requested vs granted for one plugin. ``valid`` is False when a recorded grant does not match its digest."""
+    """Requested vs granted for one plugin. ``valid`` is False when a recorded grant does not match its
+    digest; ``bound`` is False for a grant without one (written by Hermes: honoured, not yet bound)."""
 
     key: str
     requested: tuple[str, ...]
     granted: tuple[str, ...]
     valid: bool = True
+    bound: bool = True
 
     @property
     def pending(self) -> tuple[str, ...]:
@@ -65,14 +75,8 @@ def consent_state(home: Path, key: str, requested: tuple[str, ...] | list[str]) 
         raw = get_config_source(Path(home)).current().raw
     except Exception:
         raw = {}
-    entry = _entry(dict(raw or {}), key)
-    names = entry.get("granted_capabilities") if isinstance(entry, dict) else None
-    if not isinstance(names, list):
-        return ConsentState(key, tuple(requested), (), names is None)
-    granted = tuple(sorted({n.strip() for n in names if isinstance(n, str) and n.strip()}))
-    digest = entry.get("capabilities_sha256")
-    valid = isinstance(digest, str) and digest.strip() == consent_digest(key, granted)
-    return ConsentState(key, tuple(requested), granted, valid)
+    grant = parse_grant(key, _entry(dict(raw or {}), key))
+    return ConsentState(key, tuple(requested), grant.granted, not grant.broken, grant.bound or not grant.granted)
 
 
 def record_consent(home: Path, key: str, capabilities: tuple[str, ...] | list[str]) -> None:

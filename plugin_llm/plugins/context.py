@@ -183,7 +183,8 @@ class PluginContext:
 
     @implements
     def has_capability(self, name: str) -> bool:
-        """True when the manifest requests capability ``name`` and the operator consented to it."""
+        """True when the operator granted capability ``name``: consented to it (the manifest requests it), or
+        set its older ``allow_*`` key (``allow_tool_override`` for ``tools.override``, ...). Unknown: False."""
         return isinstance(name, str) and name.strip() in self._manager.granted_capabilities(self._key)
 
     # --- helpers ----------------------------------------------------------------------
@@ -274,14 +275,15 @@ class PluginContext:
             self._refuse(f"tool {name!r} refused: the name is already registered by {owner} "
                          "(it loads first: the first plugin to register a name keeps it)")
             return None
-        if not self._manager.settings.entry(self._key).allow_tool_override:
+        if "tools.override" not in self._manager.granted_capabilities(self._key):
             self._refuse(
                 f"tool {name!r}: override=True refused ({owner} registered it): the operator has not set "
-                f"plugins.entries.{self._key}.allow_tool_override: true in config.yaml"
+                f"plugins.entries.{self._key}.allow_tool_override: true in config.yaml (nor granted the "
+                f"capability tools.override: plugin-llm plugins consent {self._key})"
             )
             return None
         replaced = self._manager._replace_tool(entry)
-        _log.warning("plugin %s: tool %r replaces the one of %s (allow_tool_override)", self._key, name, replaced)
+        _log.warning("plugin %s: tool %r replaces the one of %s (tools.override)", self._key, name, replaced)
         return entry
 
     # --- hooks ------------------------------------------------------------------------

@@ -991,19 +991,24 @@ class PluginManager:
     # --- consent and identity ---------------------------------------------------------
 
     def granted_capabilities(self, key: str) -> list[str]:
-        """The capabilities of plugin ``key`` in effect: requested by its manifest and consented to
-        (``plugins.entries.<key>.granted_capabilities`` with a matching ``capabilities_sha256``)."""
+        """The capabilities plugin ``key`` has, as Hermes's ``plugin_capability_granted`` counts them: requested
+        by its manifest and granted by ``plugins.entries.<key>.granted_capabilities`` (bound by this host's
+        consent, or written by Hermes), or whose older ``allow_*`` key is true. An unreadable config: none."""
+        from plugin_llm.trust import CAPABILITY_FOR, FLAG_KEYS
+
         record = self._records.get(key)
         manifest = record.candidate.manifest if record is not None else None
-        if manifest is None or not manifest.capabilities:
-            return []
         try:
             from plugin_llm.config import get_config_source
 
-            granted = set(get_config_source(self.home).current().trust_for(key).granted_capabilities)
+            policy = get_config_source(self.home).current().trust_for(key)
+            entry = self.settings.entry(key)
         except Exception:  # an unreadable config grants nothing
             return []
-        return [c for c in manifest.capabilities if c in granted]
+        out = [c for c in (manifest.capabilities if manifest is not None else ()) if c in policy.granted_capabilities]
+        legacy = set(entry.legacy_capabilities) | ({"tools.override"} if entry.allow_tool_override else set())
+        legacy |= {CAPABILITY_FOR[name] for name, flag in FLAG_KEYS.items() if getattr(policy, flag)}
+        return out + sorted(legacy - set(out))
 
     def profile_name(self) -> str:
         """The active credential profile's name (``auth.json`` ``default_profile``), else Hermes's name

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from plugin_llm.bounded_repr import short_repr
+from plugin_llm.capabilities import LEGACY_KEYS
 
 __all__ = [
     "MANIFEST_FILENAMES",
@@ -63,10 +64,7 @@ HERMES_API_VERSION = "0.21.3"
 #: The highest manifest format version understood (a newer one warns and still loads).
 SUPPORTED_MANIFEST_VERSION = 2
 #: Hermes's capability ids (``hermes_cli/plugin_capabilities.py``); others are dropped with a warning.
-KNOWN_CAPABILITIES = frozenset(
-    {"tools.override", "llm.provider_override", "llm.model_override", "llm.agent_id_override",
-     "llm.profile_override", "llm.task_override", "gateway.platform_actions", "gateway.plugin_status"}
-)
+KNOWN_CAPABILITIES = frozenset(LEGACY_KEYS)
 #: ``config_schema`` types Hermes checks (others warn and are not checked)
 CONFIG_SCHEMA_TYPES: Mapping[str, tuple[type, ...]] = {
     "str": (str,), "string": (str,), "int": (int,), "integer": (int,), "float": (int, float),

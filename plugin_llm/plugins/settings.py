@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from plugin_llm.capabilities import LEGACY_KEYS, legacy_granted, parse_grant
+
 __all__ = [
     "DEFAULT_HOOK_TIMEOUT",
     "PluginEntry",
@@ -61,8 +63,11 @@ class PluginEntry:
     """``plugins.entries.<key>`` as the plugin manager reads it (the trust gate reads ``llm``)."""
 
     allow_tool_override: bool = False
+    #: what ``granted_capabilities`` grants (see :func:`plugin_llm.capabilities.parse_grant`)
     granted_capabilities: frozenset[str] = frozenset()
     capabilities_sha256: str = ""
+    #: capabilities whose older ``allow_*`` key outside ``llm:`` is true (``allow_platform_actions``, ...)
+    legacy_capabilities: frozenset[str] = frozenset()
     #: ``process``: the plugin runs in its own process (see :mod:`.remote`); else ``in_process``
     isolation: str = ISOLATION_IN_PROCESS
     #: its process's resource limits (a ``sandbox.SandboxLimits``); None: the host default
@@ -213,19 +218,15 @@ def _entries(plugins: Mapping[str, Any], problems: list[str]) -> dict[str, Plugi
         if not isinstance(allow, bool):
             problems.append(f"plugins.entries.{key}.allow_tool_override must be true or false; treated as false")
             allow = False
-        granted = entry.get("granted_capabilities")
-        names: frozenset[str] = frozenset()
-        if isinstance(granted, list) and all(isinstance(g, str) for g in granted):
-            names = frozenset(g.strip() for g in granted if g.strip())
-        elif granted is not None:
-            problems.append(f"plugins.entries.{key}.granted_capabilities must be a list of capability names; "
-                            "nothing granted")
+        grant = parse_grant(key, entry)
+        # its problems are the config loader's warnings (said once, there)
         digest = entry.get("capabilities_sha256")
+        legacy = frozenset(c for c, path in LEGACY_KEYS.items() if len(path) == 1 and legacy_granted(entry, c))
         isolation = _isolation(entry.get("isolation"), f"plugins.entries.{key}.isolation", problems)
         limits = _limits(entry.get("isolation_limits"), f"plugins.entries.{key}.isolation_limits", problems)
         network = _network(entry.get("isolation_network"), f"plugins.entries.{key}.isolation_network", problems)
-        out[key] = PluginEntry(allow, names, digest.strip() if isinstance(digest, str) else "", isolation, limits,
-                               network)
+        out[key] = PluginEntry(allow, frozenset(grant.granted), digest.strip() if isinstance(digest, str) else "",
+                               legacy, isolation, limits, network)
     return out
 
 
