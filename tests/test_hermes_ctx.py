@@ -322,3 +322,70 @@ def test_a_hermes_only_registration_fails_with_one_line_naming_the_subsystem(her
     error = by_key(load(hermes_home))["search"]["error"].splitlines()[0]
     assert error == ("register() raised: HermesSubsystemMissing: ctx.register_web_search_provider() registers "
                      "with Hermes's web search, which plugin-llm does not provide")
+
+
+# --------------------------------------------------------------------------- consent as Hermes writes it
+
+CAPS = """
+IDS = ("tools.override", "llm.provider_override", "llm.model_override", "llm.agent_id_override",
+       "llm.profile_override", "llm.task_override", "gateway.platform_actions", "gateway.plugin_status",
+       "no.such_capability", "")
+
+def register(ctx):
+    ctx.register_command("caps", lambda raw: ",".join(c for c in IDS if ctx.has_capability(c)))
+"""
+HERMES_GRANT = """plugins:
+  enabled: [capper]
+  entries:
+    capper:
+      granted_capabilities: [llm.model_override, tools.override, 7, unknown.capability]
+      capabilities_consent:
+        hash: 3b1d9c1f0a4f6f2b8e3c7d1a9e5b2c4d6f8a0b1c3d5e7f9a1b3c5d7e9f0a2b4c
+        granted_at: '2026-09-20T10:00:00+00:00'
+"""
+
+
+def test_a_grant_as_hermes_writes_it_is_honoured_and_consent_binds_it(hermes_home, capsys):
+    write_plugin(hermes_home, "capper", CAPS, "name: capper\ncapabilities: [llm.model_override, tools.override]\n")
+    write_config(hermes_home, HERMES_GRANT)
+    config = get_config_source(hermes_home).current()
+    assert config.trust_for("capper").grants("model") == "capability llm.model_override"
+    assert config.trust_for("capper").grants("provider") is None  # only what the operator granted
+    assert not any("does not match" in w for w in config.warnings)
+    assert load(hermes_home).run_command("caps") == "tools.override,llm.model_override"
+    code, out, err = run(capsys, "trust", "show", "capper")
+    assert "granted (as Hermes records it, not bound: plugin-llm plugins consent capper binds it)" in out
+    assert "capabilities_consent" not in out + err  # a key Hermes writes is not reported as unknown
+
+    code, out, err = run(capsys, "plugins", "consent", "capper", "--yes")
+    assert code == 0, err
+    assert "granted as Hermes records it" in out and "Granted llm.model_override, tools.override to capper" in out
+    assert "consent recorded" in run(capsys, "trust", "show", "capper")[1]
+    assert load(hermes_home).run_command("caps") == "tools.override,llm.model_override"
+    # bound now: an edit of the list after the consent grants nothing
+    text = (hermes_home / "config.yaml").read_text()
+    assert "granted_capabilities: [llm.model_override, tools.override]" in text
+    (hermes_home / "config.yaml").write_text(text.replace("[llm.model_override,", "[llm.provider_override,"))
+    assert get_config_source(hermes_home).current().trust_for("capper").grants("provider") is None
+    assert load(hermes_home).run_command("caps") == ""
+
+
+def test_has_capability_counts_the_older_allow_keys_as_hermes_does(hermes_home):
+    write_plugin(hermes_home, "capper", CAPS, "name: capper\n")  # requests nothing
+    write_config(hermes_home, "plugins:\n  enabled: [capper]\n  entries:\n    capper:\n"
+                              "      allow_tool_override: true\n      allow_platform_actions: true\n"
+                              "      llm:\n        allow_provider_override: true\n")
+    assert load(hermes_home).run_command("caps") == "tools.override,llm.provider_override,gateway.platform_actions"
+    write_config(hermes_home, "plugins:\n  enabled: [capper]\n  entries:\n    capper:\n"
+                              "      allow_tool_override: 'yes'\n      allow_plugin_status: 1\n")
+    assert load(hermes_home).run_command("caps") == ""  # only true is true (fail closed)
+
+
+def test_a_granted_tools_override_lets_a_plugin_replace_a_tool(hermes_home):
+    write_plugin(hermes_home, "tools", TOOL)
+    write_plugin(hermes_home, "zover", OVERRIDE, "name: zover\ncapabilities: [tools.override]\n")
+    write_config(hermes_home, "plugins:\n  enabled: [tools, zover]\n  entries:\n    zover:\n"
+                              "      granted_capabilities: [tools.override]\n")
+    manager = load(hermes_home)
+    assert manager.dispatch_tool("echo", {"x": "a"}) == "replaced"
+    assert manager.tools["echo"].plugin_key == "zover"
