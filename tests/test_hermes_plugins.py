@@ -725,3 +725,30 @@ def test_file_safety_protects_the_gateways_own_stores(hermes_home, file_safety, 
     assert file_safety.get_read_block_error(str(hermes_home / "config.yaml")) is None
     assert file_safety.get_read_block_error(str(outside_key.with_suffix(".pub"))) is None  # a public key
     assert "limit store" in file_safety.get_write_denied_error(str(hermes_home / DB_NAME))
+
+
+def test_a_memory_provider_of_hermess_required_shape_is_taken_as_one(hermes_home):
+    # a provider written for Hermes whose base class fell back to object (Hermes not importable where
+    # it was written): only the methods Hermes's MemoryProvider requires
+    write_plugin(hermes_home, "memory/notes", """
+        class NotesProvider:  # register_memory_provider: Hermes's MemoryProvider shape, not its class
+            name = "notes"
+            def is_available(self):
+                return True
+            def initialize(self, session_id, **kwargs):
+                self.session_id = session_id
+            def get_tool_schemas(self):
+                return []
+            def prefetch(self, query, *, session_id=""):
+                return "recalled: " + query
+
+        def register(ctx):
+            ctx.register_memory_provider(NotesProvider())
+    """, "name: notes\n")
+    write_config(hermes_home, "memory:\n  provider: notes\n")
+    manager = load(hermes_home)
+    assert by_key(manager)["memory/notes"]["status"] == "enabled", by_key(manager)["memory/notes"]["error"]
+    provider = manager.memory_provider
+    assert provider is not None and provider.name == "notes"
+    assert provider.prefetch("tea") == "recalled: tea"  # its own method
+    assert provider.sync_turn("u", "a") is None and provider.system_prompt_block() == ""  # Hermes's defaults

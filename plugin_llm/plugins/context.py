@@ -421,7 +421,12 @@ class PluginContext:
 
     @implements
     def register_memory_provider(self, provider: MemoryProvider) -> bool:
-        """Offer a memory provider; the active one is chosen by ``memory.provider``."""
+        """Offer a memory provider; the active one is chosen by ``memory.provider``. An object with the
+        methods Hermes's ``MemoryProvider`` requires (``name``, ``is_available``, ``initialize``,
+        ``get_tool_schemas``) that is not a subclass is taken as one, the others its defaults (as Hermes)."""
+        if not isinstance(provider, type) and not isinstance(provider, MemoryProvider) \
+                and not is_hermes_memory_provider(provider) and _has_hermes_memory_shape(provider):
+            provider = coerce_hermes_memory_provider(provider)
         if isinstance(provider, type) or not (isinstance(provider, MemoryProvider) or is_hermes_memory_provider(provider)):
             hint = " (pass an instance, not the class)" if isinstance(provider, type) else ""
             raise TypeError(
@@ -678,6 +683,41 @@ def is_hermes_memory_provider(obj: Any) -> bool:
     if isinstance(obj, HermesMemoryProvider):
         return True
     return not isinstance(obj, MemoryProvider) and all(callable(getattr(type(obj), m, None)) for m in _HERMES_MEMORY_METHODS)
+
+
+_HERMES_MEMORY_REQUIRED = ("is_available", "initialize", "get_tool_schemas")  # and ``name``: the ABC's abstracts
+
+
+def _has_hermes_memory_shape(obj: Any) -> bool:
+    name = getattr(obj, "name", None)
+    return isinstance(name, str) and bool(name.strip()) and all(
+        callable(getattr(obj, m, None)) for m in _HERMES_MEMORY_REQUIRED)
+
+
+def coerce_hermes_memory_provider(obj: Any) -> Any:
+    """``obj`` (Hermes's required memory-provider methods, not its base class) as a Hermes ``MemoryProvider``:
+    the methods it has are its own (bound, with their signatures), the others the base class's defaults."""
+    from plugin_llm.compat.hermes.agent.memory_provider import MemoryProvider as HermesMemoryProvider
+
+    class CoercedMemoryProvider(HermesMemoryProvider):
+        name = str(obj.name).strip()  # type: ignore[assignment]
+
+        def is_available(self) -> bool:  # replaced by obj's own below
+            return False
+
+        def initialize(self, session_id: str, **kwargs: Any) -> None:
+            return None
+
+        def get_tool_schemas(self) -> list:
+            return []
+
+    coerced = CoercedMemoryProvider()
+    for attr in dir(HermesMemoryProvider):
+        own = getattr(obj, attr, None) if not attr.startswith("_") and attr != "name" else None
+        if callable(own):
+            setattr(coerced, attr, own)
+    coerced.wrapped = obj  # type: ignore[attr-defined]
+    return coerced
 
 
 def is_hermes_context_engine(obj: Any) -> bool:
