@@ -693,3 +693,33 @@ def test_hook_and_middleware_registrations_return_handles_that_remove_that_callb
     assert _probe(manager) == [True, True, True, False, False, True]
     assert manager.dispatch_tool("echo", {"x": "a"}) == "echo:a"  # neither the guard nor the rewrite runs
     assert manager.get_plugin("hk")["hooks"] == ["post_tool_call"] and manager.middleware_of("hk") == []
+
+
+HERMES_SHAPED_MEMORY = '''
+class NotesProvider:  # Hermes's required MemoryProvider methods, not its base class
+    name = "notes"
+    def is_available(self):
+        return True
+    def initialize(self, session_id, **kwargs):
+        pass
+    def get_tool_schemas(self):
+        return []
+    def prefetch(self, query, *, session_id=""):
+        return "recalled: " + query
+
+def register(ctx):
+    ctx.register_memory_provider(NotesProvider())
+'''
+
+
+@pytest.mark.slow
+def test_an_isolated_memory_provider_of_hermess_required_shape_is_taken_as_one(hermes_home, managers):
+    write_plugin(hermes_home / "plugins", "memory/notes", HERMES_SHAPED_MEMORY, {"name": "notes"})
+    write_config(hermes_home, yaml.safe_dump({"memory": {"provider": "notes"},
+                                              "plugins": {"entries": {"memory/notes": {"isolation": "process"}}}}))
+    manager = PluginManager(hermes_home)
+    managers.append(manager)
+    manager.discover_plugins()
+    assert manager.get_plugin("memory/notes")["status"] == "enabled", manager.get_plugin("memory/notes")["error"]
+    provider = manager.memory_provider
+    assert provider is not None and provider.prefetch("tea") == "recalled: tea" and provider.system_prompt_block() == ""
