@@ -27,6 +27,7 @@ __all__ = [
     "FLAG_KEYS",
     "LIST_KEYS",
     "TRUST_KEYS",
+    "HERMES_ONLY_KEYS",
     "TrustPolicy",
     "Overrides",
     "Decision",
@@ -47,6 +48,8 @@ FLAG_KEYS = {
 #: allowlist key per override (agent_id and profile have no allowlist)
 LIST_KEYS = {"provider": "allowed_providers", "model": "allowed_models"}
 TRUST_KEYS = frozenset(FLAG_KEYS.values()) | frozenset(LIST_KEYS.values())
+#: Hermes's keys under ``llm`` with no counterpart here (known, so never "did you mean" another flag)
+HERMES_ONLY_KEYS = frozenset({"allow_task_override"})
 #: capability (manifest ``capabilities:``) per override
 CAPABILITY_FOR = {
     "provider": "llm.provider_override",

@@ -32,7 +32,8 @@ from plugin_llm.config import CONFIG_MAX_BYTES, HOST_SECTIONS, HostConfig, descr
 from plugin_llm.safe_files import UnsafeFileError, read_home_text
 from plugin_llm.bounded_repr import short_repr
 from plugin_llm.safe_yaml import compose_yaml
-from plugin_llm.trust import CAPABILITY_FOR, DENY_ALL, FLAG_KEYS, LIST_KEYS, TRUST_KEYS, Decision, Overrides, TrustPolicy, decide
+from plugin_llm.trust import (CAPABILITY_FOR, DENY_ALL, FLAG_KEYS, HERMES_ONLY_KEYS, LIST_KEYS, TRUST_KEYS, Decision,
+                              Overrides, TrustPolicy, decide)
 
 __all__ = [
     "ERROR",
@@ -678,7 +679,7 @@ class _Checker:
             self.add(ERROR, keys + ("llm",), f"expected a mapping of trust keys, got {_type_name(block)} {short_repr(block)}; no override is granted",
                      "write llm: as a mapping, e.g. llm: {allow_model_override: true}", plugin_id)
             return
-        self.unknown_keys(block, keys + ("llm",), [k for k in _POLICY_ORDER], plugin_id)
+        self.unknown_keys(block, keys + ("llm",), [k for k in _POLICY_ORDER] + sorted(HERMES_ONLY_KEYS), plugin_id)
         for key, value in block.items():
             key = str(key)
             if key in _LIST_FLAG:

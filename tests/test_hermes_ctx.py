@@ -389,3 +389,18 @@ def test_a_granted_tools_override_lets_a_plugin_replace_a_tool(hermes_home):
     manager = load(hermes_home)
     assert manager.dispatch_tool("echo", {"x": "a"}) == "replaced"
     assert manager.tools["echo"].plugin_key == "zover"
+
+
+def test_a_config_hermes_wrote_for_a_full_consent_passes_trust_check(hermes_home, capsys):
+    write_plugin(hermes_home, "capper", CAPS, "name: capper\ncapabilities: [llm.task_override, tools.override]\n")
+    # Hermes's record_consent: the grant, its record, and each grant mirrored into its older key
+    write_config(hermes_home, "plugins:\n  enabled: [capper]\n  entries:\n    capper:\n"
+                              "      granted_capabilities: [gateway.plugin_status, llm.task_override, tools.override]\n"
+                              "      capabilities_consent: {hash: abc, granted_at: '2026-09-20T10:00:00+00:00'}\n"
+                              "      allow_tool_override: true\n      allow_plugin_status: true\n"
+                              "      llm:\n        allow_task_override: true\n")
+    code, out, err = run(capsys, "trust", "check")
+    assert code == 0, out + err
+    assert "allow_model_override" not in out + err  # never "did you mean" a wider flag
+    assert not get_config_source(hermes_home).current().warnings
+    assert load(hermes_home).run_command("caps") == "tools.override,llm.task_override,gateway.plugin_status"
