@@ -361,6 +361,12 @@ def test_a_grant_as_hermes_writes_it_is_honoured_and_consent_binds_it(hermes_hom
     assert code == 0, err
     assert "granted as Hermes records it" in out and "Granted llm.model_override, tools.override to capper" in out
     assert "consent recorded" in run(capsys, "trust", "show", "capper")[1]
+    import hashlib
+    import yaml
+
+    entry = yaml.safe_load((hermes_home / "config.yaml").read_text())["plugins"]["entries"]["capper"]
+    seen = hashlib.sha256(b"llm.model_override\ntools.override").hexdigest()  # Hermes's hash of what was asked
+    assert entry["capabilities_consent"]["hash"] == seen and entry["capabilities_consent"]["granted_at"]
     assert load(hermes_home).run_command("caps") == "tools.override,llm.model_override"
     # bound now: an edit of the list after the consent grants nothing
     text = (hermes_home / "config.yaml").read_text()

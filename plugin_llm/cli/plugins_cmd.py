@@ -577,7 +577,7 @@ def _install(args: argparse.Namespace, home: Path) -> int:
         lines.append(f"Missing environment: {', '.join(still_missing)} — set them in the environment "
                      f"or in {home / '.env'}; the plugin loads, but may not work without them")
     if requested:
-        lines.append(_record_consent(home, key, requested, grant))
+        lines.append(_record_consent(home, key, requested, grant, declared=requested))
     clashes = _clashes(home, key) if enable else []
     lines.extend(f"warning: {c}" for c in clashes)  # before enabling: what it will not get
     if enable:
@@ -608,7 +608,7 @@ def _ask_consent(key: str, capabilities: tuple[str, ...] | list[str]) -> bool:
 
 
 def _record_consent(home: Path, key: str, capabilities: tuple[str, ...] | list[str], grant: bool,
-                    already: tuple[str, ...] = ()) -> str:
+                    already: tuple[str, ...] = (), declared: tuple[str, ...] | list[str] = ()) -> str:
     from plugin_llm.config_edit import ConfigEditError
     from plugin_llm.plugins.consent import record_consent
 
@@ -617,7 +617,7 @@ def _record_consent(home: Path, key: str, capabilities: tuple[str, ...] | list[s
         return (f"Capabilities not granted: {shown} — review and grant them with: "
                 f"plugin-llm plugins consent {key}")
     try:
-        record_consent(home, key, tuple(already) + tuple(capabilities))
+        record_consent(home, key, tuple(already) + tuple(capabilities), declared)
     except (ConfigEditError, OSError) as exc:
         return f"warning: capabilities not granted: cannot edit config.yaml: {printable(str(exc), 500)}"
     return f"Granted {shown} to {key} in {home / 'config.yaml'}"
@@ -643,7 +643,7 @@ def _consent_after_update(args: argparse.Namespace, home: Path, key: str) -> lis
         return []
     already = tuple(c for c in state.granted if c in requested) if state.valid else ()
     grant = not args.json and _interactive() and _ask_consent(key, state.pending)
-    return [_record_consent(home, key, state.pending, grant, already)]
+    return [_record_consent(home, key, state.pending, grant, already, requested)]
 
 
 def _consent(args: argparse.Namespace, home: Path) -> int:
@@ -675,11 +675,11 @@ def _consent(args: argparse.Namespace, home: Path) -> int:
                                      "(nothing was granted)", limit=2000))
         grant = args.yes or _ask_consent(key, state.pending)
         already = tuple(c for c in state.granted if c in requested) if state.valid else ()
-        lines.append(_record_consent(home, key, state.pending, bool(grant), already))
+        lines.append(_record_consent(home, key, state.pending, bool(grant), already, requested))
     elif unbound:
         bind = args.yes or (not args.json and _interactive() and _ask_yes_no(f"Bind the grant of {key}?"))
         kept = tuple(c for c in state.granted if c in requested)
-        lines.append(_record_consent(home, key, kept, bool(bind)) if bind else
+        lines.append(_record_consent(home, key, kept, bool(bind), declared=requested) if bind else
                      f"Not bound; bind it with: plugin-llm plugins consent {key} --yes")
     after = consent_state(home, key, requested)
     _emit(args, {"key": key, "requested": list(requested), "granted": list(after.granted if after.valid else ()),

@@ -16,7 +16,9 @@ a capability the current manifest no longer requests is not in effect
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -79,15 +81,21 @@ def consent_state(home: Path, key: str, requested: tuple[str, ...] | list[str]) 
     return ConsentState(key, tuple(requested), grant.granted, not grant.broken, grant.bound or not grant.granted)
 
 
-def record_consent(home: Path, key: str, capabilities: tuple[str, ...] | list[str]) -> None:
-    """Write ``granted_capabilities`` and its digest for ``key`` (comments and the rest of config.yaml kept)."""
+def record_consent(home: Path, key: str, capabilities: tuple[str, ...] | list[str],
+                   declared: tuple[str, ...] | list[str] = ()) -> None:
+    """Write ``granted_capabilities`` and its digest for ``key`` (comments and the rest of config.yaml kept),
+    and Hermes's ``capabilities_consent`` record of the ``declared`` set, so Hermes does not ask again."""
     from plugin_llm.config_edit import edit_config, set_value
 
     granted = sorted(set(capabilities))
     digest = consent_digest(key, granted)
+    seen = "\n".join(sorted({c for c in declared if c in LEGACY_KEYS}))
+    record = {"hash": hashlib.sha256(seen.encode("utf-8")).hexdigest(),
+              "granted_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
 
     def mutate(doc: Any) -> None:
         set_value(doc, ("plugins", "entries", key, "granted_capabilities"), list(granted))
         set_value(doc, ("plugins", "entries", key, "capabilities_sha256"), digest)
+        set_value(doc, ("plugins", "entries", key, "capabilities_consent"), record)
 
     edit_config(Path(home), mutate)
