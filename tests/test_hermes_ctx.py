@@ -357,6 +357,10 @@ def test_a_grant_as_hermes_writes_it_is_honoured_and_consent_binds_it(hermes_hom
     assert "granted (as Hermes records it, not bound: plugin-llm plugins consent capper binds it)" in out
     assert "capabilities_consent" not in out + err  # a key Hermes writes is not reported as unknown
 
+    code, out, err = run(capsys, "plugins", "consent", "capper", "--json")  # nobody to ask: not bound
+    assert code == 0, err
+    assert json.loads(out) == {"key": "capper", "requested": ["llm.model_override", "tools.override"],
+                               "granted": ["llm.model_override", "tools.override"], "pending": [], "bound": False}
     code, out, err = run(capsys, "plugins", "consent", "capper", "--yes")
     assert code == 0, err
     assert "granted as Hermes records it" in out and "Granted llm.model_override, tools.override to capper" in out

@@ -683,7 +683,7 @@ def _consent(args: argparse.Namespace, home: Path) -> int:
                      f"Not bound; bind it with: plugin-llm plugins consent {key} --yes")
     after = consent_state(home, key, requested)
     _emit(args, {"key": key, "requested": list(requested), "granted": list(after.granted if after.valid else ()),
-                 "pending": list(after.pending)}, lines)
+                 "pending": list(after.pending), "bound": after.bound}, lines)
     return 0
 
 
