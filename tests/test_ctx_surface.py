@@ -638,12 +638,12 @@ def test_disposing_of_an_override_gives_the_replaced_tool_its_place_back(hermes_
                  "    ctx.register_tool('echo', {'name': 'echo'}, lambda args: 'original')\n")
     code = ("HANDLE = []\n\ndef register(ctx):\n"
             "    HANDLE.append(ctx.register_tool('echo', {'name': 'echo'}, lambda args: 'replaced', override=True))\n")
-    manager = _load(hermes_home, managers, "zover", code, "in-process", others={"base": None},
-                    entries={"zover": {"allow_tool_override": True}})
+    manager = _load(hermes_home, managers, "zswap", code, "in-process", others={"base": None},
+                    entries={"zswap": {"allow_tool_override": True}})
     assert manager.dispatch_tool("echo", {}) == "replaced"
     import sys
 
-    sys.modules["hermes_plugins.zover"].HANDLE[0].dispose()
+    sys.modules["hermes_plugins.zswap"].HANDLE[0].dispose()
     assert manager.dispatch_tool("echo", {}) == "original"
 
 
