@@ -8,8 +8,8 @@ fail-closed: a missing entry, block, flag or a malformed value grants nothing.
 
 Capability consent feeds the same gate: a plugin whose manifest requests
 ``capabilities: [llm.model_override]`` and to which the operator consented
-(``plugins.entries.<plugin_id>.granted_capabilities`` with the matching
-``capabilities_sha256``, see :func:`consent_digest`) may override the model as
+(``plugins.entries.<plugin_id>.granted_capabilities``, bound by a matching
+``capabilities_sha256`` or as Hermes writes it, see :mod:`plugin_llm.capabilities`) may override the model as
 if ``allow_model_override`` were set. An override is allowed when either the
 flag or the matching granted capability says so; the allowlists apply either
 way, and :class:`Decision` says which one granted it.
