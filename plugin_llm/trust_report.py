@@ -672,6 +672,7 @@ class _Checker:
             return
         self.not_installed(plugin_id)
         self.unknown_keys(entry, keys, ENTRY_KEYS, plugin_id)
+        self.unbound_grant(plugin_id, entry)
         block = entry.get("llm")
         if block is None:
             return
@@ -686,6 +687,17 @@ class _Checker:
                 self.allowlist(plugin_id, key, value, block)
             elif key in TRUST_KEYS:
                 self.flag(plugin_id, key, value)
+
+    def unbound_grant(self, plugin_id: str, entry: Mapping[Any, Any]) -> None:
+        """A grant as Hermes writes it is honoured; say that a consent here would bind it."""
+        from plugin_llm.capabilities import parse_grant
+
+        grant = parse_grant(plugin_id, entry)
+        if grant.granted and not grant.bound:
+            self.add(WARNING, ("plugins", "entries", plugin_id, "granted_capabilities"),
+                     f"grants {', '.join(grant.granted)} as Hermes records it (no capabilities_sha256): honoured, "
+                     "but not bound to this plugin key (an edit of the list, or a copy to another plugin, grants "
+                     "the same)", f"bind it: plugin-llm plugins consent {plugin_id} --yes", plugin_id)
 
     def not_installed(self, plugin_id: str) -> None:
         if plugin_id in self.installed:

@@ -365,6 +365,7 @@ def test_a_grant_as_hermes_writes_it_is_honoured_and_consent_binds_it(hermes_hom
     assert code == 0, err
     assert "granted as Hermes records it" in out and "Granted llm.model_override, tools.override to capper" in out
     assert "consent recorded" in run(capsys, "trust", "show", "capper")[1]
+    assert "as Hermes records it" not in run(capsys, "trust", "check")[1]  # bound: nothing to offer
     import hashlib
     import yaml
 
@@ -412,5 +413,7 @@ def test_a_config_hermes_wrote_for_a_full_consent_passes_trust_check(hermes_home
     code, out, err = run(capsys, "trust", "check")
     assert code == 0, out + err
     assert "allow_model_override" not in out + err  # never "did you mean" a wider flag
+    assert "as Hermes records it (no capabilities_sha256): honoured" in out  # a warning offering to bind
+    assert "bind it: plugin-llm plugins consent capper --yes" in out
     assert not get_config_source(hermes_home).current().warnings
     assert load(hermes_home).run_command("caps") == "tools.override,llm.task_override,gateway.plugin_status"
