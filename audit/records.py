@@ -42,7 +42,10 @@ __all__ = [
     "REQUEST_MAX_TOKENS", "REQUEST_TEMPERATURE", "REQUEST_TOP_P", "FINISH_REASONS", "CACHE_READ_TOKENS",
     "CACHE_CREATION_TOKENS",
     # builders
-    "CallFacts", "denial_record", "error_record", "outcome_record",
+    "CallFacts", "denial_record", "error_record", "outcome_record", "mcp_record",
+    # MCP tool calls
+    "EVENT_MCP_CALL", "MCP_SERVER", "MCP_TOOL", "DURATION_MS", "ARGUMENTS_SHA256", "RESULT_SHA256", "MCP_TRUNCATED",
+    "MCP_FIELDS", "OPTIONAL_MCP_FIELDS", "MCP_STATUSES",
     # values
     "APIS", "MODES", "DECISIONS", "STATUSES", "VALIDATIONS",
     # events
@@ -165,6 +168,22 @@ MODES = ("sync", "async")
 DECISIONS = ("allowed", "denied")
 STATUSES = ("ok", "denied", "timeout", "provider_error", "schema_error", "quota", "error", "abandoned")
 VALIDATIONS = ("passed", "failed", "none")
+
+# -- MCP tool calls (ctx.call_mcp): one ``mcp.call`` event per call outcome, denials included --------
+EVENT_MCP_CALL = "mcp.call"
+MCP_SERVER = "mcp.server"
+MCP_TOOL = "mcp.tool"
+DURATION_MS = "duration_ms"
+ARGUMENTS_SHA256 = "arguments_sha256"
+RESULT_SHA256 = "result_sha256"
+MCP_TRUNCATED = "mcp.truncated"
+MCP_STATUSES = ("ok", "error", "denied", "timeout", "quota")
+#: fields every ``mcp.call`` record has (with the envelope's ``event``/``kind``/``ts`` and chain fields)
+MCP_FIELDS: tuple[str, ...] = (CALL_ID, PLUGIN_ID, MCP_SERVER, MCP_TOOL, DECISION, STATUS, DURATION_MS,
+                               ARGUMENTS_SHA256)
+#: fields it has only when they apply
+OPTIONAL_MCP_FIELDS: tuple[str, ...] = (RESULT_SHA256, MCP_TRUNCATED, ERROR_TYPE, ERROR_MESSAGE, DECISION_KEY,
+                                        LIMITS_LIMIT, LIMITS_RESETS_AT, LIMITS_STORE_ERROR)
 
 # -- event names ------------------------------------------------------------------
 EVENT_LLM_CALL = "llm.call"
@@ -440,6 +459,32 @@ def call_record(
         if unknown:
             raise ValueError(f"unknown audit content field(s) {sorted(unknown)}; use {list(CONTENT_FIELDS)}")
         record.update(content)
+    return record
+
+
+def mcp_record(*, plugin_id: str, server: str, tool: str, status: str, duration_ms: float,
+               arguments_sha256: str, result_sha256: str | None = None, truncated: bool = False,
+               error_type: str | None = None, error_message: str | None = None, decision_key: str | None = None,
+               extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The fields of one ``mcp.call`` event (written with ``write_event``): a plugin's MCP tool call,
+    its arguments and result by digest only."""
+    _check(STATUS, status, MCP_STATUSES)
+    record: dict[str, Any] = {
+        CALL_ID: new_call_id(), PLUGIN_ID: plugin_id, MCP_SERVER: server, MCP_TOOL: tool,
+        DECISION: "denied" if status in ("denied", "quota") else "allowed", STATUS: status,
+        DURATION_MS: round(max(0.0, duration_ms), 3), ARGUMENTS_SHA256: arguments_sha256,
+    }
+    if result_sha256 is not None:
+        record[RESULT_SHA256] = result_sha256
+    if truncated:
+        record[MCP_TRUNCATED] = True
+    for name, value in ((ERROR_TYPE, error_type), (ERROR_MESSAGE, error_message), (DECISION_KEY, decision_key)):
+        if value is not None:
+            record[name] = value
+    for name, value in (extra or {}).items():
+        if name not in OPTIONAL_MCP_FIELDS:
+            raise ValueError(f"unknown mcp.call field {name!r}; use {list(OPTIONAL_MCP_FIELDS)}")
+        record[name] = value
     return record
 
 

@@ -18,6 +18,7 @@ opened once per process; nothing here imports litellm or redis at import time. O
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import json
 import logging
 import math
@@ -71,6 +72,7 @@ from plugin_llm.limits.store import (
 
 __all__ = [
     "admit",
+    "admit_request",
     "aadmit",
     "admit_in_memory",
     "output_bound",
@@ -516,6 +518,44 @@ def admit(
     now = time.time() if now is None else now
     return (_fast(plan, input_tokens, cost, deadline, now, store)
             or _admit_store(plan, input_tokens, cost, deadline, now, store))
+
+
+_REQUEST_PLANS: dict[tuple[Any, ...], _Plan] = {}
+
+
+def _request_plan(settings: LimitSettings, home: Any, plugin_id: str, counted: PluginLimits) -> _Plan:
+    """A plan for a request that uses no model: only its count and concurrency are limited."""
+    key = (id(settings), id(home), plugin_id)
+    plan = _REQUEST_PLANS.get(key)
+    if plan is not None and plan.settings is settings and plan.home is home:
+        return plan
+    plan = object.__new__(_Plan)
+    plan.settings, plan.home, plan.plugin_id = settings, home, plugin_id
+    plan.provider, plan.model, plan.max_tokens = "", "", None
+    plan.limits, plan.refusal, plan.price = counted, None, None
+    plan.output_tokens, plan.output_nano, plan.grace = 0, None, settings.reservation_grace
+    plan.book, plan.astep = None, None
+    if len(_REQUEST_PLANS) >= 1024:  # bounded like _PLANS
+        _REQUEST_PLANS.clear()
+    _REQUEST_PLANS[key] = plan
+    return plan
+
+
+def admit_request(settings: LimitSettings, home: Path | str, plugin_id: str, *, deadline: float,
+                  now: float | None = None, store: LimitStore | None = None) -> Ticket:
+    """Admit one request of ``plugin_id`` that calls no model (an MCP tool call) or raise
+    :class:`PluginLlmLimitError`: it counts under the plugin's ``requests_per_minute`` and
+    ``max_concurrent`` (the same counters as its model calls), costs nothing and no tokens. Broken
+    limits refuse it as they refuse a model call. Release the ticket when the request ends."""
+    limits = settings.for_plugin(plugin_id)
+    if limits.error is not None:
+        raise _refuse(plugin_id, "config", limits.error_key or limits.source, limits.error)
+    counted = dataclasses.replace(limits, budget_day_nano=None, budget_month_nano=None, tokens_per_minute=None)
+    if counted.empty:
+        return UNLIMITED
+    plan = _request_plan(settings, home, plugin_id, counted)
+    now = time.time() if now is None else now
+    return _fast(plan, 0, None, deadline, now, store) or _admit_store(plan, 0, None, deadline, now, store)
 
 
 def admit_in_memory(settings: LimitSettings, home: Path | str, plugin_id: str, messages: Iterable[Mapping[str, Any]],

@@ -671,6 +671,17 @@ class PluginContext:
         kw.pop("parent_agent", None)  # the host decides who the parent is
         return self._manager.dispatch_tool(name, args, parent_agent=self._manager.active_session, **kw)
 
+    @implements
+    def call_mcp(self, server: str, tool: str, arguments: dict | None = None, timeout: Any = 30) -> dict:
+        """Call ``tool`` on the MCP server ``mcp_servers.<server>`` of config.yaml, if this plugin's
+        ``mcp_allowlist`` names it (else ``PermissionError``); Hermes's result envelope (see
+        :mod:`plugin_llm.mcp_client`). Audited and counted under the plugin's limits."""
+        from plugin_llm.config import get_config_source
+        from plugin_llm.mcp_client import call_mcp
+
+        config = get_config_source(self._manager.home).current()
+        return call_mcp(config, self._key, server, tool, arguments, timeout)
+
 
 _HERMES_MEMORY_METHODS = ("is_available", "initialize", "prefetch", "sync_turn", "get_tool_schemas")
 _HERMES_ENGINE_METHODS = ("compress", "should_compress", "update_from_response")

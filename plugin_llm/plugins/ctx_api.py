@@ -92,6 +92,8 @@ class Ctx(Protocol):
 
     def dispatch_tool(self, tool_name: str, args: dict, **kw: Any) -> str: ...
 
+    def call_mcp(self, server: str, tool: str, arguments: dict | None = None, timeout: Any = 30) -> dict: ...
+
 
 class _ShortForms(Protocol):
     """Second call forms: Hermes's ``register_tool(name, schema, handler)`` (toolset = the plugin's key)."""
@@ -159,7 +161,6 @@ NOT_IN_A_GATEWAY = {
     "register_approval_transport": "human-approval UI",
     "register_context_reference": "@-references in user input",
     "register_terminal_environment_provider": "terminal backends",
-    "call_mcp": "MCP client",
 }
 
 

@@ -1,0 +1,59 @@
+"""A small MCP server (the official SDK's ``MCPServer``) for the ``ctx.call_mcp`` tests.
+
+``python tests/mcp_server.py`` serves over stdio; ``python tests/mcp_server.py http PORT`` serves
+streamable HTTP on 127.0.0.1:PORT at ``/mcp``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from mcp.server.mcpserver import MCPServer
+
+server = MCPServer("plugin-llm-test")
+
+
+@server.tool()
+def echo(text: str) -> str:
+    """Return the text."""
+    return text
+
+
+@server.tool()
+def big(n: int) -> str:
+    """Return n characters."""
+    return "x" * n
+
+
+@server.tool()
+def point(x: int, y: int) -> dict:
+    """A structured result."""
+    return {"x": x, "y": y}
+
+
+@server.tool()
+def fail(why: str) -> str:
+    """Raise: the result is an error."""
+    raise RuntimeError(why)
+
+
+@server.tool()
+def sleep(seconds: float) -> str:
+    """Hang for a while."""
+    time.sleep(seconds)
+    return "woke"
+
+
+@server.tool()
+def environment() -> str:
+    """The server's whole environment, one NAME=value a line."""
+    return "\n".join(f"{k}={v}" for k, v in sorted(os.environ.items()))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 2 and sys.argv[1] == "http":
+        server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
+    else:
+        server.run()
