@@ -11,6 +11,7 @@ import sys
 import time
 
 from mcp.server.mcpserver import MCPServer
+from pydantic import BaseModel
 
 server = MCPServer("plugin-llm-test")
 
@@ -27,10 +28,15 @@ def big(n: int) -> str:
     return "x" * n
 
 
+class Point(BaseModel):
+    x: int
+    y: int
+
+
 @server.tool()
-def point(x: int, y: int) -> dict:
+def point(x: int, y: int) -> Point:
     """A structured result."""
-    return {"x": x, "y": y}
+    return Point(x=x, y=y)
 
 
 @server.tool()

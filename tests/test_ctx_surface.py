@@ -652,7 +652,8 @@ def test_what_a_gateway_does_not_have_fails_with_one_line_naming_it(hermes_home,
     code = '''
 def register(ctx):
     errors = []
-    for name in ("platform_actions", "subagent_lifecycle", "call_mcp", "register_approval_transport"):
+    for name in ("platform_actions", "subagent_lifecycle", "register_terminal_environment_provider",
+                 "register_approval_transport"):
         try:
             getattr(ctx, name)
         except AttributeError as exc:
@@ -662,7 +663,8 @@ def register(ctx):
     manager = _load(hermes_home, managers, "na", code, mode)
     lines = manager.dispatch_tool("probe", {}).split("|")
     assert len(lines) == 4 and all(line.startswith("HermesSubsystemMissing: ctx.") for line in lines), lines
-    assert "ctx.call_mcp needs Hermes's MCP client, which a gateway like plugin-llm does not have" in lines[2]
+    assert ("ctx.register_terminal_environment_provider needs Hermes's terminal backends, which a gateway like "
+            "plugin-llm does not have") in lines[2]
 
 
 HOOK_HANDLES = '''
