@@ -252,3 +252,29 @@ def test_an_unreachable_http_server_is_an_error_envelope(hermes_home, managers):
     out = _call(manager, "gone", "echo", {"text": "x"}, timeout=5)
     assert out["ok"] is False and "gone/echo" in out["error"]
     assert [r["status"] for r in _mcp_records(hermes_home)] in (["error"], ["timeout"])
+
+
+# --- the record schema ------------------------------------------------------------------------
+
+
+def test_mcp_call_fields_are_declared_and_documented(hermes_home, managers, monkeypatch):
+    """What an mcp.call record carries is declared in audit.records and listed in the schema reference."""
+    from audit import records
+
+    manager = _load(hermes_home, managers, entry={"mcp_allowlist": ["ghost"]})
+    _call(manager, "local", "echo", {"text": "x"})  # denied
+    _call(manager, "ghost", "echo", {"text": "x"})  # error: not configured
+    written = _mcp_records(hermes_home)
+    assert [r["status"] for r in written] == ["denied", "error"]
+    envelope = {records.SCHEMA, records.SEQ, records.PREV_HASH, records.HASH, records.TS, records.KIND,
+                records.EVENT}
+    declared = set(records.MCP_FIELDS) | set(records.OPTIONAL_MCP_FIELDS)
+    assert {k for r in written for k in r} <= declared | envelope
+    assert set(records.MCP_FIELDS) <= {k for r in written for k in r}
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "reference" / "audit-schema.md").read_text("utf-8")
+    section = doc.split('`event: "mcp.call"`', 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    assert not [k for k in sorted(declared) if not any(f"`{k}`" in row for row in rows)]
+    with pytest.raises(ValueError, match="must be one of"):
+        records.mcp_record(plugin_id="p", server="s", tool="t", status="provider_error", duration_ms=1,
+                           arguments_sha256="0")
