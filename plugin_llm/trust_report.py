@@ -69,7 +69,7 @@ OVERRIDES = tuple(FLAG_KEYS)
 PLUGINS_KEYS = ("enabled", "disabled", "hook_timeout", "hook_callback_timeout", "entries", "isolation_limits")
 #: keys the host understands under ``plugins.entries.<id>``
 ENTRY_KEYS = ("llm", "limits", "allow_tool_override", "granted_capabilities", "capabilities_sha256", "isolation",
-              "isolation_limits", "isolation_network",
+              "isolation_limits", "isolation_network", "mcp_allowlist",
               # written by Hermes: its consent record and the older keys of its chat-platform capabilities
               "capabilities_consent", "allow_platform_actions", "allow_plugin_status")
 _POLICY_ORDER = tuple(TrustPolicy.__dataclass_fields__)
@@ -673,6 +673,11 @@ class _Checker:
         self.not_installed(plugin_id)
         self.unknown_keys(entry, keys, ENTRY_KEYS, plugin_id)
         self.unbound_grant(plugin_id, entry)
+        mcp = entry.get("mcp_allowlist")
+        if mcp is not None and (not isinstance(mcp, list) or not all(isinstance(s, str) for s in mcp)):
+            self.add(WARNING, keys + ("mcp_allowlist",), f"expected a list of MCP server names, got {_type_name(mcp)} "
+                     f"{short_repr(mcp)}; every ctx.call_mcp of this plugin is denied",
+                     "write mcp_allowlist: [server] or [server:tool]", plugin_id)
         block = entry.get("llm")
         if block is None:
             return

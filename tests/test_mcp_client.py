@@ -278,3 +278,16 @@ def test_mcp_call_fields_are_declared_and_documented(hermes_home, managers, monk
     with pytest.raises(ValueError, match="must be one of"):
         records.mcp_record(plugin_id="p", server="s", tool="t", status="provider_error", duration_ms=1,
                            arguments_sha256="0")
+
+
+def test_the_config_check_knows_mcp_allowlist_and_warns_when_it_is_not_a_list(hermes_home):
+    from plugin_llm.trust_report import check_plugins, read_config
+
+    installed = {"good": "good", "bad": "bad"}
+    config = {"plugins": {"entries": {"good": {"mcp_allowlist": ["local", "web:echo"]},
+                                      "bad": {"mcp_allowlist": "local"}}}, "mcp_servers": _servers()}
+    write_config(hermes_home, yaml.safe_dump(config))
+    findings = check_plugins(read_config(hermes_home), installed, model_known=lambda name: True)
+    about = [f for f in findings if "mcp_allowlist" in f.path]
+    assert [(f.plugin_id, f.severity) for f in about] == [("bad", "warning")], findings
+    assert "every ctx.call_mcp of this plugin is denied" in about[0].problem
