@@ -345,6 +345,14 @@ def call_mcp(config: Any, plugin_id: str, server: Any, tool: Any, arguments: Any
         record("quota", error_type=type(exc).__name__, error_message=str(exc), decision_key=exc.config_key,
                extra=extra)
         raise
+    settings = getattr(sink, "settings", None)
+    if getattr(settings, "required", False):
+        try:  # audit.required: nothing reaches the server unless its record can be written
+            sink.check_writable()
+        except Exception as exc:
+            ticket.release()
+            record("error", error_type=type(exc).__name__, error_message=str(exc))
+            raise
     if not _in_flight.acquire(blocking=False):
         ticket.release()
         message = f"the host already runs {MAX_IN_FLIGHT} MCP calls; try again shortly"

@@ -59,6 +59,9 @@ def environment() -> str:
 
 
 if __name__ == "__main__":
+    if os.environ.get("MCP_TEST_PID_FILE"):  # the stop test looks for this process afterwards
+        with open(os.environ["MCP_TEST_PID_FILE"], "w", encoding="utf-8") as pid_file:
+            pid_file.write(str(os.getpid()))
     if len(sys.argv) > 2 and sys.argv[1] == "http":
         server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
     else:

@@ -4,6 +4,7 @@ against real servers of the official SDK (tests/mcp_server.py) over stdio and st
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -181,14 +182,19 @@ def test_structured_content_errors_and_truncation(hermes_home, managers):
 
 
 @pytest.mark.slow
-def test_a_hung_server_answers_with_a_timeout_envelope_at_the_clamped_timeout(hermes_home, managers):
-    manager = _load(hermes_home, managers, entry={"mcp_allowlist": ["local"]})
-    out = _call(manager, "local", "sleep", {"seconds": 60}, timeout=0.01)  # clamped to 1 s
+def test_a_hung_server_answers_with_a_timeout_envelope_at_the_clamped_timeout(hermes_home, managers, tmp_path):
+    pid_file = tmp_path / "server.pid"
+    servers = _servers(env={"MCP_TEST_PID_FILE": str(pid_file)})
+    manager = _load(hermes_home, managers, entry={"mcp_allowlist": ["local"]}, servers=servers)
+    out = _call(manager, "local", "sleep", {"seconds": 600}, timeout=0.01)  # clamped to 1 s
     assert out == {"ok": False, "error": "MCP server 'local' did not answer tool 'sleep' within 1s"}
     [record] = _mcp_records(hermes_home)
     assert record["status"] == "timeout"
     mcp_client.shutdown(30)  # the connection closes, the child is stopped
     assert not [t for t in mcp_client._threads if t.is_alive()]
+    pid = int(pid_file.read_text())
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
 
 
 @pytest.mark.slow
@@ -291,3 +297,24 @@ def test_the_config_check_knows_mcp_allowlist_and_warns_when_it_is_not_a_list(he
     about = [f for f in findings if "mcp_allowlist" in f.path]
     assert [(f.plugin_id, f.severity) for f in about] == [("bad", "warning")], findings
     assert "every ctx.call_mcp of this plugin is denied" in about[0].problem
+
+
+@pytest.mark.slow
+def test_with_audit_required_nothing_reaches_the_server_when_the_log_cannot_be_written(hermes_home, managers,
+                                                                                       tmp_path):
+    pid_file = tmp_path / "server.pid"
+    write_plugin(hermes_home / "plugins", "mcpuser", PLUGIN)
+    config = {"plugins": {"enabled": ["mcpuser"], "entries": {"mcpuser": {"mcp_allowlist": ["local"]}}},
+              "mcp_servers": _servers(env={"MCP_TEST_PID_FILE": str(pid_file)}), "audit": {"required": True}}
+    write_config(hermes_home, yaml.safe_dump(config))
+    manager = PluginManager(hermes_home)
+    managers.append(manager)
+    manager.discover_plugins()
+    (hermes_home / "logs").mkdir(exist_ok=True)
+    log = hermes_home / "logs" / "agent.log"
+    if log.exists():
+        log.unlink()
+    log.mkdir()  # the log cannot be opened
+    out = _call(manager, "local", "echo", {"text": "x"})
+    assert out["raised"] == "AuditWriteError"
+    assert not pid_file.exists()  # the server was never started
