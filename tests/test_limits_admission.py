@@ -372,3 +372,39 @@ def test_async_calls_waiting_for_a_hung_store_wait_store_timeout_all_told(tmp_pa
     finally:
         held.close()
     assert caught.value.limit == "store" and steps == [0.0]
+
+
+# --- requests that call no model (ctx.call_mcp) -----------------------------------------------
+
+
+def _request(settings, home):
+    return limits.admit_request(settings, home, PLUGIN, deadline=time.monotonic() + 10)
+
+
+def test_a_request_counts_under_requests_per_minute_with_the_model_calls(kind, tmp_path):
+    settings = settings_for(*kind, "{requests_per_minute: 2}")
+    call(settings, tmp_path).settle(PluginLlmUsage(10, 10, 20))
+    _request(settings, tmp_path).release()
+    with pytest.raises(PluginLlmQuotaError) as refused:
+        _request(settings, tmp_path)
+    assert refused.value.limit == "requests_per_minute"
+    assert refused.value.config_key == f"plugins.entries.{PLUGIN}.limits.requests_per_minute"
+
+
+def test_a_request_holds_a_max_concurrent_slot_until_released(kind, tmp_path):
+    settings = settings_for(*kind, "{max_concurrent: 1}")
+    held = _request(settings, tmp_path)
+    with pytest.raises(PluginLlmQuotaError) as refused:
+        _request(settings, tmp_path)
+    assert refused.value.limit == "max_concurrent"
+    held.release()
+    _request(settings, tmp_path).release()
+
+
+def test_a_budget_or_token_limit_alone_does_not_meter_a_request(tmp_path):
+    settings = settings_for("local", None, "{budget_usd: {day: 0.000001}, tokens_per_minute: 1}")
+    for _ in range(3):
+        ticket = _request(settings, tmp_path)
+        assert ticket is limits.UNLIMITED
+    counted = settings_for("local", None, "{requests_per_minute: 5}")
+    assert _request(counted, tmp_path).metered
