@@ -32,7 +32,8 @@ MIN_TIMEOUT, MAX_TIMEOUT = 1.0, 600.0
 MAX_ARGUMENT_BYTES = 1024 * 1024
 MAX_IN_FLIGHT = 64  # calls of the whole host at once (each holds a thread, maybe a child process)
 _ERROR_CHARS = 2000
-_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
+#: a server name never holds ':' (the allowlist's ``server:tool`` separator); tool names as MCP allows
+_NAMES = {"server": re.compile(r"^[A-Za-z0-9_.-]{1,128}$"), "tool": re.compile(r"^[A-Za-z0-9_./-]{1,128}$")}
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 _in_flight = threading.BoundedSemaphore(MAX_IN_FLIGHT)
@@ -307,8 +308,9 @@ def call_mcp(config: Any, plugin_id: str, server: Any, tool: Any, arguments: Any
 
     started = time.monotonic()
     for what, value in (("server", server), ("tool", tool)):
-        if not isinstance(value, str) or not _NAME.match(value):
-            raise ValueError(f"ctx.call_mcp(): {what} must be a name of 1-128 letters, digits, '_', '.', ':' or '-'")
+        if not isinstance(value, str) or not _NAMES[what].match(value):
+            raise ValueError(f"ctx.call_mcp(): {what} must be a name of 1-128 letters, digits, '_', '.' or '-'"
+                             + (" or '/'" if what == "tool" else ""))
     seconds = clamp_timeout(timeout)
     sink = audit_log if audit_log is not None else host_audit_log(config.home, config.audit)
 

@@ -318,3 +318,19 @@ def test_with_audit_required_nothing_reaches_the_server_when_the_log_cannot_be_w
     out = _call(manager, "local", "echo", {"text": "x"})
     assert out["raised"] == "AuditWriteError"
     assert not pid_file.exists()  # the server was never started
+
+
+@pytest.mark.parametrize(("server", "tool"), [("a:b", "c"), ("", "echo"), ("local", ""), ("local", "x" * 129),
+                                              (3, "echo"), ("local", None), ("lo cal", "echo")])
+def test_bad_server_or_tool_names_are_a_value_error(hermes_home, managers, server, tool):
+    manager = _load(hermes_home, managers, entry={"mcp_allowlist": ["a:b:c", "local"]})
+    out = json.loads(manager.dispatch_tool("probe", {"server": server, "tool": tool}))
+    assert out["raised"] == "ValueError" and "ctx.call_mcp()" in out["message"]
+
+
+def test_arguments_that_are_not_a_json_object_are_a_type_error_and_audited(hermes_home, managers):
+    manager = _load(hermes_home, managers, entry={"mcp_allowlist": ["local"]})
+    out = _call(manager, "local", "echo", [1, 2])  # type: ignore[arg-type]
+    assert out["raised"] == "TypeError" and "arguments must be a dict" in out["message"]
+    [record] = _mcp_records(hermes_home)
+    assert record["status"] == "error" and record["error.type"] == "TypeError"
