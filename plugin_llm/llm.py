@@ -212,9 +212,7 @@ class PluginLlm:
                               purpose=purpose, options=options)
         progress = StreamProgress()
         flow = self._pipeline.stream_flow(request, progress)
-        shell = self._pipeline.shell()
-        shell.ready()
-        driver = _Driver(flow, shell.stream_step, progress)
+        driver = _Driver(flow, self._pipeline.shell().stream_step, progress)
         first = driver.next_sync()
         return PluginLlmStream(driver, first)
 
@@ -240,7 +238,7 @@ class PluginLlm:
         progress = StreamProgress()
         flow = self._pipeline.stream_flow(request, progress)
         shell = self._pipeline.shell()
-        return PluginLlmAsyncStream(_Driver(flow, shell.astream_step, progress, shell.aready))
+        return PluginLlmAsyncStream(_Driver(flow, shell.astream_step, progress))
 
 
 class HostLlm(PluginLlm):

@@ -32,13 +32,11 @@ class _Driver:
     is performed: ``close()`` from another thread than the reader's waits for the pipeline to reach
     its next step, then closes it there (the reader's step then ends the stream quietly)."""
 
-    __slots__ = ("flow", "perform", "prepare", "result", "done", "text", "progress", "loop", "lock", "__weakref__")
+    __slots__ = ("flow", "perform", "result", "done", "text", "progress", "loop", "lock", "__weakref__")
 
-    def __init__(self, flow: Flow, perform: Callable[[Any], Any], progress: StreamProgress,
-                 prepare: Callable[[], Any] | None = None) -> None:
+    def __init__(self, flow: Flow, perform: Callable[[Any], Any], progress: StreamProgress) -> None:
         self.flow = flow
         self.perform = perform
-        self.prepare = prepare  # async streams: awaited before the first step (litellm's import off the loop)
         self.result: Any = None
         self.done = False
         self.text: list[str] = []
@@ -85,9 +83,6 @@ class _Driver:
         return None
 
     async def next_async(self) -> str | None:
-        prepare, self.prepare = self.prepare, None
-        if prepare is not None:
-            await prepare()
         step = self._step(None, None)
         while not self.done:
             if type(step) is Emit:

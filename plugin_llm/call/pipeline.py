@@ -27,6 +27,7 @@ from plugin_llm.call.steps import (
     Call,
     Emit,
     Flow,
+    READY,
     LimitStep,
     RepairRefused,
     Run,
@@ -146,7 +147,11 @@ class Pipeline:
         ticket = self._limits_in_memory(run, messages, params)
         if ticket is None:
             ticket = yield from self._limits_store_step(run, messages, params)
-        request = _transport_request(admitted, messages, _bounded_output(run, params))
+        params = _bounded_output(run, params)
+        yield from self._ready(run, ticket)
+        admitted = run.admitted
+        progress.deadline = admitted.deadline
+        request = _transport_request(admitted, messages, params)
         failure: BaseException | None = None
         try:
             progress.stream = yield StreamOpen(request)
@@ -427,7 +432,10 @@ class Pipeline:
         ticket = self._limits_in_memory(run, messages, params)
         if ticket is None:
             ticket = yield from self._limits_store_step(run, messages, params)
-        request = _transport_request(admitted, messages, _bounded_output(run, params))
+        params = _bounded_output(run, params)
+        yield from self._ready(run, ticket)
+        admitted = run.admitted
+        request = _transport_request(admitted, messages, params)
         failure: BaseException | None = None
         response = None
         try:
@@ -444,6 +452,21 @@ class Pipeline:
         error = self._request_failed(run, failure)
         failure = None  # not kept in this frame: the transport's exception may hold a key in its frames
         raise error
+
+    def _ready(self, run: Run, ticket: limits.Ticket) -> Flow:
+        """The transport's one-time set-up (litellm's import), only now that the call will be sent: a
+        call refused before never loads the provider layer. Its time is not the call's: the call's
+        clock and deadline move on by it. A set-up that fails frees the reservation (nothing was sent)."""
+        clock, monotonic = self._clock(), time.monotonic()
+        try:
+            loaded = yield READY
+        except BaseException:
+            ticket.release()
+            raise
+        if loaded:
+            admitted = run.admitted
+            run.call = dataclasses.replace(run.call, started=run.call.started + self._clock() - clock)
+            run.admitted = dataclasses.replace(admitted, deadline=admitted.deadline + time.monotonic() - monotonic)
 
     def _request_failed(self, run: Run, failure: BaseException) -> BaseException:
         """Audit the failure of a transport request (the reservation is already released); the error to raise."""

@@ -28,16 +28,17 @@ class Transport(Protocol):
 
 @runtime_checkable
 class Readies(Protocol):
-    """A transport with set-up to do before a sync call (litellm's import), outside the call's latency."""
+    """A transport with set-up to do before its first request (litellm's import), outside the call's
+    latency; ``ready()`` is true when it did that set-up (or waited for it) now."""
 
-    def ready(self) -> None: ...
+    def ready(self) -> bool | None: ...
 
 
 @runtime_checkable
 class AsyncReadies(Protocol):
     """:class:`Readies` for async calls (the set-up off the event loop)."""
 
-    async def aready(self) -> None: ...
+    async def aready(self) -> bool | None: ...
 
 
 class TransportStream(Protocol):

@@ -12,7 +12,7 @@ from typing import Any
 
 from plugin_llm import limits
 from plugin_llm.call.protocols import AsyncReadies, AsyncStreams, Readies, Streams, Transport
-from plugin_llm.call.steps import Flow, LimitStep, Step, StreamOpen, StreamRead
+from plugin_llm.call.steps import Flow, LimitStep, Ready, Step, StreamOpen, StreamRead
 from plugin_llm.errors import PluginLlmConfigError
 
 __all__ = ["Shell"]
@@ -30,18 +30,16 @@ class Shell:
         self._open = transport.open_stream if isinstance(transport, Streams) else None
         self._aopen = transport.aopen_stream if isinstance(transport, AsyncStreams) else None
 
-    def ready(self) -> None:
-        """The transport's one-time set-up (litellm's import): not part of any call's latency."""
-        if self._ready is not None:
-            self._ready()
+    def ready(self) -> bool:
+        """The transport's one-time set-up (litellm's import), performed at a flow's :class:`Ready`
+        step, just before its first request: whether it was done (or waited for) now."""
+        return bool(self._ready()) if self._ready is not None else False
 
-    async def aready(self) -> None:
-        if self._aready is not None:
-            await self._aready()
+    async def aready(self) -> bool:
+        return bool(await self._aready()) if self._aready is not None else False
 
     def run_sync(self, flow: Flow) -> Any:
         """Run a whole call's flow on this thread; its result."""
-        self.ready()
         transport = self.transport
         try:
             request = next(flow)
@@ -50,6 +48,8 @@ class Shell:
                 try:
                     if type(request) is LimitStep:
                         response = limits.admit(request.settings, request.home, request.plugin_id, **request.call)
+                    elif type(request) is Ready:
+                        response = self.ready()
                     else:
                         response = transport.complete(request)
                 except BaseException as exc:  # noqa: BLE001 - audited and re-raised by the flow
@@ -66,7 +66,6 @@ class Shell:
 
     async def run_async(self, flow: Flow) -> Any:
         """Run a whole call's flow on the event loop (the store work and litellm's import off it)."""
-        await self.aready()
         transport = self.transport
         try:
             request = next(flow)
@@ -76,6 +75,8 @@ class Shell:
                     if type(request) is LimitStep:
                         response = await limits.aadmit(request.settings, request.home, request.plugin_id,
                                                        **request.call)
+                    elif type(request) is Ready:
+                        response = await self.aready()
                     else:
                         response = await transport.acomplete(request)
                 except BaseException as exc:  # noqa: BLE001 - incl. CancelledError: audited, then re-raised as is
@@ -97,6 +98,8 @@ class Shell:
             return step.stream.read()
         if kind is LimitStep:
             return limits.admit(step.settings, step.home, step.plugin_id, **step.call)
+        if kind is Ready:
+            return self.ready()
         if kind is StreamOpen:
             if self._open is None:
                 raise self._cannot_stream("open_stream")
@@ -109,6 +112,8 @@ class Shell:
             return await step.stream.read()
         if kind is LimitStep:
             return await limits.aadmit(step.settings, step.home, step.plugin_id, **step.call)
+        if kind is Ready:
+            return await self.aready()
         if kind is StreamOpen:
             if self._aopen is None:
                 raise self._cannot_stream("aopen_stream")

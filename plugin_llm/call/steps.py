@@ -24,7 +24,7 @@ if TYPE_CHECKING:  # for annotations only: a stream's module imports this one, a
     from plugin_llm.transport import TransportRequest, TransportResponse
     from plugin_llm.trust import Decision
 
-__all__ = ["Step", "Flow", "LimitStep", "StreamOpen", "StreamRead", "Emit", "StreamProgress", "Call", "Admitted",
+__all__ = ["Step", "Flow", "LimitStep", "Ready", "READY", "StreamOpen", "StreamRead", "Emit", "StreamProgress", "Call", "Admitted",
            "Run", "Tally", "RepairRefused"]
 
 _MAX_ANOMALIES = 16
@@ -41,6 +41,15 @@ class LimitStep:
     home: Path
     plugin_id: str
     call: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Ready:
+    """Step: the transport's one-time set-up (litellm's import), just before its first request;
+    its outcome is whether it was done (or waited for) now."""
+
+
+READY = Ready()
 
 
 @dataclass(frozen=True)
@@ -64,7 +73,7 @@ class Emit:
     text: str
 
 
-Step = Union["TransportRequest", LimitStep, StreamOpen, StreamRead, Emit]
+Step = Union["TransportRequest", LimitStep, Ready, StreamOpen, StreamRead, Emit]
 #: a call's pipeline: yields steps, receives their outcomes, returns the call's result
 Flow = Generator[Step, Any, Any]
 

@@ -1,8 +1,8 @@
 """Loading litellm: once, offline, quiet, with the local provider registered.
 
 litellm's import takes about two seconds. :func:`load_litellm` runs it (on
-the first call, or earlier: the gateway loads it before a call's clock
-starts); :func:`start_background_load` starts it on a daemon thread for hosts
+the first call that is sent, just before its first request, outside the call's
+clock); :func:`start_background_load` starts it on a daemon thread for hosts
 that will call a model soon (``chat``, ``run``, ``demo``, a ``Session``), so
 that the first call finds it loaded. Either way the import happens once,
 under one lock: a call that arrives while the background import runs waits

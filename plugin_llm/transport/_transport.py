@@ -50,14 +50,19 @@ class LitellmTransport:
     def __init__(self, *, fast_path: bool = True) -> None:
         self.fast_path = fast_path
 
-    def ready(self) -> None:
-        """Load litellm now (the gateway calls this before a call's clock starts)."""
+    def ready(self) -> bool:
+        """Load litellm now (the gateway calls this before a call's first request); whether it loaded it now."""
+        if loaded_litellm() is not None:
+            return False
         load_litellm()
+        return True
 
-    async def aready(self) -> None:
+    async def aready(self) -> bool:
         """Load litellm in a worker thread: its import takes seconds and must not block the loop."""
-        if loaded_litellm() is None:
-            await asyncio.to_thread(load_litellm)
+        if loaded_litellm() is not None:
+            return False
+        await asyncio.to_thread(load_litellm)
+        return True
 
     def path(self, route: Route) -> tuple[str, str]:
         """("fast" | "fallback", why) for ``route``."""
