@@ -477,23 +477,32 @@ def _cmd_test(args: argparse.Namespace) -> int:
             raise CliError(f"no default test model for provider {provider!r}: pass --model MODEL")
     from plugin_llm.llm import PluginLlm
 
+    from plugin_llm.cli._common import find_audit_record
+    from plugin_llm.cli._waiting import provider_layer_notice
+
     llm = PluginLlm(AUTH_TEST_IDENTITY, home=home, config_source=config)  # type: ignore[arg-type]
     started = time.monotonic()
     try:
-        result = llm.complete(
-            [{"role": "user", "content": "Reply with the single word: ok"}],
-            provider=provider,
-            model=model,
-            profile=profile,
-            max_tokens=16,
-            timeout=args.timeout,
-            purpose="plugin-llm auth test",
-        )
+        with provider_layer_notice():
+            result = llm.complete(
+                [{"role": "user", "content": "Reply with the single word: ok"}],
+                provider=provider,
+                model=model,
+                profile=profile,
+                max_tokens=16,
+                timeout=args.timeout,
+                purpose="plugin-llm auth test",
+            )
     except PluginLlmError as exc:
         _out(f"FAILED: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     elapsed = time.monotonic() - started
+    # the call's own time, as its audit record has it: without the one-time import of the provider layer
+    record = find_audit_record(home, result.audit["call_id"]) or {}
+    latency_ms = record.get("latency_ms")
+    if isinstance(latency_ms, (int, float)) and not isinstance(latency_ms, bool):
+        elapsed = latency_ms / 1000.0
     usage = result.usage
-    _out(f"OK: {result.provider}/{result.model} answered in {elapsed:.1f} s "
+    _out(f"OK: {result.provider}/{result.model} answered in {elapsed:.2f} s "
          f"({usage.input_tokens} in / {usage.output_tokens} out tokens); audited as plugin {AUTH_TEST_IDENTITY!r}")
     return 0

@@ -85,12 +85,17 @@ def run(args: argparse.Namespace) -> int:
         provider=args.provider, model=args.model, agent_id=args.agent_id, profile=args.profile,
         temperature=args.temperature, max_tokens=args.max_tokens, timeout=args.timeout, purpose=args.purpose,
     )
+    from plugin_llm.cli._waiting import provider_layer_notice
+
     try:
-        if schema is not None or args.schema is not None:
-            result = llm.complete_structured(instructions=prompt, input=[prompt], json_schema=schema, system_prompt=args.system, **common)
-        else:
-            messages = ([{"role": "system", "content": args.system}] if args.system else []) + [{"role": "user", "content": prompt}]
-            result = llm.complete(messages, **common)
+        with provider_layer_notice():
+            if schema is not None or args.schema is not None:
+                result = llm.complete_structured(instructions=prompt, input=[prompt], json_schema=schema,
+                                                 system_prompt=args.system, **common)
+            else:
+                messages = (([{"role": "system", "content": args.system}] if args.system else [])
+                            + [{"role": "user", "content": prompt}])
+                result = llm.complete(messages, **common)
     except ValueError as exc:
         raise CliError(str(exc)) from None
     record = find_audit_record(home, result.audit["call_id"])

@@ -14,14 +14,18 @@ from __future__ import annotations
 import gc
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["load_litellm", "loaded_litellm", "start_background_load", "GC_FREEZE"]
+__all__ = ["load_litellm", "loaded_litellm", "start_background_load", "notice_slow_load", "GC_FREEZE"]
 
 _LOAD_LOCK = threading.Lock()
 _litellm: Any = None
 _background: threading.Thread | None = None
+#: an import that takes longer than this calls the active notices (a CLI tells its terminal what it waits for)
+NOTICE_AFTER = 1.0
+_notices: list[Callable[[], None]] = []
 
 #: ``gc.freeze()`` once litellm is loaded: its ~370,000 long-lived objects leave the
 #: collector's generations, so that the full collections that call garbage
@@ -42,8 +46,40 @@ def load_litellm() -> Any:
         return _litellm
     with _LOAD_LOCK:
         if _litellm is None:
-            _import()
+            timer = _notice_timer()
+            try:
+                _import()
+            finally:
+                if timer is not None:
+                    timer.cancel()
     return _litellm
+
+
+@contextmanager
+def notice_slow_load(say: Callable[[], None]) -> Iterator[None]:
+    """While active, an import of litellm that takes over :data:`NOTICE_AFTER` seconds calls ``say`` once."""
+    _notices.append(say)
+    try:
+        yield
+    finally:
+        _notices.remove(say)
+
+
+def _notice_timer() -> threading.Timer | None:
+    if not _notices:
+        return None
+    timer = threading.Timer(NOTICE_AFTER, _say_all, (list(_notices),))
+    timer.daemon = True
+    timer.start()
+    return timer
+
+
+def _say_all(notices: list[Callable[[], None]]) -> None:
+    for say in notices:
+        try:
+            say()
+        except Exception:  # noqa: BLE001 - a notice must never break the import it reports
+            pass
 
 
 def _import() -> None:
