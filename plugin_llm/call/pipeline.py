@@ -226,6 +226,8 @@ class Pipeline:
 
     def _structured_steps(self, run: Run, spec: StructuredSpec, params: dict) -> Flow:
         tally, schema, schema_name = run.tally, spec.json_schema, spec.schema_name
+        if schema is not None:  # whether the route takes the schema natively: litellm knows (past the gate)
+            yield from self._ready(run, None)
         native = schema is not None and bool(self.shell().transport.supports_json_schema(run.admitted.route))
         messages = tally.audit_messages = structured.build_messages(
             instructions=spec.instructions, blocks=spec.input, json_schema=schema, schema_name=schema_name,
@@ -453,7 +455,7 @@ class Pipeline:
         failure = None  # not kept in this frame: the transport's exception may hold a key in its frames
         raise error
 
-    def _ready(self, run: Run, ticket: limits.Ticket) -> Flow:
+    def _ready(self, run: Run, ticket: limits.Ticket | None) -> Flow:
         """The transport's one-time set-up (litellm's import), only now that the call will be sent: a
         call refused before never loads the provider layer. Its time is not the call's: the call's
         clock and deadline move on by it. A set-up that fails frees the reservation (nothing was sent)."""
@@ -461,7 +463,8 @@ class Pipeline:
         try:
             loaded = yield READY
         except BaseException:
-            ticket.release()
+            if ticket is not None:
+                ticket.release()
             raise
         if loaded:
             admitted = run.admitted
