@@ -24,16 +24,12 @@ import json
 import re
 import threading
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 
-import referencing
-import referencing.exceptions
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import SchemaError, ValidationError
-from jsonschema.protocols import Validator
-from jsonschema.validators import validator_for
-from jsonschema_specifications import REGISTRY as _META_SCHEMAS  # ships with jsonschema
-from referencing.jsonschema import specification_with
+if TYPE_CHECKING:  # jsonschema is imported when a schema is first checked: a refused call never needs it
+    import referencing
+    from jsonschema.exceptions import ValidationError
+    from jsonschema.protocols import Validator
 
 from plugin_llm.types import PluginLlmImageInput, PluginLlmTextInput
 
@@ -354,6 +350,9 @@ def _validator(json_schema: Any) -> Validator:
 
 def _compile_validator(schema: dict) -> Validator:
     """Check ``schema`` against its meta-schema and its ``$ref``s, then build a validator."""
+    import referencing
+    from jsonschema.exceptions import SchemaError
+
     cls = _validator_class(schema)
     try:
         cls.check_schema(schema)
@@ -372,6 +371,9 @@ def _compile_validator(schema: dict) -> Validator:
 
 def _validator_class(schema: dict) -> type[Validator]:
     """The validator class for the schema's ``$schema`` (Draft 2020-12 when absent)."""
+    from jsonschema import Draft202012Validator
+    from jsonschema.validators import validator_for
+
     if "$schema" not in schema:
         return Draft202012Validator
     dialect = schema["$schema"]
@@ -386,6 +388,9 @@ def _validator_class(schema: dict) -> type[Validator]:
 
 def _check_refs(schema: dict, cls: type[Validator]) -> None:
     """Raise ValueError for a ``$ref`` that cannot be resolved without fetching anything."""
+    from jsonschema_specifications import REGISTRY as _META_SCHEMAS  # ships with jsonschema
+    from referencing.jsonschema import specification_with
+
     specification = specification_with(cls.ID_OF(cls.META_SCHEMA))
     root = specification.create_resource(schema)
     # The meta-schemas are resolvable, as in the validator jsonschema builds.
@@ -395,6 +400,8 @@ def _check_refs(schema: dict, cls: type[Validator]) -> None:
 
 def _check_refs_in(resource: referencing.Resource, resolver: referencing.Resolver) -> None:
     """Look up this (sub)schema's ``$ref``, then recurse with the base URI each ``$id`` sets."""
+    import referencing.exceptions
+
     contents = resource.contents
     ref = contents.get("$ref") if isinstance(contents, dict) else None
     if isinstance(ref, str):
@@ -672,6 +679,8 @@ def _loads(text: str) -> tuple[bool, Any]:
 
 def _validation_errors(validator: Validator, value: Any) -> tuple[str, ...]:
     """All schema violations of ``value`` as ``"<json path>: <message>"``, sorted by path then message."""
+    import referencing.exceptions
+
     try:
         found = list(validator.iter_errors(value))
     except referencing.exceptions.Unresolvable as exc:

@@ -53,6 +53,7 @@ _SCRIPT = textwrap.dedent("""
     except Exception as exc:
         outcome = {"error": type(exc).__name__}
     outcome["litellm"] = "litellm" in sys.modules
+    outcome["unneeded"] = sorted({"jsonschema"} & set(sys.modules))
     print(json.dumps(outcome))
 """)
 
@@ -69,7 +70,8 @@ def _call(how: str, **kwargs: object) -> dict:
 @pytest.mark.parametrize("how", ["complete", "acomplete", "stream", "astream", "structured"])
 def test_a_trust_denial_is_audited_without_loading_litellm(hermes_home: Path, how: str) -> None:
     outcome = _call(how, model="local-echo-2")  # a model override the plugin is not allowed
-    assert outcome == {"error": "PluginLlmTrustError", "litellm": False}
+    # nor a schema validator (loaded on first use)
+    assert outcome == {"error": "PluginLlmTrustError", "litellm": False, "unneeded": []}
     [line] = audit_lines(hermes_home)
     assert line["status"] == "denied" and line["decision"] == "denied"
 
@@ -80,7 +82,7 @@ def test_a_limit_refusal_is_audited_without_loading_litellm(hermes_home: Path, h
     write_config(hermes_home, "model: {provider: local, model: local-echo-1}\nlimits: {store: local}\n"
                               "plugins:\n  entries:\n    p: {limits: {tokens_per_minute: 1}}\n")
     outcome = _call(how)
-    assert outcome == {"error": "PluginLlmLimitError", "litellm": False}
+    assert outcome["error"] == "PluginLlmLimitError" and outcome["litellm"] is False
     [line] = audit_lines(hermes_home)
     assert line["status"] == "quota"
 
