@@ -458,7 +458,7 @@ def _close_audit_logs() -> None:
 def _safe(exc: BaseException) -> str:
     """Exception text as the terminal may show it: redacted, bounded, and with the
     control characters of plugin- or file-supplied text escaped (line breaks kept)."""
-    from plugin_llm.plugins.isolation import safe_str
+    from plugin_llm.plugins.untrusted import safe_str
 
     text = safe_str(exc, 8000)
     if text is None:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Generator, Mapping
 
 from plugin_llm.host.compressor import DEFAULT_BUDGET_TOKENS, ContextCompressor
-from plugin_llm.plugins.isolation import MAX_TEXT, error_text, safe_str, type_name
+from plugin_llm.plugins.untrusted import MAX_TEXT, error_text, safe_str, type_name
 
 if TYPE_CHECKING:  # pragma: no cover
     from plugin_llm.plugins import PluginManager
@@ -1061,7 +1061,7 @@ def _ran_ok(call: Callable[..., Any], what: str, key: str, fn: Callable[..., Any
 
 def _llm_request_payload(value: Any) -> dict[str, Any]:
     """A request an ``llm_execution`` middleware hands to ``next_call``: plain data of the right shape."""
-    from plugin_llm.plugins.isolation import plain
+    from plugin_llm.plugins.untrusted import plain
 
     value = plain(value)
     if type(value) is not dict or type(value.get("messages")) is not list or not all(

@@ -13,7 +13,7 @@ import re
 import sys
 from typing import Callable, Sequence
 
-from .isolation import error_text
+from .untrusted import error_text
 
 __all__ = ["find_cli_command"]
 

@@ -25,7 +25,7 @@ from plugin_llm.safe_files import read_text_inside, resolve_inside
 
 from .ctx_api import HERMES_ONLY_REGISTRATIONS, HermesSubsystemMissing, implements, missing_attribute
 from .engines import ContextEngine, MemoryProvider
-from .isolation import UnusableValue, plain
+from .untrusted import UnusableValue, plain
 from .manifest import PluginManifest
 from .registry import (
     BUILTIN_COMMANDS,

@@ -17,7 +17,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .isolation import UnusableValue, plain
+from .untrusted import UnusableValue, plain
 
 __all__ = ["EventBus", "MAX_DEPTH", "MAX_PENDING", "MAX_SUBSCRIPTIONS"]
 

@@ -8,7 +8,7 @@ distinct (plugin, hook, type, message).
 The time limit runs inline under ``SIGALRM`` on a main thread without an event loop, else on a
 worker of a small daemon pool. On the pool **a timed-out callback keeps running in the
 background** (Python cannot stop a thread); its result is discarded. Everything a callback returns
-or raises is read through :mod:`.isolation` while its limit still runs. A ``KeyboardInterrupt`` a
+or raises is read through :mod:`.untrusted` while its limit still runs. A ``KeyboardInterrupt`` a
 plugin raises is isolated; the operator's Ctrl-C stops the invocation and propagates.
 :func:`call_limited` runs any plugin callable (import + ``register(ctx)``) the same way.
 What cannot be interrupted, and why two paths: docs/design.md, "Hooks, middleware".
@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from time import monotonic
 from typing import Any, Callable
 
-from .isolation import SIGINT_WATCH, HostInterrupt, UnusableValue, error_text, exact_str, plain, shown, type_name
+from .untrusted import SIGINT_WATCH, HostInterrupt, UnusableValue, error_text, exact_str, plain, shown, type_name
 
 __all__ = ["VALID_HOOKS", "NEVER_FIRED", "CALLBACK_TIMEOUT_HOOKS", "FAIL_CLOSED_HOOKS", "SUPPRESSION_SECONDS",
            "TELEMETRY_SCHEMA_VERSION", "HookEntry", "HookOutcome", "HookTimeoutError", "HookSuppressedError",
@@ -154,7 +154,7 @@ class HookEntry:
 class HookOutcome:
     """What one callback did: ``error`` is None on success (``value`` may be None).
 
-    ``value`` is plain data (see :func:`.isolation.plain`) or an opaque object;
+    ``value`` is plain data (see :func:`.untrusted.plain`) or an opaque object;
     ``error_text`` is ``Type: message``, bounded, read under the time limit.
     """
 

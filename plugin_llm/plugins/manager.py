@@ -50,7 +50,7 @@ from .manifest import (
 from .engines import ContextEngine, MemoryProvider
 from .hooks import FAIL_CLOSED_HOOKS, HookEntry, HookOutcome, HookRunner, call_limited
 from .middleware import REQUEST_KINDS, RUN_KINDS, MiddlewareEntry, apply_requests, run_chain
-from .isolation import (
+from .untrusted import (
     MAX_TEXT,
     SIGINT_WATCH,
     UnusableValue,
@@ -325,7 +325,7 @@ def _opaque_text(obj: Any) -> str:
 
 def _tool_text(result: Any) -> str:
     """A tool handler's return value as the result string: strings as they are, other values
-    JSON-encoded; read as plain data (see :mod:`.isolation`), bounded to ``MAX_TEXT``."""
+    JSON-encoded; read as plain data (see :mod:`.untrusted`), bounded to ``MAX_TEXT``."""
     if type(result) is str:
         return bounded(result, MAX_TEXT)
     result = plain(result)
@@ -928,7 +928,7 @@ class PluginManager:
     def call_plugin(self, what: str, plugin_key: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """``fn(*args, **kwargs)`` — plugin code — isolated and under ``plugins.hook_timeout``, like a
         hook (only the keywords ``fn``'s signature accepts are passed). Its result as plain data
-        (see :mod:`.isolation`), or None when it failed (logged once and audited as ``hook_error``)."""
+        (see :mod:`.untrusted`), or None when it failed (logged once and audited as ``hook_error``)."""
         if kwargs:
             kwargs = HookEntry.create(what, plugin_key, fn).select_kwargs(kwargs)
         outcome = call_limited(what, plugin_key, lambda: fn(*args, **kwargs), self._hook_timeout())
@@ -1595,7 +1595,7 @@ class PluginManager:
         the handler (sync, or async run to completion; it gets ``args`` plus the
         keyword arguments its signature accepts, ``parent_agent`` only when given) ->
         transform_tool_result (first string wins) -> post_tool_call. Always returns a
-        ``str``: whatever the handler returns or raises is read through :mod:`.isolation`.
+        ``str``: whatever the handler returns or raises is read through :mod:`.untrusted`.
         """
         entry, args, error = self._tool_for(tool_name, args)
         if entry is None:

@@ -10,7 +10,7 @@ Each callback is isolated like a hook under ``plugins.hook_timeout``, counting i
 never the time downstream in ``next_call``. A callback that raises, overruns or returns something
 unusable is reported and skipped; an error of the downstream call reaches the host unchanged; an
 abandoned callback that calls ``next_call`` later is refused. Payloads and results are read as
-plain data (:func:`.isolation.plain`). Signatures: docs/plugin-authors.md.
+plain data (:func:`.untrusted.plain`). Signatures: docs/plugin-authors.md.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from time import monotonic
 from typing import Any, Callable
 
 from .hooks import TELEMETRY_SCHEMA_VERSION, HookEntry
-from .isolation import SIGINT_WATCH, error_text
+from .untrusted import SIGINT_WATCH, error_text
 
 __all__ = [
     "LLM_EXECUTION",

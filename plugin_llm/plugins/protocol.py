@@ -54,7 +54,7 @@ def encode_value(value: Any, callables: Callable[[Callable[..., Any]], int] | No
     if isinstance(value, (bytes, bytearray, memoryview)):
         return {"$t": "bytes", "v": base64.b64encode(bytes(value)).decode("ascii")}
     if isinstance(value, dict) or (not strict and isinstance(value, Mapping)):
-        # a dict subclass by its real items (as isolation.plain reads it), any other mapping (a
+        # a dict subclass by its real items (as untrusted.plain reads it), any other mapping (a
         # plugin's) by its own: what it raises propagates, so an unreadable value is an error
         pairs = dict.items(value) if isinstance(value, dict) else value.items()
         items = [(k if type(k) is str else str(k), encode_value(v, callables, depth + 1, strict))

@@ -33,7 +33,7 @@ import weakref
 from pathlib import Path
 from typing import Any, Callable
 
-from .isolation import bounded, exact_str
+from .untrusted import bounded, exact_str
 from .sandbox import SandboxUnavailable
 from .settings import ISOLATION_IN_PROCESS, ISOLATION_PROCESS, NETWORK_HOST, NETWORK_NONE
 from .protocol import (
@@ -658,7 +658,7 @@ class RemotePlugin:
 
     @staticmethod
     def _error_text(info: dict[str, Any]) -> str:
-        from .isolation import error_text
+        from .untrusted import error_text
 
         return error_text(_stand_in(info))
 
@@ -838,7 +838,7 @@ class RemotePlugin:
         def run_raw(argv: list[str], debug: bool = False) -> int:
             from auth.redaction import redact
 
-            from .isolation import error_text
+            from .untrusted import error_text
 
             try:
                 reply = runner(list(argv))
@@ -926,7 +926,7 @@ class RemotePlugin:
         from plugin_llm import wire
         from plugin_llm.errors import PluginLlmError
 
-        from .isolation import safe_str, type_name
+        from .untrusted import safe_str, type_name
 
         if isinstance(exc, PluginLlmError):
             return wire.encode_error(exc, remote=True)  # the plugin is told what a remote caller is

@@ -173,7 +173,7 @@ class FailureReporter:
         if log and frames:
             self._log.debug("%s of plugin %s failed:\n  plugin traceback (most recent call last):\n%s",
                             what, plugin_key, "\n".join("    " + f for f in frames))
-        from .isolation import type_name  # never trusts the plugin's class
+        from .untrusted import type_name  # never trusts the plugin's class
 
         name = type_name(error) if error is not None else None
         message = text[len(name) + 2:] if name and text.startswith(name + ": ") else text

@@ -721,7 +721,7 @@ class _Worker:
         try:
             return encode_value(value)
         except Exception as exc:  # its own mapping raised, or it is too deep: the host must not guess
-            from .isolation import UnusableValue
+            from .untrusted import UnusableValue
 
             raise UnusableValue(f"it returned a {_type_name(value)} that cannot be used: "
                                 f"reading it raised {_type_name(exc)}: {_text(exc, 300)}") from None
