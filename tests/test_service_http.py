@@ -415,3 +415,70 @@ def test_with_limits_in_redis_tokens_are_shared_across_machines_and_a_down_store
     assert summary["reasons"] == {"store_error": 1} and "redis" in summary["details"][0]
     for home in homes:
         assert token not in (home / "logs" / "agent.log").read_text()
+
+
+@pytest.mark.slow
+def test_models_list_is_exactly_what_the_tokens_plugin_may_name(hermes_home):
+    write_config(hermes_home, "plugins:\n  entries:\n    lite:\n      llm:\n        allow_model_override: true\n"
+                              "        allowed_models: [gpt-4o, anthropic/claude-3, '*']\n"
+                              "    listless:\n      llm:\n        allow_model_override: true\n"
+                              "    listed:\n      llm:\n        allowed_models: [gpt-4o]\n")
+    with ServiceServer(hermes_home) as service:
+        def client(plugin):
+            return openai.OpenAI(base_url=service.url + "/v1", api_key=service.token(plugin), max_retries=0)
+
+        lite = client("lite")
+        models = lite.models.list()
+        assert [m.id for m in models.data] == ["default", "local-echo-1", "gpt-4o", "anthropic/claude-3"]
+        assert {m.object for m in models.data} == {"model"} and all(isinstance(m.created, int) for m in models.data)
+        assert models.data[0].owned_by == "local" and models.data[3].owned_by == "anthropic"
+        assert lite.models.retrieve("anthropic/claude-3").id == "anthropic/claude-3"
+        # no allowlist: only what is certain; no override flag: the allowlist grants nothing
+        assert [m.id for m in client("listless").models.list().data] == ["default", "local-echo-1"]
+        plain = client("listed")
+        assert [m.id for m in plain.models.list().data] == ["default"]
+        with pytest.raises(openai.NotFoundError) as missing:
+            plain.models.retrieve("gpt-4o")
+        assert missing.value.body["code"] == "model_not_found"
+        with pytest.raises(openai.PermissionDeniedError):  # what the list left out, the gate refuses
+            plain.chat.completions.create(model="gpt-4o", messages=USER)
+        bad = openai.OpenAI(base_url=service.url + "/v1", api_key="plg_" + "x" * 43, max_retries=0)
+        with pytest.raises(openai.AuthenticationError):
+            bad.models.list()
+        assert httpx.get(service.url + "/v1/models/default").status_code == 401
+
+
+@pytest.mark.slow
+def test_health_and_readiness(service, monkeypatch):
+    health = httpx.get(service.url + "/health")
+    assert health.status_code == 200 and health.json()["status"] == "ok"
+    assert health.json().keys() == httpx.get(service.url + "/healthz").json().keys()
+    ready = httpx.get(service.url + "/health/ready")
+    assert ready.status_code == 200 and ready.json()["ready"] is True
+    from plugin_llm.transport import _loading
+
+    monkeypatch.setattr(_loading, "loaded_litellm", lambda: None)
+    starting = httpx.get(service.url + "/health/ready")
+    assert starting.status_code == 503 and starting.json()["ready"] is False
+
+
+@pytest.mark.slow
+def test_limits_endpoint_shows_the_tokens_own_plugin_only(hermes_home):
+    write_config(hermes_home, "plugins:\n  entries:\n    capped:\n      limits: {requests_per_minute: 5}\n"
+                              "    other:\n      limits: {requests_per_minute: 9}\n")
+    with ServiceServer(hermes_home) as service:
+        capped = service.auth(service.token("capped"))
+        assert httpx.post(service.url + COMPLETE, headers=capped, json={"messages": USER}).status_code == 200
+        mine = httpx.get(service.url + "/v1/plugin-llm/limits", headers=capped)
+        theirs = httpx.get(service.url + "/v1/plugin-llm/limits", headers=service.auth(service.token("other")))
+        anonymous = httpx.get(service.url + "/v1/plugin-llm/limits")
+    assert mine.status_code == 200, mine.text
+    body = mine.json()
+    assert body["plugin_id"] == "capped" and body["limits"]["requests_per_minute"] == 5
+    [window] = [w for w in body["usage"]["limits"] if w["limit"] == "requests_per_minute"]
+    assert window["used"] == 1 and window["cap"] == 5 and window["resets_at"].endswith("Z")
+    assert isinstance(window["resets_at_unix"], (int, float))
+    other = theirs.json()
+    assert other["plugin_id"] == "other" and other["limits"]["requests_per_minute"] == 9
+    assert [w["used"] for w in other["usage"]["limits"] if w["limit"] == "requests_per_minute"] == [0]
+    assert anonymous.status_code == 401

@@ -5,7 +5,8 @@ and calls ``PluginLlm(plugin_id=<that key>)`` - the same object ``ctx.llm`` is -
 Gating, routing, limits and the audit record are the pipeline's; the service adds authentication,
 request checks, JSON rendering and metrics. Routes: ``POST /v1/plugin-llm/complete``,
 ``POST /v1/plugin-llm/complete_structured``, ``POST /v1/chat/completions`` (``stream: true`` as
-SSE), ``GET /healthz`` and ``GET /metrics`` (no token needed); see docs/reference/http-api.md.
+SSE), ``GET /v1/models[/{id}]`` and ``GET /v1/plugin-llm/limits`` (the token's plugin only), ``GET /healthz``
+(also ``/health``), ``/health/ready`` and ``/metrics`` (no token needed); see docs/reference/http-api.md.
 
 A valid token of a disabled plugin gets 403 ``plugin_disabled``. A refused token gets the same 401
 and an audit event ``service.auth_denied`` (never the token; aggregated per address:
@@ -32,6 +33,7 @@ from starlette.routing import Route
 
 from plugin_llm import telemetry
 from plugin_llm.auditing import watch_config
+from plugin_llm.service import discovery
 from plugin_llm.service import requests as req
 from plugin_llm.service.errors import (
     PLUGIN_DISABLED_MESSAGE,
@@ -400,6 +402,43 @@ def create_app(home: Path | str | None = None, *, llm_factory: Callable[[str], A
         # ready: litellm is loaded, so a call pays no import (until then calls wait for it)
         return _json(200, {"status": "ok", "ready": loaded_litellm() is not None, "pid": os.getpid()})
 
+    async def health_ready(request: Request) -> Response:
+        from plugin_llm.transport._loading import loaded_litellm
+
+        ready = loaded_litellm() is not None
+        return _json(200 if ready else 503, {"status": "ok" if ready else "starting", "ready": ready,
+                                             "pid": os.getpid()})
+
+    created = int(time.time())
+
+    async def list_models(request: Request) -> Response:
+        plugin = await _authenticate(state, request)
+        if isinstance(plugin, Response):
+            return plugin
+        return _json(200, {"object": "list", "data": discovery.models_for(state.config.current(), plugin, created)})
+
+    async def get_model(request: Request) -> Response:
+        plugin = await _authenticate(state, request)
+        if isinstance(plugin, Response):
+            return plugin
+        wanted = request.path_params["id"]
+        for model in discovery.models_for(state.config.current(), plugin, created):
+            if model["id"] == wanted:
+                return _json(200, model)
+        shown = wanted[:200]
+        return _error_response(ApiError(404, "NotFound", f"the model {shown!r} does not exist or this plugin may not "
+                                        "use it; GET /v1/models lists the ones it may", "model_not_found",
+                                        param="model"))
+
+    async def plugin_limits(request: Request) -> Response:
+        plugin = await _authenticate(state, request)
+        if isinstance(plugin, Response):
+            return plugin
+        body, problem = await asyncio.to_thread(discovery.limits_for, state.config.current(), plugin)
+        if problem is not None:
+            state.log_outage("limits", problem)
+        return _json(200, body)
+
     async def metrics(request: Request) -> Response:
         data, content_type = state.metrics.render()
         return Response(data, media_type=content_type.split(";")[0], headers={"Content-Type": content_type})
@@ -407,7 +446,8 @@ def create_app(home: Path | str | None = None, *, llm_factory: Callable[[str], A
     async def not_found(request: Request, exc: Exception) -> Response:
         status = getattr(exc, "status_code", 404)
         message = ("no such endpoint: the service has POST /v1/plugin-llm/complete, /v1/plugin-llm/complete_structured, "
-                   "/v1/chat/completions and GET /healthz, /metrics") if status == 404 else "method not allowed here"
+                   "/v1/chat/completions and GET /v1/models, /v1/models/{id}, /v1/plugin-llm/limits, /healthz, /health, "
+                   "/health/ready, /metrics") if status == 404 else "method not allowed here"
         return _error_response(ApiError(status, "NotFound" if status == 404 else "MethodNotAllowed", message,
                                         "not_found" if status == 404 else "method_not_allowed"))
 
@@ -441,6 +481,11 @@ def create_app(home: Path | str | None = None, *, llm_factory: Callable[[str], A
             Route("/v1/plugin-llm/complete_structured", complete_structured, methods=["POST"]),
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
             Route("/healthz", healthz, methods=["GET"]),
+            Route("/health", healthz, methods=["GET"]),
+            Route("/health/ready", health_ready, methods=["GET"]),
+            Route("/v1/models", list_models, methods=["GET"]),
+            Route("/v1/models/{id:path}", get_model, methods=["GET"]),
+            Route("/v1/plugin-llm/limits", plugin_limits, methods=["GET"]),
             Route("/metrics", metrics, methods=["GET"]),
             *([audit_page] if audit_page is not None else []),
         ],
