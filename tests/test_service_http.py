@@ -309,11 +309,12 @@ def test_healthz_and_metrics(service):
     httpx.post(service.url + COMPLETE, headers=service.auth(token), json={"messages": USER, "model": "x"})
     httpx.post(service.url + COMPLETE, headers=service.auth("plg_" + "y" * 43), json={"messages": USER})
     text = httpx.get(service.url + "/metrics").text
-    assert 'plugin_llm_service_calls_total{endpoint="complete",plugin="metered",status="ok"} 1.0' in text
-    assert 'plugin_llm_service_calls_total{endpoint="complete",plugin="metered",status="denied"} 1.0' in text
+    assert 'plugin_llm_service_calls_total{endpoint="complete",model="default",plugin="metered",status="ok"} 1.0' in text
+    assert ('plugin_llm_service_calls_total{endpoint="complete",model="other",plugin="metered",status="denied"} 1.0'
+            in text)
     assert 'plugin_llm_service_denials_total{plugin="",reason="unknown"} 1.0' in text
-    assert 'plugin_llm_service_tokens_total{direction="output",plugin="metered"}' in text
-    assert 'plugin_llm_service_latency_seconds_count{plugin="metered",status="ok"} 1.0' in text
+    assert 'plugin_llm_service_tokens_total{direction="output",model="default",plugin="metered"}' in text
+    assert 'plugin_llm_service_latency_seconds_count{model="default",plugin="metered",status="ok"} 1.0' in text
     assert "plugin_llm_service_cost_usd" in text
 
 
@@ -482,3 +483,24 @@ def test_limits_endpoint_shows_the_tokens_own_plugin_only(hermes_home):
     assert other["plugin_id"] == "other" and other["limits"]["requests_per_minute"] == 9
     assert [w["used"] for w in other["usage"]["limits"] if w["limit"] == "requests_per_minute"] == [0]
     assert anonymous.status_code == 401
+
+
+@pytest.mark.slow
+def test_metrics_label_calls_by_route_and_never_by_a_clients_made_up_model(hermes_home):
+    write_config(hermes_home, "plugins:\n  entries:\n    lite:\n      llm:\n        allow_model_override: true\n"
+                              "        allowed_models: [local-echo-1, Local-Echo-2]\n")
+    with ServiceServer(hermes_home) as service:
+        client = openai.OpenAI(base_url=service.url + "/v1", api_key=service.token("lite"), max_retries=0)
+        client.chat.completions.create(model="default", messages=USER)
+        client.chat.completions.create(model="local-echo-1", messages=USER)
+        list(client.chat.completions.create(model="LOCAL-ECHO-1", messages=USER, stream=True))
+        for i in range(3):  # refused by the gate, counted under one label
+            with pytest.raises(openai.PermissionDeniedError):
+                client.chat.completions.create(model=f"made-up-{i}-" + "x" * 40, messages=USER)
+        text = httpx.get(service.url + "/metrics").text
+    assert 'plugin_llm_service_calls_total{endpoint="chat",model="default",plugin="lite",status="ok"} 1.0' in text
+    assert 'plugin_llm_service_calls_total{endpoint="chat",model="local-echo-1",plugin="lite",status="ok"} 2.0' in text
+    assert 'plugin_llm_service_calls_total{endpoint="chat",model="other",plugin="lite",status="denied"} 3.0' in text
+    assert 'plugin_llm_service_latency_seconds_count{model="local-echo-1",plugin="lite",status="ok"} 2.0' in text
+    assert 'plugin_llm_service_tokens_total{direction="input",model="local-echo-1",plugin="lite"}' in text
+    assert "made-up" not in text

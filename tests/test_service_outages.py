@@ -96,7 +96,7 @@ def test_a_limits_store_outage_is_a_503_with_retry_after_that_names_no_path(herm
     assert [r["status"] for r in records] == ["quota"] * 5 and all(r["limits.limit"] == "store" for r in records)
     assert "limits.sqlite3" in records[0]["error.message"]  # the audit record keeps the detail
     assert "limits.sqlite3" in caplog.text  # and so does the service's log
-    assert any('endpoint="complete",plugin="lk",status="store_error"' in line for line in metrics)
+    assert any('endpoint="complete",model="default",plugin="lk",status="store_error"' in line for line in metrics)
     assert not any('status="quota"' in line or 'status="error"' in line for line in metrics)
 
 
@@ -174,7 +174,8 @@ def test_a_client_that_hangs_up_while_sending_the_body_is_no_error(hermes_home, 
                     break
                 time.sleep(0.05)
         assert upstream.requests == []
-    assert metrics == [f'plugin_llm_service_calls_total{{endpoint="{endpoint}",plugin="d",status="client_closed"}} 1.0']
+    assert metrics == [f'plugin_llm_service_calls_total{{endpoint="{endpoint}",model="default",plugin="d",'
+                       'status="client_closed"} 1.0']
     assert audit_lines(hermes_home) == []
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert errors == [], [r.getMessage() for r in errors]

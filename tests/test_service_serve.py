@@ -107,7 +107,7 @@ def test_two_workers_share_tokens_revocation_and_metrics(hermes_home):
         time.sleep(1.0)  # the promised bound: every worker refuses a revoked token within one second
         assert statuses(20) == [401] * 20
         metrics = httpx.get(serve.url + "/metrics").text  # any worker reports the sum over both
-        assert 'plugin_llm_service_calls_total{endpoint="complete",plugin="shared",status="bad_request"} 20.0' \
+        assert 'plugin_llm_service_calls_total{endpoint="complete",model="default",plugin="shared",status="bad_request"} 20.0' \
             in metrics
         assert 'plugin_llm_service_denials_total{plugin="",reason="revoked"} 20.0' in metrics
         code, out, err = serve.stop()

@@ -86,7 +86,7 @@ def test_httpx_sees_deltas_before_the_upstream_has_finished(service, upstream, h
     [line] = audit_lines(hermes_home)
     assert line["status"] == "abandoned" and line["stream.delivered_chars"] >= len("".join(seen))
     metrics = httpx.get(service.url + "/metrics").text
-    assert 'plugin_llm_service_calls_total{endpoint="chat",plugin="raw",status="abandoned"} 1.0' in metrics
+    assert 'plugin_llm_service_calls_total{endpoint="chat",model="default",plugin="raw",status="abandoned"} 1.0' in metrics
 
 
 @pytest.mark.slow

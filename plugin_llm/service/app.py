@@ -88,6 +88,7 @@ class ServiceState:
         self._llms: dict[str, Any] = {}
         self._factory = llm_factory
         self._outage_logged: dict[str, float] = {}
+        self._routes: dict[str, tuple[Any, dict[str, str]]] = {}  # plugin -> (config snapshot, its route labels)
         self.refusals = RefusalAudit(self._write_event)  # one record per client address per window
         from plugin_llm.plugins.settings import SettingsSource
 
@@ -116,6 +117,27 @@ class ServiceState:
             return
         self._outage_logged[f"failure:{code}"] = now
         log.log(level, message + " (logged at most every %g s)", *args, _OUTAGE_LOG_SECONDS)
+
+    def route_label(self, plugin: str, model: Any) -> str:
+        """The metrics' ``model`` label of a call asking for ``model``: ``default``, one of the routes
+        ``GET /v1/models`` lists for ``plugin``, or ``other`` (a client cannot grow the series)."""
+        if model is None:
+            return discovery.DEFAULT_ROUTE
+        if not isinstance(model, str):
+            return "other"
+        if not model.strip():  # what chat_kwargs takes for the host's route
+            return discovery.DEFAULT_ROUTE
+        config = self.config.current()
+        cached = self._routes.get(plugin)
+        if cached is None or cached[0] is not config:  # once per plugin and config snapshot
+            provider = (config.model.provider or "").lower()
+            labels: dict[str, str] = {}
+            for mid, _ in discovery.model_ids(config, plugin):
+                labels[mid.strip().lower()] = mid
+                if provider and "/" not in mid:
+                    labels.setdefault(f"{provider}/{mid.strip().lower()}", mid)
+            cached = self._routes[plugin] = (config, labels)
+        return cached[1].get(model.strip().lower(), "other")
 
     def llm(self, plugin: str) -> Any:
         """The pipeline bound to ``plugin`` (built once per plugin and kept)."""
@@ -290,10 +312,10 @@ def _openai_completion(result: Any, created: int) -> dict[str, Any]:
 
 
 def _outcome(state: ServiceState, plugin: str, endpoint: str, started: float, exc: BaseException | None,
-             usage: Any, fields: frozenset[str]) -> Response | None:
-    """Count the call; for a failure, the error answer."""
+             usage: Any, fields: frozenset[str], model: str = "default") -> Response | None:
+    """Count the call (``model``: its route label); for a failure, the error answer."""
     if exc is None:
-        state.metrics.observe(plugin, endpoint, "ok", time.perf_counter() - started, usage)
+        state.metrics.observe(plugin, endpoint, "ok", time.perf_counter() - started, usage, model)
         return None
     error = error_for(exc, fields)
     if error.code == "limits_store_unavailable":  # the answer names no store: the log does (the gateway's text)
@@ -304,7 +326,7 @@ def _outcome(state: ServiceState, plugin: str, endpoint: str, started: float, ex
                           error.code, type(exc).__name__, _detail(exc))
     usage = getattr(exc, "usage", None)
     state.metrics.observe(plugin, endpoint, _STATUS_BY_CODE.get(error.code, "error"), time.perf_counter() - started,
-                          usage if dataclasses.is_dataclass(usage) else None)
+                          usage if dataclasses.is_dataclass(usage) else None, model)
     return _error_response(error)
 
 
@@ -346,8 +368,10 @@ def create_app(home: Path | str | None = None, *, llm_factory: Callable[[str], A
             return plugin
         endpoint = "complete" if api == "complete" else "complete_structured"
         fields = req.ALL_FIELDS
+        model = "default"
         try:
             body = req.parse_body(await _read_body(state, request))
+            model = state.route_label(plugin, body.get("model"))
             llm = state.llm(plugin)
             if api == "complete":
                 messages, kwargs = req.complete_kwargs(body)
@@ -355,13 +379,13 @@ def create_app(home: Path | str | None = None, *, llm_factory: Callable[[str], A
             else:
                 result = await llm.acomplete_structured(**req.structured_kwargs(body))
         except req.BadRequest as exc:
-            _outcome(state, plugin, endpoint, started, exc, None, fields)
+            _outcome(state, plugin, endpoint, started, exc, None, fields, model)
             return _bad_request(exc)
         except ClientDisconnect:  # the client hung up while sending the body
             return _client_closed(state, plugin, endpoint, started)
         except Exception as exc:  # noqa: BLE001 - every failure becomes its stable error body
-            return _outcome(state, plugin, endpoint, started, exc, None, fields)
-        _outcome(state, plugin, endpoint, started, None, result.usage, fields)
+            return _outcome(state, plugin, endpoint, started, exc, None, fields, model)
+        _outcome(state, plugin, endpoint, started, None, result.usage, fields, model)
         return _json(200, _result_dict(result))
 
     async def complete(request: Request) -> Response:
@@ -375,25 +399,27 @@ def create_app(home: Path | str | None = None, *, llm_factory: Callable[[str], A
         plugin = await _authenticate(state, request)
         if isinstance(plugin, Response):
             return plugin
+        model = "default"
         try:
             body = req.parse_body(await _read_body(state, request))
+            model = state.route_label(plugin, body.get("model"))
             messages, kwargs, stream = req.chat_kwargs(body)
             if stream:  # real SSE as the deltas arrive (plugin_llm/service/streaming.py)
                 from plugin_llm.service.streaming import chat_stream
 
                 return await chat_stream(
                     state.llm(plugin), messages, kwargs, body.get("stream_options"), metrics=state.metrics,
-                    plugin=plugin, started=started, fields=req.ALL_FIELDS,
-                    refuse=lambda exc: _outcome(state, plugin, "chat", started, exc, None, req.ALL_FIELDS))
+                    plugin=plugin, started=started, fields=req.ALL_FIELDS, model=model,
+                    refuse=lambda exc: _outcome(state, plugin, "chat", started, exc, None, req.ALL_FIELDS, model))
             result = await state.llm(plugin).acomplete(messages, **kwargs)
         except req.BadRequest as exc:
-            _outcome(state, plugin, "chat", started, exc, None, req.ALL_FIELDS)
+            _outcome(state, plugin, "chat", started, exc, None, req.ALL_FIELDS, model)
             return _bad_request(exc)
         except ClientDisconnect:  # the client hung up while sending the body
             return _client_closed(state, plugin, "chat", started)
         except Exception as exc:  # noqa: BLE001
-            return _outcome(state, plugin, "chat", started, exc, None, req.ALL_FIELDS)
-        _outcome(state, plugin, "chat", started, None, result.usage, req.ALL_FIELDS)
+            return _outcome(state, plugin, "chat", started, exc, None, req.ALL_FIELDS, model)
+        _outcome(state, plugin, "chat", started, None, result.usage, req.ALL_FIELDS, model)
         return _json(200, _openai_completion(result, int(time.time())))
 
     async def healthz(request: Request) -> Response:

@@ -1,8 +1,9 @@
 """Prometheus metrics of the service (``GET /metrics``), per plugin and status.
 
-Label values come from the operator (the plugin key a token names) and from a
-fixed set (endpoint, status, reason), never from request input, so a client
-cannot grow the series. With ``--workers N`` each worker counts its own calls;
+Label values come from the operator (the plugin key a token names, the model
+routes it may use; any other model is ``other``) and from a fixed set
+(endpoint, status, reason), never from request input, so a client cannot grow
+the series. With ``--workers N`` each worker counts its own calls;
 ``plugin-llm serve`` then points ``PROMETHEUS_MULTIPROC_DIR`` at a directory of
 its own, and ``/metrics`` on any worker reports the sum over all of them.
 """
@@ -29,31 +30,34 @@ class ServiceMetrics:
         self.multiprocess = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
         self.registry = CollectorRegistry(auto_describe=True)
         kw: dict[str, Any] = {"registry": None if self.multiprocess else self.registry}
-        self.calls = Counter("plugin_llm_service_calls", "Calls through the service by plugin, endpoint and status",
-                             ("plugin", "endpoint", "status"), **kw)
+        self.calls = Counter("plugin_llm_service_calls", "Calls through the service by plugin, endpoint, status and "
+                             "model (route)", ("plugin", "endpoint", "status", "model"), **kw)
         self.denials = Counter("plugin_llm_service_denials", "Refused requests by plugin (empty when the token was "
                                "not valid) and reason", ("plugin", "reason"), **kw)
-        self.latency = Histogram("plugin_llm_service_latency_seconds", "Time from request to answer by plugin and "
-                                 "status", ("plugin", "status"), buckets=_BUCKETS, **kw)
-        self.tokens = Counter("plugin_llm_service_tokens", "Tokens used by plugin and direction (input, output)",
-                              ("plugin", "direction"), **kw)
-        self._children: dict[tuple[str, str, str], tuple] = {}
-        self.cost = Counter("plugin_llm_service_cost_usd", "Cost in USD by plugin (priced calls only)", ("plugin",),
-                            **kw)
+        self.latency = Histogram("plugin_llm_service_latency_seconds", "Time from request to answer by plugin, "
+                                 "status and model", ("plugin", "status", "model"), buckets=_BUCKETS, **kw)
+        self.tokens = Counter("plugin_llm_service_tokens", "Tokens used by plugin, direction (input, output) and model",
+                              ("plugin", "direction", "model"), **kw)
+        self._children: dict[tuple[str, str, str, str], tuple] = {}
+        self.cost = Counter("plugin_llm_service_cost_usd", "Cost in USD by plugin and model (priced calls only)",
+                            ("plugin", "model"), **kw)
 
-    def _series(self, plugin: str, endpoint: str, status: str) -> tuple:
-        """The labelled children of one (plugin, endpoint, status), looked up once (labels() is not free)."""
-        key = (plugin, endpoint, status)
+    def _series(self, plugin: str, endpoint: str, status: str, model: str) -> tuple:
+        """The labelled children of one (plugin, endpoint, status, model), looked up once (labels() is not free)."""
+        key = (plugin, endpoint, status, model)
         series = self._children.get(key)
         if series is None:
             series = self._children[key] = (
-                self.calls.labels(plugin, endpoint, status), self.latency.labels(plugin, status),
+                self.calls.labels(plugin, endpoint, status, model), self.latency.labels(plugin, status, model),
                 self.denials.labels(plugin, status) if status in ("denied", "quota") else None,
-                self.tokens.labels(plugin, "input"), self.tokens.labels(plugin, "output"), self.cost.labels(plugin))
+                self.tokens.labels(plugin, "input", model), self.tokens.labels(plugin, "output", model),
+                self.cost.labels(plugin, model))
         return series
 
-    def observe(self, plugin: str, endpoint: str, status: str, seconds: float, usage: Any = None) -> None:
-        calls, latency, denials, tokens_in, tokens_out, cost = self._series(plugin, endpoint, status)
+    def observe(self, plugin: str, endpoint: str, status: str, seconds: float, usage: Any = None,
+                model: str = "default") -> None:
+        """``model`` is a route label (``ServiceState.route_label``): a bounded set, never the request's text."""
+        calls, latency, denials, tokens_in, tokens_out, cost = self._series(plugin, endpoint, status, model)
         calls.inc()
         latency.observe(seconds)
         if denials is not None:

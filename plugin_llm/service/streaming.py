@@ -46,14 +46,14 @@ def _full_usage(usage: Any) -> dict[str, Any]:
 
 async def chat_stream(llm: Any, messages: Any, kwargs: dict[str, Any], stream_options: Any, *, metrics: Any,
                       plugin: str, started: float, refuse: Callable[[BaseException], Response],
-                      fields: frozenset[str]) -> Response:
+                      fields: frozenset[str], model: str = "default") -> Response:
     """The SSE answer of a streamed chat completion, or ``refuse(exc)``'s error answer when it cannot start."""
     include_usage = isinstance(stream_options, dict) and stream_options.get("include_usage") is True
     try:
         stream = await llm.astream(messages, **kwargs)
     except Exception as exc:  # noqa: BLE001 - nothing sent yet: the ordinary error answer
         return refuse(exc)
-    response = _SseResponse(_events(stream, include_usage, metrics, plugin, started, fields),
+    response = _SseResponse(_events(stream, include_usage, metrics, plugin, started, fields, model),
                             media_type="text/event-stream",
                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     response.stream = stream
@@ -142,7 +142,7 @@ class _DeadlineWatch:
 
 
 async def _events(stream: Any, include_usage: bool, metrics: Any, plugin: str, started: float,
-                  fields: frozenset[str]) -> AsyncIterator[bytes]:
+                  fields: frozenset[str], model: str) -> AsyncIterator[bytes]:
     created = int(time.time())
     base = {"id": f"chatcmpl-{stream.call_id}", "object": "chat.completion.chunk", "created": created,
             "model": stream.model}
@@ -181,7 +181,7 @@ async def _events(stream: Any, include_usage: bool, metrics: Any, plugin: str, s
         stream.close()  # a client that went away: abandoned (recorded once); a no-op after the end
         result = stream.result
         metrics.observe(plugin, "chat", status, time.perf_counter() - started,
-                        result.usage if result is not None else None)
+                        result.usage if result is not None else None, model)
 
 
 def _abandon(stream: Any, why: str) -> None:
