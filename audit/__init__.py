@@ -1,4 +1,4 @@
-"""Tamper-evident audit log of plugin LLM calls (SPEC §7).
+"""Tamper-evident audit log of plugin LLM calls.
 
 Writing: :func:`get_audit_log` / :class:`AuditLog` append hash-chained JSON
 lines to ``$HERMES_HOME/logs/agent.log`` and, with a signing key

@@ -1,4 +1,4 @@
-"""The audit record schema (SPEC §7): field names, allowed values, hashing helpers.
+"""The audit record schema: field names, allowed values, hashing helpers.
 
 Every line of ``agent.log`` is one JSON object. Call records (``kind: "call"``) carry the fields
 below - exactly one per call outcome (and per denial); operational events (``kind: "event"``)
@@ -70,7 +70,7 @@ KIND = "kind"
 KIND_CALL = "call"
 KIND_EVENT = "event"
 
-# -- call record fields (SPEC §7) -------------------------------------------------
+# -- call record fields -------------------------------------------------
 CALL_ID = "call_id"
 PLUGIN_ID = "plugin_id"
 PURPOSE = "purpose"
@@ -411,7 +411,7 @@ def call_record(
     content: Mapping[str, Any] | None = None,
     ts: str | None = None,
 ) -> dict[str, Any]:
-    """Build one call record with every SPEC §7 field present (``None`` when unknown).
+    """Build one call record with every field of the schema present (``None`` when unknown).
 
     ``content`` holds message content keyed by :data:`CONTENT_FIELDS`; the writer
     drops it unless ``audit.log_content`` is on. Enumerated fields are checked

@@ -85,7 +85,7 @@ def parse_audit_settings(section: Mapping[str, Any] | None) -> tuple[AuditSettin
     """Settings from the ``audit:`` mapping of config.yaml, plus warnings.
 
     Never raises for bad values: an invalid value keeps its default (booleans
-    count as false, per SPEC §3) and yields a warning naming the key; unknown
+    count as false: booleans are strict) and yields a warning naming the key; unknown
     keys are warned about with a "did you mean" hint. ``max_bytes`` accepts a
     number or a size such as ``"50MB"`` / ``"10 MiB"``.
     """

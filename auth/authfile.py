@@ -1,6 +1,6 @@
 """``auth.json``: read it safely, validate it completely, write it atomically.
 
-Shape (SPEC §6): ``{"default_profile": "work", "providers": {"openai": {"api_key": "sk-..."}},
+Shape: ``{"default_profile": "work", "providers": {"openai": {"api_key": "sk-..."}},
 "profiles": {"work": {"openai": {"keys": ["sk-1", "sk-2"]}}}}``. A provider entry holds exactly one
 of ``api_key`` (a string), ``keys`` (a non-empty list of strings: a pool), ``key_env`` (an
 environment variable name) or ``key_cmd`` (argv list, or a string split with :func:`shlex.split`;

@@ -1,4 +1,4 @@
-"""One process-wide secret redactor (SPEC §6: "every log sink passes through a redactor").
+"""One process-wide secret redactor: every log sink, record and output passes through it.
 
 It knows every secret the credential store loaded (:func:`register_secret`), replaced by
 ``[REDACTED…abcd]`` (the last four characters only for secrets long enough that they give nothing

@@ -1,4 +1,4 @@
-"""The credential store: Route + profile -> :class:`Credential` (SPEC §6).
+"""The credential store: Route + profile -> :class:`Credential`.
 
 Resolution order for ``acquire(provider, profile)``: the profile's entry
 (``profiles.<profile>.<provider>``; ``profile=None`` means ``default_profile``, else

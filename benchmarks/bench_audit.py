@@ -34,7 +34,7 @@ STATUSES = ["ok"] * 8 + ["denied", "timeout"]
 
 
 def sample_record(i: int) -> dict:
-    """A call record shaped like the gateway's (every SPEC §7 field)."""
+    """A call record shaped like the gateway's (every field of a call record)."""
     from audit.records import call_record
 
     status = STATUSES[i % len(STATUSES)]

@@ -1,6 +1,6 @@
 """Chat parameters a plugin may pass besides the ones ``PluginLlm`` names (pure).
 
-Everything that involves no credential and no routing is allowed (SPEC §4):
+Everything that involves no credential and no routing is allowed:
 the sampling parameters of a chat API on every method, and on ``complete``
 also ``n=1``, ``response_format``, ``tools`` and ``tool_choice``. Each value is
 checked here, before anything is sent, with a message that names the

@@ -1,4 +1,4 @@
-"""The gateway's exception hierarchy (SPEC §5).
+"""The gateway's exception hierarchy.
 
 Every error a plugin can see derives from :class:`PluginLlmError`. Messages are
 written for the person who can fix the problem (plugin author or operator) and

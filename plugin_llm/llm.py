@@ -1,4 +1,4 @@
-"""``ctx.llm``: LLM calls for plugins through the host (SPEC §5) - the facade.
+"""``ctx.llm``: LLM calls for plugins through the host - the facade.
 
 Each public method builds its :class:`~plugin_llm.call.request.CallRequest`
 once and hands it to the call pipeline (``plugin_llm.call.pipeline``), a

@@ -1,4 +1,4 @@
-"""The embedded ``local`` model: an offline, deterministic stand-in (SPEC §9).
+"""The embedded ``local`` model: an offline, deterministic stand-in.
 
 This is **not a language model**. It is a small rule-based responder that speaks the OpenAI
 ``chat.completion`` format so that the gateway, the demo and the tests work on a fresh machine

@@ -1,4 +1,4 @@
-"""OpenAI-compatible HTTP server for the embedded ``local`` model (SPEC §9).
+"""OpenAI-compatible HTTP server for the embedded ``local`` model.
 
 Endpoints: ``POST /v1/chat/completions`` (also ``/chat/completions``; SSE chunks with ``"stream":
 true``), ``GET /v1/models`` (also ``/models``), ``GET /v1/models/<id>`` (that model or 404) and

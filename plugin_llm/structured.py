@@ -1,4 +1,4 @@
-"""Structured output for ``PluginLlm.complete_structured`` (SPEC §5).
+"""Structured output for ``PluginLlm.complete_structured``.
 
 Pure functions, no I/O and no litellm: they turn a plugin's ``instructions`` +
 ``input`` + ``json_schema`` into chat ``messages`` and a ``response_format``,

@@ -1,4 +1,4 @@
-"""The per-plugin trust gate (SPEC §4). Pure: no I/O, no config parsing.
+"""The per-plugin trust gate. Pure: no I/O, no config parsing.
 
 A plugin may ask ``ctx.llm`` for four overrides: ``provider=``, ``model=``,
 ``agent_id=`` and ``profile=``. Each is refused unless the operator turned on

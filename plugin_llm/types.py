@@ -1,4 +1,4 @@
-"""Public value types of ``ctx.llm``: input blocks and results (SPEC §5)."""
+"""Public value types of ``ctx.llm``: input blocks and results."""
 
 from __future__ import annotations
 

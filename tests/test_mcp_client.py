@@ -156,7 +156,7 @@ def test_a_tool_call_over_stdio_returns_hermes_envelope_and_one_audit_record(her
     assert ok["status"] == "ok" and ok["decision"] == "allowed" and ok["mcp.tool"] == "echo"
     assert ok["arguments_sha256"] == mcp_client.records.sha256_json({"text": "hello from a plugin"})
     assert ok["result_sha256"] == mcp_client.records.sha256_json(out)
-    assert ok["duration_ms"] > 0
+    assert isinstance(ok["duration_ms"], float) and ok["duration_ms"] >= 0
     assert "hello from a plugin" not in json.dumps(ok)  # by digest only
     assert refused["status"] == "denied" and refused["mcp.server"] == "remote-thing"
 

@@ -7,7 +7,6 @@ import json
 import os
 import secrets
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
@@ -93,10 +92,10 @@ def flush() -> None:
 
 
 def wait_for(condition, what: str) -> None:
-    deadline = time.monotonic() + 60  # a hang guard, not a timing assertion
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
+    from tests.stream_server import wait_for as poll
+
+    if not poll(condition, 60):  # a hang guard: the receiver gets the export, or the test ends
+        pytest.fail(f"the OTLP receiver never got {what}")
 
 
 @pytest.fixture(autouse=True)

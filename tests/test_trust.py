@@ -1,4 +1,4 @@
-"""The trust gate matrix (SPEC §4): every override x every policy shape."""
+"""The trust gate matrix: every override x every policy shape."""
 
 from __future__ import annotations
 

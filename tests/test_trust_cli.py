@@ -126,7 +126,7 @@ def test_check_non_boolean_flag(home, capsys):
     f = only(findings, "plugins.entries.tldr.llm.allow_model_override")
     assert f["severity"] == "error" and "expected true or false" in f["problem"] and "counts as false" in f["problem"]
     assert only(findings, "plugins.entries.tldr.llm.allow_provider_override")["severity"] == "error"
-    # the strings "true"/"false" are understood (SPEC §3)
+    # the strings "true"/"false" are understood: booleans are strict, not truthy
     assert not [f for f in findings if f["path"].endswith("allow_agent_id_override")]
 
 

@@ -1,4 +1,4 @@
-"""The host's home directory and ``config.yaml`` (SPEC §3).
+"""The host's home directory and ``config.yaml``.
 
 ``ConfigSource.current()`` is called on every gateway call. It costs one
 ``stat`` when nothing changed: the YAML is parsed once per change of the

@@ -1,4 +1,4 @@
-"""The plugin manager: Hermes-compatible plugins on top of the gateway (SPEC §8).
+"""The plugin manager: Hermes-compatible plugins on top of the gateway.
 
 A plugin is a directory with ``plugin.yaml`` and an ``__init__.py`` exposing
 ``register(ctx)`` (or a ``hermes_agent.plugins`` entry point). Module-level

@@ -92,7 +92,8 @@ STATUS_FAILED = "failed"
 STATUS_SKIPPED = "skipped"
 _STATUS_LOADING = "loading"
 MODEL_PROVIDER_NOTE = ("model-provider plugin: recognised, not loaded — model routing is this host's core "
-                       "(SPEC §3); configure the provider under model: in config.yaml")
+                       "(the operator picks the route, never a plugin); configure the provider under model: in "
+                       "config.yaml")
 
 
 class UnknownCommandError(LookupError):
