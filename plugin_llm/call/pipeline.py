@@ -142,16 +142,11 @@ class Pipeline:
         delivered), ``abandoned`` when the consumer closes or drops it (the
         flow is closed at the delta it was waiting at: ``GeneratorExit``).
         """
-        admitted, tally = run.admitted, run.tally
+        tally = run.tally
         progress = tally.stream
-        ticket = self._limits_in_memory(run, messages, params)
-        if ticket is None:
-            ticket = yield from self._limits_store_step(run, messages, params)
-        params = _bounded_output(run, params)
-        yield from self._ready(run, ticket)
+        ticket, request = yield from self._admitted_request(run, messages, params)
         admitted = run.admitted
         progress.deadline = admitted.deadline
-        request = _transport_request(admitted, messages, params)
         failure: BaseException | None = None
         try:
             progress.stream = yield StreamOpen(request)
@@ -427,17 +422,21 @@ class Pipeline:
         self._audit.outcome(run, "quota", None, failure)
         raise failure
 
-    def _provider_call(self, run: Run, messages: list, params: dict) -> Flow:
-        """Admit under the limits, yield one transport request, settle; audit and raise whatever it
-        ends in other than a usable response."""
-        admitted = run.admitted
+    def _admitted_request(self, run: Run, messages: list, params: dict) -> Flow:
+        """Admit one request under the limits, bound its output as they reserved it, make the transport
+        ready (litellm's import, after the gate): its limits ticket and the transport request."""
         ticket = self._limits_in_memory(run, messages, params)
         if ticket is None:
             ticket = yield from self._limits_store_step(run, messages, params)
         params = _bounded_output(run, params)
         yield from self._ready(run, ticket)
+        return ticket, _transport_request(run.admitted, messages, params)
+
+    def _provider_call(self, run: Run, messages: list, params: dict) -> Flow:
+        """Admit under the limits, yield one transport request, settle; audit and raise whatever it
+        ends in other than a usable response."""
+        ticket, request = yield from self._admitted_request(run, messages, params)
         admitted = run.admitted
-        request = _transport_request(admitted, messages, params)
         failure: BaseException | None = None
         response = None
         try:

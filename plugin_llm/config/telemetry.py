@@ -9,12 +9,14 @@ A problem here is a warning; a bad endpoint turns telemetry off (it is observabi
 
 from __future__ import annotations
 
-import difflib
 import math
 import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 from urllib.parse import urlsplit
+
+# the section checks speak as the service section's do: one did-you-mean, one bounded value shown
+from plugin_llm.config.service import _did_you_mean, _short
 
 __all__ = ["TelemetrySettings", "parse_telemetry_settings", "TELEMETRY_KEYS", "PROTOCOLS"]
 
@@ -41,16 +43,6 @@ class TelemetrySettings:
     @property
     def enabled(self) -> bool:
         return self.otlp_endpoint is not None
-
-
-def _did_you_mean(key: str, known: tuple[str, ...]) -> str:
-    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else f" (known: {', '.join(known)})"
-
-
-def _short(value: Any) -> str:
-    text = repr(value) if isinstance(value, (int, float, bool)) or value is None else repr(str(value)[:40])
-    return text[:60]
 
 
 def _endpoint(value: Any, warnings: list[str]) -> str | None:
