@@ -37,7 +37,7 @@ def _lock() -> dict[str, tuple[str, list[str]]]:
         first = block.split("\\", 1)[0].strip()
         if not first or first.startswith("#"):
             continue
-        match = re.fullmatch(r"([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)", first)
+        match = re.fullmatch(r"([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[A-Za-z0-9,._-]+\])?==(\S+)", first)  # extras kept
         assert match, f"not an exact pin: {first!r}"
         pins[_name(match.group(1))] = (match.group(2), re.findall(r"--hash=sha256:([0-9a-f]{64})", block))
     return pins
