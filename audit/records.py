@@ -40,7 +40,7 @@ __all__ = [
     "LIMITS_LIMIT", "LIMITS_RESETS_AT", "LIMITS_REPAIR_REFUSED", "LIMITS_REPAIR_REFUSED_KEY", "LIMITS_MAX_TOKENS_SENT",
     "STREAM", "STREAM_PARTIAL", "STREAM_DELIVERED_CHARS", "STREAM_ABANDONED_BY", "TIME_TO_FIRST_CHUNK",
     "REQUEST_MAX_TOKENS", "REQUEST_TEMPERATURE", "REQUEST_TOP_P", "FINISH_REASONS", "CACHE_READ_TOKENS",
-    "CACHE_CREATION_TOKENS",
+    "CACHE_CREATION_TOKENS", "ROUTE", "ROUTE_ATTEMPTS",
     # builders
     "CallFacts", "denial_record", "error_record", "outcome_record", "mcp_record",
     # MCP tool calls
@@ -117,6 +117,11 @@ LIMITS_REPAIR_REFUSED = "limits.repair_refused"
 LIMITS_REPAIR_REFUSED_KEY = "limits.repair_refused_key"
 LIMITS_MAX_TOKENS_SENT = "limits.max_tokens_sent"
 # -- streams -----------------------------------------------------------------------------
+#: the catalog route that answered (``models.<name>``), and each route of its chain tried in order:
+#: ``{"route", "outcome", "latency_ms"}`` (outcome ``ok``, ``skipped`` for an open circuit breaker,
+#: ``timeout``, ``provider_error:<status>``, ...)
+ROUTE = "route"
+ROUTE_ATTEMPTS = "route.attempts"
 STREAM = "stream"
 STREAM_PARTIAL = "stream.partial"
 STREAM_DELIVERED_CHARS = "stream.delivered_chars"
@@ -160,7 +165,8 @@ OPTIONAL_CALL_FIELDS: tuple[str, ...] = (
     AUDIT_WRITE_ERROR, AUDIT_RECORD_ERROR, LIMITS_RESERVED_USD, LIMITS_RESERVED_TOKENS, LIMITS_STORE_ERROR,
     LIMITS_LIMIT, LIMITS_RESETS_AT, LIMITS_REPAIR_REFUSED, LIMITS_REPAIR_REFUSED_KEY, LIMITS_MAX_TOKENS_SENT,
     STREAM, STREAM_PARTIAL, STREAM_DELIVERED_CHARS, STREAM_ABANDONED_BY, TIME_TO_FIRST_CHUNK, REQUEST_MAX_TOKENS,
-    REQUEST_TEMPERATURE, REQUEST_TOP_P, FINISH_REASONS, CACHE_READ_TOKENS, CACHE_CREATION_TOKENS, *CONTENT_FIELDS,
+    REQUEST_TEMPERATURE, REQUEST_TOP_P, FINISH_REASONS, CACHE_READ_TOKENS, CACHE_CREATION_TOKENS, ROUTE,
+    ROUTE_ATTEMPTS, *CONTENT_FIELDS,
 )
 
 APIS = ("complete", "structured")
@@ -349,11 +355,13 @@ def outcome_record(facts: CallFacts, *, provider: str | None, request_model: str
                    overhead_ms: float, prompt_sha256: str | None, response_sha256: str | None,
                    anomalies: list[str] | None = None, structured: tuple[str | None, str, int] | None = None,
                    content: tuple[Any, str | None] | None = None,
-                   details: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                   details: Mapping[str, Any] | None = None, route: str | None = None,
+                   route_attempts: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """The record of a call that was admitted: its outcome, usage and hashes. ``usage`` is (input tokens,
     output tokens, cost), ``structured`` (schema digest, validation, repairs) for a structured call,
     ``content`` (messages, reply text) only when the operator logs content; ``details`` the request's sampling
-    parameters, the finish reason and cache token counts, keyed by their declared names (None values dropped)."""
+    parameters, the finish reason and cache token counts, keyed by their declared names (None values dropped);
+    ``route`` the catalog route that answered and ``route_attempts`` each route of its chain tried."""
     record = _opening(facts, "allowed", provider, request_model, latency_ms)
     record.update({
         DECISION_REASON: decision_reason, STATUS: status,
@@ -372,6 +380,10 @@ def outcome_record(facts: CallFacts, *, provider: str | None, request_model: str
         for key, value in details.items():
             if value is not None:
                 record[key] = value
+    if route is not None:
+        record[ROUTE] = route
+    if route_attempts:
+        record[ROUTE_ATTEMPTS] = [dict(attempt) for attempt in route_attempts]
     return record
 
 

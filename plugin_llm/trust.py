@@ -104,6 +104,8 @@ class Overrides:
     agent_id: str | None = None
     profile: str | None = None
     active_provider: str | None = None
+    #: the provider of the catalog route ``model=`` names (None: a raw model name)
+    route_provider: str | None = None
 
     def requested(self) -> dict[str, str]:
         return {k: v for k in FLAG_KEYS if (v := getattr(self, k)) is not None}
@@ -164,7 +166,11 @@ def decide(plugin_id: str, policy: TrustPolicy, overrides: Overrides) -> Decisio
             )
         list_key = LIST_KEYS.get(name)
         allowlist = getattr(policy, list_key) if list_key else None
-        if allowlist is not None:
+        if name == "model" and overrides.route_provider is not None:
+            refused = _route_refused(plugin_id, policy, overrides, value)
+            if refused is not None:
+                return refused
+        elif allowlist is not None:
             prefix = overrides.active_provider if name == "model" else None
             if not _listed(value, allowlist, prefix=prefix):
                 key = config_path(plugin_id, list_key)
@@ -180,6 +186,29 @@ def decide(plugin_id: str, policy: TrustPolicy, overrides: Overrides) -> Decisio
         return Decision(True, "no overrides requested")
     granted = ", ".join(f"{policy.grants(n)}" for n in requested)
     return Decision(True, f"overrides granted by {granted}")
+
+
+def _route_refused(plugin_id: str, policy: TrustPolicy, overrides: Overrides, name: str) -> Decision | None:
+    """``model=`` naming a route of the catalog: allowed when ``allowed_models`` lists the route by
+    name, or admits any model (``*`` or no list) and the route stays on the call's provider - a route
+    on another provider also needs that provider granted, as ``provider=`` would."""
+    allowlist = policy.allowed_models
+    list_key = config_path(plugin_id, "allowed_models")
+    if allowlist is not None and _norm(name) in {_norm(item) for item in allowlist}:
+        return None
+    if allowlist is not None and "*" not in {_norm(item) for item in allowlist}:
+        shown = ", ".join(allowlist) if allowlist else "empty: nothing is allowed"
+        return Decision(False, f"plugin '{plugin_id}' may not use the route {name!r}: it is not in {list_key} "
+                        f"[{shown}]; add {name} to that list in config.yaml to allow it", list_key, "model")
+    provider = overrides.route_provider
+    if _norm(provider) == _norm(overrides.active_provider or ""):
+        return None
+    providers = policy.allowed_providers
+    if policy.grants("provider") is not None and (providers is None or _listed(provider, providers)):
+        return None
+    return Decision(False, f"plugin '{plugin_id}' may not use the route {name!r}: it goes to provider {provider!r}, "
+                    f"and {list_key} admits it only as any model of the call's provider; list {name} in {list_key} "
+                    "to allow this route", list_key, "model")
 
 
 def enforce(plugin_id: str, policy: TrustPolicy, overrides: Overrides) -> Decision:

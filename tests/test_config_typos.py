@@ -13,9 +13,9 @@ from tests.conftest import write_config
 
 
 def test_a_top_level_typo_gets_a_did_you_mean_but_hermes_sections_do_not(tmp_path):
-    config = parse_config(tmp_path, "plugin:\n  enabled: [x]\nmodels: {}\nterminal: {backend: local}\ndisplay: {}\n")
+    config = parse_config(tmp_path, "plugin:\n  enabled: [x]\nmodle: {}\nterminal: {backend: local}\ndisplay: {}\n")
     assert any("'plugin': unknown top-level section (did you mean 'plugins'?)" in w for w in config.warnings)
-    assert any("'models'" in w and "'model'" in w for w in config.warnings)
+    assert any("'modle'" in w and "'model'" in w for w in config.warnings)
     assert not any("terminal" in w or "display" in w for w in config.warnings)
 
 

@@ -173,7 +173,8 @@ class CallAudit:
             structured=((structured.schema_sha256(tally.schema), tally.validation, tally.repairs)
                         if call.api == "structured" else None),
             content=(messages, response.text if response else None) if admitted.config.audit.log_content else None,
-            details=_details(tally.params, response, usage))
+            details=_details(tally.params, response, usage), route=admitted.route.name,
+            route_attempts=tally.route_attempts)
         if tally.limit_fields:
             record.update(tally.limit_fields)
         return record

@@ -18,6 +18,15 @@ from typing import Any, Callable, NoReturn
 from audit import records
 from plugin_llm import limits, structured
 from plugin_llm.call.audit import CallAudit, detail
+from plugin_llm.call.fallback import (
+    NextRoute,
+    another_route_can_fix,
+    attempt_outcome,
+    route_available,
+    route_tried,
+    status_for,
+)
+from plugin_llm.call.provider_request import bounded_output, settle_failed, transport_request, with_current_limits
 from plugin_llm.call.protocols import AuditSink, Transport
 from plugin_llm.call.request import CallRequest, StructuredSpec
 from plugin_llm.call.response import checked_response, complete_result, operator_priced, seconds, whole
@@ -45,18 +54,10 @@ from plugin_llm.call.validate import (
     check_tools,
 )
 from plugin_llm.call_options import FORBIDDEN, check_options
-from plugin_llm.config import ConfigSource, HostConfig
-from plugin_llm.credentials import key_source
-from plugin_llm.errors import (
-    PluginLlmError,
-    PluginLlmProviderError,
-    PluginLlmQuotaError,
-    PluginLlmSchemaError,
-    PluginLlmTimeoutError,
-    PluginLlmTrustError,
-)
-from plugin_llm.routing import Route, resolve_route
-from plugin_llm.transport import TransportRequest, TransportResponse
+from plugin_llm.config import ConfigSource
+from plugin_llm.errors import PluginLlmError, PluginLlmProviderError, PluginLlmSchemaError, PluginLlmTrustError
+from plugin_llm.routing import Route, catalog_route, resolve_chain
+from plugin_llm.transport import TransportResponse
 from plugin_llm.trust import Overrides, enforce
 from plugin_llm.types import PluginLlmStructuredResult, PluginLlmUsage
 
@@ -144,12 +145,16 @@ class Pipeline:
         """
         tally = run.tally
         progress = tally.stream
-        ticket, request = yield from self._admitted_request(run, messages, params)
+        if run.admitted.chain:
+            ticket, request = yield from self._chained_open(run, messages, params)
+        else:
+            ticket, request = yield from self._admitted_request(run, messages, params)
         admitted = run.admitted
         progress.deadline = admitted.deadline
         failure: BaseException | None = None
         try:
-            progress.stream = yield StreamOpen(request)
+            if progress.stream is None:
+                progress.stream = yield StreamOpen(request)
             while True:
                 text = yield StreamRead(progress.stream)
                 if text is None:
@@ -165,7 +170,7 @@ class Pipeline:
         except BaseException as exc:  # noqa: BLE001 - every transport outcome is audited, then raised
             failure = exc
         if failure is not None:
-            _settle_failed(ticket, failure, replied=progress.stream is not None)
+            settle_failed(ticket, failure, replied=progress.stream is not None)
             if progress.stream is not None:
                 progress.stream.close()
             error = self._request_failed(run, failure)
@@ -181,6 +186,39 @@ class Pipeline:
         result = complete_result(run.call, admitted.route, response, tally.usage)
         self._audit.outcome(run, "ok", response)
         return result
+
+    def _chained_open(self, run: Run, messages: list, params: dict) -> Flow:
+        """A stream's route and fallbacks: each route in order opens its stream (nothing has reached
+        the consumer yet); the first that opens is the call's, and a failure another route can fix
+        moves on to the next. Its limits ticket and request; ``progress.stream`` is the open stream."""
+        chain, progress = run.admitted.chain, run.tally.stream
+        for index, route in enumerate(chain):
+            more = index + 1 < len(chain)
+            run.admitted = dataclasses.replace(run.admitted, route=route)
+            if more and not (yield from route_available(run)):
+                continue
+            ticket, request = yield from self._admitted_request(run, messages, params)
+            started = time.monotonic()
+            failure: BaseException | None = None
+            try:
+                progress.stream = yield StreamOpen(request)
+            except GeneratorExit:  # the consumer left while the stream was being opened
+                self._stream_abandoned(run, ticket)
+                raise
+            except BaseException as exc:  # noqa: BLE001 - audited here or passed to the next route
+                failure = exc
+            if failure is None:
+                yield from route_tried(run, started, "ok", True)
+                return ticket, request
+            fixable = another_route_can_fix(failure, run.admitted.deadline)
+            yield from route_tried(run, started, attempt_outcome(failure), False if fixable else None)
+            settle_failed(ticket, failure, replied=False)
+            if not (more and fixable):  # the call's outcome, as a lone route's failure to open would be
+                error = self._request_failed(run, failure)
+                failure = None
+                raise error
+            failure = None
+        raise AssertionError("a chain's last route is always tried")  # pragma: no cover
 
     def _stream_abandoned(self, run: Run, ticket: limits.Ticket) -> None:
         """The record of a stream its consumer closed or dropped before its end (charged its
@@ -235,7 +273,7 @@ class Pipeline:
         refused: limits.PluginLlmLimitError | None = None
         for repair in range(max_repairs + 1):
             if repair:  # a repair is a request of its own: admitted under the limits as they are now
-                run.admitted = _with_current_limits(run.admitted, self._config.current())
+                run.admitted = with_current_limits(run.admitted, self._config.current())
             tally.repairing = bool(repair)
             try:
                 response = yield from self._provider_call(run, messages, params)
@@ -294,7 +332,7 @@ class Pipeline:
             )
             cause = type(failure).__name__
         failure = None
-        self._audit.outcome(run, _status_for(error), None, error, cause)
+        self._audit.outcome(run, status_for(error), None, error, cause)
         raise error
 
     # ------------------------------------------------------------- admission
@@ -336,8 +374,9 @@ class Pipeline:
         provider = check_optional_str("provider", request.provider)
         model = check_optional_str("model", request.model)
         active = (provider or config.model.provider or "").lower() or None
+        named = catalog_route(config, provider, model)
         overrides = Overrides(provider=provider, model=model, agent_id=call.agent_id, profile=call.profile,
-                              active_provider=active)
+                              active_provider=active, route_provider=named.provider or "" if named else None)
         try:
             decision = enforce(self._plugin_id, config.trust_for(self._plugin_id), overrides)
         except PluginLlmTrustError as exc:
@@ -353,8 +392,10 @@ class Pipeline:
             self._audit.write(call, config, record)
             raise exc from None
         try:
-            route = resolve_route(config, provider=provider, model=model, profile=call.profile, timeout=request.timeout)
-            admitted = Admitted(config, route, decision, time.monotonic() + route.timeout)
+            chain = resolve_chain(config, provider=provider, model=model, profile=call.profile, timeout=request.timeout)
+            route = chain[0]
+            admitted = Admitted(config, route, decision, time.monotonic() + route.timeout,
+                                chain if len(chain) > 1 else ())
         except PluginLlmError as exc:
             record = records.error_record(call, provider=config.model.provider or None,
                                           request_model=model or config.model.model,
@@ -428,15 +469,24 @@ class Pipeline:
         ticket = self._limits_in_memory(run, messages, params)
         if ticket is None:
             ticket = yield from self._limits_store_step(run, messages, params)
-        params = _bounded_output(run, params)
+        params = bounded_output(run, params)
         yield from self._ready(run, ticket)
-        return ticket, _transport_request(run.admitted, messages, params)
+        return ticket, transport_request(run.admitted, messages, params)
 
     def _provider_call(self, run: Run, messages: list, params: dict) -> Flow:
         """Admit under the limits, yield one transport request, settle; audit and raise whatever it
-        ends in other than a usable response."""
+        ends in other than a usable response. A route with fallbacks: :meth:`_chained_call`."""
+        if not run.admitted.chain:
+            return (yield from self._one_request(run, messages, params, False))
+        return (yield from self._chained_call(run, messages, params))
+
+    def _one_request(self, run: Run, messages: list, params: dict, more: bool) -> Flow:
+        """One provider request on ``run.admitted.route``. ``more``: a route of the chain follows,
+        so a failure another route can fix is raised as :class:`NextRoute` (not audited: the
+        chain goes on)."""
         ticket, request = yield from self._admitted_request(run, messages, params)
         admitted = run.admitted
+        started = time.monotonic()
         failure: BaseException | None = None
         response = None
         try:
@@ -448,11 +498,35 @@ class Pipeline:
             if not response.priced and admitted.config.limits.prices:
                 response = operator_priced(admitted, response)
             ticket.settle(response.usage)  # queued: no store round trip on the caller's path
+            if admitted.chain:
+                yield from route_tried(run, started, "ok", True)
             return response
-        _settle_failed(ticket, failure, replied=response is not None)
+        settle_failed(ticket, failure, replied=response is not None)
+        if admitted.chain:
+            fixable = another_route_can_fix(failure, admitted.deadline)
+            yield from route_tried(run, started, attempt_outcome(failure), False if fixable else None)
+            if more and fixable:
+                failure = None
+                raise NextRoute()
         error = self._request_failed(run, failure)
         failure = None  # not kept in this frame: the transport's exception may hold a key in its frames
         raise error
+
+    def _chained_call(self, run: Run, messages: list, params: dict) -> Flow:
+        """The route, then each fallback in order, within the call's one deadline: a route whose circuit
+        breaker is open is skipped (the last one is always tried); a failure another route can fix
+        moves on to the next route."""
+        chain = run.admitted.chain
+        for index, route in enumerate(chain):
+            more = index + 1 < len(chain)
+            run.admitted = dataclasses.replace(run.admitted, route=route)
+            if more and not (yield from route_available(run)):
+                continue
+            try:
+                return (yield from self._one_request(run, messages, params, more))
+            except NextRoute:
+                continue
+        raise AssertionError("a chain's last route is always tried")  # pragma: no cover
 
     def _ready(self, run: Run, ticket: limits.Ticket | None) -> Flow:
         """The transport's one-time set-up (litellm's import), only now that the call will be sent: a
@@ -490,69 +564,6 @@ class Pipeline:
         tally.provider_seconds += seconds(getattr(error, "provider_seconds", 0.0))
         if tally.schema is not None:
             tally.validation = "none"
-        status = "error" if cause is not None else _status_for(error)
+        status = "error" if cause is not None else status_for(error)
         self._audit.outcome(run, status, None, error, cause)
         return error
-
-
-def _with_current_limits(admitted: Admitted, config: HostConfig) -> Admitted:
-    """``admitted`` with the limits of ``config`` (a reload since the call began may have lowered a
-    cap); its trust decision and route stay the call's."""
-    if config.limits is admitted.config.limits:
-        return admitted
-    return dataclasses.replace(admitted, config=dataclasses.replace(admitted.config, limits=config.limits))
-
-
-def _settle_failed(ticket: limits.Ticket, failure: BaseException, *, replied: bool) -> None:
-    """A request that ended in no usable reply: released when the provider refused it (an error
-    reply, no connection: nothing billed), else charged its reservation, the worst case -- a reply
-    came but was unusable, or a stream was cut short, or the request timed out or was cancelled
-    while out: the provider may have billed it, and how much is unknown."""
-    if replied or isinstance(failure, PluginLlmTimeoutError) or not isinstance(failure, Exception):
-        ticket.settle()
-    else:
-        ticket.release()
-
-
-def _bounded_output(run: Run, params: dict) -> dict:
-    """``params`` with ``max_tokens`` set to the output bound the limits reserved when they count
-    output and the plugin set none (or a larger one): the reservation is then a ceiling the
-    provider keeps (litellm names it per provider: max_completion_tokens, max_output_tokens ...)."""
-    admitted, plugin_id = run.admitted, run.call.plugin_id
-    settings = admitted.config.limits
-    if settings.for_plugin(plugin_id).empty:
-        return params
-    route = admitted.route
-    bound = limits.output_bound(settings, admitted.config.home, plugin_id, route.provider, route.model,
-                                params.get("max_tokens"))
-    if bound is None:
-        return params
-    run.tally.add_limits({records.LIMITS_MAX_TOKENS_SENT: bound})
-    return {**params, "max_tokens": bound}
-
-
-def _transport_request(admitted: Admitted, messages: list, params: dict) -> TransportRequest:
-    """The transport request of one provider request, with the operator's price of the route when
-    ``limits.prices`` has one (the transport then reports that cost: ``TransportResponse.priced``)."""
-    route, config = admitted.route, admitted.config
-    prices = config.limits.prices
-    return TransportRequest(
-        route=route,
-        messages=messages,
-        keys=key_source(config.home, route.provider, route.profile),
-        deadline=admitted.deadline,
-        params=params,
-        cost=limits.operator_cost(route.provider, route.model, prices) if prices else None,
-    )
-
-
-def _status_for(exc: BaseException) -> str:
-    if isinstance(exc, PluginLlmTimeoutError):
-        return "timeout"
-    if isinstance(exc, PluginLlmQuotaError):
-        return "quota"
-    if isinstance(exc, PluginLlmProviderError):
-        return "provider_error"
-    if isinstance(exc, PluginLlmSchemaError):
-        return "schema_error"
-    return "error"

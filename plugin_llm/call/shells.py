@@ -12,7 +12,7 @@ from typing import Any
 
 from plugin_llm import limits
 from plugin_llm.call.protocols import AsyncReadies, AsyncStreams, Readies, Streams, Transport
-from plugin_llm.call.steps import Flow, LimitStep, Ready, Step, StreamOpen, StreamRead
+from plugin_llm.call.steps import Flow, LimitStep, Ready, Step, StoreStep, StreamOpen, StreamRead
 from plugin_llm.errors import PluginLlmConfigError
 
 __all__ = ["Shell"]
@@ -50,6 +50,8 @@ class Shell:
                         response = limits.admit(request.settings, request.home, request.plugin_id, **request.call)
                     elif type(request) is Ready:
                         response = self.ready()
+                    elif type(request) is StoreStep:
+                        response = request.work()
                     else:
                         response = transport.complete(request)
                 except BaseException as exc:  # noqa: BLE001 - audited and re-raised by the flow
@@ -77,6 +79,8 @@ class Shell:
                                                        **request.call)
                     elif type(request) is Ready:
                         response = await self.aready()
+                    elif type(request) is StoreStep:
+                        response = await _off_loop(request.work)
                     else:
                         response = await transport.acomplete(request)
                 except BaseException as exc:  # noqa: BLE001 - incl. CancelledError: audited, then re-raised as is
@@ -100,6 +104,8 @@ class Shell:
             return limits.admit(step.settings, step.home, step.plugin_id, **step.call)
         if kind is Ready:
             return self.ready()
+        if kind is StoreStep:
+            return step.work()
         if kind is StreamOpen:
             if self._open is None:
                 raise self._cannot_stream("open_stream")
@@ -114,6 +120,8 @@ class Shell:
             return await limits.aadmit(step.settings, step.home, step.plugin_id, **step.call)
         if kind is Ready:
             return await self.aready()
+        if kind is StoreStep:
+            return await _off_loop(step.work)
         if kind is StreamOpen:
             if self._aopen is None:
                 raise self._cannot_stream("aopen_stream")
@@ -123,3 +131,10 @@ class Shell:
     def _cannot_stream(self, name: str) -> PluginLlmConfigError:
         return PluginLlmConfigError(f"the gateway's transport ({type(self.transport).__name__}) cannot stream: it "
                                     f"has no {name}(); use complete() with it, or the default LitellmTransport")
+
+
+async def _off_loop(work: Any) -> Any:
+    """``work()`` in the loop's default executor: a store that is slow to answer holds this call only."""
+    import asyncio
+
+    return await asyncio.get_running_loop().run_in_executor(None, work)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Generator, Iterable, Union
+from typing import TYPE_CHECKING, Any, Callable, Generator, Iterable, Union
 
 from audit import records
 from plugin_llm.types import PluginLlmUsage
@@ -24,7 +24,7 @@ if TYPE_CHECKING:  # for annotations only: a stream's module imports this one, a
     from plugin_llm.transport import TransportRequest, TransportResponse
     from plugin_llm.trust import Decision
 
-__all__ = ["Step", "Flow", "LimitStep", "Ready", "READY", "StreamOpen", "StreamRead", "Emit", "StreamProgress", "Call", "Admitted",
+__all__ = ["Step", "Flow", "LimitStep", "StoreStep", "Ready", "READY", "StreamOpen", "StreamRead", "Emit", "StreamProgress", "Call", "Admitted",
            "Run", "Tally", "RepairRefused"]
 
 _MAX_ANOMALIES = 16
@@ -41,6 +41,14 @@ class LimitStep:
     home: Path
     plugin_id: str
     call: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class StoreStep:
+    """Step: a store operation that may wait (a route's circuit breaker): the sync shell calls
+    ``work()``, the async one runs it in a worker thread (never on the event loop)."""
+
+    work: Callable[[], Any]
 
 
 @dataclass(frozen=True)
@@ -73,7 +81,7 @@ class Emit:
     text: str
 
 
-Step = Union["TransportRequest", LimitStep, Ready, StreamOpen, StreamRead, Emit]
+Step = Union["TransportRequest", LimitStep, StoreStep, Ready, StreamOpen, StreamRead, Emit]
 #: a call's pipeline: yields steps, receives their outcomes, returns the call's result
 Flow = Generator[Step, Any, Any]
 
@@ -117,6 +125,8 @@ class Admitted:
     route: Route
     decision: Decision
     deadline: float
+    #: the routes tried in order (the route first, then its fallbacks); () = the route alone
+    chain: "tuple[Route, ...]" = ()
 
 
 class Run:
@@ -142,7 +152,7 @@ class Tally:
     """Running totals of one call across transport requests (repairs), and whether it is on record."""
 
     __slots__ = ("usage", "attempts", "provider_seconds", "repairs", "schema", "validation", "anomalies",
-                 "audited", "audit_messages", "limit_fields", "stream", "repairing", "params")
+                 "audited", "audit_messages", "limit_fields", "stream", "repairing", "params", "route_attempts")
 
     def __init__(self, schema: dict | None = None) -> None:
         self.usage = PluginLlmUsage()
@@ -158,6 +168,7 @@ class Tally:
         self.limit_fields: dict[str, Any] | None = None
         self.stream: StreamProgress | None = None  # a streamed call's progress (stream.* audit fields)
         self.params: dict[str, Any] | None = None  # the request's parameters (the record's sampling fields)
+        self.route_attempts: list[dict[str, Any]] | None = None  # each route of a chain tried: the record's
 
     def add_limits(self, fields: dict[str, Any]) -> None:
         """Limit fields for the audit record; reservations of several requests (repairs) add up."""

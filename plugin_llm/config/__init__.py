@@ -29,6 +29,16 @@ from plugin_llm.bounded_repr import short_repr
 from plugin_llm.limits.settings import LimitSettings, parse_limit_settings
 from plugin_llm.provider_names import unknown_provider_problem
 from plugin_llm.safe_yaml import load_yaml
+from plugin_llm.config.breakers import BreakerPolicy, parse_breaker_policy
+from plugin_llm.config.routes import (
+    DEFAULT_LOCAL_MODEL,
+    LOCAL_PROVIDER,
+    RouteConfig,
+    parse_default_route,
+    parse_models,
+    register_url_secrets,
+    shown_url,
+)
 from plugin_llm.config.service import ServiceSettings, parse_service_settings
 from plugin_llm.config.telemetry import TelemetrySettings, parse_telemetry_settings
 from plugin_llm.trust import DENY_ALL, HERMES_ONLY_KEYS, LIST_KEYS, TRUST_KEYS, TrustPolicy, config_path
@@ -55,15 +65,8 @@ log = logging.getLogger("plugin_llm.config")
 #: config.yaml is refused beyond this size (a real one is a few KiB)
 CONFIG_MAX_BYTES = 4 * MIB
 
-LOCAL_PROVIDER = "local"
-DEFAULT_LOCAL_MODEL = "local-echo-1"
-
-#: model-name prefixes used to infer the provider of a plain ``model: x``
-_PROVIDER_BY_PREFIX = (
-    ("gpt-", "openai"), ("o1", "openai"), ("o3", "openai"), ("o4", "openai"), ("chatgpt-", "openai"),
-    ("claude", "anthropic"), ("gemini", "gemini"), ("mistral", "mistral"), ("codestral", "mistral"),
-    ("deepseek", "deepseek"), ("grok", "xai"), ("command", "cohere"), ("local-", LOCAL_PROVIDER),
-)
+#: the default route (``model:``) is a route like those of the catalog
+ModelConfig = RouteConfig
 
 
 def hermes_home(env: Mapping[str, str] | None = None) -> Path:
@@ -74,51 +77,6 @@ def hermes_home(env: Mapping[str, str] | None = None) -> Path:
 
 
 @dataclass(frozen=True)
-class ModelConfig:
-    """The active route chosen by the operator (``model:``)."""
-
-    provider: str | None = LOCAL_PROVIDER
-    model: str = DEFAULT_LOCAL_MODEL
-    base_url: str | None = None
-    #: force native ``json_schema`` response_format on/off (None: ask litellm)
-    supports_json_schema: bool | None = None
-
-    def __repr__(self) -> str:
-        return (f"ModelConfig(provider={self.provider!r}, model={self.model!r}, base_url={shown_url(self.base_url)!r}, "
-                f"supports_json_schema={self.supports_json_schema!r})")
-
-
-def shown_url(url: str | None) -> str | None:
-    """``url`` for messages, output and reprs: through the redactor, so its userinfo
-    (``https://user:pass@host``) and any key in it are hidden."""
-    if not url or not isinstance(url, str):
-        return url
-    from auth.redaction import redact
-
-    return redact(url)
-
-
-def register_url_secrets(url: str) -> None:
-    """Teach the redactor the credentials in an endpoint URL's userinfo, so that they are hidden
-    wherever they appear, also without the URL around them (a provider echoing them)."""
-    from urllib.parse import unquote, urlsplit
-
-    from auth.redaction import register_secret
-
-    try:
-        parts = urlsplit(url.strip())
-    except ValueError:
-        return
-    userinfo, at, _ = parts.netloc.rpartition("@")
-    if not at:
-        return
-    user, _, password = userinfo.partition(":")
-    secret = password or user  # a token alone stands in the user's place
-    register_secret(secret)
-    register_secret(unquote(secret))
-
-
-@dataclass(frozen=True)
 class LlmSettings:
     """Host-wide call settings (``llm:``)."""
 
@@ -126,6 +84,8 @@ class LlmSettings:
     max_timeout: float = 300.0
     max_retries: int = 2
     structured_repair_attempts: int = 1
+    #: when a route of a chain is skipped after repeated failures (``llm.breaker``)
+    breaker: BreakerPolicy = BreakerPolicy()
 
 
 @dataclass(frozen=True)
@@ -135,6 +95,8 @@ class HostConfig:
     home: Path
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False)  # model.base_url may hold a password
     model: ModelConfig = ModelConfig()
+    #: the model catalog (``models:``): named routes plugins may ask for by name
+    models: Mapping[str, RouteConfig] = field(default_factory=lambda: MappingProxyType({}))
     llm: LlmSettings = LlmSettings()
     audit: AuditSettings = AuditSettings()
     trust: Mapping[str, TrustPolicy] = field(default_factory=dict)
@@ -194,68 +156,6 @@ def _did_you_mean(key: str, known) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
-def _infer_provider(model: str) -> str | None:
-    lowered = model.lower()
-    for prefix, provider in _PROVIDER_BY_PREFIX:
-        if lowered.startswith(prefix):
-            return provider
-    return None
-
-
-def _parse_model(raw: Any, warnings: list[str]) -> ModelConfig:
-    if raw is None:
-        return ModelConfig()
-    if isinstance(raw, str):
-        name = raw.strip()
-        if "/" in name:
-            provider, _, rest = name.partition("/")
-            provider = provider.strip().lower()
-            problem = unknown_provider_problem(provider)
-            if problem is not None:  # the same warning as for model.provider (the route refuses it too)
-                warnings.append(f"model.provider: {problem}")
-            return ModelConfig(provider=provider, model=rest)
-        return ModelConfig(provider=_infer_provider(name), model=name)
-    if not isinstance(raw, Mapping):
-        warnings.append(f"model: expected a mapping or a model name, got {type(raw).__name__}; using the local model")
-        return ModelConfig()
-    provider = raw.get("provider")
-    model = raw.get("model", raw.get("default"))
-    base_url = raw.get("base_url")
-    if provider is not None and not isinstance(provider, str):
-        warnings.append(f"model.provider: expected a string, got {short_repr(provider)}")
-        provider = None
-    if model is not None and not isinstance(model, str):
-        warnings.append(f"model.model: expected a string, got {short_repr(model)}")
-        model = None
-    provider = provider.strip().lower() if provider else None
-    if not model:
-        model = DEFAULT_LOCAL_MODEL if provider in (None, LOCAL_PROVIDER) else ""
-        if not model:
-            warnings.append(f"model.model is missing for provider {short_repr(provider)}")
-    if provider is None:
-        # The route's provider is decided here, once, from config alone: a
-        # model override can then never switch provider, endpoint or key.
-        if base_url:
-            provider = "custom"  # an endpoint without a provider is an OpenAI-compatible one
-        elif "/" in model:
-            provider, _, model = model.partition("/")
-            provider = provider.strip().lower()
-        else:
-            provider = _infer_provider(model) if model else LOCAL_PROVIDER
-    if provider is not None:
-        problem = unknown_provider_problem(provider)
-        if problem is not None:
-            warnings.append(f"model.provider: {problem}")
-    if provider == "custom" and not base_url:
-        warnings.append("model.provider is 'custom' but model.base_url is not set; calls will fail until it is")
-    supports = raw.get("supports_json_schema")
-    if supports is not None:
-        supports = parse_bool(supports, "model.supports_json_schema", warnings)
-    if base_url and isinstance(base_url, str):
-        register_url_secrets(base_url)
-    return ModelConfig(provider=provider, model=model.strip(), base_url=base_url or None, supports_json_schema=supports)
-
-
 def _parse_llm(raw: Any, warnings: list[str]) -> LlmSettings:
     if raw is None:
         return LlmSettings()
@@ -274,6 +174,7 @@ def _parse_llm(raw: Any, warnings: list[str]) -> LlmSettings:
         max_timeout=max_timeout,
         max_retries=_number(raw, "max_retries", d.max_retries, "llm", warnings, integer=True),
         structured_repair_attempts=_number(raw, "structured_repair_attempts", d.structured_repair_attempts, "llm", warnings, integer=True),
+        breaker=parse_breaker_policy(raw.get("breaker"), "llm.breaker", warnings),
     )
 
 
@@ -361,10 +262,12 @@ def parse_config(home: Path, text: str) -> HostConfig:
     _check_top_level(data, warnings)
     plugins = data.get("plugins")
     limits, limit_issues = parse_limit_settings(data.get("limits"), plugins)
+    models = parse_models(data.get("models"), warnings)
     return HostConfig(
         home=home,
         raw=MappingProxyType(dict(data)),
-        model=_parse_model(data.get("model"), warnings),
+        model=parse_default_route(data.get("model"), models, warnings),
+        models=models,
         llm=_parse_llm(data.get("llm"), warnings),
         audit=_audit_settings(data.get("audit"), warnings),
         trust=MappingProxyType(_parse_trust(plugins, warnings)),
@@ -376,11 +279,11 @@ def parse_config(home: Path, text: str) -> HostConfig:
 
 
 #: the top-level sections this host reads
-HOST_SECTIONS = ("model", "llm", "audit", "plugins", "limits", "memory", "image_gen", "context", "service",
+HOST_SECTIONS = ("model", "models", "llm", "audit", "plugins", "limits", "memory", "image_gen", "context", "service",
                  "telemetry")
 #: sections that decide trust, routing, limits, the service and auditing: a key written twice in them (at any
 #: depth), or one of them written twice, makes the file unusable (fail closed), never "the last one wins"
-GOVERNED_SECTIONS = frozenset(("plugins", "limits", "service", "audit", "model", "llm"))
+GOVERNED_SECTIONS = frozenset(("plugins", "limits", "service", "audit", "model", "models", "llm"))
 #: top-level sections of a Hermes config.yaml this host ignores (an operator's existing file is not "wrong"):
 #: Hermes 0.19's DEFAULT_CONFIG and _EXTRA_KNOWN_ROOT_KEYS (hermes_cli/config.py), the legacy root keys it
 #: migrates (provider, base_url, api_base, context_length, max_turns) and the older flat terminal keys
@@ -515,6 +418,7 @@ class ConfigSource:
             home=self.home,
             raw=base.raw,
             model=base.model,
+            models=base.models,
             llm=base.llm,
             audit=base.audit,
             trust=MappingProxyType({}),

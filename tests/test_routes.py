@@ -1,0 +1,279 @@
+"""The model catalog through the gateway: aliases, the trust gate over them, fallbacks in one record."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from plugin_llm import PluginLlm, PluginLlmConfigError, PluginLlmProviderError, PluginLlmTrustError
+from plugin_llm import limits
+from plugin_llm.config import get_config_source, parse_config
+from tests.conftest import audit_lines, write_config
+from tests.servers import FakeServer, Reply
+
+USER = [{"role": "user", "content": "hi"}]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_stores():
+    yield
+    limits.close_stores()
+
+
+@pytest.fixture
+def upstreams():
+    with FakeServer() as a, FakeServer() as b:
+        yield a, b
+
+
+def catalog(home, a: str, b: str, *, default: str = "{route: first, fallbacks: [second]}", plugins: str = "",
+            extra: str = "") -> None:
+    write_config(home, (
+        "models:\n"
+        f"  first: {{provider: custom, model: ma, base_url: {a}}}\n"
+        f"  second: {{provider: custom, model: mb, base_url: {b}}}\n"
+        f"model: {default}\n"
+        "llm: {max_retries: 0, breaker: false}\n"
+        f"{extra}"
+        f"{plugins}"
+    ))
+
+
+def grant(models: str, **flags: str) -> str:
+    more = "".join(f", {k}: {v}" for k, v in flags.items())
+    return f"plugins:\n  entries:\n    p:\n      llm: {{allow_model_override: true, allowed_models: {models}{more}}}\n"
+
+
+# ------------------------------------------------------------------ the catalog in config.yaml
+def test_the_catalog_parses_routes_and_the_default_route_by_name(tmp_path):
+    config = parse_config(tmp_path, (
+        "models:\n"
+        "  fast: {provider: openai, model: gpt-4o-mini}\n"
+        "  smart: {provider: anthropic, model: claude-sonnet-4-5, profile: team-b, fallbacks: [fast]}\n"
+        "  local-llama: {provider: custom, model: llama3, base_url: 'http://10.0.0.5:8000/v1', timeout: 5}\n"
+        "model: {route: fast, fallbacks: [local-llama]}\n"
+    ))
+    assert not config.warnings
+    assert config.model.name == "fast" and config.model.provider == "openai" and config.model.fallbacks == ("local-llama",)
+    smart = config.models["smart"]
+    assert (smart.provider, smart.model, smart.profile, smart.fallbacks) == ("anthropic", "claude-sonnet-4-5", "team-b", ("fast",))
+    assert config.models["local-llama"].timeout == 5.0 and config.models["local-llama"].base_url.startswith("http://10.")
+
+
+def test_catalog_typos_get_a_did_you_mean_and_are_left_out(tmp_path):
+    config = parse_config(tmp_path, (
+        "models:\n"
+        "  fast: {provider: openai, model: gpt-4o-mini, fallback: [smart]}\n"
+        "  smart: {provider: anthropic, model: claude-sonnet-4-5, fallbacks: [fsat, smart]}\n"
+        "  'bad/name': {provider: openai, model: gpt-4o}\n"
+        "model: {route: fast}\n"
+    ))
+    text = "\n".join(config.warnings)
+    assert "models.fast.'fallback': unknown key, ignored (did you mean 'fallbacks'?)" in text
+    assert "models.smart.fallbacks: 'fsat' is not a route of models: (did you mean 'fast'?)" in text
+    assert "names the route itself" in text
+    assert "models.bad/name: a route name is letters" in text
+    assert config.models["smart"].fallbacks == () and "bad/name" not in config.models
+
+
+def test_a_default_route_naming_no_catalog_entry_refuses_calls_with_the_fix(hermes_home):
+    write_config(hermes_home, "models:\n  fast: {provider: openai, model: gpt-4o-mini}\nmodel: {route: fsat}\n")
+    config = get_config_source(hermes_home).current()
+    assert any("did you mean 'fast'?" in w for w in config.warnings)
+    with pytest.raises(PluginLlmConfigError) as caught:
+        PluginLlm("p").complete(USER)
+    assert "model.route 'fsat' is not a route of models: (did you mean 'fast'?)" in str(caught.value)
+    [record] = audit_lines(hermes_home)
+    assert record["status"] == "error" and "fsat" in record["error.message"]
+
+
+def test_the_old_model_forms_still_work_and_name_no_route(tmp_path):
+    for text in ("model: gpt-4o-mini\n", "model: {provider: openai, model: gpt-4o-mini}\n"):
+        config = parse_config(tmp_path, text)
+        assert (config.model.provider, config.model.model, config.model.name) == ("openai", "gpt-4o-mini", None)
+
+
+# ------------------------------------------------------------------ aliases and the trust gate
+def test_an_alias_reaches_exactly_its_route_and_the_record_names_it(hermes_home, upstreams):
+    a, b = upstreams
+    catalog(hermes_home, a.base_url, b.base_url, default="{route: first}", plugins=grant("[second]"))
+    result = PluginLlm("p").complete(USER, model="second")
+    assert result.text == "ok" and len(b.requests) == 1 and not a.requests
+    assert b.requests[0].json["model"] == "mb"
+    [record] = audit_lines(hermes_home)
+    assert record["route"] == "second" and record["gen_ai.request.model"] == "mb"
+    assert "route.attempts" not in record  # a route without fallbacks is one attempt
+
+
+def test_a_raw_model_override_stays_on_the_default_route_s_endpoint(hermes_home, upstreams):
+    a, b = upstreams
+    catalog(hermes_home, a.base_url, b.base_url, default="{route: first}", plugins=grant("['*']"))
+    PluginLlm("p").complete(USER, model="mb")  # the model name of route "second", not the route
+    assert len(a.requests) == 1 and not b.requests and a.requests[0].json["model"] == "mb"
+    assert "route" not in audit_lines(hermes_home)[0]
+
+
+def test_an_alias_not_listed_is_refused_before_anything_is_sent(hermes_home, upstreams):
+    a, b = upstreams
+    catalog(hermes_home, a.base_url, b.base_url, default="{route: first}", plugins=grant("[first]"))
+    with pytest.raises(PluginLlmTrustError) as caught:
+        PluginLlm("p").complete(USER, model="second")
+    assert "may not use the route 'second'" in str(caught.value)
+    assert caught.value.config_key == "plugins.entries.p.llm.allowed_models"
+    assert not a.requests and not b.requests
+    assert audit_lines(hermes_home)[0]["decision"] == "denied"
+
+
+def test_any_model_admits_a_route_only_on_the_call_s_provider(hermes_home, upstreams):
+    a, b = upstreams
+    write_config(hermes_home, (
+        "models:\n"
+        f"  same: {{provider: custom, model: mb, base_url: {b.base_url}}}\n"
+        "  other: {provider: anthropic, model: claude-sonnet-4-5}\n"
+        f"model: {{provider: custom, model: ma, base_url: {a.base_url}}}\n"
+        "llm: {max_retries: 0}\n" + grant("['*']")
+    ))
+    llm = PluginLlm("p")
+    llm.complete(USER, model="same")
+    assert len(b.requests) == 1
+    with pytest.raises(PluginLlmTrustError) as caught:
+        llm.complete(USER, model="other")
+    assert "goes to provider 'anthropic'" in str(caught.value) and "list other in" in str(caught.value)
+
+
+def test_a_route_naming_its_key_profile_keeps_it_whatever_profile_the_plugin_asks(hermes_home, upstreams):
+    a, b = upstreams
+    write_config(hermes_home, (
+        "models:\n"
+        f"  teamb: {{provider: custom, model: mb, base_url: {b.base_url}, profile: team-b}}\n"
+        f"model: {{provider: custom, model: ma, base_url: {a.base_url}}}\n"
+        "plugins:\n  entries:\n    p:\n      llm: {allow_model_override: true, allowed_models: [teamb], "
+        "allow_profile_override: true}\n"
+    ))
+    from plugin_llm.routing import resolve_route
+
+    config = get_config_source(hermes_home).current()
+    assert resolve_route(config, model="teamb", profile="team-a").profile == "team-b"
+    assert resolve_route(config, model="ma", profile="team-a").profile == "team-a"
+
+
+# ------------------------------------------------------------------ fallbacks
+@pytest.mark.parametrize("failure", [Reply.error(503, "overloaded"), Reply.error(429, "slow down"),
+                                     Reply.error(500, "boom")], ids=["503", "429", "500"])
+def test_a_failure_another_provider_can_fix_falls_back_in_one_record(hermes_home, upstreams, failure):
+    a, b = upstreams
+    a.push(failure)
+    catalog(hermes_home, a.base_url, b.base_url)
+    result = PluginLlm("p").complete(USER)
+    assert result.text == "ok" and len(a.requests) == 1 and len(b.requests) == 1
+    [record] = audit_lines(hermes_home)
+    assert record["status"] == "ok" and record["route"] == "second" and record["gen_ai.request.model"] == "mb"
+    attempts = record["route.attempts"]
+    assert [(x["route"], x["outcome"]) for x in attempts] == [("first", f"provider_error:{failure.status}"),
+                                                            ("second", "ok")]
+    assert all(x["latency_ms"] >= 0 for x in attempts)
+
+
+def test_an_error_of_the_request_itself_never_falls_back(hermes_home, upstreams):
+    a, b = upstreams
+    a.push(Reply.error(400, "bad request: context too long"))
+    catalog(hermes_home, a.base_url, b.base_url)
+    with pytest.raises(PluginLlmProviderError) as caught:
+        PluginLlm("p").complete(USER)
+    assert caught.value.status == 400 and not b.requests
+    [record] = audit_lines(hermes_home)
+    assert record["status"] == "provider_error" and record["route"] == "first"
+    assert [x["outcome"] for x in record["route.attempts"]] == ["provider_error:400"]
+
+
+def test_a_connection_error_falls_back(hermes_home, upstreams):
+    a, b = upstreams
+    dead = a.base_url
+    a.stop()  # nothing listens there any more
+    catalog(hermes_home, dead, b.base_url)
+    assert PluginLlm("p").complete(USER).text == "ok"
+    [record] = audit_lines(hermes_home)
+    assert record["route"] == "second" and record["route.attempts"][0]["route"] == "first"
+    assert record["route.attempts"][0]["outcome"] != "ok"
+
+
+@pytest.mark.slow
+def test_a_hung_route_times_out_within_the_call_s_deadline_and_the_next_route_answers(hermes_home, upstreams):
+    a, b = upstreams
+    a.push(Reply.hanging())
+    write_config(hermes_home, (
+        "models:\n"
+        f"  first: {{provider: custom, model: ma, base_url: {a.base_url}, timeout: 0.5}}\n"
+        f"  second: {{provider: custom, model: mb, base_url: {b.base_url}}}\n"
+        "model: {route: first, fallbacks: [second]}\n"
+        "llm: {max_retries: 0, breaker: false, timeout: 30}\n"
+    ))
+    assert PluginLlm("p").complete(USER).text == "ok"
+    [record] = audit_lines(hermes_home)
+    assert [x["outcome"] for x in record["route.attempts"]] == ["timeout", "ok"]
+    assert record["route"] == "second"
+
+
+def test_every_route_failing_ends_in_the_last_failure_with_every_attempt(hermes_home, upstreams):
+    a, b = upstreams
+    a.push(Reply.error(503, "down"))
+    b.push(Reply.error(502, "also down"))
+    catalog(hermes_home, a.base_url, b.base_url)
+    with pytest.raises(PluginLlmProviderError) as caught:
+        PluginLlm("p").complete(USER)
+    assert caught.value.status == 502
+    [record] = audit_lines(hermes_home)
+    assert record["status"] == "provider_error" and record["route"] == "second"
+    assert [x["outcome"] for x in record["route.attempts"]] == ["provider_error:503", "provider_error:502"]
+
+
+def test_an_alias_s_own_fallbacks_are_its_chain(hermes_home, upstreams):
+    a, b = upstreams
+    b.push(Reply.error(503, "down"))
+    write_config(hermes_home, (
+        "models:\n"
+        f"  first: {{provider: custom, model: ma, base_url: {a.base_url}}}\n"
+        f"  second: {{provider: custom, model: mb, base_url: {b.base_url}, fallbacks: [first]}}\n"
+        "model: {route: first}\n"
+        "llm: {max_retries: 0, breaker: false}\n" + grant("[second]")
+    ))
+    assert PluginLlm("p").complete(USER, model="second").text == "ok"
+    [record] = audit_lines(hermes_home)
+    assert record["route"] == "first" and [x["route"] for x in record["route.attempts"]] == ["second", "first"]
+
+
+def test_a_stream_falls_back_when_its_route_fails_to_open(hermes_home, upstreams):
+    a, b = upstreams
+    a.push(Reply.error(503, "down"))
+    b.push(Reply(content="streamed reply"))
+    catalog(hermes_home, a.base_url, b.base_url)
+    with PluginLlm("p").stream(USER) as stream:
+        text = "".join(stream)
+    assert text == "streamed reply"
+    [record] = audit_lines(hermes_home)
+    assert record["status"] == "ok" and record["route"] == "second"
+    assert [x["outcome"] for x in record["route.attempts"]] == ["provider_error:503", "ok"]
+
+
+def test_the_async_path_falls_back_too(hermes_home, upstreams):
+    a, b = upstreams
+    a.push(Reply.error(503, "down"))
+    catalog(hermes_home, a.base_url, b.base_url)
+    result = asyncio.run(PluginLlm("p").acomplete(USER))
+    assert result.text == "ok"
+    assert audit_lines(hermes_home)[0]["route"] == "second"
+
+
+def test_limits_are_charged_at_the_answering_route_s_price(hermes_home, upstreams):
+    a, b = upstreams
+    a.push(Reply.error(503, "down"))
+    prices = ("  store: local\n  prices:\n    custom/ma: {input_per_mtok: 1000.0, output_per_mtok: 1000.0}\n"
+              "    custom/mb: {input_per_mtok: 1.0, output_per_mtok: 2.0}\n")
+    catalog(hermes_home, a.base_url, b.base_url, extra=f"limits:\n{prices}",
+            plugins="plugins:\n  entries:\n    p:\n      limits: {budget_usd: {day: 1.0}}\n")
+    result = PluginLlm("p").complete(USER, max_tokens=100)
+    assert result.usage.cost_usd == pytest.approx(13e-6)  # 7 * 1 + 3 * 2 micro-dollars: the route that answered
+    limits.close_stores()
+    snap = limits.snapshot(get_config_source(hermes_home).current().limits, hermes_home, "p").as_dict()
+    assert snap["spent_usd"]["day"] == pytest.approx(13e-6) and snap["in_flight"] == 0
