@@ -207,6 +207,7 @@ def test_a_store_defect_refuses_the_call_even_when_store_errors_allow_it(tmp_pat
             raise KeyError("bug")
 
         settle = counters = reset = admit
+        breaker_acquire = breaker_report = breaker_states = breaker_reset = admit
 
     settings = settings_for("local", None, "{max_concurrent: 1}", extra=f"  on_store_error: {on_store_error}\n")
     with pytest.raises(PluginLlmLimitError) as caught:

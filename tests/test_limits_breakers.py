@@ -3,9 +3,28 @@
 
 from __future__ import annotations
 
+import calendar
+import sqlite3
+import subprocess
+import sys
+import threading
+import uuid
+from pathlib import Path
+
 import pytest
 
 from plugin_llm.config.breakers import DISABLED, BreakerPolicy, parse_breaker_policy
+from plugin_llm.limits import StoreError
+from plugin_llm.limits.local import LocalStore
+from plugin_llm.limits.redis_store import RedisStore
+from plugin_llm.limits.store import BreakerState
+from tests.redis_server import redis_server  # noqa: F401  (fixture)
+
+REPO = Path(__file__).resolve().parents[1]
+T0 = float(calendar.timegm((2026, 3, 31, 12, 0, 0)))
+ROUTE = "fast-model"
+POLICY = BreakerPolicy(failures=3, window=60.0, cooldown=30.0)
+PROBE = 10.0  # seconds a probe's lease lasts
 
 
 # ----------------------------------------------------------------- the policy
@@ -62,3 +81,261 @@ def test_a_value_that_is_not_a_mapping_or_a_bool_keeps_the_breaker_on():
 def test_a_huge_hostile_key_or_value_is_shown_bounded():
     _, warnings = parse({"x" * 10_000: 1, "window": "y" * 10_000})
     assert all(len(w) < 300 for w in warnings) and len(warnings) == 2
+
+
+# ----------------------------------------------------------------- both stores
+def open_store(kind: str, where: str, prefix: str = ""):
+    return LocalStore(where) if kind == "local" else RedisStore(where, prefix=prefix)
+
+
+@pytest.fixture(params=["local", pytest.param("redis", marks=pytest.mark.slow)])
+def store_spec(request, tmp_path):
+    """(kind, where, prefix): what a child process needs to open the same store."""
+    if request.param == "local":
+        return "local", str(tmp_path / "limits.sqlite3"), ""
+    return "redis", request.getfixturevalue("redis_server").url, f"t{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def store(store_spec):
+    s = open_store(*store_spec)
+    yield s
+    s.close()
+
+
+def acquire(store, now, route=ROUTE, policy=POLICY, probe_for=PROBE):
+    return store.breaker_acquire(route, policy, now, timeout=5.0, probe_for=probe_for)
+
+
+def fail(store, now, route=ROUTE, policy=POLICY):
+    return store.breaker_report(route, False, policy, now, timeout=5.0)
+
+
+def succeed(store, now, route=ROUTE, policy=POLICY):
+    return store.breaker_report(route, True, policy, now, timeout=5.0)
+
+
+def test_consecutive_failures_within_the_window_open_the_breaker(store):
+    assert acquire(store, T0) == "closed"
+    assert [fail(store, T0 + i) for i in range(3)] == ["closed", "closed", "open"]
+    assert acquire(store, T0 + 3) == "open"
+    assert store.breaker_states(T0 + 3, timeout=5) == {
+        ROUTE: BreakerState(ROUTE, "open", 3, opened_at=T0 + 2, retry_at=T0 + 2 + 30)}
+    assert acquire(store, T0 + 3, route="other-model") == "closed"  # routes are separate
+
+
+def test_a_streak_older_than_the_window_starts_again(store):
+    assert fail(store, T0) == "closed"
+    assert fail(store, T0 + 30) == "closed"
+    assert fail(store, T0 + 61) == "closed"  # the streak began at T0, more than 60 s ago: this is its 1st
+    assert store.breaker_states(T0 + 61, timeout=5)[ROUTE].failures == 1
+    assert fail(store, T0 + 62) == "closed"
+    assert fail(store, T0 + 63) == "open"  # three within 60 s of T0 + 61
+
+
+def test_a_success_resets_the_streak(store):
+    fail(store, T0)
+    fail(store, T0 + 1)
+    assert succeed(store, T0 + 2) == "closed"
+    assert store.breaker_states(T0 + 2, timeout=5) == {}
+    assert [fail(store, T0 + 3 + i) for i in range(3)] == ["closed", "closed", "open"]
+
+
+def open_it(store, at=T0):
+    for _ in range(POLICY.failures):
+        state = fail(store, at)
+    assert state == "open"
+
+
+def test_an_open_breaker_refuses_until_its_cooldown_then_lets_exactly_one_probe_through(store):
+    open_it(store)
+    assert acquire(store, T0 + 29.9) == "open"
+    assert acquire(store, T0 + 30) == "probe"
+    assert [acquire(store, T0 + 30 + i) for i in range(3)] == ["open"] * 3  # the probe is out
+    state = store.breaker_states(T0 + 31, timeout=5)[ROUTE]
+    assert (state.state, state.retry_at) == ("half_open", T0 + 30 + PROBE)
+
+
+def test_concurrent_acquirers_get_one_probe_between_them(store_spec):
+    kind, where, prefix = store_spec
+    stores = [open_store(kind, where, prefix) for _ in range(8)]  # (each its own connection)
+    try:
+        open_it(stores[0])
+        barrier = threading.Barrier(len(stores))
+        answers: list[str] = []
+
+        def race(s):
+            barrier.wait()
+            answers.append(acquire(s, T0 + 40))
+
+        threads = [threading.Thread(target=race, args=(s,)) for s in stores]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert sorted(answers) == ["open"] * 7 + ["probe"]
+    finally:
+        for s in stores:
+            s.close()
+
+
+def test_a_probe_that_succeeds_closes_the_breaker(store):
+    open_it(store)
+    assert acquire(store, T0 + 30) == "probe"
+    assert succeed(store, T0 + 31) == "closed"
+    assert acquire(store, T0 + 31) == "closed"
+    assert store.breaker_states(T0 + 31, timeout=5) == {}
+    assert fail(store, T0 + 32) == "closed"  # a new streak, from 1
+
+
+def test_a_probe_that_fails_opens_the_breaker_again_from_then(store):
+    open_it(store)
+    assert acquire(store, T0 + 30) == "probe"
+    assert fail(store, T0 + 35) == "open"
+    assert store.breaker_states(T0 + 35, timeout=5)[ROUTE] == BreakerState(ROUTE, "open", 4, T0 + 35, T0 + 65)
+    assert acquire(store, T0 + 64) == "open"
+    assert acquire(store, T0 + 65) == "probe"
+
+
+def test_a_probe_whose_lease_ends_without_a_report_goes_to_the_next_caller(store):
+    open_it(store)
+    assert acquire(store, T0 + 30) == "probe"  # ... and its caller dies
+    assert acquire(store, T0 + 30 + PROBE - 0.1) == "open"
+    assert acquire(store, T0 + 30 + PROBE) == "probe"
+    assert acquire(store, T0 + 30 + PROBE + 1) == "open"
+
+
+def test_failures_of_calls_still_in_flight_keep_an_open_breaker_as_it_is(store):
+    open_it(store)
+    assert fail(store, T0 + 10) == "open"
+    state = store.breaker_states(T0 + 10, timeout=5)[ROUTE]
+    assert (state.failures, state.opened_at, state.retry_at) == (4, T0, T0 + 30)  # the cooldown is not pushed back
+
+
+def test_a_policy_with_no_failures_is_always_closed_and_touches_no_store(tmp_path):
+    path = tmp_path / "limits.sqlite3"
+    store = LocalStore(path)
+    for _ in range(5):
+        assert fail(store, T0, policy=DISABLED) == "closed"
+    assert acquire(store, T0, policy=DISABLED) == "closed"
+    assert not path.exists()
+    assert succeed(store, T0) == "closed" and acquire(store, T0) == "closed"
+    assert store.breaker_states(T0, timeout=5) == {} and not path.exists()  # reads and successes create nothing
+    fail(store, T0)
+    assert path.exists()
+
+
+def test_reset_closes_one_route_or_every_route(store):
+    open_it(store)
+    open_it(store, T0)
+    for route in ("b", "c"):
+        for _ in range(3):
+            fail(store, T0, route=route)
+    store.breaker_reset(ROUTE, timeout=5)
+    assert acquire(store, T0 + 1) == "closed"
+    assert sorted(store.breaker_states(T0 + 1, timeout=5)) == ["b", "c"]
+    store.breaker_reset(None, timeout=5)
+    assert store.breaker_states(T0 + 1, timeout=5) == {}
+    assert acquire(store, T0 + 1, route="b") == "closed"
+
+
+def test_the_routes_kept_are_bounded_and_closed_ones_go_first(store, monkeypatch):
+    import plugin_llm.limits.local as local
+    import plugin_llm.limits.redis_store as redis_store
+
+    monkeypatch.setattr(local, "MAX_BREAKER_ROUTES", 3)
+    monkeypatch.setattr(redis_store, "MAX_BREAKER_ROUTES", 3)
+    open_it(store)  # open, the oldest
+    fail(store, T0 + 1, route="b")  # closed
+    fail(store, T0 + 2, route="c")  # closed
+    fail(store, T0 + 3, route="d")  # a 4th route: the oldest closed one (b) goes
+    assert sorted(store.breaker_states(T0 + 3, timeout=5)) == ["c", "d", ROUTE]
+    for route in ("c", "d"):
+        for _ in range(2):
+            fail(store, T0 + 4, route=route)
+    fail(store, T0 + 5, route="e")  # all open: the oldest goes
+    assert sorted(store.breaker_states(T0 + 5, timeout=5)) == ["c", "d", "e"]
+
+
+@pytest.mark.parametrize("route", ["", "x" * 129, "line\nbreak", 5, None])
+def test_a_route_that_is_not_a_short_printable_name_is_refused(store, route):
+    with pytest.raises(ValueError, match="printable name of 1 to 128"):
+        acquire(store, T0, route=route)
+    with pytest.raises(ValueError):
+        fail(store, T0, route=route)
+
+
+def test_a_long_odd_route_name_is_kept_as_it_is(store):
+    route = "openai/gpt-4o {eu} : ünïcode " + "x" * 99
+    assert len(route) == 128
+    open_it_route = [fail(store, T0, route=route) for _ in range(3)]
+    assert open_it_route[-1] == "open" and list(store.breaker_states(T0, timeout=5)) == [route]
+
+
+def corrupt(store_spec, store, value_local, value_redis):
+    kind, where, _ = store_spec
+    fail(store, T0)
+    if kind == "local":
+        with sqlite3.connect(where) as db:
+            db.execute(f"UPDATE breakers SET {value_local}")
+    else:
+        import redis
+
+        redis.Redis.from_url(where).hset(store._breakers_key(), ROUTE, value_redis)
+
+
+@pytest.mark.parametrize("local, remote", [
+    ("state = 'wide-open'", "wide-open 3 1 1 1 1"),
+    ("state = 'open', retry_at = NULL", "open 3 1 1 - 1"),
+    ("failures = -2", "closed -2 1 - - 1"),
+], ids=["state", "retry_at", "failures"])
+def test_an_edited_row_counts_as_closed_and_the_next_failure_starts_over(store_spec, store, local, remote):
+    corrupt(store_spec, store, local, remote)
+    assert acquire(store, T0 + 1) == "closed"
+    assert store.breaker_states(T0 + 1, timeout=5) == {}
+    assert fail(store, T0 + 2) == "closed"
+    assert store.breaker_states(T0 + 2, timeout=5)[ROUTE].failures == 1
+
+
+_CHILD = """
+import sys
+from plugin_llm.config.breakers import BreakerPolicy
+from plugin_llm.limits.local import LocalStore
+from plugin_llm.limits.redis_store import RedisStore
+kind, where, prefix, now = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+store = LocalStore(where) if kind == "local" else RedisStore(where, prefix=prefix)
+policy = BreakerPolicy(failures=3, window=60, cooldown=30)
+print([store.breaker_report("fast-model", False, policy, now + i, timeout=5) for i in range(3)], flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_another_process_opens_the_breaker_this_one_sees(store_spec, store):
+    kind, where, prefix = store_spec
+    assert acquire(store, T0) == "closed"
+    child = subprocess.run([sys.executable, "-c", _CHILD, kind, where, prefix, repr(T0)], capture_output=True,
+                           text=True, cwd=REPO, timeout=60)
+    assert child.stdout.strip() == "['closed', 'closed', 'open']", child.stderr
+    assert acquire(store, T0 + 3) == "open"
+    assert acquire(store, T0 + 32) == "probe"
+
+
+def test_a_version_4_database_gets_the_breakers_and_keeps_its_counts(tmp_path):
+    path = tmp_path / "limits.sqlite3"
+    old = sqlite3.connect(path, isolation_level=None)
+    old.executescript("""
+        CREATE TABLE spend (plugin TEXT NOT NULL, bucket TEXT NOT NULL, nano INTEGER NOT NULL DEFAULT 0,
+            requests INTEGER NOT NULL DEFAULT 0, tokens INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (plugin, bucket)) WITHOUT ROWID;
+        INSERT INTO spend VALUES ('my-plugin', 'day:2026-03-31', 700000000, 0, 0);
+        CREATE TABLE reservations (plugin TEXT NOT NULL, id TEXT NOT NULL, expires REAL NOT NULL,
+            nano INTEGER NOT NULL, tokens INTEGER NOT NULL, minute TEXT NOT NULL, day TEXT NOT NULL,
+            month TEXT NOT NULL, slots INTEGER NOT NULL DEFAULT 1, requests INTEGER NOT NULL DEFAULT 1,
+            PRIMARY KEY (plugin, id)) WITHOUT ROWID;
+        PRAGMA user_version = 4;
+    """)
+    old.close()
+    store = LocalStore(path)
+    open_it(store)
+    assert acquire(store, T0 + 1) == "open"
+    assert store.counters("my-plugin", T0, timeout=5).day_spent == 700_000_000
+    store.close()

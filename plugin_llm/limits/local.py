@@ -25,6 +25,13 @@ from plugin_llm.home_layout import LIMITS_DB
 from plugin_llm.limits.settings import MAX_TOTAL, PluginLimits
 from plugin_llm.limits.store import (
     LIMIT_NAMES,
+    MAX_BREAKER_ROUTES,
+    MAX_PROBE_SECONDS,
+    BreakerState,
+    breaker_after_failure,
+    breaker_row,
+    breaker_state,
+    check_route,
     Admission,
     Counters,
     LEASE_SHARE,
@@ -44,7 +51,7 @@ from plugin_llm.limits.store import (
 __all__ = ["LocalStore", "DB_NAME", "SCHEMA_VERSION"]
 
 DB_NAME = LIMITS_DB  # in the home (plugin_llm.home_layout)
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 #: the request tables hold no rows: a schema older than this version is upgraded by recreating them
 _REQUEST_TABLES = """
 DROP TRIGGER IF EXISTS admit_request; DROP TABLE IF EXISTS admit;
@@ -52,7 +59,8 @@ DROP TRIGGER IF EXISTS settle_request; DROP TABLE IF EXISTS settle;
 DROP TRIGGER IF EXISTS lease_request; DROP TABLE IF EXISTS lease;
 """
 #: version 3 gave a reservation a number of calls in flight and of requests (a lease holds several);
-#: version 4 saturates the usage counters at MAX_TOTAL (the triggers only: recreated)
+#: version 4 saturates the usage counters at MAX_TOTAL (the triggers only: recreated);
+#: version 5 adds the routes' circuit breakers (a table of their own)
 _V3_COLUMNS = """
 ALTER TABLE reservations ADD COLUMN slots INTEGER NOT NULL DEFAULT 1;
 ALTER TABLE reservations ADD COLUMN requests INTEGER NOT NULL DEFAULT 1;
@@ -86,6 +94,10 @@ CREATE TABLE IF NOT EXISTS reservations (
     nano INTEGER NOT NULL, tokens INTEGER NOT NULL, minute TEXT NOT NULL, day TEXT NOT NULL, month TEXT NOT NULL,
     slots INTEGER NOT NULL DEFAULT 1, requests INTEGER NOT NULL DEFAULT 1,
     PRIMARY KEY (plugin, id)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS breakers (
+    route TEXT NOT NULL PRIMARY KEY, state TEXT NOT NULL, failures INTEGER NOT NULL,
+    first_failure REAL, opened_at REAL, retry_at REAL, updated REAL NOT NULL
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS settle (plugin TEXT, id TEXT, nano INTEGER, tokens INTEGER, minute TEXT, day TEXT, month TEXT);
 CREATE TABLE IF NOT EXISTS admit (
@@ -214,6 +226,16 @@ SELECT (SELECT requests FROM spend WHERE plugin = ?1 AND bucket = 'min:' || ?2),
        (SELECT nano FROM spend WHERE plugin = ?1 AND bucket = 'day:' || ?3),
        (SELECT nano FROM spend WHERE plugin = ?1 AND bucket = 'mon:' || ?4)
 """
+
+_BREAKER = "SELECT state, failures, first_failure, opened_at, retry_at FROM breakers WHERE route = ?"
+#: the probe of an open breaker whose cooldown (or a half-open one whose probe lease) is over: one
+#: statement, so of several callers exactly one changes the row and gets it
+_TAKE_PROBE = ("UPDATE breakers SET state = 'half_open', retry_at = ?1, updated = ?2 "
+               "WHERE route = ?3 AND state IN ('open', 'half_open') AND retry_at <= ?2")
+_PUT_BREAKER = "INSERT OR REPLACE INTO breakers VALUES (?, ?, ?, ?, ?, ?, ?)"
+#: a new route in a full table: the oldest closed breaker goes (else the oldest open one)
+_EVICT_BREAKER = ("DELETE FROM breakers WHERE route = "
+                  "(SELECT route FROM breakers ORDER BY state <> 'closed', updated LIMIT 1)")
 
 _NOT_A_COUNT = ("a count that is not a whole number of 0 or more (the file was edited, or is corrupt; fix or delete "
                 "the plugin's rows in its spend table: a reset does not erase what it cannot read and record)")
@@ -492,6 +514,80 @@ class LocalStore(LimitStore):
             return forgotten
 
         return self._run(timeout, forget)
+
+    # -- circuit breakers: a table of their own, read-modify-write under the write lock
+    def _unused(self) -> bool:
+        """Nothing was ever recorded in this home: a read (or a success) creates nothing."""
+        return self._conn is None and not os.path.lexists(self.path)
+
+    def breaker_acquire(self, route: str, policy, now: float, *, timeout: float, probe_for: float) -> str:
+        check_route(route)
+        if policy.failures <= 0 or self._unused():
+            return "closed"
+        probe_until = now + max(0.0, min(float(probe_for), MAX_PROBE_SECONDS))
+
+        def work(conn: sqlite3.Connection) -> str:
+            found = conn.execute(_BREAKER, (route,)).fetchone()  # a read: most routes are closed
+            row = breaker_row(*found) if found is not None else None
+            if row is None or row.state == "closed":
+                return "closed"
+            if now < row.retry_at:
+                return "open"
+            taken = conn.execute(_TAKE_PROBE, (probe_until, now, route)).rowcount
+            return "probe" if taken == 1 else "open"
+
+        return self._run(timeout, work)
+
+    def breaker_report(self, route: str, ok: bool, policy, now: float, *, timeout: float) -> str:
+        check_route(route)
+        if policy.failures <= 0 or (ok and self._unused()):
+            return "closed"
+        if ok:
+            self._run(timeout, lambda conn: conn.execute("DELETE FROM breakers WHERE route = ?", (route,)))
+            return "closed"
+
+        def fail(conn: sqlite3.Connection) -> str:
+            conn.execute("BEGIN IMMEDIATE")  # the row read is the row changed: no report in between
+            try:
+                found = conn.execute(_BREAKER, (route,)).fetchone()
+                if found is None and conn.execute("SELECT COUNT(*) FROM breakers").fetchone()[0] >= MAX_BREAKER_ROUTES:
+                    conn.execute(_EVICT_BREAKER)
+                new = breaker_after_failure(breaker_row(*found) if found is not None else None, policy, now)
+                conn.execute(_PUT_BREAKER, (route, new.state, new.failures, new.first_failure, new.opened_at,
+                                            new.retry_at, now))
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+            return new.state
+
+        return self._run(timeout, fail)
+
+    def breaker_states(self, now: float, *, timeout: float) -> dict[str, BreakerState]:
+        if self._unused():
+            return {}
+
+        def read(conn: sqlite3.Connection) -> dict[str, BreakerState]:
+            out = {}
+            for route, *values in conn.execute(
+                    "SELECT route, state, failures, first_failure, opened_at, retry_at FROM breakers ORDER BY route"):
+                row = breaker_row(*values)
+                if row is not None and isinstance(route, str):  # (an edited row counts as closed: not listed)
+                    out[route] = breaker_state(route, row)
+            return out
+
+        return self._run(timeout, read)
+
+    def breaker_reset(self, route: str | None, *, timeout: float) -> None:
+        if route is not None:
+            check_route(route)
+        if self._unused():
+            return
+        if route is None:
+            self._run(timeout, lambda conn: conn.execute("DELETE FROM breakers"))
+        else:
+            self._run(timeout, lambda conn: conn.execute("DELETE FROM breakers WHERE route = ?", (route,)))
 
     def close(self) -> None:
         try:

@@ -24,7 +24,13 @@ from typing import Any
 
 from plugin_llm.limits.settings import MAX_TOTAL, PluginLimits, plugin_phrase, redact_url, url_secrets
 from plugin_llm.limits.store import (
+    MAX_BREAKER_ROUTES,
+    MAX_PROBE_SECONDS,
     Admission,
+    BreakerState,
+    breaker_row,
+    breaker_state,
+    check_route,
     Counters,
     LEASE_SHARE,
     Denial,
@@ -40,7 +46,7 @@ from plugin_llm.limits.store import (
     new_reservation_id,
 )
 
-__all__ = ["RedisStore", "ADMIT_LUA", "SETTLE_LUA", "LEASE_LUA"]
+__all__ = ["RedisStore", "ADMIT_LUA", "SETTLE_LUA", "LEASE_LUA", "BREAKER_ACQUIRE_LUA", "BREAKER_REPORT_LUA"]
 
 _log = logging.getLogger("plugin_llm.limits")
 
@@ -271,6 +277,95 @@ end
 redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
 return out
 """
+
+
+# The routes' circuit breakers: one hash, <prefix>:breakers, route -> "state failures first_failure
+# opened_at retry_at updated" ('-' for none). The numbers are the caller's (``now`` and what it adds),
+# written back as sent, so a row reads back exactly as the local store's does.
+_BREAKER_PARSE_LUA = """
+local function row(v)
+  if not v then return nil end
+  local st, n, first, opened, retry = string.match(v, '^(%S+) (%d+) (%S+) (%S+) (%S+) %S+$')
+  if st == 'closed' and (first == '-' or tonumber(first)) then return st, tonumber(n), first, opened, retry end
+  if (st == 'open' or st == 'half_open') and tonumber(opened) and tonumber(retry) then
+    return st, tonumber(n), first, opened, retry
+  end
+  return nil  -- not a row this store writes (edited): the route counts as closed
+end
+"""
+
+#: KEYS: the breakers hash; ARGV: route, now, the end of a probe's lease -> closed | open | probe
+BREAKER_ACQUIRE_LUA = _BREAKER_PARSE_LUA + """
+local st, n, first, opened, retry = row(redis.call('HGET', KEYS[1], ARGV[1]))
+if st == nil or st == 'closed' then return 'closed' end
+if tonumber(ARGV[2]) < tonumber(retry) then return 'open' end
+redis.call('HSET', KEYS[1], ARGV[1], string.format('half_open %d %s %s %s %s', n, first, opened, ARGV[3], ARGV[2]))
+return 'probe'
+"""
+
+#: KEYS: the breakers hash; ARGV: route, now, failures that open it, window, now + cooldown, the most
+#: routes kept -> the new state. A success is not sent here (it deletes the route's field).
+#: The rule is store.breaker_after_failure's.
+BREAKER_REPORT_LUA = _BREAKER_PARSE_LUA + """
+local route, now = ARGV[1], tonumber(ARGV[2])
+local found = redis.call('HGET', KEYS[1], route)
+local st, n, first, opened, retry = row(found)
+local cap = @CAP@
+local out
+if st == 'open' then
+  out = {'open', math.min(n + 1, cap), first, opened, retry}
+elseif st == 'half_open' then
+  out = {'open', math.min(n + 1, cap), first, ARGV[2], ARGV[5]}
+else
+  local count, start = 1, ARGV[2]
+  if st == 'closed' and n > 0 and tonumber(first) and now - tonumber(first) <= tonumber(ARGV[4]) then
+    count, start = math.min(n + 1, cap), first
+  end
+  if count >= tonumber(ARGV[3]) then
+    out = {'open', count, start, ARGV[2], ARGV[5]}
+  else
+    out = {'closed', count, start, '-', '-'}
+  end
+end
+if not found and redis.call('HLEN', KEYS[1]) >= tonumber(ARGV[6]) then
+  -- a new route in a full hash: the oldest closed breaker goes (else the oldest open one)
+  local all = redis.call('HGETALL', KEYS[1])
+  local victim, vclosed, vtime = nil, false, 0
+  for i = 1, #all, 2 do
+    local s = string.match(all[i + 1], '^(%S+)')
+    local t = tonumber(string.match(all[i + 1], '(%S+)$')) or -1
+    local closed = s ~= 'open' and s ~= 'half_open'
+    if victim == nil or (closed and not vclosed) or (closed == vclosed and t < vtime) then
+      victim, vclosed, vtime = all[i], closed, t
+    end
+  end
+  if victim then redis.call('HDEL', KEYS[1], victim) end
+end
+redis.call('HSET', KEYS[1], route, string.format('%s %d %s %s %s %s', out[1], out[2], out[3], out[4], out[5], ARGV[2]))
+return out[1]
+""".replace("@CAP@", "1000000000")
+
+_BREAKER_DELETE_LUA = "return redis.call('HDEL', KEYS[1], ARGV[1])"
+_BREAKER_CLEAR_LUA = "return redis.call('DEL', KEYS[1])"
+_BREAKER_READ_LUA = "return redis.call('HGETALL', KEYS[1])"
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _breaker_from(value: Any):
+    """A hash value -> a checked row, or None (not one this store writes)."""
+    parts = _text(value).split(" ")
+    if len(parts) != 6 or not parts[1].isdigit() or len(parts[1]) > 12:
+        return None
+    numbers = []
+    for part in parts[2:5]:
+        try:
+            numbers.append(None if part == "-" else float(part))
+        except ValueError:
+            return None
+    return breaker_row(parts[0], int(parts[1]), *numbers)
 
 
 _COUNT = re.compile(rb"\d{1,19}")  # a settled count as Redis holds it (INCRBY keeps it below 2**63)
@@ -567,6 +662,55 @@ class RedisStore(LimitStore):
                 raise ValueError("not four counts of 0 or more")
             return Counters(minute_requests=counts[0], minute_tokens=counts[1], day_spent=counts[2],
                             month_spent=counts[3])
+
+    # -- circuit breakers: one hash for every route, each step one script
+    def _breakers_key(self) -> str:
+        return f"{self.prefix}:breakers"
+
+    def _state_reply(self, reply: Any, what: str) -> str:
+        state = _text(reply)
+        if state not in ("closed", "open", "half_open", "probe"):
+            with self._parsing(what):
+                raise ValueError(state[:40])
+        return state
+
+    def breaker_acquire(self, route: str, policy, now: float, *, timeout: float, probe_for: float) -> str:
+        check_route(route)
+        if policy.failures <= 0:
+            return "closed"
+        probe_until = now + max(0.0, min(float(probe_for), MAX_PROBE_SECONDS))
+        reply = self._script(BREAKER_ACQUIRE_LUA, [self._breakers_key()], [route, repr(float(now)), repr(probe_until)],
+                             timeout)
+        return self._state_reply(reply, "a breaker step")
+
+    def breaker_report(self, route: str, ok: bool, policy, now: float, *, timeout: float) -> str:
+        check_route(route)
+        if policy.failures <= 0:
+            return "closed"
+        if ok:
+            self._script(_BREAKER_DELETE_LUA, [self._breakers_key()], [route], timeout)
+            return "closed"
+        now = float(now)
+        args = [route, repr(now), int(policy.failures), repr(float(policy.window)), repr(now + policy.cooldown),
+                MAX_BREAKER_ROUTES]
+        return self._state_reply(self._script(BREAKER_REPORT_LUA, [self._breakers_key()], args, timeout),
+                                 "a breaker report")
+
+    def breaker_states(self, now: float, *, timeout: float) -> dict[str, BreakerState]:
+        reply = self._script(_BREAKER_READ_LUA, [self._breakers_key()], [], timeout)
+        out: dict[str, BreakerState] = {}
+        with self._parsing("a breaker read"):
+            for field, value in zip(reply[::2], reply[1::2]):
+                route, row = _text(field), _breaker_from(value)
+                if row is not None:  # (an edited value counts as closed: not listed)
+                    out[route] = breaker_state(route, row)
+        return dict(sorted(out.items()))
+
+    def breaker_reset(self, route: str | None, *, timeout: float) -> None:
+        if route is None:
+            self._script(_BREAKER_CLEAR_LUA, [self._breakers_key()], [], timeout)
+        else:
+            self._script(_BREAKER_DELETE_LUA, [self._breakers_key()], [check_route(route)], timeout)
 
     def close(self) -> None:
         try:
