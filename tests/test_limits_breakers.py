@@ -339,3 +339,164 @@ def test_a_version_4_database_gets_the_breakers_and_keeps_its_counts(tmp_path):
     assert acquire(store, T0 + 1) == "open"
     assert store.counters("my-plugin", T0, timeout=5).day_spent == 700_000_000
     store.close()
+
+
+# ----------------------------------------------------------------- the facade
+@pytest.fixture
+def facade(tmp_path):
+    """The facade on a fresh local store in a home with no limits configured."""
+    from plugin_llm import limits
+    from plugin_llm.limits import breakers
+
+    limits.close_stores()
+    breakers._forget_views()
+    breakers._failing = False
+    yield breakers, limits.LimitSettings(), tmp_path
+    limits.close_stores()
+    breakers._forget_views()
+    breakers._failing = False
+
+
+def count_calls(monkeypatch, store, name):
+    calls = []
+    real = getattr(store, name)
+
+    def spy(*args, **kwargs):
+        calls.append(args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(store, name, spy)
+    return calls
+
+
+def test_the_facade_uses_the_default_local_store_when_no_limits_are_configured(facade):
+    breakers, settings, home = facade
+    for i in range(3):
+        assert breakers.acquire(settings, home, ROUTE, POLICY, T0 + i, PROBE) == "closed"
+        breakers.report(settings, home, ROUTE, False, POLICY, T0 + i)
+    assert breakers.acquire(settings, home, ROUTE, POLICY, T0 + 3, PROBE) == "open"
+    assert (home / "limits.sqlite3").exists()
+    assert breakers.states(settings, home, T0 + 3)[ROUTE].state == "open"
+    assert LocalStore(home / "limits.sqlite3").breaker_acquire(ROUTE, POLICY, T0 + 3, timeout=5, probe_for=1) == "open"
+    assert breakers.acquire(settings, home, ROUTE, POLICY, T0 + 33, PROBE) == "probe"
+    breakers.report(settings, home, ROUTE, True, POLICY, T0 + 34)
+    assert breakers.acquire(settings, home, ROUTE, POLICY, T0 + 34, PROBE) == "closed"
+    assert breakers.states(settings, home, T0 + 34) == {}
+
+
+def test_a_closed_route_is_answered_from_memory_for_a_quarter_second(facade, monkeypatch):
+    from plugin_llm import limits
+
+    breakers, settings, home = facade
+    store = limits.store_for(settings, home)
+    asked = count_calls(monkeypatch, store, "breaker_acquire")
+    answers = [breakers.acquire(settings, home, ROUTE, POLICY, T0 + i * 0.01, PROBE) for i in range(20)]
+    assert answers == ["closed"] * 20 and len(asked) == 1
+    # another process opens it: this one may say closed from memory until its view is 0.25 s old, not longer
+    other = LocalStore(home / "limits.sqlite3")
+    for _ in range(3):
+        fail(other, T0 + 0.1)
+    assert breakers.acquire(settings, home, ROUTE, POLICY, T0 + 0.2, PROBE) == "closed"
+    assert breakers.acquire(settings, home, ROUTE, POLICY, T0 + 0.25, PROBE) == "open"
+    assert len(asked) == 2
+    assert [breakers.acquire(settings, home, ROUTE, POLICY, T0 + 0.26, PROBE) for _ in range(2)] == ["open"] * 2
+    assert len(asked) == 4  # an open route is asked every time
+    other.close()
+
+
+def test_the_cache_never_hides_a_breaker_this_process_opened(facade):
+    breakers, settings, home = facade
+    one = BreakerPolicy(failures=1, window=60, cooldown=30)
+    assert breakers.acquire(settings, home, ROUTE, one, T0, PROBE) == "closed"
+    breakers.report(settings, home, ROUTE, False, one, T0 + 0.01)
+    assert breakers.acquire(settings, home, ROUTE, one, T0 + 0.02, PROBE) == "open"
+
+
+def test_failures_always_reach_the_store_and_repeated_successes_do_not(facade, monkeypatch):
+    from plugin_llm import limits
+
+    breakers, settings, home = facade
+    told = count_calls(monkeypatch, limits.store_for(settings, home), "breaker_report")
+    breakers.report(settings, home, ROUTE, False, POLICY, T0)
+    breakers.report(settings, home, ROUTE, False, POLICY, T0 + 0.01)
+    assert len(told) == 2
+    for i in range(10):
+        breakers.report(settings, home, ROUTE, True, POLICY, T0 + 0.02 + i * 0.01)
+    assert len(told) == 3  # the first success reset the streak in the store; the next ones changed nothing
+    assert breakers.states(settings, home, T0 + 1) == {}
+    breakers.report(settings, home, ROUTE, True, POLICY, T0 + 0.5)  # a stale view: told again
+    assert len(told) == 4
+
+
+def test_a_disabled_policy_never_touches_the_store(facade, monkeypatch):
+    from plugin_llm.limits import breakers as module
+
+    breakers, settings, home = facade
+
+    def no_store(*args):
+        raise AssertionError("the store was opened")
+
+    monkeypatch.setattr(module, "store_for", no_store)
+    for _ in range(10):
+        breakers.report(settings, home, ROUTE, False, DISABLED, T0)
+        assert breakers.acquire(settings, home, ROUTE, DISABLED, T0, PROBE) == "closed"
+    assert not (home / "limits.sqlite3").exists()
+
+
+def test_a_store_that_fails_opens_the_breakers_with_one_warning(facade, caplog):
+    from plugin_llm import limits
+    from tests.redis_server import _free_port
+
+    breakers, _, home = facade
+    settings = limits.LimitSettings(store="redis", redis_url=f"redis://:hunter2secret@127.0.0.1:{_free_port()}/0",
+                                    store_timeout=1.0)
+    with caplog.at_level("WARNING", logger="plugin_llm.limits"):
+        for i in range(3):
+            breakers.report(settings, home, ROUTE, False, POLICY, T0 + i)
+            assert breakers.acquire(settings, home, ROUTE, POLICY, T0 + i, PROBE) == "closed"
+    warnings = [r for r in caplog.records if "circuit breakers are off" in r.getMessage()]
+    assert len(warnings) == 1 and "Redis limits store" in warnings[0].getMessage()
+    assert "hunter2secret" not in caplog.text
+
+
+def test_a_store_defect_fails_open_too_and_recovery_is_logged(facade, caplog, monkeypatch):
+    from plugin_llm import limits
+
+    breakers, settings, home = facade
+    store = limits.store_for(settings, home)
+
+    def broken(*args, **kwargs):
+        raise KeyError("bug")
+
+    monkeypatch.setattr(store, "breaker_acquire", broken)
+    with caplog.at_level("WARNING", logger="plugin_llm.limits"):
+        assert breakers.acquire(settings, home, ROUTE, POLICY, T0, PROBE) == "closed"
+        assert "failed unexpectedly (KeyError)" in caplog.text
+        monkeypatch.undo()
+        assert breakers.acquire(settings, home, ROUTE, POLICY, T0 + 1, PROBE) == "closed"
+    assert "answers again" in caplog.text
+
+
+def test_an_operator_reset_closes_the_route_for_this_process_at_once(facade):
+    breakers, settings, home = facade
+    for i in range(3):
+        breakers.report(settings, home, ROUTE, False, POLICY, T0)
+    breakers.report(settings, home, "b", False, POLICY, T0)
+    assert breakers.acquire(settings, home, ROUTE, POLICY, T0, PROBE) == "open"
+    breakers.reset(settings, home, ROUTE)
+    assert breakers.acquire(settings, home, ROUTE, POLICY, T0, PROBE) == "closed"
+    assert list(breakers.states(settings, home, T0)) == ["b"]
+    breakers.reset(settings, home, None)
+    assert breakers.states(settings, home, T0) == {}
+
+
+def test_a_read_of_a_failing_store_raises_for_the_operator(facade):
+    from plugin_llm import limits
+    from tests.redis_server import _free_port
+
+    breakers, _, home = facade
+    settings = limits.LimitSettings(store="redis", redis_url=f"redis://127.0.0.1:{_free_port()}/0", store_timeout=1.0)
+    with pytest.raises(StoreError):
+        breakers.states(settings, home, T0)
+    with pytest.raises(StoreError):
+        breakers.reset(settings, home, None)
