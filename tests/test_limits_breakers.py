@@ -203,6 +203,10 @@ def test_a_probe_whose_lease_ends_without_a_report_goes_to_the_next_caller(store
     assert acquire(store, T0 + 30 + PROBE - 0.1) == "open"
     assert acquire(store, T0 + 30 + PROBE) == "probe"
     assert acquire(store, T0 + 30 + PROBE + 1) == "open"
+    store.breaker_reset(ROUTE, timeout=5)
+    open_it(store)
+    assert acquire(store, T0 + 30, probe_for=1e12) == "probe"  # a lease lasts a day at most
+    assert store.breaker_states(T0 + 30, timeout=5)[ROUTE].retry_at == T0 + 30 + 86400
 
 
 def test_failures_of_calls_still_in_flight_keep_an_open_breaker_as_it_is(store):
@@ -376,7 +380,9 @@ def test_the_facade_uses_the_default_local_store_when_no_limits_are_configured(f
         breakers.report(settings, home, ROUTE, False, POLICY, T0 + i)
     assert breakers.acquire(settings, home, ROUTE, POLICY, T0 + 3, PROBE) == "open"
     assert (home / "limits.sqlite3").exists()
-    assert breakers.states(settings, home, T0 + 3)[ROUTE].state == "open"
+    assert breakers.states(settings, home, T0 + 3)[ROUTE].as_dict() == {
+        "route": ROUTE, "state": "open", "failures": 3, "opened_at": "2026-03-31T12:00:02.000Z",
+        "retry_at": "2026-03-31T12:00:32.000Z", "retry_at_unix": T0 + 32}
     assert LocalStore(home / "limits.sqlite3").breaker_acquire(ROUTE, POLICY, T0 + 3, timeout=5, probe_for=1) == "open"
     assert breakers.acquire(settings, home, ROUTE, POLICY, T0 + 33, PROBE) == "probe"
     breakers.report(settings, home, ROUTE, True, POLICY, T0 + 34)

@@ -83,7 +83,8 @@ def acquire(settings: LimitSettings, home: Path | str, route: str, policy: "Brea
             probe_for: float) -> str:
     """``"closed"`` (try the route), ``"probe"`` (try it: the one probe of an open breaker whose
     cooldown passed, held for ``probe_for`` seconds; report its outcome) or ``"open"`` (skip it).
-    A policy with ``failures`` 0 is always closed; a failing store answers closed."""
+    A policy with ``failures`` 0 is always closed; a failing store answers closed. A ``route`` that
+    is not a printable name of 1 to 128 characters raises ValueError (a defect of the caller)."""
     if policy.failures <= 0:
         return "closed"
     check_route(route)
