@@ -277,3 +277,93 @@ def test_limits_are_charged_at_the_answering_route_s_price(hermes_home, upstream
     limits.close_stores()
     snap = limits.snapshot(get_config_source(hermes_home).current().limits, hermes_home, "p").as_dict()
     assert snap["spent_usd"]["day"] == pytest.approx(13e-6) and snap["in_flight"] == 0
+
+
+# ------------------------------------------------------------------ circuit breakers
+BREAKER = "llm: {max_retries: 0, breaker: {failures: 2, window: 60, cooldown: 30}}\n"
+
+
+def breaker_catalog(home, a: str, b: str) -> None:
+    write_config(home, (
+        "models:\n"
+        f"  first: {{provider: custom, model: ma, base_url: {a}}}\n"
+        f"  second: {{provider: custom, model: mb, base_url: {b}}}\n"
+        "model: {route: first, fallbacks: [second]}\n" + BREAKER
+    ))
+
+
+def outcomes(home) -> list[list[tuple[str, str]]]:
+    return [[(x["route"], x["outcome"]) for x in r.get("route.attempts", ())] for r in audit_lines(home)]
+
+
+def test_the_breaker_opens_skips_half_opens_and_closes(hermes_home, upstreams, monkeypatch):
+    from plugin_llm.call import fallback
+
+    a, b = upstreams
+    now = [1_000_000.0]
+    monkeypatch.setattr(fallback, "wall_clock", lambda: now[0])
+    a.push(Reply.error(503, "down"), Reply.error(503, "down"))
+    breaker_catalog(hermes_home, a.base_url, b.base_url)
+    llm = PluginLlm("p")
+    for _ in range(3):
+        assert llm.complete(USER).text == "ok"
+    assert len(a.requests) == 2  # the third call skipped the open route: nothing sent to it
+    assert outcomes(hermes_home)[2] == [("first", "skipped"), ("second", "ok")]
+    now[0] += 31  # the cooldown is over: one probe goes to the route, which has recovered
+    llm.complete(USER)
+    assert len(a.requests) == 3 and outcomes(hermes_home)[3] == [("first", "ok")]
+    llm.complete(USER)  # closed again
+    assert len(a.requests) == 4
+
+
+def test_a_failed_probe_opens_the_breaker_again(hermes_home, upstreams, monkeypatch):
+    from plugin_llm.call import fallback
+
+    a, b = upstreams
+    now = [2_000_000.0]
+    monkeypatch.setattr(fallback, "wall_clock", lambda: now[0])
+    a.push(*[Reply.error(503, "down")] * 3)
+    breaker_catalog(hermes_home, a.base_url, b.base_url)
+    llm = PluginLlm("p")
+    llm.complete(USER), llm.complete(USER)
+    now[0] += 31
+    llm.complete(USER)  # the probe fails: open for another cooldown
+    llm.complete(USER)
+    assert len(a.requests) == 3
+    assert outcomes(hermes_home)[2:] == [[("first", "provider_error:503"), ("second", "ok")],
+                                         [("first", "skipped"), ("second", "ok")]]
+
+
+def test_an_error_of_the_request_itself_does_not_count_against_the_route(hermes_home, upstreams):
+    a, b = upstreams
+    a.push(*[Reply.error(400, "bad request")] * 3)
+    breaker_catalog(hermes_home, a.base_url, b.base_url)
+    llm = PluginLlm("p")
+    for _ in range(3):
+        with pytest.raises(PluginLlmProviderError):
+            llm.complete(USER)
+    llm.complete(USER)
+    assert len(a.requests) == 4 and not b.requests  # never skipped, never fell back
+
+
+@pytest.mark.slow
+def test_the_breaker_is_shared_by_the_processes_of_one_host(hermes_home, upstreams):
+    import subprocess
+    import sys
+    import textwrap
+
+    a, b = upstreams
+    a.push(Reply.error(503, "down"), Reply.error(503, "down"))
+    breaker_catalog(hermes_home, a.base_url, b.base_url)
+    other = textwrap.dedent("""
+        from plugin_llm import PluginLlm, limits
+        llm = PluginLlm("p")
+        for _ in range(2):
+            llm.complete([{"role": "user", "content": "hi"}])
+        limits.close_stores()
+    """)
+    subprocess.run([sys.executable, "-c", other], check=True, timeout=120)
+    assert len(a.requests) == 2
+    PluginLlm("p").complete(USER)  # this process sees the breaker the other one opened
+    assert len(a.requests) == 2 and len(b.requests) == 3
+    assert outcomes(hermes_home)[-1] == [("first", "skipped"), ("second", "ok")]

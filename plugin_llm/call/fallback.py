@@ -21,6 +21,9 @@ from plugin_llm.errors import (
 )
 from plugin_llm.limits import breakers
 
+#: the breakers' clock (wall time: their state is shared between processes and hosts)
+wall_clock = time.time
+
 __all__ = ["NextRoute", "route_available", "route_tried", "another_route_can_fix", "attempt_outcome", "status_for"]
 
 
@@ -34,7 +37,7 @@ def route_available(run: Run) -> Flow:
     label = admitted.route.label
     probe_for = max(0.0, admitted.deadline - time.monotonic())
     state = yield StoreStep(functools.partial(breakers.acquire, admitted.config.limits, admitted.config.home,
-                                              label, policy, time.time(), probe_for))
+                                              label, policy, wall_clock(), probe_for))
     if state != "open":
         return True
     attempts_of(run.tally).append({"route": label, "outcome": "skipped", "latency_ms": 0.0})
@@ -51,7 +54,7 @@ def route_tried(run: Run, started: float, outcome: str, ok: bool | None) -> Flow
     policy = admitted.config.llm.breaker
     if ok is not None and policy.failures:
         yield StoreStep(functools.partial(breakers.report, admitted.config.limits, admitted.config.home,
-                                          label, ok, policy, time.time()))
+                                          label, ok, policy, wall_clock()))
 
 
 class NextRoute(Exception):
