@@ -367,3 +367,57 @@ def test_the_breaker_is_shared_by_the_processes_of_one_host(hermes_home, upstrea
     PluginLlm("p").complete(USER)  # this process sees the breaker the other one opened
     assert len(a.requests) == 2 and len(b.requests) == 3
     assert outcomes(hermes_home)[-1] == [("first", "skipped"), ("second", "ok")]
+
+
+# ------------------------------------------------------------------ the service: discovery and metrics
+@pytest.mark.slow
+def test_models_list_shows_exactly_the_routes_the_token_s_plugin_may_use(hermes_home, upstreams):
+    import openai
+
+    from tests.service_server import ServiceServer
+
+    a, b = upstreams
+    write_config(hermes_home, (
+        "models:\n"
+        f"  first: {{provider: custom, model: ma, base_url: {a.base_url}}}\n"
+        f"  second: {{provider: custom, model: mb, base_url: {b.base_url}}}\n"
+        "  other: {provider: anthropic, model: claude-sonnet-4-5}\n"
+        "model: {route: first}\n"
+        "plugins:\n  entries:\n"
+        "    p:\n      llm: {allow_model_override: true, allowed_models: [second]}\n"
+        "    star:\n      llm: {allow_model_override: true, allowed_models: ['*']}\n"
+    ))
+    with ServiceServer(hermes_home) as service:
+        def ids(plugin):
+            client = openai.OpenAI(base_url=service.url + "/v1", api_key=service.token(plugin), max_retries=0)
+            return [m.id for m in client.models.list().data]
+
+        assert ids("p") == ["default", "first", "second"]
+        assert ids("star") == ["default", "first", "second"]  # 'other' goes to another provider
+        assert ids("plain") == ["default", "first"]
+        client = openai.OpenAI(base_url=service.url + "/v1", api_key=service.token("p"), max_retries=0)
+        reply = client.chat.completions.create(model="second", messages=USER)
+        assert reply.choices[0].message.content == "ok" and len(b.requests) == 1
+        client.chat.completions.create(model="first", messages=USER)  # the default route by its name
+        assert len(a.requests) == 1
+
+
+@pytest.mark.slow
+def test_metrics_show_each_route_s_breaker_state(hermes_home, upstreams):
+    import httpx
+
+    from tests.service_server import ServiceServer
+
+    a, b = upstreams
+    a.push(Reply.error(503, "down"), Reply.error(503, "down"))
+    breaker_catalog(hermes_home, a.base_url, b.base_url)
+    with ServiceServer(hermes_home) as service:
+        client_headers = service.auth(service.token("p"))
+        for _ in range(2):
+            response = httpx.post(service.url + "/v1/plugin-llm/complete", headers=client_headers,
+                                  json={"messages": USER}, timeout=60)
+            assert response.status_code == 200
+        text = httpx.get(service.url + "/metrics", timeout=30).text
+    assert 'plugin_llm_route_breaker_state{route="first",state="open"} 1.0' in text
+    assert 'plugin_llm_route_breaker_state{route="second",state="closed"} 1.0' in text
+    assert 'plugin_llm_route_breaker_state{route="first",state="closed"} 0.0' in text

@@ -373,6 +373,8 @@ class Pipeline:
         config = self._config.current()
         provider = check_optional_str("provider", request.provider)
         model = check_optional_str("model", request.model)
+        if provider is None and model is not None and model.strip() == config.model.name:
+            model = None  # the default route asked for by its name: no override
         active = (provider or config.model.provider or "").lower() or None
         named = catalog_route(config, provider, model)
         overrides = Overrides(provider=provider, model=model, agent_id=call.agent_id, profile=call.profile,

@@ -84,6 +84,7 @@ class ServiceState:
         self.config = get_config_source(self.home)
         self.tokens = token_store_for(self.home, self.config.current())  # limits.store: redis -> tokens there too
         self.metrics = ServiceMetrics()
+        self.metrics.watch_breakers(self.breaker_states)
         self.max_body = max_body
         self._llms: dict[str, Any] = {}
         self._factory = llm_factory
@@ -117,6 +118,20 @@ class ServiceState:
             return
         self._outage_logged[f"failure:{code}"] = now
         log.log(level, message + " (logged at most every %g s)", *args, _OUTAGE_LOG_SECONDS)
+
+    def breaker_states(self) -> dict[str, str]:
+        """Each catalog route's breaker state (``closed`` unless the store says otherwise); {} when
+        the store cannot tell (the scrape still answers)."""
+        from plugin_llm.limits import breakers
+
+        config = self.config.current()
+        if not config.models or not config.llm.breaker.failures:
+            return {}
+        try:
+            held = breakers.states(config.limits, config.home, time.time())
+        except Exception:  # noqa: BLE001 - a broken store must not break the scrape
+            return {}
+        return {name: held[name].state if name in held else "closed" for name in config.models}
 
     def route_label(self, plugin: str, model: Any) -> str:
         """The metrics' ``model`` label of a call asking for ``model``: ``default``, one of the routes
@@ -466,7 +481,7 @@ def create_app(home: Path | str | None = None, *, llm_factory: Callable[[str], A
         return _json(200, body)
 
     async def metrics(request: Request) -> Response:
-        data, content_type = state.metrics.render()
+        data, content_type = await asyncio.to_thread(state.metrics.render)  # the breakers' store, off the loop
         return Response(data, media_type=content_type.split(";")[0], headers={"Content-Type": content_type})
 
     async def not_found(request: Request, exc: Exception) -> Response:

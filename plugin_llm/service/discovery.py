@@ -15,15 +15,28 @@ _NO_PROVIDER = "plugin-llm"
 
 
 def model_ids(config: Any, plugin: str) -> list[tuple[str, str]]:
-    """``(id, owned_by)`` of every model ``plugin`` may name: ``default``, then the configured model and each
-    ``allowed_models`` entry that the trust gate itself would let through (``*`` lists nothing it does not know)."""
+    """``(id, owned_by)`` of every model ``plugin`` may name: ``default`` and the default route's catalog name,
+    each route of the catalog the trust gate would let it ask for, then the configured model and each
+    ``allowed_models`` entry the gate itself would let through (``*`` lists nothing it does not know)."""
     provider = (config.model.provider or "").lower() or None
     out = [(DEFAULT_ROUTE, provider or _NO_PROVIDER)]
-    policy = config.trust_for(plugin)
-    candidates = [config.model.model, *(policy.allowed_models or ())]
     seen = {DEFAULT_ROUTE}
+    if config.model.name:
+        out.append((config.model.name, provider or _NO_PROVIDER))
+        seen.add(config.model.name.lower())
+    policy = config.trust_for(plugin)
+    for name, route in config.models.items():
+        if name.lower() in seen:
+            continue
+        asked = Overrides(model=name, active_provider=provider, route_provider=route.provider or "")
+        if decide(plugin, policy, asked).allowed:
+            seen.add(name.lower())
+            out.append((name, route.provider or _NO_PROVIDER))
+    candidates = [*(() if config.model.name else (config.model.model,)), *(policy.allowed_models or ())]
     for model in candidates:
         if not isinstance(model, str) or not model.strip() or model.strip() == "*" or model.strip().lower() in seen:
+            continue
+        if model.strip() in config.models:  # a route's name: listed above when the gate lets it through
             continue
         if not decide(plugin, policy, Overrides(model=model, active_provider=provider)).allowed:
             continue

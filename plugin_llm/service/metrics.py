@@ -39,6 +39,7 @@ class ServiceMetrics:
         self.tokens = Counter("plugin_llm_service_tokens", "Tokens used by plugin, direction (input, output) and model",
                               ("plugin", "direction", "model"), **kw)
         self._children: dict[tuple[str, str, str, str], tuple] = {}
+        self._breakers: _BreakerCollector | None = None
         self.cost = Counter("plugin_llm_service_cost_usd", "Cost in USD by plugin and model (priced calls only)",
                             ("plugin", "model"), **kw)
 
@@ -70,6 +71,13 @@ class ServiceMetrics:
             if usage.cost_usd:
                 cost.inc(usage.cost_usd)
 
+    def watch_breakers(self, states: Any) -> None:
+        """Export ``states()`` (route -> its breaker state, the catalog's routes only) as the gauge
+        ``plugin_llm_route_breaker_state{route, state}``: 1 for each route's current state."""
+        self._breakers = _BreakerCollector(states)
+        if not self.multiprocess:
+            self.registry.register(self._breakers)
+
     def refused(self, reason: str) -> None:
         self.denials.labels("", reason).inc()
 
@@ -82,5 +90,29 @@ class ServiceMetrics:
 
             registry = CollectorRegistry()
             MultiProcessCollector(registry)
+            if self._breakers is not None:
+                registry.register(self._breakers)
             return generate_latest(registry), CONTENT_TYPE_LATEST
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+class _BreakerCollector:
+    """The routes' circuit breakers, read from the store at each scrape."""
+
+    STATES = ("closed", "open", "half_open")
+
+    def __init__(self, states: Any) -> None:
+        self._states = states
+
+    def describe(self) -> list:
+        return []  # states() reads the store: never at registration
+
+    def collect(self) -> Any:
+        from prometheus_client.core import GaugeMetricFamily
+
+        gauge = GaugeMetricFamily("plugin_llm_route_breaker_state", "Circuit breaker state of each route of the "
+                                  "model catalog (1 for its current state)", labels=("route", "state"))
+        for route, state in sorted(self._states().items()):
+            for name in self.STATES:
+                gauge.add_metric((route, name), 1.0 if state == name else 0.0)
+        yield gauge
