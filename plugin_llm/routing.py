@@ -13,8 +13,9 @@ from plugin_llm.config import DEFAULT_LOCAL_MODEL, LOCAL_PROVIDER, HostConfig, s
 from plugin_llm.config.routes import RouteConfig
 from plugin_llm.errors import PluginLlmConfigError
 from plugin_llm.provider_names import provider_fix, unknown_provider_problem
+from plugin_llm.trust import Overrides
 
-__all__ = ["Route", "resolve_route", "resolve_chain", "call_timeout"]
+__all__ = ["Route", "resolve_route", "resolve_chain", "catalog_route", "requested_overrides", "call_timeout"]
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,18 @@ def catalog_route(config: HostConfig, provider: str | None, model: str | None) -
     if provider is None and model is not None:
         return config.models.get(model.strip())
     return None
+
+
+def requested_overrides(config: HostConfig, *, provider: str | None, model: str | None, agent_id: str | None,
+                        profile: str | None) -> Overrides:
+    """What a call asks the trust gate for: the default route asked for by its own name is no
+    override; a route of the catalog carries its provider (the gate covers where it goes)."""
+    if provider is None and model is not None and model.strip() == config.model.name:
+        model = None
+    active = (provider or config.model.provider or "").lower() or None
+    named = catalog_route(config, provider, model)
+    return Overrides(provider=provider, model=model, agent_id=agent_id, profile=profile, active_provider=active,
+                     route_provider=(named.provider or "") if named is not None else None)
 
 
 def resolve_chain(

@@ -765,6 +765,8 @@ class _Checker:
 
                 self.add(WARNING, keys + (i,), f"{unknown_provider_problem(item)}; allowing it allows nothing",
                          provider_fix(item, f"{key}[{i}]"), plugin_id)
+            elif key == "allowed_models" and item.strip() in self.view.config.models:
+                continue  # a route of the catalog, by name (its own entry is checked where it is declared)
             elif key == "allowed_models" and not _model_unchecked(item) and self.model_known(item) is False:
                 names = litellm_model_names() or frozenset()
                 guess = _did_you_mean(item.lower(), names, cutoff=0.85) if len(names) else None
@@ -930,7 +932,8 @@ def explain(view: ConfigView, plugin_id: str, overrides: Overrides, installed: M
     for name, value in requested.items():
         flag = FLAG_KEYS[name]
         flag_keys = ("plugins", "entries", plugin_id, "llm", flag)
-        alone = Overrides(**{name: value}, active_provider=overrides.active_provider)
+        alone = Overrides(**{name: value}, active_provider=overrides.active_provider,
+                          route_provider=overrides.route_provider if name == "model" else None)
         capability = CAPABILITY_FOR[name]
         if not getattr(policy, flag) and capability in policy.granted_capabilities:
             rules.append(f"{name}={value!r}: allowed by the granted capability {capability} "
@@ -995,19 +998,42 @@ def explain(view: ConfigView, plugin_id: str, overrides: Overrides, installed: M
 
 def _route(config: HostConfig, overrides: Overrides) -> tuple[dict[str, Any] | None, str | None]:
     from plugin_llm.errors import PluginLlmConfigError
-    from plugin_llm.routing import resolve_route
+    from plugin_llm.routing import resolve_chain
 
     try:
-        route = resolve_route(config, provider=overrides.provider, model=overrides.model, profile=overrides.profile)
+        chain = resolve_chain(config, provider=overrides.provider, model=overrides.model, profile=overrides.profile)
     except PluginLlmConfigError as exc:
         return None, str(exc)
+    held = _breakers(config) if len(chain) > 1 else None
+    first = _route_fields(chain[0], held)
+    first.update({"agent_id": overrides.agent_id, "timeout": chain[0].timeout, "max_retries": chain[0].max_retries,
+                  "fallbacks": [_route_fields(route, held) for route in chain[1:]]})
+    return first, None
+
+
+def _route_fields(route: Any, held: Mapping[str, Any] | None) -> dict[str, Any]:
+    breaker = held.get(route.label) if held is not None else None
     return {
+        "name": route.name,
         "provider": route.provider,
         "model": route.model,
         "litellm_model": route.litellm_model,
         "base_url": shown_url(route.base_url),
         "profile": route.profile,
-        "agent_id": overrides.agent_id,
-        "timeout": route.timeout,
-        "max_retries": route.max_retries,
-    }, None
+        "breaker": (breaker.as_dict() if breaker is not None else {"state": "closed"}) if held is not None else None,
+    }
+
+
+def _breakers(config: HostConfig) -> dict[str, Any] | None:
+    """The routes' breaker states from the store; None when the breaker is off or the store cannot tell."""
+    import time
+
+    from plugin_llm.limits import breakers
+    from plugin_llm.limits.store import StoreError
+
+    if not config.llm.breaker.failures:
+        return None
+    try:
+        return breakers.states(config.limits, config.home, time.time())
+    except StoreError:
+        return None

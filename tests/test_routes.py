@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import time
 
 import pytest
 
@@ -421,3 +423,56 @@ def test_metrics_show_each_route_s_breaker_state(hermes_home, upstreams):
     assert 'plugin_llm_route_breaker_state{route="first",state="open"} 1.0' in text
     assert 'plugin_llm_route_breaker_state{route="second",state="closed"} 1.0' in text
     assert 'plugin_llm_route_breaker_state{route="first",state="closed"} 0.0' in text
+
+
+# ------------------------------------------------------------------ what operators see: trust explain, check, doctor
+CATALOG = (
+    "models:\n"
+    "  fast: {provider: openai, model: gpt-4o-mini}\n"
+    "  smart: {provider: anthropic, model: claude-sonnet-4-5, profile: team-b, fallbacks: [fast]}\n"
+    "  local-llama: {provider: custom, model: llama3, base_url: 'http://127.0.0.1:9/v1'}\n"
+    "model: {route: fast, fallbacks: [local-llama]}\n"
+    "plugins:\n  entries:\n    notes:\n      llm: {allow_model_override: true, allowed_models: [smart]}\n"
+)
+
+
+def test_trust_explain_shows_the_route_and_its_chain(hermes_home, capsys):
+    from plugin_llm.cli.main import main
+
+    write_config(hermes_home, CATALOG)
+    assert main(["trust", "explain", "notes", "--model", "smart"]) == 0
+    out = capsys.readouterr().out
+    assert "route: smart: anthropic / claude-sonnet-4-5" in out and "profile team-b" in out
+    assert "then, on a failure another provider can fix: fast: openai / gpt-4o-mini" in out
+    assert main(["trust", "explain", "notes", "--model", "local-llama"]) == 1
+    out = capsys.readouterr().out
+    assert "may not use the route 'local-llama'" in out and "plugin-llm trust grant notes model local-llama" in out
+    assert main(["trust", "explain", "notes", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["route"]["name"] == "fast" and [f["name"] for f in doc["route"]["fallbacks"]] == ["local-llama"]
+
+
+def test_trust_explain_and_doctor_show_an_open_breaker(hermes_home, capsys):
+    from plugin_llm.cli.main import main
+    from plugin_llm.limits import breakers
+
+    write_config(hermes_home, CATALOG + "llm: {breaker: {failures: 1, cooldown: 600}}\n")
+    config = get_config_source(hermes_home).current()
+    breakers.report(config.limits, hermes_home, "local-llama", False, config.llm.breaker, time.time())
+    limits.close_stores()
+    assert main(["trust", "explain", "notes"]) == 0
+    assert "local-llama: custom / llama3, http://127.0.0.1:9/v1 [breaker open, 1 failure(s)" in capsys.readouterr().out
+    main(["doctor", "--json"])
+    checks = json.loads(capsys.readouterr().out)["checks"]
+    by_name = {c["check"]: c for c in checks}
+    assert by_name["route"]["status"] == "OK" and by_name["route"]["message"].startswith("fast: openai / gpt-4o-mini")
+    assert by_name["fallback"]["message"].startswith("then local-llama: custom / llama3")
+    assert by_name["breakers"]["status"] == "WARN" and "local-llama open after 1 failure(s)" in by_name["breakers"]["message"]
+
+
+def test_trust_check_takes_a_route_name_in_allowed_models_for_what_it_is(hermes_home, capsys):
+    from plugin_llm.cli.main import main
+
+    write_config(hermes_home, CATALOG)
+    main(["trust", "check"])
+    assert "litellm does not know the model 'smart'" not in capsys.readouterr().out

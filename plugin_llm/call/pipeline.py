@@ -56,9 +56,9 @@ from plugin_llm.call.validate import (
 from plugin_llm.call_options import FORBIDDEN, check_options
 from plugin_llm.config import ConfigSource
 from plugin_llm.errors import PluginLlmError, PluginLlmProviderError, PluginLlmSchemaError, PluginLlmTrustError
-from plugin_llm.routing import Route, catalog_route, resolve_chain
+from plugin_llm.routing import Route, requested_overrides, resolve_chain
 from plugin_llm.transport import TransportResponse
-from plugin_llm.trust import Overrides, enforce
+from plugin_llm.trust import enforce
 from plugin_llm.types import PluginLlmStructuredResult, PluginLlmUsage
 
 __all__ = ["Pipeline", "Finish"]
@@ -373,12 +373,9 @@ class Pipeline:
         config = self._config.current()
         provider = check_optional_str("provider", request.provider)
         model = check_optional_str("model", request.model)
-        if provider is None and model is not None and model.strip() == config.model.name:
-            model = None  # the default route asked for by its name: no override
-        active = (provider or config.model.provider or "").lower() or None
-        named = catalog_route(config, provider, model)
-        overrides = Overrides(provider=provider, model=model, agent_id=call.agent_id, profile=call.profile,
-                              active_provider=active, route_provider=named.provider or "" if named else None)
+        overrides = requested_overrides(config, provider=provider, model=model, agent_id=call.agent_id,
+                                        profile=call.profile)
+        model = overrides.model
         try:
             decision = enforce(self._plugin_id, config.trust_for(self._plugin_id), overrides)
         except PluginLlmTrustError as exc:

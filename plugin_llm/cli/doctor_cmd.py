@@ -255,10 +255,8 @@ def _trust(tr: Any, view: Any, installed: Callable[[], dict[str, str]]) -> list[
 
 # ------------------------------------------------------------------ route and credentials
 def _route_and_credentials(view: Any, home: Path) -> list[Check]:
-    from auth import KEYLESS_PROVIDERS, CredentialStore
-    from plugin_llm.errors import PluginLlmConfigError, PluginLlmError
-    from plugin_llm.config import shown_url
-    from plugin_llm.routing import resolve_route
+    from plugin_llm.errors import PluginLlmConfigError
+    from plugin_llm.routing import resolve_chain
 
     if view.error is not None:
         return [Check(WARN, "route", "unknown while config.yaml does not parse (a running gateway keeps its last good route)",
@@ -270,13 +268,61 @@ def _route_and_credentials(view: Any, home: Path) -> list[Check]:
         return [Check(WARN, "route", "not checked: model.provider is not a known provider (see the trust line)",
                       "fix model.provider first (plugin-llm trust check shows the fix)")]
     try:
-        route = resolve_route(view.config)
+        chain = resolve_chain(view.config)
     except PluginLlmConfigError as exc:
         return [Check(FAIL, "route", str(exc), f"set model.provider and model.model in {view.path}")]
+    route = chain[0]
+    out = [Check(OK, "route", _route_text(route)), _fast_path(route)]
+    for fallback in chain[1:]:
+        out.append(Check(OK, "fallback", f"then {_route_text(fallback)}, on a failure another provider can fix"))
+    if view.config.models:
+        out.append(_breakers(view))
+    out.extend(_credentials(home, route))
+    for fallback in chain[1:]:
+        if fallback.provider != route.provider or fallback.profile != route.profile:
+            out.extend(_credentials(home, fallback))
+    return out
+
+
+def _route_text(route: Any) -> str:
+    from plugin_llm.config import shown_url
+
     endpoint = f" at {shown_url(route.base_url)}" if route.base_url else ""
-    out = [Check(OK, "route", f"{route.provider} / {route.model}{endpoint}"), _fast_path(route)]
+    named = f"{route.name}: " if route.name else ""
+    return f"{named}{route.provider} / {route.model}{endpoint}"
+
+
+def _breakers(view: Any) -> Check:
+    """The catalog routes' circuit breakers: OK while every one is closed."""
+    import time
+
+    from plugin_llm.limits import breakers
+    from plugin_llm.limits.store import StoreError
+
+    config = view.config
+    if not config.llm.breaker.failures:
+        return Check(OK, "breakers", "off (llm.breaker: false): a failing route is tried on every call")
     try:
-        cred = CredentialStore(home).acquire(route.provider)
+        held = breakers.states(config.limits, config.home, time.time())
+    except StoreError as exc:
+        return Check(WARN, "breakers", f"state unknown: the limits store did not answer ({_safe(exc)})",
+                     "plugin-llm limits doctor")
+    down = [state.as_dict() for name, state in sorted(held.items()) if name in config.models and state.state != "closed"]
+    if not down:
+        return Check(OK, "breakers", f"all {len(config.models)} route(s) of models: closed")
+    shown = "; ".join(f"{d['route']} {d['state']} after {d['failures']} failure(s), next probe {d['retry_at'] or '-'}"
+                      for d in down)
+    return Check(WARN, "breakers", f"skipped while open: {shown}",
+                 "check the provider of each open route; it is probed again after llm.breaker.cooldown")
+
+
+def _credentials(home: Path, route: Any) -> list[Check]:
+    from auth import KEYLESS_PROVIDERS, CredentialStore
+    from plugin_llm.errors import PluginLlmError
+
+    out: list[Check] = []
+    try:
+        cred = CredentialStore(home).acquire(route.provider, route.profile)
     except PluginLlmError as exc:
         keyless = route.provider in KEYLESS_PROVIDERS
         out.append(Check(WARN if keyless else FAIL, "credentials", f"{route.provider}: {_safe(exc)}",

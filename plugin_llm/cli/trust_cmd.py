@@ -322,16 +322,12 @@ def _optional(args: argparse.Namespace, name: str) -> str | None:
 
 
 def _explain(tr: Any, view: Any, installed: Mapping[str, str], args: argparse.Namespace, as_json: bool) -> int:
-    from plugin_llm.trust import Overrides
+    from plugin_llm.routing import requested_overrides
 
     plugin_id = _resolve(tr, view, installed, args.plugin)
-    provider = _optional(args, "provider")
-    # the gateway's own rule (call/pipeline.py, Pipeline._admit): the override, else the configured provider
-    active = (provider or view.config.model.provider or "").lower() or None
-    overrides = Overrides(
-        provider=provider, model=_optional(args, "model"), agent_id=_optional(args, "agent_id"),
-        profile=_optional(args, "profile"), active_provider=active,
-    )
+    # the gateway's own rule (call/pipeline.py, Pipeline._admit)
+    overrides = requested_overrides(view.config, provider=_optional(args, "provider"), model=_optional(args, "model"),
+                                    agent_id=_optional(args, "agent_id"), profile=_optional(args, "profile"))
     result = tr.explain(view, plugin_id, overrides, installed)
     if not result.installed:
         _warn(f"no installed plugin has the key {plugin_id!r}; this is the policy it would get once installed")
@@ -364,13 +360,28 @@ def _explain(tr: Any, view: Any, installed: Mapping[str, str], args: argparse.Na
         if result.route is not None:
             r = result.route
             endpoint = r["base_url"] or "the provider's default endpoint"
+            named = f"{printable(r['name'])}: " if r.get("name") else ""
             print(
-                f"route: {r['provider']} / {r['model']} (litellm {r['litellm_model']}), {endpoint}, "
+                f"route: {named}{r['provider']} / {r['model']} (litellm {r['litellm_model']}), {endpoint}, "
                 f"profile {r['profile'] or 'default'}, agent_id {r['agent_id'] or '-'}, timeout {r['timeout']:g}s"
+                + _breaker_text(r)
             )
+            for fallback in r.get("fallbacks", ()):
+                endpoint = fallback["base_url"] or "the provider's default endpoint"
+                print(f"  then, on a failure another provider can fix: {printable(fallback['name'])}: "
+                      f"{fallback['provider']} / {fallback['model']}, {endpoint}{_breaker_text(fallback)}")
         elif result.route_error:
             print(f"route: {result.route_error}" if view.error else f"route: cannot be resolved: {result.route_error}")
     return _explain_code(view, d.allowed)
+
+
+def _breaker_text(route: Mapping[str, Any]) -> str:
+    breaker = route.get("breaker")
+    if not breaker:
+        return ""
+    if breaker["state"] == "closed":
+        return " [breaker closed]"
+    return f" [breaker {breaker['state']}, {breaker['failures']} failure(s), next probe {breaker['retry_at'] or '-'}]"
 
 
 def _explain_code(view: Any, allowed: bool) -> int:
