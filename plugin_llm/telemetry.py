@@ -260,8 +260,17 @@ def _gateway_attributes(record: dict[str, Any], status: Any) -> dict[str, Any]:
     elif "limits.reserved_usd" in record or "limits.reserved_tokens" in record:
         out[NS + "limits.outcome"] = "admitted"
     provider, model = _text(record.get("gen_ai.provider.name")), _text(record.get("gen_ai.request.model"))
-    if provider and model:
+    route = _text(record.get("route"))
+    if route:
+        out[NS + "route"] = route  # the catalog route that answered
+    elif provider and model:
         out[NS + "route"] = f"{provider}/{model}"
+    attempts = record.get("route.attempts")
+    if isinstance(attempts, list) and attempts:  # a chain: each route tried, in order
+        tried = [a for a in attempts[:16] if isinstance(a, dict)]
+        out[NS + "route.attempts"] = [f"{_text(a.get('route')) or '?'}:{_text(a.get('outcome')) or '?'}" for a in tried]
+        out[NS + "route.attempt_latency_ms"] = [float(a["latency_ms"]) if _number(a.get("latency_ms")) else 0.0
+                                               for a in tried]
     return out
 
 

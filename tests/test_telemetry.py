@@ -301,3 +301,22 @@ def test_a_callers_traceparent_is_continued_and_a_malformed_one_is_a_root(hermes
         assert format(span.parent.span_id, "016x") == traceparent.split("-")[2]
     else:
         assert span.parent is None
+
+
+def test_a_call_that_fell_back_names_the_answering_route_and_each_attempt(hermes_home, captured):
+    with FakeServer([Reply.error(503, "down")]) as first, FakeServer() as second:
+        write_config(hermes_home, (
+            "models:\n"
+            f"  first: {{provider: custom, model: ma, base_url: {first.base_url}}}\n"
+            f"  second: {{provider: custom, model: mb, base_url: {second.base_url}}}\n"
+            "model: {route: first, fallbacks: [second]}\n"
+            "llm: {max_retries: 0, breaker: false}\n"
+            "telemetry:\n  otlp_endpoint: http://127.0.0.1:9\n"
+        ))
+        PluginLlm("p1").complete([{"role": "user", "content": "hi"}])
+    attrs = dict(one_span(captured).attributes)
+    assert attrs["plugin_llm.route"] == "second" and attrs["gen_ai.request.model"] == "mb"
+    assert list(attrs["plugin_llm.route.attempts"]) == ["first:provider_error:503", "second:ok"]
+    assert len(attrs["plugin_llm.route.attempt_latency_ms"]) == 2
+    (duration,) = captured.metric_points()["gen_ai.client.operation.duration"]
+    assert duration.attributes["plugin_llm.route"] == "second"
