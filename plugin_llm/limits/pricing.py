@@ -1,8 +1,9 @@
 """Worst-case cost of one provider request, before it is sent.
 
-Input tokens are bounded from above without a tokenizer: the UTF-8 length of the text plus a
-per-message overhead (about 4x the real count for English; the settlement replaces it with the
-real usage); images count a fixed worst case each. Output tokens are ``max_tokens``, else the
+Input tokens: counted exactly where the model's tokenizer is at hand (:mod:`.tokens`), else
+bounded from above without one: the UTF-8 length of the text plus a per-message overhead (about
+4x the real count for English; the settlement replaces it with the real usage); images count a
+fixed worst case each. Output tokens are ``max_tokens``, else the
 model's ``max_output_tokens``, else ``limits.default_max_output_tokens``.
 
 Prices, in this order: the operator's ``limits.prices`` (``provider/model`` then the bare model
@@ -26,8 +27,9 @@ from typing import Any, Iterable, Mapping
 
 from plugin_llm.limits.settings import MAX_CALL_NANO, MAX_CALL_TOKENS, NANO, LimitSettings, OperatorPrice
 
-__all__ = ["Price", "Estimate", "find_price", "input_token_bound", "worst_case", "output_token_bound", "operator_cost",
-           "actual_cost_nano", "reports_a_cost", "usage_count", "price_map"]
+__all__ = ["Price", "Estimate", "find_price", "input_token_bound", "message_token_bound", "json_token_bound",
+           "worst_case", "output_token_bound", "operator_cost", "actual_cost_nano", "reports_a_cost", "usage_count",
+           "price_map"]
 
 _PRICE_MAP = "model_prices_and_context_window_backup.json"
 #: per-message framing (role, separators) of the chat templates in use, generously
@@ -209,6 +211,16 @@ def input_token_bound(messages: Iterable[Mapping[str, Any]], extra: Iterable[Any
     return total
 
 
+def message_token_bound(message: Any) -> int:
+    """:func:`input_token_bound`'s share of one message (what an exact count falls back to)."""
+    return input_token_bound((message,)) - _REQUEST_OVERHEAD
+
+
+def json_token_bound(value: Any) -> int:
+    """:func:`input_token_bound`'s share of one of its ``extra`` values (tools, response_format)."""
+    return _json_bytes(value)
+
+
 def output_token_bound(price: Price | None, max_tokens: Any, settings: LimitSettings) -> int:
     """The most output tokens a request can use: ``max_tokens``, else the model's limit, else the default."""
     if isinstance(max_tokens, int) and not isinstance(max_tokens, bool) and max_tokens > 0:
@@ -228,7 +240,8 @@ def worst_case(
     extra: Iterable[Any] = (),
     need_price: bool = True,
 ) -> Estimate:
-    """The most one request can use: input bound + output limit, priced when a price is known."""
+    """The most one request can use: input bound + output limit, priced when a price is known.
+    (The byte bound: admission counts exactly where it can, see :mod:`.tokens`.)"""
     price = find_price(provider, model, settings.prices) if need_price else None
     output = output_token_bound(price, max_tokens, settings)
     input_tokens = input_token_bound(messages, extra)
