@@ -38,7 +38,8 @@ __all__ = [
     "CALL_FIELDS", "OPTIONAL_CALL_FIELDS", "DECISION_KEY", "ERROR_MESSAGE", "CONFIG_ERROR", "DENIED_ARGUMENTS",
     "REPAIRS", "AUDIT_RECORD_ERROR", "LIMITS_RESERVED_USD", "LIMITS_RESERVED_TOKENS", "LIMITS_STORE_ERROR",
     "LIMITS_LIMIT", "LIMITS_RESETS_AT", "LIMITS_REPAIR_REFUSED", "LIMITS_REPAIR_REFUSED_KEY", "LIMITS_MAX_TOKENS_SENT",
-    "STREAM", "STREAM_PARTIAL", "STREAM_DELIVERED_CHARS", "STREAM_ABANDONED_BY", "TIME_TO_FIRST_CHUNK",
+    "LIMITS_RESERVED_INPUT_TOKENS", "LIMITS_INPUT_COUNT", "INPUT_COUNTS", "STREAM", "STREAM_PARTIAL",
+    "STREAM_DELIVERED_CHARS", "STREAM_ABANDONED_BY", "TIME_TO_FIRST_CHUNK",
     "REQUEST_MAX_TOKENS", "REQUEST_TEMPERATURE", "REQUEST_TOP_P", "FINISH_REASONS", "CACHE_READ_TOKENS",
     "CACHE_CREATION_TOKENS", "ROUTE", "ROUTE_ATTEMPTS",
     # builders
@@ -116,6 +117,9 @@ LIMITS_RESETS_AT = "limits.resets_at"
 LIMITS_REPAIR_REFUSED = "limits.repair_refused"
 LIMITS_REPAIR_REFUSED_KEY = "limits.repair_refused_key"
 LIMITS_MAX_TOKENS_SENT = "limits.max_tokens_sent"
+#: the input tokens of the reservation, and how they were counted (:data:`INPUT_COUNTS`)
+LIMITS_RESERVED_INPUT_TOKENS = "limits.reserved_input_tokens"
+LIMITS_INPUT_COUNT = "limits.input_count"
 # -- streams -----------------------------------------------------------------------------
 #: the catalog route that answered (``models.<name>``), and each route of its chain tried in order:
 #: ``{"route", "outcome", "latency_ms"}`` (outcome ``ok``, ``skipped`` for an open circuit breaker,
@@ -164,9 +168,9 @@ OPTIONAL_CALL_FIELDS: tuple[str, ...] = (
     DECISION_KEY, ERROR_MESSAGE, ERROR_CAUSE, CONFIG_ERROR, DENIED_ARGUMENTS, REPAIRS, USAGE_ANOMALY,
     AUDIT_WRITE_ERROR, AUDIT_RECORD_ERROR, LIMITS_RESERVED_USD, LIMITS_RESERVED_TOKENS, LIMITS_STORE_ERROR,
     LIMITS_LIMIT, LIMITS_RESETS_AT, LIMITS_REPAIR_REFUSED, LIMITS_REPAIR_REFUSED_KEY, LIMITS_MAX_TOKENS_SENT,
-    STREAM, STREAM_PARTIAL, STREAM_DELIVERED_CHARS, STREAM_ABANDONED_BY, TIME_TO_FIRST_CHUNK, REQUEST_MAX_TOKENS,
-    REQUEST_TEMPERATURE, REQUEST_TOP_P, FINISH_REASONS, CACHE_READ_TOKENS, CACHE_CREATION_TOKENS, ROUTE,
-    ROUTE_ATTEMPTS, *CONTENT_FIELDS,
+    LIMITS_RESERVED_INPUT_TOKENS, LIMITS_INPUT_COUNT, STREAM, STREAM_PARTIAL, STREAM_DELIVERED_CHARS,
+    STREAM_ABANDONED_BY, TIME_TO_FIRST_CHUNK, REQUEST_MAX_TOKENS, REQUEST_TEMPERATURE, REQUEST_TOP_P, FINISH_REASONS,
+    CACHE_READ_TOKENS, CACHE_CREATION_TOKENS, ROUTE, ROUTE_ATTEMPTS, *CONTENT_FIELDS,
 )
 
 APIS = ("complete", "structured")
@@ -174,6 +178,8 @@ MODES = ("sync", "async")
 DECISIONS = ("allowed", "denied")
 STATUSES = ("ok", "denied", "timeout", "provider_error", "schema_error", "quota", "error", "abandoned")
 VALIDATIONS = ("passed", "failed", "none")
+#: ``limits.input_count``: every part counted by the model's tokenizer, or some of it by the byte bound
+INPUT_COUNTS = ("exact", "bound")
 
 # -- MCP tool calls (ctx.call_mcp): one ``mcp.call`` event per call outcome, denials included --------
 EVENT_MCP_CALL = "mcp.call"

@@ -161,7 +161,9 @@ def test_a_call_admitted_in_memory_reports_and_settles_like_one_the_store_admitt
     for ticket in (tickets[0], tickets[-1]):  # a store step's and an in-memory admission's
         fields = ticket.audit_fields()
         assert fields == {"limits.reserved_usd": ticket.estimate.cost_nano / NANO,
-                          "limits.reserved_tokens": ticket.estimate.tokens}
+                          "limits.reserved_tokens": ticket.estimate.tokens,
+                          "limits.reserved_input_tokens": ticket.estimate.input_tokens,
+                          "limits.input_count": "bound"}  # (a custom model: no tokenizer)
     for ticket in tickets:
         ticket.settle(input_tokens=5, output_tokens=5)
     per_call = math.ceil(5 * (IN_PRICE * NANO / 1e6) + 5 * (OUT_PRICE * NANO / 1e6))

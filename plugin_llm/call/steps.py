@@ -29,7 +29,8 @@ __all__ = ["Step", "Flow", "LimitStep", "StoreStep", "Ready", "READY", "StreamOp
 
 _MAX_ANOMALIES = 16
 #: limits fields that add up over a call's requests (a structured call's repairs reserve again)
-_SUMMED_LIMIT_FIELDS = frozenset({records.LIMITS_RESERVED_USD, records.LIMITS_RESERVED_TOKENS})
+_SUMMED_LIMIT_FIELDS = frozenset({records.LIMITS_RESERVED_USD, records.LIMITS_RESERVED_TOKENS,
+                                  records.LIMITS_RESERVED_INPUT_TOKENS})
 
 
 @dataclass(frozen=True)
@@ -180,6 +181,8 @@ class Tally:
         for key, value in fields.items():
             if key in _SUMMED_LIMIT_FIELDS and key in self.limit_fields:
                 value = round(self.limit_fields[key] + value, 9)
+            elif key == records.LIMITS_INPUT_COUNT and self.limit_fields.get(key) == "bound":
+                continue  # one request's input counted by the bound: so is the call's
             self.limit_fields[key] = value
 
     def add(self, response: TransportResponse) -> "Tally":

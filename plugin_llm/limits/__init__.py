@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 from audit import records
-from plugin_llm.limits import leases
+from plugin_llm.limits import leases, tokens
 from plugin_llm.limits.checks import check_limits
 from plugin_llm.limits.pricing import (
     Estimate,
@@ -130,7 +130,7 @@ class Ticket:
     grace period).
     """
 
-    __slots__ = ("_store", "_admission", "_price", "_once", "estimate", "store_error")
+    __slots__ = ("_store", "_admission", "_price", "_once", "estimate", "store_error", "input_exact")
 
     def __init__(self, store: LimitStore | None, admission: Admission | None, estimate: Estimate | None,
                  store_error: str | None = None) -> None:
@@ -142,6 +142,7 @@ class Ticket:
         self._once = [admission] if admission is not None else []
         self.estimate = estimate
         self.store_error = store_error
+        self.input_exact = False  # the input counted exactly (limits.tokens), not by the byte bound
 
     @property
     def metered(self) -> bool:
@@ -210,6 +211,9 @@ class Ticket:
         if self._admission is not None:
             fields[records.LIMITS_RESERVED_USD] = self._admission.cost_nano / NANO
             fields[records.LIMITS_RESERVED_TOKENS] = self._admission.tokens
+            if self.estimate is not None:
+                fields[records.LIMITS_RESERVED_INPUT_TOKENS] = self.estimate.input_tokens
+            fields[records.LIMITS_INPUT_COUNT] = "exact" if self.input_exact else "bound"
         if self.store_error is not None:
             fields[records.LIMITS_STORE_ERROR] = self.store_error
         return fields
@@ -305,7 +309,7 @@ class _Plan:
     output bound, and this process's lease book once it exists."""
 
     __slots__ = ("settings", "home", "plugin_id", "provider", "model", "max_tokens", "limits", "refusal", "price",
-                 "output_tokens", "output_nano", "grace", "book", "astep")
+                 "output_tokens", "output_nano", "grace", "book", "astep", "encoding")
 
     def __init__(self, settings: LimitSettings, home: Any, plugin_id: str, provider: str, model: str,
                  max_tokens: int | None) -> None:
@@ -315,8 +319,10 @@ class _Plan:
         self.refusal: tuple[str, str, str] | None = None
         # the price carries the model's output limit, which a token limit needs as much as a budget (a call
         # without max_tokens may use all of it); only a budget needs the cost
-        self.price = price = (find_price(provider, model, settings.prices)
-                              if limits.has_budget or limits.tokens_per_minute is not None else None)
+        counts_input = limits.has_budget or limits.tokens_per_minute is not None
+        self.price = price = find_price(provider, model, settings.prices) if counts_input else None
+        # the tokenizer that counts the input exactly, when a limit counts it (limits.tokens)
+        self.encoding = tokens.encoding_for(provider, model) if counts_input else None
         self.output_tokens = min(MAX_CALL_TOKENS, output_token_bound(price, max_tokens, settings))
         self.output_nano = None if price is None or not limits.has_budget else self.output_tokens * price.output_nano
         self.grace = settings.reservation_grace
@@ -334,7 +340,7 @@ class _Plan:
 
     def cost(self, input_tokens: int) -> int | None:
         """The request's worst-case cost in nano-dollars (None: unpriced, and no budget needs it);
-        the same number as :func:`worst_case`'s."""
+        :func:`worst_case`'s number for the same input tokens."""
         if self.output_nano is None:
             return None
         return min(MAX_CALL_NANO, math.ceil(input_tokens * self.price.input_nano + self.output_nano))
@@ -412,16 +418,50 @@ def output_bound(settings: LimitSettings, home: Any, plugin_id: str, provider: s
 
 
 def _prepare(settings: LimitSettings, home: Any, plugin_id: str, messages, provider: str, model: str,
-             max_tokens: Any, extra) -> tuple[_Plan, int, int | None] | None:
-    """The request's plan, input bound and worst-case cost; None for a plugin without limits.
-    Raises the refusal that needs no store (broken limits, a budget on an unpriced model)."""
+             max_tokens: Any, extra) -> tuple[_Plan, int, int | None, bool] | None:
+    """The request's plan, input tokens, worst-case cost and whether the input was counted exactly;
+    None for a plugin without limits. Raises the refusal that needs no store (broken limits, a
+    budget on an unpriced model)."""
     plan = _plan(settings, home, plugin_id, provider, model, max_tokens)
     if plan.limits.empty:
         return None
     if plan.refusal is not None:
         raise plan.refuse()
-    input_tokens = min(MAX_CALL_TOKENS, input_token_bound(messages, extra))
-    return plan, input_tokens, plan.cost(input_tokens)
+    input_tokens, exact = _count(plan, messages, extra)
+    return plan, input_tokens, plan.cost(input_tokens), exact
+
+
+def _count(plan: _Plan, messages, extra) -> tuple[int, bool]:
+    """The request's input tokens: exact where the plan has a tokenizer (loaded), else the byte bound."""
+    if plan.encoding is None:
+        return min(MAX_CALL_TOKENS, input_token_bound(messages, extra)), False
+    return tokens.count_input(plan.encoding, messages, extra)
+
+
+def _marked(ticket: Any, exact: bool) -> Any:
+    """The ticket, saying its input was counted exactly (its audit record's ``limits.input_count``)."""
+    if exact and ticket is not None and ticket.metered:
+        ticket.input_exact = True
+    return ticket
+
+
+#: the limits a smaller input count can change the decision of
+_COUNTED_LIMITS = frozenset({"tokens_per_minute", "budget_usd.day", "budget_usd.month"})
+
+
+def _recountable(plan: _Plan, refused: PluginLlmLimitError, exact: bool) -> bool:
+    """Whether a refusal may be undone by counting the input exactly: it was counted by the byte
+    bound only because the plan's tokenizer was still loading, and a token or money limit refused it."""
+    return (not exact and plan.encoding is not None and refused.denial.limit in _COUNTED_LIMITS
+            and tokens.pending(plan.encoding))
+
+
+def _recounted(plan: _Plan, messages, extra, input_tokens: int) -> tuple[int, int | None] | None:
+    """The exact input count and cost once the tokenizer has loaded; None if it did not, or gives no less."""
+    counted, exact = _count(plan, messages, extra)
+    if not exact or counted >= input_tokens:
+        return None
+    return counted, plan.cost(counted)
 
 
 def _fast(plan: _Plan, input_tokens: int, cost: int | None, deadline: float, now: float,
@@ -514,10 +554,23 @@ def admit(
     prepared = _prepare(settings, home, plugin_id, messages, provider, model, max_tokens, extra)
     if prepared is None:
         return UNLIMITED
-    plan, input_tokens, cost = prepared
+    plan, input_tokens, cost, exact = prepared
     now = time.time() if now is None else now
-    return (_fast(plan, input_tokens, cost, deadline, now, store)
-            or _admit_store(plan, input_tokens, cost, deadline, now, store))
+    try:
+        return _marked(_fast(plan, input_tokens, cost, deadline, now, store)
+                       or _admit_store(plan, input_tokens, cost, deadline, now, store), exact)
+    except PluginLlmLimitError as refused:
+        if not _recountable(plan, refused, exact):
+            raise
+        refusal = refused
+    # refused by the byte bound while the tokenizer loads: wait for it (within the deadline), count, ask again
+    tokens.wait(plan.encoding, min(tokens.LOAD_WAIT, deadline - time.monotonic()))
+    recounted = _recounted(plan, messages, extra, input_tokens)
+    if recounted is None:
+        raise refusal
+    input_tokens, cost = recounted
+    return _marked(_fast(plan, input_tokens, cost, deadline, now, store)
+                   or _admit_store(plan, input_tokens, cost, deadline, now, store), True)
 
 
 _REQUEST_PLANS: dict[tuple[Any, ...], _Plan] = {}
@@ -534,7 +587,7 @@ def _request_plan(settings: LimitSettings, home: Any, plugin_id: str, counted: P
     plan.provider, plan.model, plan.max_tokens = "", "", None
     plan.limits, plan.refusal, plan.price = counted, None, None
     plan.output_tokens, plan.output_nano, plan.grace = 0, None, settings.reservation_grace
-    plan.book, plan.astep = None, None
+    plan.book, plan.astep, plan.encoding = None, None, None
     if len(_REQUEST_PLANS) >= 1024:  # bounded like _PLANS
         _REQUEST_PLANS.clear()
     _REQUEST_PLANS[key] = plan
@@ -571,15 +624,26 @@ def admit_in_memory(settings: LimitSettings, home: Path | str, plugin_id: str, m
         return UNLIMITED
     if plan.refusal is not None:
         raise plan.refuse()
-    input_tokens = min(MAX_CALL_TOKENS, input_token_bound(messages, extra))
+    if not leases.ENABLED:
+        return None
+    book = plan.book
+    if book is None or book.closed:
+        book = plan.lease_book(None)
+        if book is None:
+            return None  # no lease: the store decides (and counts the input then, once)
+    if plan.encoding is None:
+        input_tokens, exact = min(MAX_CALL_TOKENS, input_token_bound(messages, extra)), False
+    else:
+        input_tokens, exact = tokens.count_input(plan.encoding, messages, extra)
     output_nano = plan.output_nano
     cost = None if output_nano is None else min(MAX_CALL_NANO, math.ceil(input_tokens * plan.price.input_nano
                                                                          + output_nano))
-    book, now = plan.book, time.time()
-    if book is None or book.closed or not leases.ENABLED:
-        return _fast(plan, input_tokens, cost, deadline, now)
-    return book.try_fast(plan.limits, input_tokens, plan.output_tokens, cost, plan.price,
-                         now + max(0.0, deadline - time.monotonic()) + plan.grace, now)
+    now = time.time()
+    ticket = book.try_fast(plan.limits, input_tokens, plan.output_tokens, cost, plan.price,
+                           now + max(0.0, deadline - time.monotonic()) + plan.grace, now)
+    if exact and ticket is not None:
+        ticket.input_exact = True
+    return ticket
 
 
 async def aadmit(settings: LimitSettings, home: Path | str, plugin_id: str, *, messages: Iterable[Mapping[str, Any]],
@@ -594,7 +658,25 @@ async def aadmit(settings: LimitSettings, home: Path | str, plugin_id: str, *, m
     prepared = _prepare(settings, home, plugin_id, messages, provider, model, max_tokens, extra)
     if prepared is None:
         return UNLIMITED
-    plan, input_tokens, cost = prepared
+    plan, input_tokens, cost, exact = prepared
+    try:
+        return _marked(await _aadmit(plan, input_tokens, cost, deadline, now, store), exact)
+    except PluginLlmLimitError as refused:
+        if not _recountable(plan, refused, exact):
+            raise
+        refusal = refused
+    # as in admit(): the wait for the tokenizer is in a worker thread, never on the event loop
+    await tokens.await_loaded(plan.encoding, min(tokens.LOAD_WAIT, deadline - time.monotonic()))
+    recounted = _recounted(plan, messages, extra, input_tokens)
+    if recounted is None:
+        raise refusal
+    input_tokens, cost = recounted
+    return _marked(await _aadmit(plan, input_tokens, cost, deadline, now, store), True)
+
+
+async def _aadmit(plan: _Plan, input_tokens: int, cost: int | None, deadline: float, now: float | None,
+                  store: LimitStore | None) -> Ticket:
+    """:func:`aadmit` for a counted request: in memory, else (waiting for another call's step) a store step."""
     explicit_now, now = now, time.time() if now is None else now
     ticket = _fast(plan, input_tokens, cost, deadline, now, store)
     if ticket is not None:

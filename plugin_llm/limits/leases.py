@@ -69,7 +69,7 @@ class LeasedTicket:
     flight (``Lease.inflight``), so admission builds nothing else. ``settle`` or ``release``
     exactly once (decided under the book's lock); later calls do nothing."""
 
-    __slots__ = ("lease", "input_tokens", "output_tokens", "cost", "price", "expires_at", "done")
+    __slots__ = ("lease", "input_tokens", "output_tokens", "cost", "price", "expires_at", "done", "input_exact")
 
     metered = True
     store_error = None
@@ -83,6 +83,7 @@ class LeasedTicket:
         self.price = price
         self.expires_at = expires_at
         self.done = False
+        self.input_exact = False  # set by admission when the input was counted exactly
 
     @property
     def tokens(self) -> int:
@@ -168,7 +169,9 @@ class LeasedTicket:
 
     def audit_fields(self) -> dict:
         return {records.LIMITS_RESERVED_USD: (self.cost or 0) / NANO,
-                records.LIMITS_RESERVED_TOKENS: self.input_tokens + self.output_tokens}
+                records.LIMITS_RESERVED_TOKENS: self.input_tokens + self.output_tokens,
+                records.LIMITS_RESERVED_INPUT_TOKENS: self.input_tokens,
+                records.LIMITS_INPUT_COUNT: "exact" if self.input_exact else "bound"}
 
 
 class Lease:
