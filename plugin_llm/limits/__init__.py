@@ -450,10 +450,10 @@ _COUNTED_LIMITS = frozenset({"tokens_per_minute", "budget_usd.day", "budget_usd.
 
 
 def _recountable(plan: _Plan, refused: PluginLlmLimitError, exact: bool) -> bool:
-    """Whether a refusal may be undone by counting the input exactly: it was counted by the byte
-    bound only because the plan's tokenizer was still loading, and a token or money limit refused it."""
+    """Whether a refusal may be undone by counting the input exactly: a token or money limit refused
+    it, counted by the byte bound while the plan's tokenizer was loading (it may have loaded since)."""
     return (not exact and plan.encoding is not None and refused.denial.limit in _COUNTED_LIMITS
-            and tokens.pending(plan.encoding))
+            and (tokens.pending(plan.encoding) or tokens.encoding(plan.encoding) is not None))
 
 
 def _recounted(plan: _Plan, messages, extra, input_tokens: int) -> tuple[int, int | None] | None:

@@ -169,10 +169,10 @@ def _load_into(name: str, slot: _Slot) -> None:
 
 def _failed(name: str, slot: _Slot, reason: str) -> None:
     slot.error = reason[:500]
-    slot.ready.set()
     log.warning("limits: cannot load the %s tokenizer bundled with litellm (%s); the input tokens of limited calls "
                 "to the models it serves count by the byte bound (about 4x the real count) in this process; "
                 "reinstalling litellm restores its files", name, slot.error)
+    slot.ready.set()  # (after the warning: who waited for the load finds it said)
 
 
 def _tokenizers_dir() -> Path:
