@@ -357,6 +357,36 @@ def test_the_counts_are_tiktokens_own(real, name):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", [tokens.O200K, tokens.CL100K])
+def test_the_roles_counted_as_one_token_are_one_token(real, name):
+    _, own = real
+    assert {role: len(own[name].encode_ordinary(role)) for role in tokens._ONE_TOKEN_ROLES} == dict.fromkeys(
+        tokens._ONE_TOKEN_ROLES, 1)
+
+
+@pytest.mark.slow
+def test_tools_count_above_openais_own_estimate_of_them(real):
+    _, own = real
+    tools = [{"type": "function", "function": {
+        "name": "get_weather", "description": "Get the current weather in a given city.",
+        "parameters": {"type": "object", "properties": {
+            "city": {"type": "string", "description": "The city, e.g. San Francisco."},
+            "unit": {"type": "string", "description": "The unit.", "enum": ["celsius", "fahrenheit"]}}}}}]
+    messages = [{"role": "user", "content": "Weather in Paris?"}]
+    encoding = own[tokens.O200K]
+    # OpenAI's cookbook, num_tokens_for_tools for gpt-4o (the functions' share)
+    function = tools[0]["function"]
+    estimate = 7 + len(encoding.encode(function["name"] + ":" + function["description"].rstrip("."))) + 3
+    for key, spec in function["parameters"]["properties"].items():
+        estimate += 3 + len(encoding.encode(f"{key}:{spec['type']}:{spec['description'].rstrip('.')}"))
+        if "enum" in spec:
+            estimate += -3 + sum(3 + len(encoding.encode(item)) for item in spec["enum"])
+    estimate += 12
+    counted, exact = tokens.count_input(tokens.O200K, messages, (tools,))
+    assert exact and counted >= cookbook_count(encoding, messages) + estimate
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [tokens.O200K, tokens.CL100K])
 def test_an_english_prompts_reservation_is_its_real_count_within_a_few_percent(real, name):
     _, own = real
     real_count = cookbook_count(own[name], PROMPT)

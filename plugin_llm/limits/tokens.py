@@ -37,8 +37,9 @@ __all__ = ["encoding_for", "count_input", "encoding", "wait", "await_loaded", "p
 log = logging.getLogger("plugin_llm.limits")
 
 O200K, CL100K = "o200k_base", "cl100k_base"
-#: the most UTF-8 bytes of one request counted exactly (a few ms); the rest counts by the byte bound
-MAX_EXACT_BYTES = 64 * 1024
+#: the most UTF-8 bytes of one request counted exactly, the rest by the byte bound: English text counts at
+#: 30-90 ns a byte, the slowest text (long runs without a word boundary) at about 1 us (bench_reservation.py)
+MAX_EXACT_BYTES = 32 * 1024
 #: the most a call waits for an encoding still loading (only when the byte bound was refused)
 LOAD_WAIT = 10.0
 #: the chat format's framing, generously (OpenAI's cookbook: 3 per message, 1 per name, 3 to prime the reply)
@@ -48,6 +49,8 @@ JSON_OVERHEAD, JSON_PER_ITEM = 32, 16
 _MAX_FILE_BYTES = 16 << 20
 _MAX_MODEL_NAME = 200
 _TEXT_PART_KEYS = frozenset({"type", "text", "cache_control"})
+#: the roles that are one token in both encodings (a test checks it): a plain message's role is not encoded
+_ONE_TOKEN_ROLES = frozenset({"system", "user", "assistant", "tool", "developer", "function"})
 #: models whose input the provider adds to (web search) or that take audio or images by name: the byte bound
 _NOT_PLAIN_CHAT = ("search", "research", "audio", "realtime", "transcribe", "tts", "image", "computer-use")
 
@@ -282,6 +285,13 @@ def count_input(name: str | None, messages: Iterable[Mapping[str, Any]], extra: 
     exact = True
     total = PER_REQUEST
     for message in messages:
+        if type(message) is dict and len(message) == 2:  # the usual message: a role and a text
+            content = message.get("content")
+            if type(content) is str and message.get("role") in _ONE_TOKEN_ROLES:
+                counted = tokens(content)
+                if counted is not None:
+                    total += PER_MESSAGE + 1 + counted
+                    continue
         counted = _message_tokens(message, tokens)
         if counted is None:
             counted, exact = message_token_bound(message), False
@@ -313,7 +323,7 @@ def _message_tokens(message: Any, tokens: Callable[[str], int | None]) -> int | 
         if value is None:
             continue
         if isinstance(value, str) and key in ("role", "content", "name", "tool_call_id"):
-            counted = tokens(value)
+            counted = 1 if key == "role" and value in _ONE_TOKEN_ROLES else tokens(value)
             if counted is None:
                 return None
             total += counted + (PER_NAME if key == "name" else 0)
