@@ -36,8 +36,8 @@ from plugin_llm.call.steps import (
     Call,
     Emit,
     Flow,
-    READY,
     LimitStep,
+    Ready,
     RepairRefused,
     Run,
     StreamOpen,
@@ -57,7 +57,7 @@ from plugin_llm.call_options import FORBIDDEN, check_options
 from plugin_llm.config import ConfigSource
 from plugin_llm.errors import PluginLlmError, PluginLlmProviderError, PluginLlmSchemaError, PluginLlmTrustError
 from plugin_llm.routing import Route, requested_overrides, resolve_chain
-from plugin_llm.transport import TransportResponse
+from plugin_llm.transport import TransportRequest, TransportResponse
 from plugin_llm.trust import enforce
 from plugin_llm.types import PluginLlmStructuredResult, PluginLlmUsage
 
@@ -260,7 +260,7 @@ class Pipeline:
     def _structured_steps(self, run: Run, spec: StructuredSpec, params: dict) -> Flow:
         tally, schema, schema_name = run.tally, spec.json_schema, spec.schema_name
         if schema is not None:  # whether the route takes the schema natively: litellm knows (past the gate)
-            yield from self._ready(run, None)
+            yield from self._ready(run, None, None)
         native = schema is not None and bool(self.shell().transport.supports_json_schema(run.admitted.route))
         messages = tally.audit_messages = structured.build_messages(
             instructions=spec.instructions, blocks=spec.input, json_schema=schema, schema_name=schema_name,
@@ -469,8 +469,10 @@ class Pipeline:
         if ticket is None:
             ticket = yield from self._limits_store_step(run, messages, params)
         params = bounded_output(run, params)
-        yield from self._ready(run, ticket)
-        return ticket, transport_request(run.admitted, messages, params)
+        request = transport_request(run.admitted, messages, params)
+        if (yield from self._ready(run, ticket, request)):  # the call's deadline moved on by the set-up
+            request = transport_request(run.admitted, messages, params)
+        return ticket, request
 
     def _provider_call(self, run: Run, messages: list, params: dict) -> Flow:
         """Admit under the limits, yield one transport request, settle; audit and raise whatever it
@@ -527,13 +529,14 @@ class Pipeline:
                 continue
         raise AssertionError("a chain's last route is always tried")  # pragma: no cover
 
-    def _ready(self, run: Run, ticket: limits.Ticket | None) -> Flow:
-        """The transport's one-time set-up (litellm's import), only now that the call will be sent: a
-        call refused before never loads the provider layer. Its time is not the call's: the call's
-        clock and deadline move on by it. A set-up that fails frees the reservation (nothing was sent)."""
+    def _ready(self, run: Run, ticket: limits.Ticket | None, request: TransportRequest | None) -> Flow:
+        """The transport's one-time set-up (litellm's import, for a route that needs it), only now that
+        the call will be sent: a call refused before never loads the provider layer. Its time is not
+        the call's: the call's clock and deadline move on by it (then this returns True). A set-up
+        that fails frees the reservation (nothing was sent)."""
         clock, monotonic = self._clock(), time.monotonic()
         try:
-            loaded = yield READY
+            loaded = yield Ready(run.admitted.route, request)
         except BaseException:
             if ticket is not None:
                 ticket.release()
@@ -542,6 +545,7 @@ class Pipeline:
             admitted = run.admitted
             run.call = dataclasses.replace(run.call, started=run.call.started + self._clock() - clock)
             run.admitted = dataclasses.replace(admitted, deadline=admitted.deadline + time.monotonic() - monotonic)
+        return bool(loaded)
 
     def _request_failed(self, run: Run, failure: BaseException) -> BaseException:
         """Audit the failure of a transport request (the reservation is already released); the error to raise."""

@@ -29,7 +29,9 @@ class Transport(Protocol):
 @runtime_checkable
 class Readies(Protocol):
     """A transport with set-up to do before its first request (litellm's import), outside the call's
-    latency; ``ready()`` is true when it did that set-up (or waited for it) now."""
+    latency; ``ready()`` is true when it did that set-up (or waited for it) now. A ``ready`` that
+    takes two arguments is given the call's route and its transport request (None before the
+    request is built): the set-up may depend on them."""
 
     def ready(self) -> bool | None: ...
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from plugin_llm import limits
 from plugin_llm.call.protocols import AsyncReadies, AsyncStreams, Readies, Streams, Transport
-from plugin_llm.call.steps import Flow, LimitStep, Ready, Step, StoreStep, StreamOpen, StreamRead
+from plugin_llm.call.steps import READY, Flow, LimitStep, Ready, Step, StoreStep, StreamOpen, StreamRead
 from plugin_llm.errors import PluginLlmConfigError
 
 __all__ = ["Shell"]
@@ -21,7 +21,7 @@ __all__ = ["Shell"]
 class Shell:
     """Performs the steps of calls on one transport; its optional capabilities are looked up once."""
 
-    __slots__ = ("transport", "_ready", "_aready", "_open", "_aopen")
+    __slots__ = ("transport", "_ready", "_aready", "_open", "_aopen", "_told")
 
     def __init__(self, transport: Transport) -> None:
         self.transport = transport
@@ -29,14 +29,20 @@ class Shell:
         self._aready = transport.aready if isinstance(transport, AsyncReadies) else None
         self._open = transport.open_stream if isinstance(transport, Streams) else None
         self._aopen = transport.aopen_stream if isinstance(transport, AsyncStreams) else None
+        self._told = _takes_step(self._ready), _takes_step(self._aready)
 
-    def ready(self) -> bool:
+    def ready(self, step: Ready = READY) -> bool:
         """The transport's one-time set-up (litellm's import), performed at a flow's :class:`Ready`
-        step, just before its first request: whether it was done (or waited for) now."""
-        return bool(self._ready()) if self._ready is not None else False
+        step, just before its first request: whether it was done (or waited for) now. A transport
+        whose ``ready`` takes the route and request is told them (it may need no set-up for them)."""
+        if self._ready is None:
+            return False
+        return bool(self._ready(step.route, step.request) if self._told[0] else self._ready())
 
-    async def aready(self) -> bool:
-        return bool(await self._aready()) if self._aready is not None else False
+    async def aready(self, step: Ready = READY) -> bool:
+        if self._aready is None:
+            return False
+        return bool(await (self._aready(step.route, step.request) if self._told[1] else self._aready()))
 
     def run_sync(self, flow: Flow) -> Any:
         """Run a whole call's flow on this thread; its result."""
@@ -49,7 +55,7 @@ class Shell:
                     if type(request) is LimitStep:
                         response = limits.admit(request.settings, request.home, request.plugin_id, **request.call)
                     elif type(request) is Ready:
-                        response = self.ready()
+                        response = self.ready(request)
                     elif type(request) is StoreStep:
                         response = request.work()
                     else:
@@ -78,7 +84,7 @@ class Shell:
                         response = await limits.aadmit(request.settings, request.home, request.plugin_id,
                                                        **request.call)
                     elif type(request) is Ready:
-                        response = await self.aready()
+                        response = await self.aready(request)
                     elif type(request) is StoreStep:
                         response = await _off_loop(request.work)
                     else:
@@ -103,7 +109,7 @@ class Shell:
         if kind is LimitStep:
             return limits.admit(step.settings, step.home, step.plugin_id, **step.call)
         if kind is Ready:
-            return self.ready()
+            return self.ready(step)
         if kind is StoreStep:
             return step.work()
         if kind is StreamOpen:
@@ -119,7 +125,7 @@ class Shell:
         if kind is LimitStep:
             return await limits.aadmit(step.settings, step.home, step.plugin_id, **step.call)
         if kind is Ready:
-            return await self.aready()
+            return await self.aready(step)
         if kind is StoreStep:
             return await _off_loop(step.work)
         if kind is StreamOpen:
@@ -131,6 +137,19 @@ class Shell:
     def _cannot_stream(self, name: str) -> PluginLlmConfigError:
         return PluginLlmConfigError(f"the gateway's transport ({type(self.transport).__name__}) cannot stream: it "
                                     f"has no {name}(); use complete() with it, or the default LitellmTransport")
+
+
+def _takes_step(ready: Any) -> bool:
+    """Whether a transport's ``ready``/``aready`` takes ``(route, request)`` (checked once per transport)."""
+    if ready is None:
+        return False
+    import inspect
+
+    try:
+        parameters = inspect.signature(ready).parameters
+    except (TypeError, ValueError):
+        return False
+    return len(parameters) >= 2 or any(p.kind is p.VAR_POSITIONAL for p in parameters.values())
 
 
 async def _off_loop(work: Any) -> Any:

@@ -55,7 +55,11 @@ class StoreStep:
 @dataclass(frozen=True)
 class Ready:
     """Step: the transport's one-time set-up (litellm's import), just before its first request;
-    its outcome is whether it was done (or waited for) now."""
+    its outcome is whether it was done (or waited for) now. ``route`` and ``request`` (when known)
+    tell the transport what the set-up is for: a route it serves without litellm needs none."""
+
+    route: "Route | None" = None
+    request: "TransportRequest | None" = None
 
 
 READY = Ready()
