@@ -1,5 +1,6 @@
 """Nothing before the trust gate waits for litellm: a call refused before it is sent never loads
-the provider layer; an allowed call loads it just before its first request, outside its latency.
+the provider layer; an allowed call loads it just before its first request, outside its latency,
+and only when its route needs litellm's translation (not the local model, not an OpenAI route).
 
 Each case runs in a fresh interpreter, so that ``'litellm' in sys.modules`` says what the call did.
 """
@@ -16,6 +17,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import audit_lines, write_config
+from tests.servers import FakeServer, Reply
+from tests.test_transport_parity import configure
 
 ROOT = Path(__file__).resolve().parents[1]
 USER = [{"role": "user", "content": "hi"}]
@@ -96,11 +99,35 @@ def test_invalid_input_is_refused_without_loading_litellm(hermes_home: Path) -> 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("how", ["complete", "acomplete", "stream", "astream"])
-def test_an_allowed_call_loads_litellm_and_answers(hermes_home: Path, how: str) -> None:
+def test_a_local_model_call_answers_without_litellm(hermes_home: Path, how: str) -> None:
     outcome = _call(how)
-    assert outcome["litellm"] is True and "hi" in outcome["text"]
+    assert outcome["litellm"] is False and "hi" in outcome["text"]
     [line] = audit_lines(hermes_home)
     assert line["status"] == "ok" and line["latency_ms"] >= line["overhead_ms"] >= 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["complete", "acomplete", "stream", "astream"])
+def test_an_openai_compatible_call_answers_without_litellm(hermes_home: Path, how: str) -> None:
+    with FakeServer() as fake:
+        fake.default = Reply(content="hi from upstream")
+        write_config(hermes_home, f"model: {{provider: custom, model: gpt-4o, base_url: '{fake.base_url}'}}\n")
+        outcome = _call(how)
+        assert fake.requests[0].json["model"] == "gpt-4o"
+    assert outcome == {"text": "hi from upstream", "litellm": False, "unneeded": []}
+    [line] = audit_lines(hermes_home)
+    assert line["status"] == "ok" and line["cost_usd"] > 0  # priced from litellm's map, read as a file
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["complete", "acomplete"])
+def test_a_call_that_needs_litellms_translation_loads_it(hermes_home: Path, how: str) -> None:
+    """Anthropic's request is litellm's translation: litellm is loaded for it (the endpoint is closed)."""
+    with FakeServer() as fake:
+        closed = fake.base_url
+    configure(hermes_home, closed, provider="anthropic", model="claude-sonnet-4-5")
+    outcome = _call(how)
+    assert outcome["litellm"] is True and outcome["error"] == "PluginLlmProviderError"
 
 
 #: the import made slow on the call's clock (a fake clock that the import advances by 1000 s)
@@ -132,7 +159,7 @@ _SLOW_LOAD = textwrap.dedent("""
 @pytest.mark.slow
 @pytest.mark.parametrize("how", ["complete", "acomplete", "stream", "structured"])
 def test_the_one_time_import_inside_a_call_is_not_its_latency(hermes_home: Path, how: str) -> None:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PLUGIN_LLM_OWN_PATH": "0"}  # the local model through litellm
     done = subprocess.run([sys.executable, "-c", _SLOW_LOAD, how], capture_output=True, text=True, env=env,
                           cwd=ROOT, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]

@@ -490,7 +490,7 @@ class AsyncTransportStream(_Base):
             pass
 
 
-# ------------------------------------------------------------------ opening: fast path
+# ------------------------------------------------------------------ opening: fast path and own path
 def fast_open(fast: Any, request: TransportRequest, key: Key) -> tuple[Callable[[], Any], Callable[[], None]]:
     """Send the streaming request on the fast path's sync pool; ``(next chunk, close)``.
 
@@ -498,7 +498,30 @@ def fast_open(fast: Any, request: TransportRequest, key: Key) -> tuple[Callable[
     for a call that does not stream); the body is read by the returned source.
     """
     optional = fast.optional_params(request.params)
-    url, body, response_status, headers, stream, close = _fast_send_sync(fast, request, optional, key)
+    url, headers, body = _stream_request(fast, request.messages, optional, key.reveal())
+    return _open_prepared(request, url, headers, body, fast.http_error)
+
+
+def own_open(own: Any, request: TransportRequest, key: Key) -> tuple[Callable[[], Any], Callable[[], None]]:
+    """:func:`fast_open` on the gateway's own OpenAI path (litellm's fast path for what it cannot send)."""
+    from plugin_llm.transport import _openai
+
+    prepared = own.prepare(request.messages, request.params)
+    if prepared is None:
+        return fast_open(_openai._deferred(request.route), request, key)
+    body = {**prepared[0], "stream": True, "stream_options": {"include_usage": True}}
+
+    def error(status: int, headers: Any, content: bytes) -> BaseException:
+        found = own.error(status, headers, content)
+        return found if found is not None else _openai._deferred(request.route).http_error(status, headers, content)
+
+    return _open_prepared(request, own.url, own.headers(key.reveal()), body, error)
+
+
+def _open_prepared(request: TransportRequest, url: str, headers: dict, body: dict,
+                   error: Callable[[int, Any, bytes], BaseException]) -> tuple[Callable[[], Any], Callable[[], None]]:
+    response_status, reply_headers, stream, close = _send_sync(request, url, headers, body)
+    headers = {}  # the key is in them
     if not 200 <= response_status < 300:
         outer, IO.deadline = getattr(IO, "deadline", None), request.deadline  # a trickled error body too
         try:
@@ -506,7 +529,7 @@ def fast_open(fast: Any, request: TransportRequest, key: Key) -> tuple[Callable[
         finally:
             IO.deadline = outer
             close()
-        raise fast.http_error(response_status, headers, content)
+        raise error(response_status, reply_headers, content)
     parser = SseParser()
     chunks = iter(stream)
     ready: list = []
@@ -543,29 +566,27 @@ def _read_bounded(stream: Any, limit: int) -> bytes:
     return b"".join(parts)[:limit]
 
 
-def _fast_send_sync(fast: Any, request: TransportRequest, optional: dict, key: Key):
+def _send_sync(request: TransportRequest, url: str, headers: dict, body: dict):
     """POST the streaming request; the response's status, headers and unread body stream."""
-    from plugin_llm.transport import _fastpath
+    from plugin_llm.transport import _fastpath, _http
 
-    url, headers, body = _stream_request(fast, request.messages, optional, key.reveal())
     content = json.dumps(body).encode()
     left = max(request.deadline - time.monotonic(), 0.001)
     outer, IO.deadline = getattr(IO, "deadline", None), request.deadline
     try:
-        if _fastpath._proxy(url) is None:
+        if _http.proxy(url) is None:
             # httpcore's own stream(): it adds Host and Content-Length; entered here, exited by close()
-            opened = _fastpath._sync_pool().stream(
+            opened = _http.sync_pool(url).stream(
                 "POST", url, content=content,
                 headers=[(b"Accept", b"text/event-stream"), (b"User-Agent", b"plugin-llm-gateway"),
                          *((name.encode("ascii"), value.encode("ascii")) for name, value in headers.items())],
                 extensions={"timeout": {"connect": left, "read": left, "write": left, "pool": left}})
             response = opened.__enter__()
-            return (url, body, response.status, response.headers, response.stream,
-                    lambda: opened.__exit__(None, None, None))
+            return response.status, response.headers, response.stream, lambda: opened.__exit__(None, None, None)
         client = _fastpath._sync_client()
         built = client.build_request("POST", url, content=content, headers=headers, timeout=left)
         response = client.send(built, stream=True)
-        return url, body, response.status_code, response.headers, response.iter_raw(), response.close
+        return response.status_code, response.headers, response.iter_raw(), response.close
     finally:
         IO.deadline = outer
 
@@ -582,22 +603,54 @@ def _stream_request(fast: Any, messages: list, optional: dict, secret: str | Non
 
 async def fast_aopen(fast: Any, request: TransportRequest, key: Key) -> tuple[Callable[[], Any], Callable[[], None]]:
     """The async twin of :func:`fast_open` (the event loop's pooled aiohttp session)."""
-    from plugin_llm.transport import _fastpath
-
     optional = fast.optional_params(request.params)
     url, headers, body = _stream_request(fast, request.messages, optional, key.reveal())
+
+    async def error(status: int, headers: Any, content: bytes) -> BaseException:
+        return fast.http_error(status, headers, content)
+
+    return await _aopen_prepared(request, url, headers, body, error)
+
+
+async def own_aopen(own: Any, request: TransportRequest, key: Key) -> tuple[Callable[[], Any], Callable[[], None]]:
+    """The async twin of :func:`own_open`."""
+    from plugin_llm.transport import _openai
+
+    prepared = own.prepare(request.messages, request.params)
+    if prepared is None:
+        await _openai._aload()
+        return await fast_aopen(_openai._deferred(request.route), request, key)
+    body = {**prepared[0], "stream": True, "stream_options": {"include_usage": True}}
+
+    async def error(status: int, headers: Any, content: bytes) -> BaseException:
+        found = own.error(status, headers, content)
+        if found is not None:
+            return found
+        await _openai._aload()
+        return _openai._deferred(request.route).http_error(status, headers, content)
+
+    return await _aopen_prepared(request, own.url, own.headers(key.reveal()), body, error)
+
+
+async def _aopen_prepared(request: TransportRequest, url: str, headers: dict, body: dict,
+                          error: Callable[..., Any]) -> tuple[Callable[[], Any], Callable[[], None]]:
+    from plugin_llm.transport import _http
+
     left = max(request.deadline - time.monotonic(), 0.0)
     async with asyncio.timeout(left):
-        response = await _fastpath._session().post(
-            url, data=json.dumps(body).encode(), headers={**headers, "Accept": "text/event-stream", "User-Agent": "plugin-llm-gateway"},
-            proxy=_fastpath._proxy(url), allow_redirects=False)
-        headers = None  # the key is in them
-        if not 200 <= response.status < 300:
+        response = await _http.session().post(
+            url, data=json.dumps(body).encode(),
+            headers={**headers, "Accept": "text/event-stream", "User-Agent": "plugin-llm-gateway"},
+            proxy=_http.proxy(url), allow_redirects=False)
+        headers = {}  # the key is in them
+        failed = not 200 <= response.status < 300
+        if failed:
             try:
                 content = await response.content.read(1024 * 1024)
             finally:
                 response.close()
-            raise fast.http_error(response.status, response.headers, content)
+    if failed:  # (outside the deadline's block: the error may need litellm's import, off the loop)
+        raise await error(response.status, response.headers, content)
     parser = SseParser()
     ready: list = []
     done = [False]
@@ -699,12 +752,20 @@ def _fallback_cost(litellm: Any) -> Callable[..., Any]:
     return cost
 
 
+def _unpriced(*args: Any) -> None:
+    return None
+
+
 def _estimator(litellm: Any, route: Route) -> Callable[[list, str], tuple[int, int]]:
-    """Token counts of a stream whose provider reported none (litellm's counter for the model)."""
+    """Token counts of a stream whose provider reported none (litellm's counter for the model, litellm
+    loaded then when the call did not need it)."""
     def estimate(messages: list, text: str) -> tuple[int, int]:
+        from plugin_llm.transport._loading import load_litellm
+
         try:
-            prompt = int(litellm.token_counter(model=route.model, messages=messages))
-            completion = int(litellm.token_counter(model=route.model, text=text)) if text else 0
+            counter = (litellm or load_litellm()).token_counter
+            prompt = int(counter(model=route.model, messages=messages))
+            completion = int(counter(model=route.model, text=text)) if text else 0
         except Exception:  # noqa: BLE001 - a rough count rather than none
             prompt = sum(len(str(m.get("content") or "")) for m in messages) // 4
             completion = len(text) // 4
@@ -712,25 +773,40 @@ def _estimator(litellm: Any, route: Route) -> Callable[[list, str], tuple[int, i
     return estimate
 
 
-def _attempt_sync(transport: Any, litellm: Any, request: TransportRequest, state: Any) -> TransportStream:
+def _local_async(source: Callable[[], Any]) -> Callable[[], Any]:
+    async def next_chunk() -> Any:
+        return source()
+    return next_chunk
+
+
+def _noop() -> None:
+    return None
+
+
+def _attempt_sync(transport: Any, litellm: Any, own: Any, request: TransportRequest, state: Any) -> TransportStream:
     """One attempt: connect, check the status, read up to the first text delta."""
-    from plugin_llm.transport import _fastpath
+    from plugin_llm.transport import _fastpath, _local, _openai
+    from plugin_llm.transport._loading import load_litellm
+    from plugin_llm.transport._transport import LOCAL
 
     transport._check_deadline(request, state)
-    fast = transport._fast(litellm, request.route)
     credential = request.keys.acquire()
     attempt = state.attempts
     key = transport._key(request, state, credential)
-    if key.absent:
-        fast = "no key"
+    path = transport._path_of(litellm, own, request, key)
     started = time.perf_counter()
     failure: BaseException | None = None
     stream: TransportStream | None = None
     try:
-        if isinstance(fast, _fastpath.FastRoute):
-            source, close = fast_open(fast, request, key)
-            inline, cost = True, fast.cost
+        if path is LOCAL:
+            source, close, inline, cost = _local.chunks(request.route, request.messages, request.params), _noop, \
+                True, _unpriced
+        elif isinstance(path, _openai.OwnRoute):
+            (source, close), inline, cost = own_open(path, request, key), True, path.cost
+        elif isinstance(path, _fastpath.FastRoute):
+            (source, close), inline, cost = fast_open(path, request, key), True, path.cost
         else:
+            litellm = litellm or load_litellm()
             source, close, inline = fallback_open(litellm, request, key, attempt)
             cost = _fallback_cost(litellm)
         stream = TransportStream(request, key, state.attempts, 0.0, cost, _estimator(litellm, request.route),
@@ -754,23 +830,32 @@ def _attempt_sync(transport: Any, litellm: Any, request: TransportRequest, state
     return stream
 
 
-async def _attempt_async(transport: Any, litellm: Any, request: TransportRequest, state: Any) -> AsyncTransportStream:
-    from plugin_llm.transport import _fastpath
+async def _attempt_async(transport: Any, litellm: Any, own: Any, request: TransportRequest,
+                         state: Any) -> AsyncTransportStream:
+    from plugin_llm.transport import _fastpath, _local, _openai
+    from plugin_llm.transport._loading import load_litellm, loaded_litellm
+    from plugin_llm.transport._transport import LOCAL
 
     transport._check_deadline(request, state)
-    fast = transport._fast(litellm, request.route)
     credential = await request.keys.aacquire()
     attempt = state.attempts
     key = transport._key(request, state, credential)
-    if key.absent:
-        fast = "no key"
+    if litellm is None and own is not LOCAL and key.absent:  # litellm's environment lookup decides
+        litellm = loaded_litellm() or await asyncio.to_thread(load_litellm)
+    path = transport._path_of(litellm, own, request, key)
     started = time.perf_counter()
     failure: BaseException | None = None
     stream: AsyncTransportStream | None = None
     try:
-        if isinstance(fast, _fastpath.FastRoute):
-            source, close = await fast_aopen(fast, request, key)
-            cost = fast.cost
+        if path is LOCAL:
+            source = _local_async(_local.chunks(request.route, request.messages, request.params))
+            close, cost = _noop, _unpriced
+        elif isinstance(path, _openai.OwnRoute):
+            source, close = await own_aopen(path, request, key)
+            cost = path.cost
+        elif isinstance(path, _fastpath.FastRoute):
+            source, close = await fast_aopen(path, request, key)
+            cost = path.cost
         else:
             source, close = await fallback_aopen(litellm, request, key, attempt)
             cost = _fallback_cost(litellm)
@@ -796,7 +881,7 @@ async def _attempt_async(transport: Any, litellm: Any, request: TransportRequest
     return stream
 
 
-def open_stream(transport: Any, litellm: Any, request: TransportRequest) -> TransportStream:
+def open_stream(transport: Any, litellm: Any, own: Any, request: TransportRequest) -> TransportStream:
     """The stream, open and up to its first delta; retried (as calls are) until then."""
     from tenacity import Retrying
 
@@ -805,7 +890,7 @@ def open_stream(transport: Any, litellm: Any, request: TransportRequest) -> Tran
 
     state = CallState()
     try:
-        stream: TransportStream | None = _attempt_sync(transport, litellm, request, state)
+        stream: TransportStream | None = _attempt_sync(transport, litellm, own, request, state)
     except PluginLlmError as exc:
         delay = first_retry_delay(exc, request)
         if delay is None:
@@ -813,11 +898,11 @@ def open_stream(transport: Any, litellm: Any, request: TransportRequest) -> Tran
         stream = None
     if stream is None:  # retried outside the except block: no chained first failure
         time.sleep(delay)
-        stream = Retrying(**retry_kwargs(request))(_attempt_sync, transport, litellm, request, state)
+        stream = Retrying(**retry_kwargs(request))(_attempt_sync, transport, litellm, own, request, state)
     return stream
 
 
-async def aopen_stream(transport: Any, litellm: Any, request: TransportRequest) -> AsyncTransportStream:
+async def aopen_stream(transport: Any, litellm: Any, own: Any, request: TransportRequest) -> AsyncTransportStream:
     from tenacity import AsyncRetrying
 
     from plugin_llm.transport._retry import first_retry_delay, retry_kwargs
@@ -825,7 +910,7 @@ async def aopen_stream(transport: Any, litellm: Any, request: TransportRequest) 
 
     state = CallState()
     try:
-        stream: AsyncTransportStream | None = await _attempt_async(transport, litellm, request, state)
+        stream: AsyncTransportStream | None = await _attempt_async(transport, litellm, own, request, state)
     except PluginLlmError as exc:
         delay = first_retry_delay(exc, request)
         if delay is None:
@@ -833,5 +918,5 @@ async def aopen_stream(transport: Any, litellm: Any, request: TransportRequest) 
         stream = None
     if stream is None:
         await asyncio.sleep(delay)
-        stream = await AsyncRetrying(**retry_kwargs(request))(_attempt_async, transport, litellm, request, state)
+        stream = await AsyncRetrying(**retry_kwargs(request))(_attempt_async, transport, litellm, own, request, state)
     return stream

@@ -1,6 +1,10 @@
-"""``LitellmTransport``: one request -> one provider answer, on the fast path or through litellm.completion.
+"""``LitellmTransport``: one request -> one provider answer, on the gateway's own path, the fast path
+or through litellm.completion.
 
-The path is chosen per route, once (:func:`plugin_llm.transport._fastpath.fast_route`).
+The path is chosen per route, once: the embedded ``local`` model in process (``_local``), OpenAI
+routes on the gateway's own client without litellm (``_openai.own_route``), the other
+OpenAI-compatible ones on litellm's provider config (``_fastpath.fast_route``), the rest through
+``litellm.completion``. litellm is imported only for a route (or a request) that needs it.
 Everything around the provider call is shared by both paths, so it behaves
 the same on either: the deadline check before each attempt, one credential
 per attempt (a pooled key that failed is reported and the retry takes the
@@ -13,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import os
 import time
 from typing import Any
 
@@ -20,7 +25,7 @@ from tenacity import AsyncRetrying, Retrying
 
 from plugin_llm.errors import PluginLlmError, PluginLlmTimeoutError
 from plugin_llm.routing import Route
-from plugin_llm.transport import _fallback, _fastpath
+from plugin_llm.transport import _fallback, _fastpath, _local, _openai
 from plugin_llm.transport._errors import map_error
 from plugin_llm.transport._keys import Key
 from plugin_llm.transport._loading import load_litellm, loaded_litellm
@@ -38,44 +43,87 @@ from plugin_llm.transport._types import (
 __all__ = ["LitellmTransport"]
 
 
+#: ``PLUGIN_LLM_OWN_PATH=0`` sends OpenAI routes (and ``local``) through litellm as well
+OWN_PATH_ENV = "PLUGIN_LLM_OWN_PATH"
+#: the marker of the in-process ``local`` model's path
+LOCAL = "local"
+
+
+def _own_path_off() -> bool:
+    return os.environ.get(OWN_PATH_ENV, "").strip().lower() in ("0", "off", "false", "no")
+
+
 class LitellmTransport:
-    """Provider calls through litellm's provider layer: the fast path where it serves, else litellm.completion.
+    """Provider calls: the gateway's own path where it serves, else litellm's provider layer.
 
     ``fast_path=False`` sends every call through ``litellm.completion`` (as
-    ``PLUGIN_LLM_FAST_PATH=0`` does for the whole process). The first attempt
-    runs directly; tenacity takes over only after a retryable failure, so the
-    common case pays nothing for the retry machinery.
+    ``PLUGIN_LLM_FAST_PATH=0`` does for the whole process); ``own_path=False`` sends
+    OpenAI routes and ``local`` through litellm too (as ``PLUGIN_LLM_OWN_PATH=0``). The
+    first attempt runs directly; tenacity takes over only after a retryable failure, so
+    the common case pays nothing for the retry machinery.
     """
 
-    def __init__(self, *, fast_path: bool = True) -> None:
+    def __init__(self, *, fast_path: bool = True, own_path: bool = True) -> None:
         self.fast_path = fast_path
+        self.own_path = own_path
 
-    def ready(self) -> bool:
-        """Load litellm now (the gateway calls this before a call's first request); whether it loaded it now."""
+    def _own(self, route: Route) -> "_openai.OwnRoute | str | None":
+        """:data:`LOCAL`, the route's :class:`~plugin_llm.transport._openai.OwnRoute`, or None (litellm)."""
+        if not (self.fast_path and self.own_path) or _own_path_off() or _fastpath.switched_off():
+            return None
+        if route.litellm_model.startswith("local/"):
+            return LOCAL
+        own = _openai.own_route(route)
+        return own if isinstance(own, _openai.OwnRoute) else None
+
+    def _needs_litellm(self, route: Route | None, request: TransportRequest | None) -> bool:
+        if route is None:
+            return True
+        own = self._own(route)
+        if own is None:
+            return True
+        return own is not LOCAL and request is not None \
+            and own.prepare(request.messages, request.params) is None  # type: ignore[union-attr]
+
+    def ready(self, route: Route | None = None, request: TransportRequest | None = None) -> bool:
+        """Set up what a call on ``route`` needs before its first request (litellm's import, or the own
+        path's client); whether it was done now."""
         if loaded_litellm() is not None:
             return False
-        load_litellm()
-        return True
+        if self._needs_litellm(route, request):
+            load_litellm()
+            return True
+        own = self._own(route) if route is not None else None
+        return isinstance(own, _openai.OwnRoute) and _openai.warm(own)
 
-    async def aready(self) -> bool:
-        """Load litellm in a worker thread: its import takes seconds and must not block the loop."""
+    async def aready(self, route: Route | None = None, request: TransportRequest | None = None) -> bool:
+        """:meth:`ready` off the event loop: imports take long and must not block the loop."""
         if loaded_litellm() is not None:
             return False
-        await asyncio.to_thread(load_litellm)
-        return True
+        if self._needs_litellm(route, request):
+            await asyncio.to_thread(load_litellm)
+            return True
+        own = self._own(route) if route is not None else None
+        return isinstance(own, _openai.OwnRoute) and await asyncio.to_thread(_openai.awarm)
 
     def path(self, route: Route) -> tuple[str, str]:
-        """("fast" | "fallback", why) for ``route``."""
+        """("own" | "local" | "fast" | "fallback", why) for ``route``."""
+        own = self._own(route)
+        if own is LOCAL:
+            return "local", "the embedded local model, called in process"
+        if own is not None:
+            return "own", "an OpenAI route on the gateway's own client, without litellm"
         fast = self._fast(load_litellm(), route)
         if isinstance(fast, _fastpath.FastRoute):
             return "fast", _fastpath.decide(route)[1]
         return "fallback", fast if self.fast_path else "the transport was built with fast_path=False"
 
     def complete(self, request: TransportRequest) -> TransportResponse:
-        litellm = load_litellm()
+        own = self._own(request.route)
+        litellm = load_litellm() if own is None else None
         state = CallState()
         try:
-            response = self._attempt_sync(litellm, request, state)
+            response = self._attempt_sync(litellm, own, request, state)
         except PluginLlmError as exc:
             delay = first_retry_delay(exc, request)
             if delay is None:
@@ -83,14 +131,15 @@ class LitellmTransport:
             response = None
         if response is None:  # retried outside the except block: no chained first failure
             time.sleep(delay)
-            response = Retrying(**retry_kwargs(request))(self._attempt_sync, litellm, request, state)
+            response = Retrying(**retry_kwargs(request))(self._attempt_sync, litellm, own, request, state)
         return self._response(litellm, request, response, state)
 
     async def acomplete(self, request: TransportRequest) -> TransportResponse:
-        litellm = load_litellm()
+        own = self._own(request.route)
+        litellm = None if own is not None else loaded_litellm() or await asyncio.to_thread(load_litellm)
         state = CallState()
         try:
-            response = await self._attempt_async(litellm, request, state)
+            response = await self._attempt_async(litellm, own, request, state)
         except PluginLlmError as exc:
             delay = first_retry_delay(exc, request)
             if delay is None:
@@ -98,25 +147,30 @@ class LitellmTransport:
             response = None
         if response is None:  # retried outside the except block: no chained first failure
             await asyncio.sleep(delay)
-            response = await AsyncRetrying(**retry_kwargs(request))(self._attempt_async, litellm, request, state)
+            response = await AsyncRetrying(**retry_kwargs(request))(self._attempt_async, litellm, own, request, state)
         return self._response(litellm, request, response, state)
 
     def open_stream(self, request: TransportRequest) -> Any:
         """A streaming call, open up to its first text delta (``_stream.TransportStream``)."""
         from plugin_llm.transport._stream import open_stream
 
-        return open_stream(self, load_litellm(), request)
+        own = self._own(request.route)
+        return open_stream(self, load_litellm() if own is None else None, own, request)
 
     async def aopen_stream(self, request: TransportRequest) -> Any:
         """Async twin of :meth:`open_stream` (``_stream.AsyncTransportStream``)."""
         from plugin_llm.transport._stream import aopen_stream
 
-        return await aopen_stream(self, load_litellm(), request)
+        own = self._own(request.route)
+        litellm = None if own is not None else loaded_litellm() or await asyncio.to_thread(load_litellm)
+        return await aopen_stream(self, litellm, own, request)
 
     def supports_json_schema(self, route: Route) -> bool:
         """Whether the route takes ``response_format={"type": "json_schema"}``."""
         if route.supports_json_schema is not None:
             return route.supports_json_schema
+        if isinstance(self._own(route), _openai.OwnRoute):
+            return _openai.supports_schema(route.provider, route.model)
         return _supports_schema(route.provider, route.model)
 
     # -- attempts
@@ -156,21 +210,24 @@ class LitellmTransport:
                 error.pooled_key_failed = True  # type: ignore[attr-defined]
         return error
 
-    def _attempt_sync(self, litellm: Any, request: TransportRequest, state: CallState) -> tuple[Any, Key, Any]:
+    def _attempt_sync(self, litellm: Any, own: Any, request: TransportRequest,
+                      state: CallState) -> tuple[Any, Key, Any]:
         self._check_deadline(request, state)
-        fast = self._fast(litellm, request.route)
         credential = request.keys.acquire()
         attempt = state.attempts
         key = self._key(request, state, credential)
-        if key.absent:  # no key at all: litellm's own environment lookup decides (fallback)
-            fast = "no key"
+        path = self._path_of(litellm, own, request, key)
         started = time.perf_counter()
         failure: BaseException | None = None
         try:
-            if isinstance(fast, _fastpath.FastRoute):
-                response = _fastpath.send(fast, request, key)
+            if path is LOCAL:
+                response = _local.complete(request.route, request.messages, request.params)
+            elif isinstance(path, _openai.OwnRoute):
+                response = _openai.send(path, request, key)
+            elif isinstance(path, _fastpath.FastRoute):
+                response = _fastpath.send(path, request, key)
             else:
-                response = _fallback.send(litellm, request, key, attempt)
+                response = _fallback.send(litellm or load_litellm(), request, key, attempt)
         except Exception as exc:  # mapped below, outside the except block: nothing chained
             failure = exc
         state.provider_seconds += time.perf_counter() - started
@@ -179,22 +236,27 @@ class LitellmTransport:
             failure = None
             raise error
         request.keys.report_success(credential)
-        return response, key, fast
+        return response, key, path
 
-    async def _attempt_async(self, litellm: Any, request: TransportRequest, state: CallState) -> tuple[Any, Key, Any]:
+    async def _attempt_async(self, litellm: Any, own: Any, request: TransportRequest,
+                             state: CallState) -> tuple[Any, Key, Any]:
         self._check_deadline(request, state)
-        fast = self._fast(litellm, request.route)
         # aacquire: a first key_cmd run happens in a thread, not on the event loop
         credential = await request.keys.aacquire()
         attempt = state.attempts
         key = self._key(request, state, credential)
-        if key.absent:
-            fast = "no key"
+        if litellm is None and own is not LOCAL and key.absent:  # litellm's environment lookup decides
+            litellm = loaded_litellm() or await asyncio.to_thread(load_litellm)
+        path = self._path_of(litellm, own, request, key)
         started = time.perf_counter()
         failure: BaseException | None = None
         try:
-            if isinstance(fast, _fastpath.FastRoute):
-                response = await _fastpath.asend(fast, request, key)
+            if path is LOCAL:
+                response = _local.complete(request.route, request.messages, request.params)
+            elif isinstance(path, _openai.OwnRoute):
+                response = await _openai.asend(path, request, key)
+            elif isinstance(path, _fastpath.FastRoute):
+                response = await _fastpath.asend(path, request, key)
             else:
                 response = await _fallback.asend(litellm, request, key, attempt)
         except Exception as exc:  # mapped below, outside the except block: nothing chained
@@ -206,7 +268,17 @@ class LitellmTransport:
             failure = None
             raise error
         request.keys.report_success(credential)
-        return response, key, fast
+        return response, key, path
+
+    def _path_of(self, litellm: Any, own: Any, request: TransportRequest, key: Key) -> Any:
+        """This attempt's path: :data:`LOCAL`, an own route, a fast route, or a reason (the fallback)."""
+        if own is LOCAL:
+            return LOCAL
+        if key.absent:  # no key at all: litellm's own environment lookup decides (fallback)
+            return "no key"
+        if own is not None:
+            return own
+        return self._fast(litellm, request.route)
 
     # -- result extraction
     @staticmethod
@@ -225,10 +297,12 @@ class LitellmTransport:
         operator = request.cost is not None
         if operator:
             cost = request.cost
-        elif isinstance(fast, _fastpath.FastRoute):
+        elif isinstance(fast, (_fastpath.FastRoute, _openai.OwnRoute)):
             cost = fast.cost
+        elif fast is LOCAL:
+            cost = _unpriced  # (usage() prices the local model at 0)
         else:
-            cost = functools.partial(_fallback.cost, litellm)
+            cost = functools.partial(_fallback.cost, litellm or load_litellm())
         return TransportResponse(
             text=reply.text,
             message=message,
@@ -240,6 +314,10 @@ class LitellmTransport:
             anomalies=tuple(anomalies),
             priced=operator,
         )
+
+
+def _unpriced(*args: Any) -> None:
+    return None
 
 
 @functools.lru_cache(maxsize=256)
