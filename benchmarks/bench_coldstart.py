@@ -7,9 +7,12 @@ and its peak RSS (``os.wait4``'s rusage of that child); ratios against ``python 
 when a Hermes interpreter is given (``--hermes-python``, default ``$HERMES_PYTHON``), against
 Hermes's first ``ctx.llm`` call on the same server.
 
-Contenders: an allowed ``complete`` on a canned OpenAI-compatible server on 127.0.0.1 (its own
-process, from bench_gateway.py), a trust denial (a model override the plugin may not make), a call
-to the embedded ``local`` model, and ``python -c pass``. Target: a denial <= 0.35x Hermes's first call.
+Contenders: an allowed ``complete`` (and ``acomplete``) on a canned OpenAI-compatible server on
+127.0.0.1 (its own process, from bench_gateway.py), on the gateway's own path and - as the tree did
+before it, measured in the same run - through litellm (``PLUGIN_LLM_OWN_PATH=0``); a trust denial (a
+model override the plugin may not make); a call to the embedded ``local`` model, both ways; and
+``python -c pass``. Targets: a denial <= 0.35x Hermes's first call, the first HTTP call <= 1.0x, its
+peak RSS <= 1.2x Hermes's, a ``local`` call <= 0.5x.
 """
 
 from __future__ import annotations
@@ -27,16 +30,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_gateway import MESSAGES, MODEL, ROOT, Hermes, server_process  # noqa: E402
 
 MAX_ROUNDS = 50
+HTTP_CALL = "from plugin_llm import PluginLlm\nPluginLlm('bench', home={home!r}).complete({messages!r})\n"
+ASYNC_CALL = ("import asyncio\nfrom plugin_llm import PluginLlm\n"
+              "asyncio.run(PluginLlm('bench', home={home!r}).acomplete({messages!r}))\n")
+LOCAL_CALL = "from plugin_llm import PluginLlm\nPluginLlm('bench', home={local_home!r}).complete({messages!r})\n"
+THROUGH_LITELLM = {"PLUGIN_LLM_OWN_PATH": "0"}
+#: name -> (code, extra environment)
 OURS = {
-    "allowed call (HTTP)": ("from plugin_llm import PluginLlm\n"
-                            "PluginLlm('bench', home={home!r}).complete({messages!r})\n"),
+    "allowed call (HTTP)": (HTTP_CALL, {}),
+    "allowed acomplete (HTTP)": (ASYNC_CALL, {}),
+    "HTTP call via litellm": (HTTP_CALL, THROUGH_LITELLM),
     "trust denial": ("from plugin_llm import PluginLlm, PluginLlmTrustError\n"
                      "try:\n    PluginLlm('bench', home={home!r}).complete({messages!r}, model='not-allowed')\n"
                      "except PluginLlmTrustError:\n    pass\n"
-                     "else:\n    raise SystemExit('not denied')\n"),
-    "local model call": ("from plugin_llm import PluginLlm\n"
-                         "PluginLlm('bench', home={local_home!r}).complete({messages!r})\n"),
-    "python -c pass": "pass\n",
+                     "else:\n    raise SystemExit('not denied')\n", {}),
+    "local model call": (LOCAL_CALL, {}),
+    "local call via litellm": (LOCAL_CALL, THROUGH_LITELLM),
+    "python -c pass": ("pass\n", {}),
 }
 HERMES_FIRST = ("from agent.plugin_llm import PluginLlm\n"
                 "assert PluginLlm(plugin_id='bench').complete({messages!r}).text\n")
@@ -73,9 +83,9 @@ def contenders(base_url: str, tmp: Path, hermes: Hermes) -> dict[str, tuple[list
     env = {k: v for k, v in os.environ.items() if not k.endswith(("_API_KEY", "_BASE_URL"))}
     ours_env = {**env, "PYTHONPATH": str(ROOT), "HOME": str(tmp / "user")}
     runs = {}
-    for name, code in OURS.items():
+    for name, (code, extra) in OURS.items():
         source = code.format(messages=MESSAGES, home=str(paths["home"]), local_home=str(paths["local_home"])) + DONE
-        runs[name] = ([sys.executable, "-c", source], ours_env, str(ROOT))
+        runs[name] = ([sys.executable, "-c", source], {**ours_env, **extra}, str(ROOT))
     if not hermes.skipped:
         hermes_home = tmp / "hermes"
         (hermes_home / "user").mkdir(parents=True)
@@ -117,10 +127,19 @@ def report(samples: dict[str, dict[str, list[float]]], rounds: int) -> None:
         if ref:
             row += f"{med / ref:>10.2f}"
         print(row + f"{statistics.median(s['rss']):>13.1f}")
+    median = {name: statistics.median(s["s"]) for name, s in samples.items()}
+    rss = {name: statistics.median(s["rss"]) for name, s in samples.items()}
+    first, local = median["allowed call (HTTP)"], median["local model call"]
+    print(f"\nfirst HTTP call: {first / median['HTTP call via litellm']:.2f}x the same call through litellm, "
+          f"{first / base:.1f}x python -c pass; local call: {local / median['local call via litellm']:.2f}x "
+          "through litellm")
     if ref:
-        denial = statistics.median(samples["trust denial"]["s"]) / ref
-        print(f"\ntarget: a denial <= 0.35x Hermes's first call: {denial:.2f}x "
-              f"({'met' if denial <= 0.35 else 'NOT met'})")
+        hermes_rss = statistics.median(hermes["rss"])
+        for what, value, target in (
+                ("a denial", median["trust denial"] / ref, 0.35), ("the first HTTP call", first / ref, 1.0),
+                ("its peak RSS", rss["allowed call (HTTP)"] / hermes_rss, 1.2), ("a local call", local / ref, 0.5)):
+            print(f"target: {what} <= {target}x Hermes's first call: {value:.2f}x "
+                  f"({'met' if value <= target else 'NOT met'})")
     else:
         print("\n(no Hermes row: pass --hermes-python PATH or set HERMES_PYTHON)")
 

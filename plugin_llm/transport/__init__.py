@@ -1,17 +1,15 @@
-"""The provider call: the only package that imports litellm (lazily, on the first call).
+"""The provider call: the only package that imports litellm, and only for a route that needs it.
 
-``LitellmTransport`` turns one :class:`TransportRequest` into one provider answer, on one of two
-paths chosen per route, once: **the fast path** (``_fastpath``) for OpenAI and OpenAI-compatible
-providers (:data:`FAST_PROVIDERS`, ``custom`` included), sent on the gateway's pooled clients, or
-**the fallback** (``_fallback``, ``litellm.completion``) for every other provider, for a litellm
-outside :data:`TESTED_LITELLM`, or for all calls with ``PLUGIN_LLM_FAST_PATH=0``.
-:func:`fast_path_decision` says which and why without importing litellm (``doctor`` prints it).
-
-On both paths: retries inside the call's total deadline, ``Retry-After`` honoured, a failing pooled
-key reported and the retry made with the next, every failure a ``PluginLlmTimeoutError`` or
-``PluginLlmProviderError`` with secrets scrubbed. The key is never a local of a frame a plugin can
-see, the deadline holds whatever the server does, replies are checked and redacted, error text is
-redacted before it is cut. Why and how: docs/design.md, "Transport".
+``LitellmTransport`` turns one :class:`TransportRequest` into one provider answer on a path chosen
+per route, once: the embedded ``local`` model in process (``_local``); OpenAI and ``custom`` routes
+on the gateway's own client without litellm (``_openai``, priced from litellm's bundled map read as
+a file); other OpenAI-compatible providers (:data:`FAST_PROVIDERS`) on litellm's provider config
+and the pooled clients (``_fastpath``); every other provider through ``litellm.completion``
+(``_fallback``). :func:`fast_path_decision` says whether the fast path applies without importing
+litellm (``doctor`` prints it). On every path: retries inside the call's total deadline,
+``Retry-After`` honoured, a failing pooled key reported and the retry made with the next, every
+failure a ``PluginLlmTimeoutError`` or ``PluginLlmProviderError`` with secrets scrubbed, replies
+checked and redacted. Why and how: docs/design.md, "Transport".
 """
 
 from __future__ import annotations
