@@ -13,8 +13,10 @@ from typing import Any, Callable, Iterator
 
 from plugin_llm.routing import Route
 
-__all__ = ["complete", "chunks", "LOCAL_PARAMS_DROPPED"]
+__all__ = ["complete", "chunks", "LOCAL_PARAMS_DROPPED", "LOCAL"]
 
+#: the marker of the in-process ``local`` model's path (``LitellmTransport._own``)
+LOCAL = "local"
 #: parameters litellm does not pass to a custom provider
 LOCAL_PARAMS_DROPPED = frozenset({"user"})
 

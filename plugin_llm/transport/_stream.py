@@ -787,7 +787,7 @@ def _attempt_sync(transport: Any, litellm: Any, own: Any, request: TransportRequ
     """One attempt: connect, check the status, read up to the first text delta."""
     from plugin_llm.transport import _fastpath, _local, _openai
     from plugin_llm.transport._loading import load_litellm
-    from plugin_llm.transport._transport import LOCAL
+    from plugin_llm.transport._local import LOCAL
 
     transport._check_deadline(request, state)
     credential = request.keys.acquire()
@@ -834,7 +834,7 @@ async def _attempt_async(transport: Any, litellm: Any, own: Any, request: Transp
                          state: Any) -> AsyncTransportStream:
     from plugin_llm.transport import _fastpath, _local, _openai
     from plugin_llm.transport._loading import load_litellm, loaded_litellm
-    from plugin_llm.transport._transport import LOCAL
+    from plugin_llm.transport._local import LOCAL
 
     transport._check_deadline(request, state)
     credential = await request.keys.aacquire()

@@ -28,6 +28,7 @@ from plugin_llm.routing import Route
 from plugin_llm.transport import _fallback, _fastpath, _local, _openai
 from plugin_llm.transport._errors import map_error
 from plugin_llm.transport._keys import Key
+from plugin_llm.transport._local import LOCAL
 from plugin_llm.transport._loading import load_litellm, loaded_litellm
 from plugin_llm.transport._reply import hide_key, read_reply, usage
 from plugin_llm.transport._retry import first_retry_delay, retry_kwargs
@@ -45,8 +46,6 @@ __all__ = ["LitellmTransport"]
 
 #: ``PLUGIN_LLM_OWN_PATH=0`` sends OpenAI routes (and ``local``) through litellm as well
 OWN_PATH_ENV = "PLUGIN_LLM_OWN_PATH"
-#: the marker of the in-process ``local`` model's path
-LOCAL = "local"
 
 
 def _own_path_off() -> bool:
