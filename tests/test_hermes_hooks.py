@@ -342,7 +342,7 @@ def test_get_plugin_commands_returns_hermes_dicts(hermes_home, monkeypatch):
 
 
 def test_profile_name_follows_hermes_home(hermes_home, tmp_path, monkeypatch):
-    from plugin_llm.plugins.manager import _home_profile_name
+    from plugin_llm.plugins.listing import _home_profile_name
 
     monkeypatch.setenv("HOME", str(tmp_path / "user"))
     default = tmp_path / "user" / ".hermes"

@@ -69,9 +69,9 @@ def find_cli_command(name: str) -> Callable[[list[str]], int] | None:
         try:
             result = handler(args)
             if inspect.isawaitable(result):
-                from .manager import _run_awaitable
+                from .guarded import run_awaitable
 
-                result = _run_awaitable(result)
+                result = run_awaitable(result)
         except KeyboardInterrupt:
             print(f"plugin-llm {name}: interrupted", file=sys.stderr)
             return 130

@@ -29,6 +29,7 @@ __all__ = [
     "bounded",
     "shown",
     "safe_str",
+    "opaque_text",
     "error_text",
     "plain",
     "SigintWatch",
@@ -102,6 +103,12 @@ def safe_str(obj: Any, limit: int = MAX_ERROR_TEXT) -> str | None:
         raise
     except BaseException:  # a plugin's __str__ may raise anything; a real Ctrl-C is re-raised by SIGINT_WATCH
         return None
+
+
+def opaque_text(obj: Any) -> str:
+    """A value as bounded text (``MAX_TEXT``): its ``str()`` when that can be read, else ``<type>``."""
+    text = safe_str(obj, MAX_TEXT)
+    return text if text is not None else f"<{type_name(obj)}>"
 
 
 def error_text(exc: BaseException, limit: int = MAX_ERROR_TEXT) -> str:
