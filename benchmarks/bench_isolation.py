@@ -79,7 +79,7 @@ def main() -> None:
     batch, batches, runs = (200, 5, 5) if args.quick else (1000, 9, 15)
 
     from plugin_llm.plugins import PluginManager
-    from plugin_llm.plugins import sandbox
+    from plugin_llm.plugins.isolation import sandbox
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)

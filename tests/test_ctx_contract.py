@@ -13,8 +13,8 @@ import pytest
 
 from plugin_llm.plugins import ctx_api
 from plugin_llm.plugins.context import PluginContext
-from plugin_llm.plugins.protocol import decode_value
-from plugin_llm.plugins.worker import RemoteContext
+from plugin_llm.plugins.isolation.protocol import decode_value
+from plugin_llm.plugins.isolation.worker import RemoteContext
 
 CARRIERS = (PluginContext, RemoteContext)
 SCHEMA = {"name": "t", "description": "d"}
@@ -184,7 +184,7 @@ def test_what_cannot_cross_is_bound_then_refused_by_the_host_with_its_reason():
 def widget_contract(monkeypatch):
     """``ctx.register_widget`` declared in the contract and implemented by ``PluginContext`` only, as the
     next Hermes ctx methods will be; the isolated ctx is generated the way the plugin's process does it."""
-    from plugin_llm.plugins import worker
+    from plugin_llm.plugins.isolation import worker
 
     def register_widget(self, name: str, factory, size: int = 1) -> Any: ...
 
@@ -230,7 +230,7 @@ def test_a_method_added_to_the_contract_works_out_of_process_without_being_writt
                                                                                        widget_contract):
     from types import SimpleNamespace
 
-    from plugin_llm.plugins.remote import RemotePlugin
+    from plugin_llm.plugins.isolation.remote import RemotePlugin
     from tests.test_plugins_context import loaded
 
     isolated_cls, seen = widget_contract

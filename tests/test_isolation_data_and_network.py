@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from plugin_llm.plugins import PluginManager
-from plugin_llm.plugins.sandbox import bubblewrap_status, plugin_data_dir
+from plugin_llm.plugins.isolation.sandbox import bubblewrap_status, plugin_data_dir
 from plugin_llm.plugins.settings import settings_from_raw
 from tests.bounded import run_bounded
 from tests.conftest import write_config
@@ -165,7 +165,7 @@ def test_an_isolated_memory_plugin_keeps_its_data_across_restarts_and_no_other_p
 
 
 def test_data_dirs_are_one_per_key_and_never_a_symlink(hermes_home, tmp_path):
-    from plugin_llm.plugins.sandbox import SandboxUnavailable
+    from plugin_llm.plugins.isolation.sandbox import SandboxUnavailable
 
     nested = plugin_data_dir(hermes_home, "image_gen/openai")
     assert nested.parent == hermes_home / "plugin-data" and nested.name == "image_gen%2Fopenai"
@@ -330,7 +330,7 @@ def test_a_child_that_stops_reading_is_stopped_at_the_time_limit_even_while_the_
 
 
 def test_a_message_nested_past_the_json_parsers_limit_is_a_protocol_error():
-    from plugin_llm.plugins.protocol import Channel, ChannelClosed, ProtocolError
+    from plugin_llm.plugins.isolation.protocol import Channel, ChannelClosed, ProtocolError
 
     read_fd, write_fd = os.pipe()
     with os.fdopen(read_fd, "rb") as reader:

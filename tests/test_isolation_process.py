@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from plugin_llm.plugins import PluginManager
-from plugin_llm.plugins.remote import MAX_RESTARTS, live_children
+from plugin_llm.plugins.isolation.remote import MAX_RESTARTS, live_children
 from tests.bounded import run_bounded
 from tests.conftest import audit_lines, write_config
 from tests.plugin_fixtures import HELLO_WORLD_INIT, HELLO_WORLD_MANIFEST, write_plugin
@@ -369,7 +369,7 @@ def test_stale_isolated_processes_are_stopped_by_a_forced_rediscovery(hermes_hom
 @pytest.mark.slow
 def test_plugins_list_info_and_doctor_show_isolation_and_confinement(hermes_home, capsys):
     from plugin_llm.cli.main import main
-    from plugin_llm.plugins.sandbox import bubblewrap_status
+    from plugin_llm.plugins.isolation.sandbox import bubblewrap_status
 
     write_plugin(hermes_home / "plugins", "hello-world", HELLO_WORLD_INIT, HELLO_WORLD_MANIFEST)
     write_plugin(hermes_home / "plugins", "plain", "def register(ctx):\n    pass\n")
@@ -584,7 +584,7 @@ def test_a_register_that_hangs_times_out_and_its_process_is_stopped(hermes_home,
 
 
 def test_an_oversized_message_is_a_protocol_fault(hermes_home, managers):
-    from plugin_llm.plugins.protocol import MAX_MESSAGE
+    from plugin_llm.plugins.isolation.protocol import MAX_MESSAGE
 
     code = f'''
 import os, time
@@ -838,7 +838,7 @@ def test_host_objects_reach_an_isolated_plugin_as_their_type_name_only(hermes_ho
 
 
 def test_arguments_too_big_to_send_fail_that_call_only(hermes_home, managers):
-    from plugin_llm.plugins.protocol import MAX_MESSAGE
+    from plugin_llm.plugins.isolation.protocol import MAX_MESSAGE
 
     write_plugin(hermes_home / "plugins", "small", "def register(ctx):\n"
                  "    ctx.register_hook('on_session_start', lambda session_id: len(session_id))\n")
@@ -933,8 +933,8 @@ def test_a_host_error_keeps_its_gateway_class_and_fields_across_the_channel():
     """What the host sends for an error (``_describe_host_error``) and the child rebuilds from it."""
     from plugin_llm.errors import PluginLlmSchemaError
     from plugin_llm.limits.store import Denial, PluginLlmLimitError
-    from plugin_llm.plugins.remote import RemotePlugin
-    from plugin_llm.plugins.worker import _host_exception
+    from plugin_llm.plugins.isolation.remote import RemotePlugin
+    from plugin_llm.plugins.isolation.worker import _host_exception
     from plugin_llm.types import PluginLlmUsage
 
     describe = RemotePlugin._describe_host_error

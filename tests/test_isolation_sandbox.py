@@ -1,4 +1,4 @@
-"""plugin_llm/plugins/sandbox.py: how an out-of-process plugin's child is started and confined.
+"""plugin_llm/plugins/isolation/sandbox.py: how an out-of-process plugin's child is started and confined.
 
 Every test spawns a real Python child from :func:`child_spec` (a tiny probe
 script, not the worker) and asserts from inside it; bubblewrap is the real
@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from plugin_llm.plugins import sandbox
-from plugin_llm.plugins.sandbox import (
+from plugin_llm.plugins.isolation import sandbox
+from plugin_llm.plugins.isolation.sandbox import (
     DEFAULT_LIMITS,
     SandboxLimits,
     bubblewrap_status,
@@ -307,7 +307,7 @@ def test_a_child_dies_with_its_host(hermes_home, plugin_dir, tmp_path):
     host = textwrap.dedent(f"""
         import subprocess, sys, time
         from pathlib import Path
-        from plugin_llm.plugins.sandbox import DEFAULT_LIMITS, child_spec
+        from plugin_llm.plugins.isolation.sandbox import DEFAULT_LIMITS, child_spec
         spec = child_spec(plugin_key="probe", plugin_dir=Path({str(plugin_dir)!r}), requires_env=[],
                           hermes_home=Path({str(hermes_home)!r}), limits=DEFAULT_LIMITS,
                           python_args=["-c", "import time; time.sleep(120)"], use_bubblewrap=sys.argv[1] == "1")
@@ -352,7 +352,7 @@ def test_process_confinement_hardens_the_host(hermes_home, plugin_dir, harden):
             os.environ["SANDBOX_TEST_NO_CAPS"] = "1"
             os.execv(sys.executable, sys.orig_argv)
         from pathlib import Path
-        from plugin_llm.plugins.sandbox import DEFAULT_LIMITS, child_spec
+        from plugin_llm.plugins.isolation.sandbox import DEFAULT_LIMITS, child_spec
         spec = child_spec(plugin_key="probe", plugin_dir=Path({str(plugin_dir)!r}), requires_env=[],
                           hermes_home=Path({str(hermes_home)!r}), limits=DEFAULT_LIMITS,
                           python_args=["-c", sys.argv[1], json.dumps({{"read": {{"host": f"/proc/{{os.getpid()}}/environ",

@@ -19,7 +19,7 @@ from plugin_llm.api import METHODS, CtxLlm, signature_of
 from plugin_llm.client import GatewayClient
 from plugin_llm.llm import PluginLlm
 from plugin_llm.plugins import PluginManager
-from plugin_llm.plugins.worker import RemoteLlm
+from plugin_llm.plugins.isolation.worker import RemoteLlm
 from tests import llm_scenarios
 from tests.bounded import run_bounded
 from tests.service_server import ServiceServer
@@ -312,7 +312,7 @@ def test_the_carriers_are_ctx_llms(world):
 # ------------------------------------------------------------------ an isolated plugin's open streams
 def test_an_isolated_stream_nobody_reads_is_abandoned_at_its_deadline(world, monkeypatch):
     from plugin_llm.errors import PluginLlmTimeoutError
-    from plugin_llm.plugins import remote
+    from plugin_llm.plugins.isolation import remote
     from tests.stream_server import wait_for
 
     monkeypatch.setattr(remote, "STREAM_GRACE", 0.0)
@@ -327,7 +327,7 @@ def test_an_isolated_stream_nobody_reads_is_abandoned_at_its_deadline(world, mon
 
 
 def test_an_isolated_plugins_streams_are_bounded_and_end_with_its_process(world, monkeypatch):
-    from plugin_llm.plugins import remote
+    from plugin_llm.plugins.isolation import remote
 
     monkeypatch.setattr(remote, "MAX_OPEN_STREAMS", 2)
     streams = remote._OpenStreams(PLUGIN)

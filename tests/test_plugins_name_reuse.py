@@ -18,7 +18,7 @@ import pytest
 from plugin_llm import limits
 from plugin_llm.cli import plugins_cmd
 from plugin_llm.cli.main import main
-from plugin_llm.plugins.sandbox import plugin_data_dir
+from plugin_llm.plugins.isolation.sandbox import plugin_data_dir
 from plugin_llm.service.tokens import TokenStore
 from tests.conftest import audit_lines, write_config
 from tests.plugin_fixtures import write_plugin

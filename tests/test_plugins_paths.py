@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from plugin_llm.plugins import PluginManager
-from plugin_llm.plugins.sandbox import SandboxUnavailable, child_spec, DEFAULT_LIMITS
+from plugin_llm.plugins.isolation.sandbox import SandboxUnavailable, child_spec, DEFAULT_LIMITS
 from tests.conftest import write_config
 from tests.plugin_fixtures import write_plugin
 from tests.test_isolation_sandbox import AUTH_KEY, run_probe

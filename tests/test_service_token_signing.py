@@ -31,7 +31,7 @@ import yaml
 from plugin_llm import limits
 from plugin_llm.cli.main import main
 from plugin_llm.plugins import PluginManager
-from plugin_llm.plugins.sandbox import bubblewrap_status
+from plugin_llm.plugins.isolation.sandbox import bubblewrap_status
 from plugin_llm.service.app import EVENT_AUTH_DENIED
 from plugin_llm.service.tokens import (CACHE_SECONDS, TokenError, TokenStore, digest, token_key_path,
                                        token_store_for, tokens_path)

@@ -522,7 +522,7 @@ def _open_redis(view: Any) -> bool:
 # ------------------------------------------------------------------ bubblewrap
 def _bubblewrap(plugins: Callable[[], list[dict[str, Any]]]) -> list[Check]:
     """Whether out-of-process plugins run inside bubblewrap here, and why not (a WARN only when one is isolated)."""
-    from plugin_llm.plugins.sandbox import bubblewrap_status
+    from plugin_llm.plugins.isolation.sandbox import bubblewrap_status
 
     status = bubblewrap_status()
     if status.usable:

@@ -782,13 +782,13 @@ def _remove(args: argparse.Namespace, home: Path) -> int:
 
 
 def _has_data(home: Path, key: str) -> bool:
-    from plugin_llm.plugins.sandbox import plugin_data_path
+    from plugin_llm.plugins.isolation.sandbox import plugin_data_path
 
     return os.path.lexists(plugin_data_path(home, key))
 
 
 def _kept_data(home: Path, key: str, keep_data: bool) -> str | None:
-    from plugin_llm.plugins.sandbox import plugin_data_path
+    from plugin_llm.plugins.isolation.sandbox import plugin_data_path
 
     return str(plugin_data_path(home, key)) if keep_data and _has_data(home, key) else None
 
@@ -796,7 +796,7 @@ def _kept_data(home: Path, key: str, keep_data: bool) -> str | None:
 def _keep_data(args: argparse.Namespace, home: Path, key: str) -> bool:
     """Whether ``remove`` leaves the plugin's private data in place: ``--keep-data``; ``--yes`` or a yes on
     a terminal moves it aside; without a terminal and without either, nothing is removed."""
-    from plugin_llm.plugins.sandbox import plugin_data_path
+    from plugin_llm.plugins.isolation.sandbox import plugin_data_path
 
     if args.keep_data or args.yes or not _has_data(home, key):
         return bool(args.keep_data)

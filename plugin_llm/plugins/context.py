@@ -119,7 +119,7 @@ class PluginContext:
     def state(self) -> "PluginState":
         """Durable JSON key/value state in ``<home>/plugin-data/<key>/state.json`` (10 MiB quota)."""
         if self._state is None:
-            from . import sandbox
+            from .isolation import sandbox
             from .state import PluginState
 
             home, key = self._manager.home, self._key

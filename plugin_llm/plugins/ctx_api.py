@@ -1,10 +1,10 @@
 """The ``ctx`` contract: every public member of a plugin's ``ctx``, with one signature each.
 
-``PluginContext`` (in process) and the isolated plugin's ``ctx`` (:mod:`.worker`) both bind their
-arguments here (:func:`bind`), so the call forms, defaults and ``TypeError``\\ s are the same; the
-isolated ``ctx`` forwards each call to the host by name (:mod:`.remote` applies it through the very
-same ``PluginContext`` method). A method added here and to ``PluginContext`` works out of process
-without more code. Imports nothing heavy: the plugin's process loads it.
+``PluginContext`` (in process) and the isolated plugin's ``ctx`` (:mod:`.isolation.worker`) both
+bind their arguments here (:func:`bind`), so the call forms, defaults and ``TypeError``\\ s are the
+same; the isolated ``ctx`` forwards each call to the host by name (:mod:`.isolation.remote` applies
+it through the very same ``PluginContext`` method). A method added here and to ``PluginContext``
+works out of process without more code. Imports nothing heavy: the plugin's process loads it.
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ from plugin_llm.safe_files import MIB, describe_file_type, read_home_text
 from plugin_llm.safe_json import loads_bounded
 
 from .manifest import MANIFEST_ALIAS_BUDGET, MANIFEST_MAX_BYTES, ManifestError, PluginManifest, find_manifest, load_manifest
-from .sandbox import plugin_data_path, quarantine_plugin_data
+from .isolation.sandbox import plugin_data_path, quarantine_plugin_data
 
 __all__ = [
     "InstallError",

@@ -5,7 +5,7 @@
 ``<category>.provider``, and records the rest so ``list_plugins()`` can say why each is or is not
 active; a ``model-provider`` is never imported. Loading means installing the Hermes SDK import hook,
 importing the plugin under ``hermes_plugins.<key>`` and calling ``register(ctx)`` (or starting its
-process, :mod:`.remote`); anything that goes wrong marks that plugin failed, removes whatever it
+process, :mod:`.isolation.remote`); anything that goes wrong marks that plugin failed, removes whatever it
 had registered, and the others load. A mixin of :class:`.manager.PluginManager`.
 """
 
@@ -289,8 +289,8 @@ class LoadingMixin:
         return ISOLATION_IN_PROCESS
 
     def _load_remote(self, record: PluginRecord) -> None:
-        """Load an ``isolation: process`` plugin in its own process (see :mod:`.remote`)."""
-        from .remote import RemoteLoadError, RemotePlugin
+        """Load an ``isolation: process`` plugin in its own process (see :mod:`.isolation.remote`)."""
+        from .isolation.remote import RemoteLoadError, RemotePlugin
         from .settings import ISOLATION_PROCESS
 
         candidate = record.candidate

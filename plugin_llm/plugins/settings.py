@@ -68,7 +68,7 @@ class PluginEntry:
     capabilities_sha256: str = ""
     #: capabilities whose older ``allow_*`` key outside ``llm:`` is true (``allow_platform_actions``, ...)
     legacy_capabilities: frozenset[str] = frozenset()
-    #: ``process``: the plugin runs in its own process (see :mod:`.remote`); else ``in_process``
+    #: ``process``: the plugin runs in its own process (see :mod:`.isolation.remote`); else ``in_process``
     isolation: str = ISOLATION_IN_PROCESS
     #: its process's resource limits (a ``sandbox.SandboxLimits``); None: the host default
     isolation_limits: Any = None
@@ -111,7 +111,7 @@ class PluginSettings:
             return own
         if self.isolation_limits is not None:
             return self.isolation_limits
-        from .sandbox import DEFAULT_LIMITS
+        from .isolation.sandbox import DEFAULT_LIMITS
 
         return DEFAULT_LIMITS
 
@@ -270,7 +270,7 @@ def _limits(value: Any, where: str, problems: list[str]) -> Any:
     """Parsed ``isolation_limits`` (None when absent or unusable: the next default applies)."""
     if value is None:
         return None
-    from .sandbox import parse_limits
+    from .isolation.sandbox import parse_limits
 
     try:
         return parse_limits(value, where)

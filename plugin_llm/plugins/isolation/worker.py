@@ -1,4 +1,4 @@
-"""The child process of an out-of-process plugin: ``python -m plugin_llm.plugins.worker``.
+"""The child process of an out-of-process plugin: ``python -m plugin_llm.plugins.isolation.worker``.
 
 Started by :mod:`.remote` through :mod:`.sandbox`. It speaks :mod:`.protocol` on the stdin/stdout
 it was given, which it first moves to private descriptors (fd 0 becomes ``/dev/null``, fd 1 a copy
@@ -6,7 +6,7 @@ of stderr), so the plugin's ``print()`` can never corrupt the protocol.
 
 The host's first call is ``load``: the plugin is imported as in process and ``register(ctx)`` is
 called with a :class:`RemoteContext`, whose every call but ``ctx.llm`` is bound against
-:mod:`.ctx_api` and applied by the host's own ``PluginContext``. Callables stay here, named by
+:mod:`..ctx_api` and applied by the host's own ``PluginContext``. Callables stay here, named by
 handle numbers; the host runs them with ``invoke``. ``ctx.llm`` calls are answered by the host
 under the identity *it* bound when it started this process. Only light modules are imported (no
 litellm, no HTTP client).
@@ -21,7 +21,7 @@ import threading
 from pathlib import Path
 from typing import Any, Callable
 
-from .ctx_api import bind, implements, signature_of
+from ..ctx_api import bind, implements, signature_of
 from .protocol import PROTOCOL_VERSION, Channel, ChannelClosed, Peer, RemoteError, decode_value, encode_value
 
 __all__ = ["RemoteContext", "main"]
@@ -474,7 +474,7 @@ class _CliRunner:
 
 
 class RemoteContext:
-    """``ctx`` of an isolated plugin: the contract of :mod:`.ctx_api`. Each call's arguments are bound
+    """``ctx`` of an isolated plugin: the contract of :mod:`..ctx_api`. Each call's arguments are bound
     there, as in process, and sent to the host by name; the host applies them through its own
     ``PluginContext`` method (its answer, or its error, is what the call returns or raises here).
     Callables a registration passes stay here, named by handle numbers. Members without a method
@@ -494,7 +494,7 @@ class RemoteContext:
         return f"PluginContext(plugin={self._key!r}, out of process)"
 
     def __getattr__(self, name: str) -> Any:
-        from .ctx_api import missing_attribute
+        from ..ctx_api import missing_attribute
 
         raise missing_attribute(name)
 
@@ -510,7 +510,7 @@ class RemoteContext:
     def state(self) -> Any:
         """The same file as in process: the data directory is this process's HERMES_HOME (see .sandbox)."""
         if self._state is None:
-            from .state import PluginState
+            from ..state import PluginState
 
             data_dir = os.environ.get("HERMES_HOME")
             if not data_dir:
@@ -551,13 +551,13 @@ class RemoteContext:
     @implements
     def spawn_task(self, coro: Any, *, name: str | None = None) -> Any:
         """A task on this process's running loop (cancelled when the host unloads the plugin)."""
-        from .lifecycle import spawn_task
+        from ..lifecycle import spawn_task
 
         return spawn_task(self._holdings(), coro, name, f"plugin:{self._key}:task")
 
     def _holdings(self) -> Any:
         if self._worker.holdings is None:
-            from .lifecycle import Holdings
+            from ..lifecycle import Holdings
 
             self._worker.holdings = Holdings(self._key)
         return self._worker.holdings
@@ -565,13 +565,13 @@ class RemoteContext:
     @implements
     def set_config(self, key: str, value: Any) -> None:
         """The value is checked here (the channel would turn what YAML cannot hold into something it can)."""
-        from .plugin_config import checked_value
+        from ..plugin_config import checked_value
 
         return self._forward("set_config", {"key": key, "value": checked_value(value, f"plugin {self._key}: set_config()")})
 
     def _forward(self, method: str, named: dict[str, Any]) -> Any:
         """``ctx.<method>`` with its bound arguments, answered by the host."""
-        from .ctx_api import NOT_ACROSS, PROVIDER_PARAMS, is_registration
+        from ..ctx_api import NOT_ACROSS, PROVIDER_PARAMS, is_registration
 
         params: dict[str, Any] = {"m": method}
         if method in NOT_ACROSS:
@@ -609,7 +609,7 @@ def _label(named: dict[str, Any]) -> str:
 def _describe(method: str, obj: Any) -> dict[str, Any]:
     """A provider object for the host: its public methods (handles) and public plain attributes; the host
     builds a stand-in of the same base class whose methods call these (a class: a stand-in class)."""
-    from .engines import ContextEngine, MemoryProvider
+    from ..engines import ContextEngine, MemoryProvider
 
     cls = obj if isinstance(obj, type) else type(obj)
     base = {"register_memory_provider": "host" if issubclass(cls, MemoryProvider) else "hermes",
@@ -649,7 +649,7 @@ def _forwarded_property(name: str) -> property:
 
 def forward_the_rest(cls: type) -> type:
     """Give ``cls`` every member of the contract it lacks: bound here, applied by the host."""
-    from . import ctx_api
+    from .. import ctx_api
 
     for name in ctx_api.METHODS:
         if not hasattr(cls, name):
@@ -721,7 +721,7 @@ class _Worker:
         try:
             return encode_value(value)
         except Exception as exc:  # its own mapping raised, or it is too deep: the host must not guess
-            from .untrusted import UnusableValue
+            from ..untrusted import UnusableValue
 
             raise UnusableValue(f"it returned a {_type_name(value)} that cannot be used: "
                                 f"reading it raised {_type_name(exc)}: {_text(exc, 300)}") from None
@@ -734,7 +734,7 @@ class _Worker:
 
         from plugin_llm.compat.hermes import _home, finder
 
-        from .manifest import EnvRequirement, PluginManifest
+        from ..manifest import EnvRequirement, PluginManifest
 
         key, path, module_name = str(params["key"]), Path(str(params["path"])), str(params["module"])
         fields = params.get("manifest") if type(params.get("manifest")) is dict else {}

@@ -1,7 +1,7 @@
 """The host side of an out-of-process plugin (``plugins.entries.<key>.isolation: process``).
 
-:class:`RemotePlugin` starts the plugin's child (``python -m plugin_llm.plugins.worker``, confined
-by :mod:`.sandbox`), loads the plugin in it and keeps it running. The child's ``ctx.register_*``
+:class:`RemotePlugin` starts the plugin's child (``python -m plugin_llm.plugins.isolation.worker``,
+confined by :mod:`.sandbox`), loads the plugin in it and keeps it running. The child's ``ctx.register_*``
 calls are applied through the host's real ``PluginContext`` with proxies for the callables, so
 registries, validation and dispatch are exactly those of an in-process plugin.
 
@@ -33,9 +33,9 @@ import weakref
 from pathlib import Path
 from typing import Any, Callable
 
-from .untrusted import bounded, exact_str
+from ..untrusted import bounded, exact_str
 from .sandbox import SandboxUnavailable
-from .settings import ISOLATION_IN_PROCESS, ISOLATION_PROCESS, NETWORK_HOST, NETWORK_NONE
+from ..settings import ISOLATION_IN_PROCESS, ISOLATION_PROCESS, NETWORK_HOST, NETWORK_NONE
 from .protocol import (
     CallTimeout,
     Channel,
@@ -543,7 +543,7 @@ class RemotePlugin:
             spec = sandbox.child_spec(plugin_key=self.key, plugin_dir=self.plugin_dir,
                                       requires_env=list(self.manifest.required_env_names),
                                       hermes_home=self._manager.home, limits=self.limits,
-                                      python_args=["-m", "plugin_llm.plugins.worker"],
+                                      python_args=["-m", "plugin_llm.plugins.isolation.worker"],
                                       share_network=None if self._network_setting is None
                                       else self._network_setting != NETWORK_NONE, data_dir=self.data_dir)
             try:
@@ -658,7 +658,7 @@ class RemotePlugin:
 
     @staticmethod
     def _error_text(info: dict[str, Any]) -> str:
-        from .untrusted import error_text
+        from ..untrusted import error_text
 
         return error_text(_stand_in(info))
 
@@ -680,9 +680,9 @@ class RemotePlugin:
         raise ValueError("unknown method")
 
     def _on_ctx(self, child: _Child, params: dict[str, Any]) -> Any:
-        """A ``ctx`` call of the plugin, its arguments bound by name in its process (:mod:`.ctx_api`),
+        """A ``ctx`` call of the plugin, its arguments bound by name in its process (:mod:`..ctx_api`),
         applied through the host's own ``PluginContext`` method, which binds and checks them again."""
-        from . import ctx_api
+        from .. import ctx_api
 
         method = params.get("m")
         if type(method) is not str or method in ctx_api.LOCAL or (
@@ -757,7 +757,7 @@ class RemotePlugin:
 
     def _register(self, method: str, label: str, encoded: dict[str, Any], signatures: Any) -> Any:
         """Apply one registration: the plugin's callables become proxies, a provider a stand-in."""
-        from . import ctx_api
+        from .. import ctx_api
 
         ctx = self._ctx
         if method in ctx_api.NOT_ACROSS:
@@ -838,7 +838,7 @@ class RemotePlugin:
         def run_raw(argv: list[str], debug: bool = False) -> int:
             from auth.redaction import redact
 
-            from .untrusted import error_text
+            from ..untrusted import error_text
 
             try:
                 reply = runner(list(argv))
@@ -926,7 +926,7 @@ class RemotePlugin:
         from plugin_llm import wire
         from plugin_llm.errors import PluginLlmError
 
-        from .untrusted import safe_str, type_name
+        from ..untrusted import safe_str, type_name
 
         if isinstance(exc, PluginLlmError):
             return wire.encode_error(exc, remote=True)  # the plugin is told what a remote caller is
@@ -936,7 +936,7 @@ class RemotePlugin:
 
     def invoke(self, index: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Run the plugin's callable ``index`` in its process: its (decoded) result, or what it raised."""
-        from .hooks import CURRENT_LIMIT, HookTimeoutError
+        from ..hooks import CURRENT_LIMIT, HookTimeoutError
 
         slot = self._slots[index]
         child = self._ready_child()
@@ -1072,8 +1072,8 @@ def _reply(result: Any) -> dict[str, Any]:
     (a disposable handle is kept: the plugin's process refers to it by number)."""
     if result is None or type(result) in (bool, int, float, str):
         return {"v": result}
-    from .lifecycle import PluginRegistration
-    from .registry import Disposable
+    from ..lifecycle import PluginRegistration
+    from ..registry import Disposable
 
     return {"entry": True, "handle": result if isinstance(result, (PluginRegistration, Disposable)) else None}
 
