@@ -307,7 +307,7 @@ def section_share(rounds: int, per_record_s: float) -> None:
         import litellm  # noqa: F401
 
         from plugin_llm import PluginLlm
-        from plugin_llm.local_server import serve_forever  # noqa: F401 - the server process needs it
+        from plugin_llm.local.server import serve_forever  # noqa: F401 - the server process needs it
     except ImportError as exc:
         print(f"\n== share of a PluginLlm.complete call: skipped ({exc}) ==")
         return
@@ -316,7 +316,7 @@ def section_share(rounds: int, per_record_s: float) -> None:
     messages = [{"role": "user", "content": "Benchmark ping: say something short."}]
     # the server runs in a separate process, as a provider would
     server = subprocess.Popen([sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); "
-                               "from plugin_llm.local_server import serve_forever; serve_forever('127.0.0.1', 0)", str(ROOT)],
+                               "from plugin_llm.local.server import serve_forever; serve_forever('127.0.0.1', 0)", str(ROOT)],
                               stdout=subprocess.PIPE, text=True)
     try:
         base_url = server.stdout.readline().split()[-1]

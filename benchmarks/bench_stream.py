@@ -36,7 +36,7 @@ def main() -> None:
     import httpx
 
     from plugin_llm import PluginLlm
-    from plugin_llm.local_server import LocalModelServer
+    from plugin_llm.local.server import LocalModelServer
     from plugin_llm.transport import _fastpath
 
     with LocalModelServer() as server:

@@ -50,7 +50,7 @@ class Scripted:
         return f"Scripted({self.kind}, {self.spec!r})"
 
     def turn(self) -> dict[str, Any]:
-        """What :mod:`plugin_llm.local_model` answers (a fresh exception for every attempt)."""
+        """What :mod:`plugin_llm.local.model` answers (a fresh exception for every attempt)."""
         if self.kind == "tool_calls":
             return {"tool_calls": list(self.spec["calls"])}
         error = self.spec.get("error")
@@ -282,7 +282,7 @@ def load_plugin(
     merge, lists replace); ``trust`` and ``limits`` are the plugin's ``plugins.entries.<name>.llm``
     and ``.limits`` blocks.
     """
-    from plugin_llm import local_model
+    from plugin_llm.local import model as local_model
     from plugin_llm.plugins import PluginManager
     from plugin_llm.plugins.manifest import find_manifest, load_manifest
 

@@ -7,7 +7,7 @@ import json
 import jsonschema
 import pytest
 
-from plugin_llm.local_model import IMAGE_TOKENS, LOCAL_MODEL, count_tokens, extract_facts, generate
+from plugin_llm.local.model import IMAGE_TOKENS, LOCAL_MODEL, count_tokens, extract_facts, generate
 
 
 def user(text: str) -> list[dict]:

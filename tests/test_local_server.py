@@ -10,8 +10,8 @@ import httpx
 import jsonschema
 import pytest
 
-from plugin_llm.local_model import LOCAL_MODEL, generate
-from plugin_llm.local_server import LocalModelServer
+from plugin_llm.local.model import LOCAL_MODEL, generate
+from plugin_llm.local.server import LocalModelServer
 from tests.servers import FakeServer, Reply
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # before any litellm import: no network
@@ -280,7 +280,7 @@ def test_serve_forever_prints_its_url_and_stops_on_ctrl_c():
 
     root = str(Path(__file__).resolve().parent.parent)
     proc = subprocess.Popen(
-        [sys.executable, "-c", "from plugin_llm.local_server import serve_forever; serve_forever('127.0.0.1', 0)"],
+        [sys.executable, "-c", "from plugin_llm.local.server import serve_forever; serve_forever('127.0.0.1', 0)"],
         cwd=root, env={**os.environ, "PYTHONPATH": root}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     try:

@@ -8,7 +8,7 @@ import traceback
 import pytest
 
 from plugin_llm import PluginLlm, PluginLlmProviderError, PluginLlmTimeoutError
-from plugin_llm.local_server import LocalModelServer
+from plugin_llm.local.server import LocalModelServer
 from tests.conftest import audit_lines
 from tests.paths import transport_path  # noqa: F401  (every test on both paths)
 from tests.servers import FakeServer, Reply

@@ -125,7 +125,7 @@ def _background_load() -> None:
 def _register_local_provider(litellm: Any) -> None:
     from litellm import CustomLLM, ModelResponse
 
-    from plugin_llm.local_model import SCRIPTED_STREAM, generate
+    from plugin_llm.local.model import SCRIPTED_STREAM, generate
 
     def answer(model: Any, messages: Any, optional_params: Any) -> ModelResponse:
         completion = generate(messages, model=model, **(optional_params or {}))
@@ -168,8 +168,8 @@ def _register_local_provider(litellm: Any) -> None:
 
 def _local_chunks(completion: dict, pieces: list[str] | None = None) -> list[dict]:
     """The local model's reply as litellm ``GenericStreamingChunk`` dicts: its text in
-    :func:`~plugin_llm.local_model.stream_pieces` (or the scripted ``pieces``), usage on the last chunk."""
-    from plugin_llm.local_model import stream_pieces
+    :func:`~plugin_llm.local.model.stream_pieces` (or the scripted ``pieces``), usage on the last chunk."""
+    from plugin_llm.local.model import stream_pieces
 
     choice = completion["choices"][0]
     if pieces is None:

@@ -19,7 +19,7 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from plugin_llm.local_model import LOCAL_MODEL, SCRIPTED_STREAM, generate, stream_pieces
+from plugin_llm.local.model import LOCAL_MODEL, SCRIPTED_STREAM, generate, stream_pieces
 
 __all__ = ["LocalModelServer", "serve_forever"]
 
