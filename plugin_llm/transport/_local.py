@@ -1,7 +1,7 @@
 """The embedded ``local`` model called in process, without litellm.
 
 litellm reaches it through its custom-provider hook (``_loading._register_local_provider``); this
-module calls :func:`plugin_llm.local_model.generate` the way that hook does (the same parameters:
+module calls :func:`plugin_llm.local.model.generate` the way that hook does (the same parameters:
 the request's, less ``user``, which litellm drops for a custom provider) and hands the transport
 the same reply: the completion as a dict, or its stream as chunk dicts (text pieces, the finish
 reason, then the usage). tests/test_transport_own.py compares both paths call by call.
@@ -22,7 +22,7 @@ LOCAL_PARAMS_DROPPED = frozenset({"user"})
 
 
 def _generate(route: Route, messages: list, params: dict) -> dict:
-    from plugin_llm.local_model import generate
+    from plugin_llm.local.model import generate
 
     optional = {k: v for k, v in params.items() if v is not None and k not in LOCAL_PARAMS_DROPPED}
     return generate(messages, model=route.model, **optional, max_retries=0)
@@ -30,7 +30,7 @@ def _generate(route: Route, messages: list, params: dict) -> dict:
 
 def complete(route: Route, messages: list, params: dict) -> dict:
     """The local model's whole reply (a failing scripted stream raises its error, as through litellm)."""
-    from plugin_llm.local_model import SCRIPTED_STREAM
+    from plugin_llm.local.model import SCRIPTED_STREAM
 
     completion = _generate(route, messages, params)
     stream = completion.pop(SCRIPTED_STREAM, None)
@@ -50,7 +50,8 @@ def chunks(route: Route, messages: list, params: dict) -> Callable[[], Any]:
 
 
 def _chunks(route: Route, messages: list, params: dict) -> Iterator[dict]:
-    from plugin_llm.local_model import SCRIPTED_STREAM, stream_pieces
+    from plugin_llm.local.messages import stream_pieces
+    from plugin_llm.local.model import SCRIPTED_STREAM
 
     completion = _generate(route, messages, params)
     stream = completion.pop(SCRIPTED_STREAM, None)
