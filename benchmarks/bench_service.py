@@ -1,16 +1,15 @@
-"""What the service adds: ``plugin-llm serve`` vs in-process ``PluginLlm.acomplete``.
+"""What the service adds: ``plugin-llm serve`` vs in-process ``PluginLlm.acomplete``/``astream``.
 
 One upstream (a canned OpenAI-compatible server on uvloop, in its own process), called directly
-(``PluginLlm.acomplete`` at concurrency C) and through ``plugin-llm serve --workers W`` (W = 1, 2)
-by a lean keep-alive load generator, rounds interleaved, medians printed. ``--baseline REV`` also
-runs git revision REV's service in the same run; ``--layer`` measures the service's own layer
-alone (a stub pipeline); ``--pin`` pins processes when there are at least W + 2 CPUs; ``--quick``
-runs fewer calls and rounds.
+(``PluginLlm`` at concurrency C) and through ``plugin-llm serve --workers W`` by a lean keep-alive
+load generator, plain (``--modes plain``) and streamed (``stream``: SSE, the upstream's whole reply
+in one write), rounds interleaved, medians printed. ``--baseline REV`` also runs git revision
+REV's service in the same run and prints this tree's CPU per request over REV's; ``--layer``
+measures the service's own layer alone (a stub pipeline); ``--pin``, ``--quick``: see --help.
 
-Printed per workers and concurrency (1, 16, 64): p50/p99 direct and through the service, the added
-p50/p99, calls/s, and CPU per call of the client, the workers, the supervisor, the upstream and the
-direct process; CPU per call is the number to compare on a noisy machine. Targets: p50 added < 1 ms
-at concurrency 1; p99 added < 10 ms at concurrency 64 with 2 workers. Method: docs/performance.md.
+Printed per mode, workers and concurrency: p50/p99 direct and through the service, calls/s, CPU
+per call of the client, the workers (with its spread over rounds), the upstream and the direct
+process, and the workers' write system calls per request. Method: docs/performance.md.
 """
 
 from __future__ import annotations
@@ -36,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 MESSAGES = [{"role": "user", "content": "Benchmark ping: say something short."}]
 MODEL = "local-echo-1"
 CONCURRENCY = (1, 16, 64)
+MODES = ("plain", "stream")
 PACKAGES = ("plugin_llm", "audit", "auth")
 _TICKS = os.sysconf("SC_CLK_TCK")
 REPLY = json.dumps({
@@ -44,6 +44,37 @@ REPLY = json.dumps({
                  "finish_reason": "stop"}],
     "usage": {"prompt_tokens": 9, "completion_tokens": 4, "total_tokens": 13},
 }).encode()
+#: a streamed reply: a role chunk, these deltas, a finish chunk, a usage chunk and [DONE], in one write
+DELTAS = ("Bench", "mark ", "pong", ", ", "short ", "and ", "stream", "ed.")
+
+
+def _sse_reply() -> bytes:
+    def chunk(**fields: object) -> bytes:
+        doc = {"id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": 1700000000, "model": MODEL,
+               **fields}
+        return b"data: " + json.dumps(doc).encode() + b"\n\n"
+
+    events = [chunk(choices=[{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])]
+    events += [chunk(choices=[{"index": 0, "delta": {"content": d}, "finish_reason": None}]) for d in DELTAS]
+    events.append(chunk(choices=[{"index": 0, "delta": {}, "finish_reason": "stop"}]))
+    events.append(chunk(choices=[], usage={"prompt_tokens": 9, "completion_tokens": 8, "total_tokens": 17}))
+    return b"".join(events) + b"data: [DONE]\n\n"
+
+
+SSE_REPLY = _sse_reply()
+#: the events a streamed answer of the service has: role, the deltas, finish, usage, [DONE]
+STREAM_EVENTS = len(DELTAS) + 4
+
+
+def pid_writes(pid: int) -> int:
+    """Write system calls of one process so far (``syscw`` in /proc; sockets included), 0 once it is gone."""
+    try:
+        for line in Path(f"/proc/{pid}/io").read_text().splitlines():
+            if line.startswith("syscw:"):
+                return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return 0
 
 
 def process_cpu() -> float:
@@ -85,6 +116,8 @@ def _parse(buffer: bytearray) -> tuple[int, bytes] | None:
     if end < 0:
         return None
     head = bytes(buffer[:end]).lower()
+    if b"transfer-encoding: chunked" in head:
+        return _parse_chunked(buffer, int(head[9:12]), end + 4)
     at = head.find(b"content-length:")
     length = int(head[at + 15:].split(b"\r\n", 1)[0]) if at >= 0 else 0
     if len(buffer) < end + 4 + length:
@@ -94,8 +127,28 @@ def _parse(buffer: bytearray) -> tuple[int, bytes] | None:
     return status, body
 
 
+def _parse_chunked(buffer: bytearray, status: int, at: int) -> tuple[int, bytes] | None:
+    parts = []
+    while True:
+        line = buffer.find(b"\r\n", at)
+        if line < 0:
+            return None
+        size = int(bytes(buffer[at:line]).split(b";", 1)[0], 16)
+        if size == 0:
+            if len(buffer) < line + 4:
+                return None
+            del buffer[:line + 4]
+            return status, b"".join(parts)
+        if len(buffer) < line + 2 + size + 2:
+            return None
+        parts.append(bytes(buffer[line + 2:line + 2 + size]))
+        at = line + 2 + size + 2
+
+
 class _Upstream(asyncio.Protocol):
     head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(REPLY)
+    streamed = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: %d\r\n\r\n"
+                % len(SSE_REPLY)) + SSE_REPLY
 
     def connection_made(self, transport):  # noqa: D102
         self.transport, self.buffer = transport, bytearray()
@@ -111,8 +164,12 @@ class _Upstream(asyncio.Protocol):
             length = int(lowered[at + 15:].split(b"\r\n", 1)[0]) if at >= 0 else 0
             if len(self.buffer) < end + 4 + length:
                 return
+            body = bytes(self.buffer[end + 4:end + 4 + length])
             del self.buffer[:end + 4 + length]
-            self.transport.write(self.head + REPLY)
+            if b'"stream": true' in body or b'"stream":true' in body:
+                self.transport.write(self.streamed)
+            else:
+                self.transport.write(self.head + REPLY)
 
 
 def upstream_main() -> None:
@@ -175,7 +232,7 @@ async def _measure(call_factory, concurrency: int, calls: int) -> dict:
             "cpu_us": (process_cpu() - c0) / calls * 1e6}
 
 
-def direct_worker(home: str, concurrency: int, calls: int) -> dict:
+def direct_worker(home: str, mode: str, concurrency: int, calls: int) -> dict:
     from plugin_llm import PluginLlm
 
     llm = PluginLlm("bench", home=Path(home))
@@ -183,15 +240,25 @@ def direct_worker(home: str, concurrency: int, calls: int) -> dict:
     async def factory():
         async def call() -> None:
             await llm.acomplete(MESSAGES, timeout=60)
-        return call
+
+        async def stream() -> None:
+            deltas = [delta async for delta in await llm.astream(MESSAGES, timeout=60)]
+            if len(deltas) != len(DELTAS):
+                raise RuntimeError(f"the stream had {len(deltas)} deltas, not {len(DELTAS)}")
+        return stream if mode == "stream" else call
 
     return asyncio.run(_measure(factory, concurrency, calls))
 
 
-def service_client(url: str, token: str, concurrency: int, calls: int) -> dict:
+def service_client(url: str, token: str, mode: str, concurrency: int, calls: int) -> dict:
     host, port = url.split("//", 1)[1].rsplit(":", 1)
-    body = json.dumps({"messages": MESSAGES, "timeout": 60}).encode()
-    request = (f"POST /v1/plugin-llm/complete HTTP/1.1\r\nHost: {host}:{port}\r\nAuthorization: Bearer {token}\r\n"
+    if mode == "stream":
+        path = "/v1/chat/completions"
+        body = json.dumps({"messages": MESSAGES, "timeout": 60, "stream": True,
+                           "stream_options": {"include_usage": True}}).encode()
+    else:
+        path, body = "/v1/plugin-llm/complete", json.dumps({"messages": MESSAGES, "timeout": 60}).encode()
+    request = (f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nAuthorization: Bearer {token}\r\n"
                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
     connections: list[_Connection] = []
 
@@ -201,7 +268,8 @@ def service_client(url: str, token: str, concurrency: int, calls: int) -> dict:
 
         async def call() -> None:
             status, answer = await connection.request(request)
-            if status != 200 or b'"text"' not in answer:
+            if status != 200 or (answer.count(b"data: ") != STREAM_EVENTS or not answer.endswith(b"data: [DONE]\n\n")
+                                 if mode == "stream" else b'"text"' not in answer):
                 raise RuntimeError(f"the service answered {status}: {answer[:300]!r}")
         return call
 
@@ -268,6 +336,130 @@ def stub_serve(source: str, home: str) -> None:
     profiler.dump_stats(f"{profile}.{'after' if source == '-' else 'before'}")
 
 
+class _Sampler:
+    """A statistical profiler of CPU time: SIGPROF every ``interval`` s of the process's CPU, the main thread's
+    Python stack recorded (a C function's time goes to the Python function that called it)."""
+
+    def __init__(self, interval: float = 0.0005) -> None:
+        self.interval = interval
+        self.samples: dict[tuple, int] = {}
+
+    def _take(self, signum: int, frame) -> None:
+        stack = []
+        while frame is not None:
+            code = frame.f_code
+            stack.append((code.co_filename, code.co_firstlineno, code.co_name))
+            frame = frame.f_back
+        key = tuple(stack)
+        self.samples[key] = self.samples.get(key, 0) + 1
+
+    def start(self) -> None:
+        import signal
+
+        signal.signal(signal.SIGPROF, self._take)
+        signal.setitimer(signal.ITIMER_PROF, self.interval, self.interval)
+
+    def stop(self) -> None:
+        import signal
+
+        signal.setitimer(signal.ITIMER_PROF, 0, 0)
+
+
+def profile_serve(home: str, out: str) -> None:
+    """This tree's real service (the pipeline, the serve protocol) in one process, sampled (``--profile``)."""
+    import pickle
+    import signal
+    import socket
+
+    import uvicorn
+
+    from plugin_llm.service.app import create_app
+    from plugin_llm.service.connections import PROTOCOL
+
+    app = create_app(Path(home), warm=True)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    print(f"http://127.0.0.1:{sock.getsockname()[1]}", flush=True)
+    server = uvicorn.Server(uvicorn.Config(app, http=PROTOCOL, access_log=False, server_header=False, lifespan="on",
+                                           log_level="warning"))
+    signal.signal(signal.SIGTERM, lambda *_: None)  # uvicorn re-raises SIGTERM once drained: return, then dump
+    sampler = _Sampler()
+    signal.signal(signal.SIGUSR1, lambda *_: sampler.start())  # after the warm-up
+    server.run(sockets=[sock])
+    sampler.stop()
+    Path(out).write_bytes(pickle.dumps(sampler.samples))
+
+
+def _report(samples: dict[tuple, int], top: int = 30) -> None:
+    """Where the sampled CPU went: by package or module (self time), then by function (self and inclusive)."""
+    import re
+
+    total = sum(samples.values()) or 1
+
+    def where(filename: str) -> str:
+        found = re.search(r"site-packages/([^/]+)", filename)
+        if found:
+            return found.group(1)
+        if filename.startswith(str(ROOT)):
+            return filename[len(str(ROOT)) + 1:]
+        return "stdlib " + filename.rsplit("/", 1)[-1]
+
+    groups: dict[str, int] = {}
+    own: dict[tuple, int] = {}
+    inclusive: dict[tuple, int] = {}
+    for stack, n in samples.items():
+        if not stack:
+            continue
+        groups[where(stack[0][0])] = groups.get(where(stack[0][0]), 0) + n
+        own[stack[0]] = own.get(stack[0], 0) + n
+        for frame in set(stack):
+            inclusive[frame] = inclusive.get(frame, 0) + n
+    print(f"  {total} samples; self time by package/module:")
+    for name, n in sorted(groups.items(), key=lambda kv: -kv[1])[:top]:
+        print(f"  {n / total * 100:5.1f}%  {name}")
+    print("  self time by function:")
+    for (filename, line, name), n in sorted(own.items(), key=lambda kv: -kv[1])[:top]:
+        print(f"  {n / total * 100:5.1f}%  {where(filename)}:{line} {name}")
+    print("  inclusive time by function:")
+    for (filename, line, name), n in sorted(inclusive.items(), key=lambda kv: -kv[1])[:top * 2]:
+        print(f"  {n / total * 100:5.1f}%  {where(filename)}:{line} {name}")
+
+
+def profile(args: argparse.Namespace) -> None:
+    """``--profile PATH``: where this tree's service spends its CPU under load, per mode, at the highest
+    --concurrency (a sampling profiler on CPU time: SIGPROF; samples pickled to PATH.<mode>)."""
+    import pickle
+    import signal
+
+    c = max(int(c) for c in args.concurrency.split(","))
+    with upstream(None) as up:
+        home, token = make_home(up.base_url)
+        for mode in args.modes.split(","):
+            out = f"{args.profile}.{mode}"
+            proc = subprocess.Popen([sys.executable, __file__, "--profile-serve", str(home), out],
+                                    stdout=subprocess.PIPE, text=True, env={**os.environ, "HERMES_HOME": str(home)},
+                                    cwd=ROOT)
+            url = proc.stdout.readline().strip()
+            deadline = time.monotonic() + 90
+            while True:  # listening, and litellm loaded
+                try:
+                    if json.load(urllib.request.urlopen(url + "/healthz", timeout=5)).get("ready") is True:
+                        break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise
+                time.sleep(0.2)
+            in_process(["--client", url, token, mode, str(c), "500"], None)  # warm-up, not sampled
+            proc.send_signal(signal.SIGUSR1)
+            time.sleep(0.2)
+            c0 = pid_cpu(proc.pid)
+            in_process(["--client", url, token, mode, str(c), "4000"], None)
+            print(f"{mode}: {(pid_cpu(proc.pid) - c0) / 4200 * 1e6:.0f} us of CPU per request while sampled")
+            proc.terminate()
+            proc.wait(timeout=60)
+            _report(pickle.loads(Path(out).read_bytes()))
+
+
 def layer(args: argparse.Namespace) -> None:
     """``--layer``: CPU per request of the service layer alone (stub pipeline), this tree vs ``--baseline``.
 
@@ -289,7 +481,7 @@ def layer(args: argparse.Namespace) -> None:
             for c in CONCURRENCY:
                 for kind, (proc, url) in procs.items():
                     w0 = pid_cpu(proc.pid)
-                    through = in_process(["--client", url, token, str(c), str(calls[c])], None)
+                    through = in_process(["--client", url, token, "plain", str(c), str(calls[c])], None)
                     through["worker_cpu_us"] = (pid_cpu(proc.pid) - w0) / (calls[c] + min(calls[c], 200)) * 1e6
                     results.setdefault((kind, c), []).append(through)
     finally:
@@ -363,6 +555,9 @@ class service:
         time.sleep(0.5)
         return self
 
+    def writes(self) -> int:
+        return sum(pid_writes(pid) for pid in self.pids)
+
     def cpu(self) -> tuple[float, float]:
         """(CPU seconds of the workers, of the supervisor when it is another process)."""
         workers = sum(pid_cpu(pid) for pid in self.pids)
@@ -405,30 +600,47 @@ def main() -> None:
     parser.add_argument("--workers", default="1,2", help="worker counts to measure (default 1,2)")
     parser.add_argument("--cpus", help=argparse.SUPPRESS)
     parser.add_argument("--upstream", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--direct", nargs=3, metavar=("HOME", "C", "N"), help=argparse.SUPPRESS)
-    parser.add_argument("--client", nargs=4, metavar=("URL", "TOKEN", "C", "N"), help=argparse.SUPPRESS)
+    parser.add_argument("--modes", default=",".join(MODES), help="plain, stream or both (default plain,stream)")
+    parser.add_argument("--concurrency", default=",".join(map(str, CONCURRENCY)),
+                        help="concurrencies to measure (default 1,16,64)")
+    parser.add_argument("--rounds", type=int, help="rounds (default 4, --quick 2)")
+    parser.add_argument("--direct", nargs=4, metavar=("HOME", "MODE", "C", "N"), help=argparse.SUPPRESS)
+    parser.add_argument("--client", nargs=5, metavar=("URL", "TOKEN", "MODE", "C", "N"), help=argparse.SUPPRESS)
     parser.add_argument("--layer", action="store_true",
                         help="measure the service layer alone: a stub pipeline, this tree vs --baseline")
     parser.add_argument("--stub-serve", nargs=2, metavar=("SOURCE", "HOME"), help=argparse.SUPPRESS)
+    parser.add_argument("--profile", metavar="PATH",
+                        help="cProfile this tree's service (one process) under load per mode; stats to PATH.<mode>")
+    parser.add_argument("--profile-serve", nargs=2, metavar=("HOME", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     pin(_cpus(args.cpus))
     if args.upstream:
         return upstream_main()
     if args.direct:
-        print(json.dumps(direct_worker(args.direct[0], int(args.direct[1]), int(args.direct[2]))))
+        home, mode, c, n = args.direct
+        print(json.dumps(direct_worker(home, mode, int(c), int(n))))
         return
     if args.client:
-        url, token, c, n = args.client
-        print(json.dumps(service_client(url, token, int(c), int(n))))
+        url, token, mode, c, n = args.client
+        print(json.dumps(service_client(url, token, mode, int(c), int(n))))
         return
     if args.stub_serve:
         return stub_serve(*args.stub_serve)
     if args.layer:
         return layer(args)
+    if args.profile_serve:
+        return profile_serve(*args.profile_serve)
+    if args.profile:
+        return profile(args)
 
     worker_counts = [int(w) for w in args.workers.split(",")]
-    rounds = 2 if args.quick else 4
-    calls = {1: 400, 16: 1500, 64: 3000} if args.quick else {1: 1500, 16: 4000, 64: 8000}
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if not set(modes) <= set(MODES):
+        parser.error(f"--modes takes {', '.join(MODES)}")
+    concurrency = [int(c) for c in args.concurrency.split(",")]
+    rounds = args.rounds or (2 if args.quick else 4)
+    sizes = {1: 400, 16: 1500, 64: 3000} if args.quick else {1: 1500, 16: 4000, 64: 8000}
+    calls = {c: sizes.get(c, sizes[64]) for c in concurrency}
     cpus = sorted(os.sched_getaffinity(0))
     side = work = None
     if args.pin:
@@ -452,19 +664,24 @@ def main() -> None:
                     svc.__enter__()
                 try:
                     for _ in range(rounds):
-                        for c in CONCURRENCY:
-                            u0 = pid_cpu(up.proc.pid)
-                            direct = in_process(["--direct", str(home), str(c), str(calls[c])], work)
-                            direct["up_cpu_us"] = (pid_cpu(up.proc.pid) - u0) / (calls[c] + min(calls[c], 200)) * 1e6
-                            results.setdefault(("direct", workers, c), []).append(direct)
-                            for kind in kinds:
-                                svc = services[kind]
-                                (w0, s0), u0 = svc.cpu(), pid_cpu(up.proc.pid)
-                                through = in_process(["--client", svc.url, token, str(c), str(calls[c])], side)
-                                (w1, s1), served = svc.cpu(), calls[c] + min(calls[c], 200)  # the warm-up counts
-                                through.update(worker_cpu_us=(w1 - w0) / served * 1e6, sup_cpu_us=(s1 - s0) / served * 1e6,
-                                               up_cpu_us=(pid_cpu(up.proc.pid) - u0) / served * 1e6)
-                                results.setdefault((kind, workers, c), []).append(through)
+                        for mode in modes:
+                            for c in concurrency:
+                                served = calls[c] + min(calls[c], 200)  # the warm-up counts
+                                u0 = pid_cpu(up.proc.pid)
+                                direct = in_process(["--direct", str(home), mode, str(c), str(calls[c])], work)
+                                direct["up_cpu_us"] = (pid_cpu(up.proc.pid) - u0) / served * 1e6
+                                results.setdefault(("direct", mode, workers, c), []).append(direct)
+                                for kind in kinds:
+                                    svc = services[kind]
+                                    (w0, s0), u0, x0 = svc.cpu(), pid_cpu(up.proc.pid), svc.writes()
+                                    through = in_process(["--client", svc.url, token, mode, str(c), str(calls[c])],
+                                                         side)
+                                    (w1, s1), x1 = svc.cpu(), svc.writes()
+                                    through.update(worker_cpu_us=(w1 - w0) / served * 1e6,
+                                                   sup_cpu_us=(s1 - s0) / served * 1e6,
+                                                   up_cpu_us=(pid_cpu(up.proc.pid) - u0) / served * 1e6,
+                                                   writes=(x1 - x0) / served)
+                                    results.setdefault((kind, mode, workers, c), []).append(through)
                 finally:
                     for svc in services.values():
                         svc.__exit__(None, None, None)
@@ -472,44 +689,55 @@ def main() -> None:
         if baseline is not None:
             shutil.rmtree(baseline, ignore_errors=True)
 
-    def med(kind: str, workers: int, c: int, field: str) -> float:
-        return statistics.median(r[field] for r in results[(kind, workers, c)])
+    def med(kind: str, mode: str, workers: int, c: int, field: str) -> float:
+        return statistics.median(r[field] for r in results[(kind, mode, workers, c)])
+
+    def spread(kind: str, mode: str, workers: int, c: int, field: str) -> str:
+        values = [r[field] for r in results[(kind, mode, workers, c)]]
+        return f"{min(values):.0f}-{max(values):.0f}"
 
     print()
-    print(f"{'service':>7} {'W':>2} {'conc':>4} | {'direct p50':>10} {'p99':>7} | {'service p50':>11} {'p99':>7} | "
-          f"{'added p50':>9} {'p99':>7} | {'direct/s':>8} {'service/s':>9} {'/worker':>7} | CPU us/call: "
-          f"{'client':>6} {'workers':>7} {'superv.':>7} {'upstream':>8} {'direct':>6}")
-    for workers in worker_counts:
-        for c in CONCURRENCY:
-            d50, d99 = med("direct", workers, c, "p50"), med("direct", workers, c, "p99")
-            for kind in kinds:
-                s50, s99 = med(kind, workers, c, "p50"), med(kind, workers, c, "p99")
-                rate = med(kind, workers, c, "rate")
-                print(f"{kind:>7} {workers:>2} {c:>4} | {d50:>10.3f} {d99:>7.3f} | {s50:>11.3f} {s99:>7.3f} | "
-                      f"{s50 - d50:>9.3f} {s99 - d99:>7.3f} | {med('direct', workers, c, 'rate'):>8.0f} {rate:>9.0f} "
-                      f"{rate / workers:>7.0f} | {'':>12}{med(kind, workers, c, 'cpu_us'):>6.0f} "
-                      f"{med(kind, workers, c, 'worker_cpu_us'):>7.0f} {med(kind, workers, c, 'sup_cpu_us'):>7.0f} "
-                      f"{med(kind, workers, c, 'up_cpu_us'):>8.0f} {med('direct', workers, c, 'cpu_us'):>6.0f}")
+    print(f"{'service':>7} {'mode':>6} {'W':>2} {'conc':>4} | {'direct p50':>10} {'p99':>7} | {'service p50':>11} "
+          f"{'p99':>7} | {'direct/s':>8} {'service/s':>9} | CPU us/call: {'client':>6} {'workers':>7} "
+          f"{'(spread)':>11} {'upstream':>8} {'direct':>6} | {'writes':>6}")
+    for mode in modes:
+        for workers in worker_counts:
+            for c in concurrency:
+                d50, d99 = med("direct", mode, workers, c, "p50"), med("direct", mode, workers, c, "p99")
+                for kind in kinds:
+                    print(f"{kind:>7} {mode:>6} {workers:>2} {c:>4} | {d50:>10.3f} {d99:>7.3f} | "
+                          f"{med(kind, mode, workers, c, 'p50'):>11.3f} {med(kind, mode, workers, c, 'p99'):>7.3f} | "
+                          f"{med('direct', mode, workers, c, 'rate'):>8.0f} {med(kind, mode, workers, c, 'rate'):>9.0f} | "
+                          f"{'':>12}{med(kind, mode, workers, c, 'cpu_us'):>6.0f} "
+                          f"{med(kind, mode, workers, c, 'worker_cpu_us'):>7.0f} "
+                          f"{spread(kind, mode, workers, c, 'worker_cpu_us'):>11} "
+                          f"{med(kind, mode, workers, c, 'up_cpu_us'):>8.0f} "
+                          f"{med('direct', mode, workers, c, 'cpu_us'):>6.0f} | "
+                          f"{med(kind, mode, workers, c, 'writes'):>6.1f}")
     print()
+    if "before" in kinds:
+        for mode in modes:
+            for workers in worker_counts:
+                ratios = []
+                for c in concurrency:
+                    pairs = [a["worker_cpu_us"] / b["worker_cpu_us"] for a, b in
+                             zip(results[("after", mode, workers, c)], results[("before", mode, workers, c)])]
+                    ratios.append(f"c={c}: {med('after', mode, workers, c, 'worker_cpu_us') / med('before', mode, workers, c, 'worker_cpu_us'):.2f} "
+                                  f"(rounds {min(pairs):.2f}-{max(pairs):.2f})")
+                print(f"{mode:>6}, {workers} worker(s): CPU per request, this tree / baseline {args.baseline}: "
+                      + ", ".join(ratios))
+        print()
     for kind in kinds:
         label = "this tree" if kind == "after" else f"baseline {args.baseline}"
-        if 1 in worker_counts:
-            a1 = med(kind, 1, 1, "p50") - med("direct", 1, 1, "p50")
-            print(f"{label}: p50 added at concurrency 1 (1 worker): {a1:.3f} ms (target < 1 ms: "
-                  f"{'met' if a1 < 1 else 'NOT met'})")
-        if 2 in worker_counts:
-            a64 = med(kind, 2, 64, "p99") - med("direct", 2, 64, "p99")
-            print(f"{label}: p99 added at concurrency 64, 2 workers: {a64:.3f} ms (target < 10 ms: "
-                  f"{'met' if a64 < 10 else 'NOT met'})")
-        for workers in worker_counts:
-            cpu = statistics.median(med(kind, workers, c, "worker_cpu_us") - med("direct", workers, c, "cpu_us")
-                                    for c in CONCURRENCY)
-            print(f"{label}: {workers} worker(s): a request costs the workers {cpu:+.0f} us of CPU over the direct "
-                  "call (median over concurrencies)")
-    print("workers = CPU of the worker processes per request they served (summed over workers); direct = the "
-          "in-process PluginLlm's process per call; client = the load generator; superv. = uvicorn's supervisor "
-          "with W > 1.")
-
+        for mode in modes:
+            for workers in worker_counts:
+                cpu = statistics.median(med(kind, mode, workers, c, "worker_cpu_us")
+                                        - med("direct", mode, workers, c, "cpu_us") for c in concurrency)
+                print(f"{label}: {mode}, {workers} worker(s): a request costs the workers {cpu:+.0f} us of CPU over "
+                      "the direct call (median over concurrencies)")
+    print("workers = CPU of the worker processes per request they served (summed over workers; spread = min-max over "
+          "rounds); direct = the in-process PluginLlm's process per call; client = the load generator; writes = the "
+          "workers' write system calls per request (socket sends, the audit log).")
 
 if __name__ == "__main__":
     main()
