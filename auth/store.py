@@ -8,8 +8,8 @@ environment variable (:mod:`auth.providers`); keyless providers get a ``Credenti
 ``source="none"``, everyone else a :class:`~plugin_llm.errors.PluginLlmConfigError` saying where
 it looked and how to fix it.
 
-``auth.json`` is re-read only when its stat changes; a broken file fails closed (every ``acquire``
-raises until it is fixed). Pools (``keys: [...]``) hand out keys round-robin among healthy ones; a
+``auth.json`` is re-read only when its stat changes (looked at on every call, or at most once per
+``check_interval``); a broken file fails closed (every ``acquire`` raises until it is fixed). Pools (``keys: [...]``) hand out keys round-robin among healthy ones; a
 401, 402 or 429 cools a key down; when all cool, :class:`PoolExhaustedError` (retryable, with
 ``retry_after``). Pool state is per home (:func:`get_store`), shared by every ``PluginLlm`` of the
 process, under one lock never held across I/O (safe for asyncio tasks too).
@@ -184,17 +184,31 @@ class CredentialStore:
         self._lock = threading.Lock()  # pool state and caches; never held across I/O
         self._load_lock = threading.Lock()  # serialises re-reads of auth.json
         self._loaded: _Loaded | None = None
+        self.check_interval = 0.0
+        self._checked_at = 0.0
         self._env_creds: dict[tuple[str, str, str | None, str], Credential] = {}
         self._none_creds: dict[str, Credential] = {}
 
     def __repr__(self) -> str:
         return f"CredentialStore(home={str(self.home)!r})"
 
+    def set_check_interval(self, seconds: float) -> None:
+        """Look at ``auth.json`` at most once per ``seconds`` of ``clock`` (0: on every call): a changed or
+        removed key takes effect within that long."""
+        self.check_interval = max(0.0, float(seconds))
+
     # ------------------------------------------------------------------ load
 
     def _current(self) -> _Loaded:
-        sig = _stat_signature(self.path)
         loaded = self._loaded
+        if self.check_interval:
+            now = self._clock()
+            if loaded is not None and now - self._checked_at < self.check_interval:
+                if loaded.error is not None:
+                    raise PluginLlmConfigError(loaded.error)
+                return loaded
+            self._checked_at = now
+        sig = _stat_signature(self.path)
         if loaded is None or loaded.sig != sig:
             loaded = self._reload()
         if loaded.error is not None:

@@ -185,6 +185,32 @@ def test_reload_when_the_file_changes(home):
         store.acquire("openai")
 
 
+def test_with_a_check_interval_a_removed_key_stops_working_within_it(home, monkeypatch):
+    import auth.store as store_module
+
+    key, other = canary(), canary()
+    write_auth(home, {"providers": {"openai": {"api_key": key}}})
+    now = [100.0]
+    store = CredentialStore(home, env={}, clock=lambda: now[0])
+    store.set_check_interval(0.25)
+    looks = []
+    real = store_module._stat_signature
+    monkeypatch.setattr(store_module, "_stat_signature", lambda path: looks.append(path) or real(path))
+    assert store.acquire("openai").reveal() == key
+    for _ in range(20):
+        store.acquire("openai")
+    assert len(looks) == 2  # the first load (and its re-check under the lock), then nothing within the interval
+    write_auth(home, {"providers": {"openai": {"api_key": other}}})
+    now[0] += 0.25
+    assert store.acquire("openai").reveal() == other  # a changed key: in use after the interval
+    (home / "auth.json").unlink()
+    now[0] += 0.125
+    assert store.acquire("openai").reveal() == other  # within the interval
+    now[0] += 0.125
+    with pytest.raises(PluginLlmConfigError):  # removed: no key for openai any more
+        store.acquire("openai")
+
+
 def test_get_store_is_one_per_home(home, monkeypatch):
     monkeypatch.chdir(home.parent)
     assert get_store(home) is get_store(str(home)) is get_store(Path(home.name))

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+import os
 import re
+import sys
 
 import pytest
 
@@ -84,6 +86,54 @@ def test_parsed_once_per_change(hermes_home, monkeypatch):
     write_config(hermes_home, "model: gpt-4o-mini\n")
     assert source.current().model.model == "gpt-4o-mini"
     assert len(calls) == 2
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_check_interval_looks_at_the_file_once_per_interval_and_a_change_takes_effect(hermes_home, monkeypatch):
+    import plugin_llm.config as config_module
+
+    write_config(hermes_home, "model: gpt-4o\n")
+    clock = _Clock()
+    source = ConfigSource(hermes_home, check_interval=0.25, clock=clock)
+    stats = []
+    real_stat = os.stat
+
+    def stat(path, *args, **kwargs):
+        if sys._getframe(1).f_code is ConfigSource.current.__code__:  # the source's look at the file
+            stats.append(path)
+        return real_stat(path, *args, **kwargs)
+
+    monkeypatch.setattr(config_module.os, "stat", stat)
+    assert source.current().model.model == "gpt-4o"
+    for _ in range(50):
+        source.current()
+    assert len(stats) == 1  # one look for 51 calls within the interval
+    write_config(hermes_home, "model: gpt-4o-mini\n")
+    clock.now += 0.125
+    assert source.current().model.model == "gpt-4o"  # within the interval: the snapshot it has
+    clock.now += 0.125
+    assert source.current().model.model == "gpt-4o-mini"  # the interval is over: the change takes effect
+    assert len(stats) == 2
+    (hermes_home / "config.yaml").unlink()
+    clock.now += 0.25
+    assert source.current().model.model == "local-echo-1"  # a removed file too
+
+
+def test_the_service_sets_the_check_interval_of_its_home(hermes_home):
+    from auth import get_store
+    from plugin_llm.service.app import FILE_CHECK_SECONDS, create_app
+
+    app = create_app(hermes_home, warm=False)
+    assert app.state.service.config is get_config_source(hermes_home)
+    assert get_config_source(hermes_home).check_interval == FILE_CHECK_SECONDS == get_store(hermes_home).check_interval
+    assert 0.1 <= FILE_CHECK_SECONDS <= 0.25
 
 
 def test_invalid_yaml_fails_closed_and_keeps_last_good_route(hermes_home, caplog):

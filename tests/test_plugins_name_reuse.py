@@ -10,6 +10,7 @@ tokens expire after 90 days unless ``--expires never`` says otherwise.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import httpx
@@ -19,6 +20,7 @@ from plugin_llm import limits
 from plugin_llm.cli import plugins_cmd
 from plugin_llm.cli.main import main
 from plugin_llm.plugins.isolation.sandbox import plugin_data_dir
+from plugin_llm.service.app import FILE_CHECK_SECONDS
 from plugin_llm.service.tokens import TokenStore
 from tests.conftest import audit_lines, write_config
 from tests.plugin_fixtures import write_plugin
@@ -216,11 +218,13 @@ def test_a_disabled_plugins_tokens_are_refused_with_403_until_it_is_enabled(herm
         code, out, err = run(capsys, "plugins", "disable", "weather")
         assert code == 0, err
         assert "403 plugin_disabled" in out
+        time.sleep(FILE_CHECK_SECONDS)  # the service looks at config.yaml again after this long
         refused = call()
         assert refused.status_code == 403
         error = refused.json()["error"]
         assert error["code"] == "plugin_disabled" and "plugin-llm plugins enable weather" in error["message"]
         assert run(capsys, "plugins", "enable", "weather")[0] == 0
+        time.sleep(FILE_CHECK_SECONDS)
         assert call().status_code == 200
     denied = [json.loads(line) for line in (hermes_home / "logs" / "agent.log").read_text().splitlines()]
     denied = [e for e in denied if e.get("event") == "service.auth_denied"]

@@ -1,7 +1,8 @@
 """The host's home directory and ``config.yaml``.
 
 ``ConfigSource.current()`` is called on every gateway call. It costs one
-``stat`` when nothing changed: the YAML is parsed once per change of the
+``stat`` when nothing changed (none at all within ``check_interval`` of the
+last one, which the service sets): the YAML is parsed once per change of the
 file's (mtime, size, inode). A file that cannot be read or parsed fails
 closed: every plugin loses every override, the last good model route stays in
 use, and one error is logged per change. Nothing else in the project parses
@@ -16,6 +17,7 @@ import json
 import logging
 import os
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -344,9 +346,13 @@ def describe_yaml_error(path: Path, exc: Exception) -> str:
 
 
 class ConfigSource:
-    """Hot-reloading view of ``<home>/config.yaml``; thread-safe."""
+    """Hot-reloading view of ``<home>/config.yaml``; thread-safe.
 
-    def __init__(self, home: Path | None = None) -> None:
+    ``check_interval`` (seconds, 0: every call) is how long a snapshot is used without looking at the file
+    again: a change takes effect within it. ``clock`` is a monotonic clock (tests inject one).
+    """
+
+    def __init__(self, home: Path | None = None, *, check_interval: float = 0.0, clock=time.monotonic) -> None:
         self.home = Path(home) if home is not None else hermes_home()
         self.path = self.home / "config.yaml"
         self._lock = threading.Lock()
@@ -354,6 +360,13 @@ class ConfigSource:
         self._current = HostConfig(home=self.home)
         self._last_good: HostConfig | None = None
         self._listeners: list = []
+        self._clock = clock
+        self.check_interval = check_interval
+        self._checked_at = 0.0
+
+    def set_check_interval(self, seconds: float) -> None:
+        """Look at the file at most once per ``seconds`` (a long-running process serving many calls)."""
+        self.check_interval = max(0.0, float(seconds))
 
     def on_reload(self, callback) -> None:
         """Call ``callback(old, new)`` after each (re)load; ``old`` is None for the first load."""
@@ -364,6 +377,11 @@ class ConfigSource:
         return self._current if self._stamp is not None else None
 
     def current(self) -> HostConfig:
+        if self.check_interval:
+            now = self._clock()
+            if self._stamp is not None and now - self._checked_at < self.check_interval:
+                return self._current
+            self._checked_at = now
         try:
             st = os.stat(self.path)
             stamp = (st.st_mtime_ns, st.st_size, st.st_ino)

@@ -48,7 +48,7 @@ from plugin_llm.service.metrics import ServiceMetrics
 from plugin_llm.service.refusals import EVENT_AUTH_DENIED, RefusalAudit
 from plugin_llm.service.tokens import REASON_BLOCKED, TokenError, token_store_for
 
-__all__ = ["create_app", "ServiceState", "EVENT_AUTH_DENIED"]
+__all__ = ["create_app", "ServiceState", "EVENT_AUTH_DENIED", "FILE_CHECK_SECONDS"]
 
 log = logging.getLogger("plugin_llm.service")
 
@@ -60,6 +60,8 @@ _STATUS_BY_CODE = {"trust_denied": "denied", "quota_exceeded": "quota", "schema_
                    "limits_store_unavailable": "store_error"}
 #: the /metrics status of a request whose client hung up before its body was read (no call was made)
 STATUS_CLIENT_CLOSED = "client_closed"
+#: config.yaml and auth.json are looked at (one stat each) at most this often: a change takes effect within it
+FILE_CHECK_SECONDS = 0.2
 #: a store outage is logged (with the store's own error) at most once in this many seconds per app
 _OUTAGE_LOG_SECONDS = 10.0
 _ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), default=str)
@@ -80,8 +82,12 @@ class ServiceState:
     def __init__(self, home: Path, *, max_body: int = req.MAX_BODY_BYTES, llm_factory: Callable[[str], Any] | None = None) -> None:
         from plugin_llm.config import get_config_source
 
+        from auth import get_store
+
         self.home = Path(home)
         self.config = get_config_source(self.home)
+        self.config.set_check_interval(FILE_CHECK_SECONDS)  # not a stat of each file per call
+        get_store(self.home).set_check_interval(FILE_CHECK_SECONDS)
         self.tokens = token_store_for(self.home, self.config.current())  # limits.store: redis -> tokens there too
         self.metrics = ServiceMetrics()
         self.metrics.watch_breakers(self.breaker_states)
