@@ -146,3 +146,125 @@ def test_a_replaced_token_file_is_reopened(hermes_home, tmp_path):
     copy.replace(tokens_path(hermes_home))
     mono[0] += CACHE_SECONDS
     assert server.verify(token)[1] == "revoked"
+
+
+# --------------------------------------------------------------------------- single-flight lookups
+class _HeldLookups:
+    """Counts a store's record lookups; each waits (on its worker thread) until ``release`` is set."""
+
+    def __init__(self, store: TokenStore) -> None:
+        import threading
+
+        self.count = 0
+        self.release = threading.Event()
+        real = store._row
+
+        def row(wanted: str):
+            self.count += 1
+            assert self.release.wait(30), "the test never released the lookup"
+            return real(wanted)
+
+        store._row = row
+
+
+async def _until(condition, turns: int = 10_000) -> None:
+    import asyncio
+
+    for _ in range(turns):  # bounded: a broken condition fails the test instead of hanging it
+        if condition():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("the condition never held")
+
+
+def test_concurrent_lookups_of_one_token_from_one_address_ask_the_store_once(hermes_home):
+    import asyncio
+
+    store = TokenStore(hermes_home)
+    info, token = store.create("p")
+    held = _HeldLookups(store)
+
+    async def run():
+        first = [asyncio.create_task(store.aauthenticate(token, "10.0.0.1", None)) for _ in range(16)]
+        other = asyncio.create_task(store.aauthenticate(token, "10.0.0.2", None))  # another address: its own
+        await _until(lambda: held.count == 2)
+        await asyncio.sleep(0)
+        assert len(store._flights) == 2
+        held.release.set()
+        return await asyncio.gather(*first), await other
+
+    answers, other = asyncio.run(run())
+    assert held.count == 2  # one lookup per (token, address), not one per request
+    assert answers == [(info, "ok", None)] * 16 and other == (info, "ok", None)
+    assert store._flights == {}
+    assert store.cached(token) == info  # the answer is cached for the next requests
+    store.close()
+
+
+def test_a_waiter_that_is_cancelled_leaves_the_lookup_to_the_others_and_a_failure_reaches_all(hermes_home):
+    import asyncio
+
+    store = TokenStore(hermes_home)
+    info, token = store.create("p")
+    held = _HeldLookups(store)
+
+    async def run():
+        tasks = [asyncio.create_task(store.aauthenticate(token, "10.0.0.1", None)) for _ in range(4)]
+        await _until(lambda: held.count == 1)
+        tasks[0].cancel()  # its client went away: the others still get the answer
+        await asyncio.sleep(0)
+        held.release.set()
+        return await asyncio.gather(*tasks, return_exceptions=True)
+
+    first, *rest = asyncio.run(run())
+    assert isinstance(first, asyncio.CancelledError) and rest == [(info, "ok", None)] * 3
+
+    def broken(wanted: str):
+        raise TokenError("the token file is damaged")
+
+    store._cache.clear()
+    store._row = broken
+
+    async def failing():
+        return await asyncio.gather(*(store.aauthenticate(token, "10.0.0.1", None) for _ in range(3)),
+                                    return_exceptions=True)
+
+    assert [str(e) for e in asyncio.run(failing())] == ["the token file is damaged"] * 3
+    store.close()
+
+
+@pytest.mark.slow
+def test_the_service_asks_the_store_once_for_the_concurrent_requests_of_a_token(hermes_home):
+    import asyncio
+
+    import httpx
+
+    from plugin_llm.service.app import create_app
+    from plugin_llm.types import PluginLlmCompleteResult, PluginLlmUsage
+
+    class Stub:
+        async def acomplete(self, messages, **kwargs):
+            return PluginLlmCompleteResult(text="ok", provider="custom", model="m", agent_id=None,
+                                           usage=PluginLlmUsage(), audit={"plugin_id": "p", "call_id": "c" * 32})
+
+    app = create_app(hermes_home, llm_factory=lambda plugin: Stub(), warm=False)
+    tokens = app.state.service.tokens
+    token = tokens.create("p")[1]
+    held = _HeldLookups(tokens)
+    asked = []
+    cached = tokens.cached
+    tokens.cached = lambda presented: asked.append(1) or cached(presented)
+
+    async def run():
+        transport = httpx.ASGITransport(app=app, client=("10.0.0.1", 40000))
+        async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:
+            calls = [asyncio.create_task(client.post("/v1/plugin-llm/complete", json={"messages": "hi"},
+                                                     headers={"Authorization": f"Bearer {token}"}))
+                     for _ in range(12)]
+            await _until(lambda: len(asked) == 12)  # every request has missed the cache and waits on the lookup
+            held.release.set()
+            return await asyncio.gather(*calls)
+
+    answers = asyncio.run(run())
+    assert [a.status_code for a in answers] == [200] * 12
+    assert held.count == 1

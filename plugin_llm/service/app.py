@@ -217,7 +217,8 @@ async def _token(state: ServiceState, request: Request) -> Any:
 
     A token verified less than a second ago is answered from memory; otherwise the
     store (a file, or Redis) is asked on a worker thread, so a slow or stalled store
-    never blocks the event loop and the calls of other plugins. An address with too
+    never blocks the event loop and the calls of other plugins, once for all the
+    concurrent requests with that token from one address. An address with too
     many refused tokens (``service.failed_auth``) gets 429 without its token being
     looked at: from memory once this worker has seen the block, else from the store.
     """
@@ -235,8 +236,8 @@ async def _token(state: ServiceState, request: Request) -> Any:
         if cached is not None:
             return cached
         brake = state.config.current().service.failed_auth
-        try:
-            info, reason, left = await asyncio.to_thread(tokens.authenticate, token, client, brake)
+        try:  # the concurrent requests with this token from this address: one lookup (single-flight)
+            info, reason, left = await tokens.aauthenticate(token, client, brake)
         except TokenError as exc:  # the store cannot answer: fail closed, and say it is the store
             info, reason, problem = None, "store_error", str(exc)
         token = None

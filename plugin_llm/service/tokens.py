@@ -260,6 +260,7 @@ class _VerifyingStore:
         self._clock = clock
         self._monotonic = monotonic
         self._cache: dict[str, tuple[float, TokenInfo]] = {}
+        self._flights: dict[tuple[str, str], Any] = {}  # (digest, client) -> the lookup in flight (a Future)
         self._blocked: dict[str, float] = {}  # client address -> wall-clock end of its block
         self._revoked_seen: dict[str, float] = {}  # digest -> revocation time, as this process read it signed
         self._bad_reported: set[str] = set()
@@ -355,6 +356,29 @@ class _VerifyingStore:
             if end is not None:
                 self._remember_block(client, end)
         return info, reason, None
+
+    async def aauthenticate(self, token: str, client: str, brake: Any) -> tuple[TokenInfo | None, str, float | None]:
+        """:meth:`authenticate` on a worker thread, once for the concurrent requests of one client with one token.
+
+        When a token's cached answer runs out, every request in flight with it would ask the store at once; the
+        first one asks (on a thread: a slow store never blocks the event loop), the others wait for its answer
+        - the same answer they would each have got, since the lookup is the same token's from the same address.
+        """
+        import asyncio
+
+        key = (digest(token) if isinstance(token, str) and len(token) <= _MAX_TOKEN_CHARS else "", client[:_MAX_CLIENT])
+        loop = asyncio.get_running_loop()
+        flight = self._flights.get(key)
+        if flight is None or flight.get_loop() is not loop:
+            flight = self._flights[key] = loop.create_task(asyncio.to_thread(self.authenticate, token, client, brake))
+            flight.add_done_callback(lambda done: self._landed(key, done))
+        return await asyncio.shield(flight)  # a waiter that is cancelled leaves the lookup to the others
+
+    def _landed(self, key: tuple[str, str], flight: Any) -> None:
+        if self._flights.get(key) is flight:
+            del self._flights[key]
+        if not flight.cancelled():
+            flight.exception()  # retrieved: every waiter may have gone (the loop would log it as never retrieved)
 
     @staticmethod
     def _new(plugin: str, now: float, expires_in: float | None) -> tuple[TokenInfo, str]:
