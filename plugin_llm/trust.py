@@ -3,16 +3,16 @@
 A plugin may ask ``ctx.llm`` for four overrides: ``provider=``, ``model=``,
 ``agent_id=`` and ``profile=``. Each is refused unless the operator turned on
 its own flag under ``plugins.entries.<plugin_id>.llm`` in config.yaml, and,
-for provider and model, the value is on the optional allowlist. Everything is
-fail-closed: a missing entry, block, flag or a malformed value grants nothing.
+for provider and model, the value is on the optional allowlist (``task=`` is
+decided first, by :func:`decide_task`). Everything is fail-closed: a missing
+entry, block, flag or a malformed value grants nothing.
 
 Capability consent feeds the same gate: a plugin whose manifest requests
 ``capabilities: [llm.model_override]`` and to which the operator consented
 (``plugins.entries.<plugin_id>.granted_capabilities``, bound by a matching
 ``capabilities_sha256`` or as Hermes writes it, see :mod:`plugin_llm.capabilities`) may override the model as
-if ``allow_model_override`` were set. An override is allowed when either the
-flag or the matching granted capability says so; the allowlists apply either
-way, and :class:`Decision` says which one granted it.
+if ``allow_model_override`` were set: the flag or the matching granted capability allows an override, the
+allowlists apply either way, and :class:`Decision` says which one granted it.
 """
 
 from __future__ import annotations
@@ -27,7 +27,9 @@ __all__ = [
     "FLAG_KEYS",
     "LIST_KEYS",
     "TRUST_KEYS",
-    "HERMES_ONLY_KEYS",
+    "TASK_FLAG",
+    "TASK_CAPABILITY",
+    "BUILTIN_TASKS",
     "TrustPolicy",
     "Overrides",
     "Decision",
@@ -35,6 +37,7 @@ __all__ = [
     "consent_digest",
     "config_path",
     "decide",
+    "decide_task",
     "enforce",
 ]
 
@@ -47,9 +50,16 @@ FLAG_KEYS = {
 }
 #: allowlist key per override (agent_id and profile have no allowlist)
 LIST_KEYS = {"provider": "allowed_providers", "model": "allowed_models"}
-TRUST_KEYS = frozenset(FLAG_KEYS.values()) | frozenset(LIST_KEYS.values())
-#: Hermes's keys under ``llm`` with no counterpart here (known, so never "did you mean" another flag)
-HERMES_ONLY_KEYS = frozenset({"allow_task_override"})
+#: the flag (and capability) that lets a plugin route ``task=`` to a built-in auxiliary task
+TASK_FLAG = "allow_task_override"
+TASK_CAPABILITY = "llm.task_override"
+TRUST_KEYS = frozenset(FLAG_KEYS.values()) | frozenset(LIST_KEYS.values()) | {TASK_FLAG}
+#: Hermes's built-in auxiliary tasks: reserved (no plugin registers them), reached with ``task=`` only
+#: under :data:`TASK_FLAG`
+BUILTIN_TASKS = frozenset({
+    "vision", "compression", "web_extract", "approval", "mcp", "title_generation", "memory_query_rewrite",
+    "tts_audio_tags", "skills_hub", "triage_specifier", "kanban_decomposer", "profile_describer", "curator",
+})
 #: capability (manifest ``capabilities:``) per override
 CAPABILITY_FOR = {
     "provider": "llm.provider_override",
@@ -75,6 +85,8 @@ class TrustPolicy:
     allowed_models: tuple[str, ...] | None = None
     allow_agent_id_override: bool = False
     allow_profile_override: bool = False
+    #: ``task=`` may name a built-in auxiliary task (a task the plugin registered needs nothing)
+    allow_task_override: bool = False
     #: capabilities the operator consented to (sorted; already checked against their digest)
     granted_capabilities: tuple[str, ...] = ()
 
@@ -84,6 +96,14 @@ class TrustPolicy:
             return FLAG_KEYS[name]
         if CAPABILITY_FOR[name] in self.granted_capabilities:
             return f"capability {CAPABILITY_FOR[name]}"
+        return None
+
+    def grants_task(self) -> str | None:
+        """What lets ``task=`` name a built-in task: :data:`TASK_FLAG`, ``capability llm.task_override``, or None."""
+        if self.allow_task_override:
+            return TASK_FLAG
+        if TASK_CAPABILITY in self.granted_capabilities:
+            return f"capability {TASK_CAPABILITY}"
         return None
 
 
@@ -209,6 +229,26 @@ def _route_refused(plugin_id: str, policy: TrustPolicy, overrides: Overrides, na
     return Decision(False, f"plugin '{plugin_id}' may not use the route {name!r}: it goes to provider {provider!r}, "
                     f"and {list_key} admits it only as any model of the call's provider; list {name} in {list_key} "
                     "to allow this route", list_key, "model")
+
+
+def decide_task(plugin_id: str, policy: TrustPolicy, task: str, owner: str | None) -> Decision:
+    """``task=`` (a key, neither empty nor ``auto``): allowed when the plugin registered it (``owner`` is
+    who did), or when it is a built-in task and :meth:`TrustPolicy.grants_task`; anything else is refused."""
+    shown = task if len(task) <= 64 else task[:64] + "..."
+    if owner is not None and owner == plugin_id:
+        return Decision(True, f"task {shown!r} registered by the plugin", override="task")
+    if task in BUILTIN_TASKS:
+        granted = policy.grants_task()
+        if granted is not None:
+            return Decision(True, f"built-in task {shown!r} granted by {granted}", override="task")
+        key = config_path(plugin_id, TASK_FLAG)
+        return Decision(False, f"plugin '{plugin_id}' may not use the built-in task {shown!r}: the operator has not "
+                        f"set {key}: true in config.yaml (nor granted the capability {TASK_CAPABILITY})", key, "task")
+    why = (f"it is registered by plugin '{owner}', not by this plugin" if owner is not None else
+           "no plugin registered it with ctx.register_auxiliary_task, and it is not a built-in task "
+           f"({', '.join(sorted(BUILTIN_TASKS))})")
+    return Decision(False, f"plugin '{plugin_id}' may not use task {shown!r}: {why}; register it in the plugin's "
+                    "register(ctx), or pass task=None for the default route", None, "task")
 
 
 def enforce(plugin_id: str, policy: TrustPolicy, overrides: Overrides) -> Decision:

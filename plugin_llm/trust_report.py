@@ -32,7 +32,7 @@ from plugin_llm.config import CONFIG_MAX_BYTES, HOST_SECTIONS, HostConfig, descr
 from plugin_llm.safe_files import UnsafeFileError, read_home_text
 from plugin_llm.bounded_repr import short_repr
 from plugin_llm.safe_yaml import compose_yaml
-from plugin_llm.trust import (CAPABILITY_FOR, DENY_ALL, FLAG_KEYS, HERMES_ONLY_KEYS, LIST_KEYS, TRUST_KEYS, Decision,
+from plugin_llm.trust import (CAPABILITY_FOR, DENY_ALL, FLAG_KEYS, LIST_KEYS, TASK_FLAG, TRUST_KEYS, Decision,
                               Overrides, TrustPolicy, decide)
 
 __all__ = [
@@ -216,6 +216,9 @@ class PluginTrust:
                     granted.append(f"{name}{via} (allowlist empty: nothing)")
                 else:
                     granted.append(f"{name}{via} in [{', '.join(allowlist)}]")
+        by = self.policy.grants_task()
+        if by is not None:
+            granted.append("task (built-in tasks)" + (f" (by {by})" if by != TASK_FLAG else ""))
         return "may override " + "; ".join(granted) if granted else "no overrides granted"
 
     def as_dict(self) -> dict[str, Any]:
@@ -229,7 +232,8 @@ class PluginTrust:
             "policy": {s.key: (list(s.value) if isinstance(s.value, tuple) else s.value) for s in self.settings},
             "settings": [s.as_dict() for s in self.settings],
             "granted_capabilities": list(self.policy.granted_capabilities),
-            "granted_by": {name: self.policy.grants(name) for name in FLAG_KEYS if self.policy.grants(name)},
+            "granted_by": {**{name: self.policy.grants(name) for name in FLAG_KEYS if self.policy.grants(name)},
+                           **({"task": self.policy.grants_task()} if self.policy.grants_task() else {})},
             "warnings": [f.as_dict() for f in self.findings],
         }
 
@@ -685,7 +689,7 @@ class _Checker:
             self.add(ERROR, keys + ("llm",), f"expected a mapping of trust keys, got {_type_name(block)} {short_repr(block)}; no override is granted",
                      "write llm: as a mapping, e.g. llm: {allow_model_override: true}", plugin_id)
             return
-        self.unknown_keys(block, keys + ("llm",), [k for k in _POLICY_ORDER] + sorted(HERMES_ONLY_KEYS), plugin_id)
+        self.unknown_keys(block, keys + ("llm",), [k for k in _POLICY_ORDER], plugin_id)
         for key, value in block.items():
             key = str(key)
             if key in _LIST_FLAG:

@@ -43,7 +43,7 @@ from plugin_llm.config.routes import (
 )
 from plugin_llm.config.service import ServiceSettings, parse_service_settings
 from plugin_llm.config.telemetry import TelemetrySettings, parse_telemetry_settings
-from plugin_llm.trust import DENY_ALL, HERMES_ONLY_KEYS, LIST_KEYS, TRUST_KEYS, TrustPolicy, config_path
+from plugin_llm.trust import DENY_ALL, LIST_KEYS, TRUST_KEYS, TrustPolicy, config_path
 
 __all__ = [
     "hermes_home",
@@ -227,8 +227,6 @@ def _parse_trust(plugins: Any, warnings: list[str]) -> dict[str, TrustPolicy]:
         for key, value in block.items():
             key = str(key)
             where = config_path(plugin_id, key)
-            if key in HERMES_ONLY_KEYS:
-                continue  # Hermes's task lanes: none here, so it grants nothing (and is no typo)
             if key not in TRUST_KEYS:
                 warnings.append(f"{where}: unknown key, ignored{_did_you_mean(key, TRUST_KEYS)}")
             elif key in LIST_KEYS.values():

@@ -35,7 +35,7 @@ CAPABILITY_HELP = {
     "llm.provider_override": "choose the provider of its ctx.llm calls (as allow_provider_override does)",
     "llm.agent_id_override": "pass agent_id= to ctx.llm (as allow_agent_id_override does)",
     "llm.profile_override": "pick the credential profile of its ctx.llm calls (as allow_profile_override does)",
-    "llm.task_override": "route ctx.llm calls through Hermes's auxiliary task lanes (none here: no effect)",
+    "llm.task_override": "route ctx.llm calls to a built-in auxiliary task with task= (as allow_task_override does)",
     "gateway.platform_actions": "act on chat platforms as the gateway bot (no chat platforms here: no effect)",
     "gateway.plugin_status": "post status lines to chat platforms (no chat platforms here: no effect)",
 }
