@@ -47,3 +47,96 @@ def test_allow_task_override_is_a_trust_key_of_config_yaml(tmp_path):
     assert config.trust_for("q").grants_task() is None
     assert any("allow_task_overide: unknown key" in w and "did you mean 'allow_task_override'" in w
                for w in config.warnings)
+
+
+# ------------------------------------------------------------------ auxiliary: in config.yaml
+CATALOG = ("models:\n"
+           "  fast: {provider: openai, model: gpt-4o-mini, fallbacks: [smart]}\n"
+           "  smart: {provider: anthropic, model: claude-sonnet-4-5}\n"
+           "model: {route: fast}\n")
+
+
+def test_a_slot_is_a_route_name_a_route_with_fallbacks_or_hermess_inline_shape(tmp_path):
+    config = parse_config(tmp_path, CATALOG + (
+        "auxiliary:\n"
+        "  p_summary: smart\n"
+        "  vision: {route: fast, fallbacks: [], timeout: 12}\n"
+        "  compression: {route: fast}\n"
+        "  web_extract: {provider: custom, model: llama3, base_url: 'http://127.0.0.1:9/v1', timeout: 90,\n"
+        "                fallback_chain: [smart, {provider: openai, model: gpt-4o}]}\n"
+        "  title_generation: {provider: auto, model: gpt-4.1-nano}\n"
+        "  curator: {base_url: 'http://127.0.0.1:9/v1', model: m}\n"
+    ))
+    assert not config.warnings
+    slots = config.auxiliary
+    assert slots["p_summary"].route.name == "smart" and slots["p_summary"].fallbacks == ()
+    assert slots["vision"].route.name == "fast" and slots["vision"].fallbacks == () and slots["vision"].timeout == 12.0
+    assert [r.name for r in slots["compression"].fallbacks] == ["smart"]  # the route's own fallbacks
+    web = slots["web_extract"]
+    assert (web.route.provider, web.route.model, web.route.name, web.timeout) == ("custom", "llama3", None, 90.0)
+    assert [(r.provider, r.model) for r in web.fallbacks] == [("anthropic", "claude-sonnet-4-5"), ("openai", "gpt-4o")]
+    title = slots["title_generation"].route  # provider auto: the default route's provider, another model
+    assert (title.provider, title.model, title.name) == ("openai", "gpt-4.1-nano", None)
+    assert (slots["curator"].route.provider, slots["curator"].route.model) == ("custom", "m")
+
+
+def test_hermess_default_slot_is_the_default_route(tmp_path):
+    config = parse_config(tmp_path, CATALOG + (
+        "auxiliary:\n"
+        "  vision: {provider: auto, model: '', base_url: '', api_key: '', timeout: 60, extra_body: {}}\n"
+        "  mcp: {provider: auto, model: ''}\n"
+        "  approval: auto\n"
+    ))
+    assert not config.warnings
+    assert config.auxiliary["vision"].route is None and config.auxiliary["vision"].timeout == 60.0
+    assert "mcp" not in config.auxiliary and "approval" not in config.auxiliary
+
+
+def test_a_key_in_a_slot_is_refused_with_a_warning_and_never_kept(tmp_path):
+    config = parse_config(tmp_path, CATALOG + (
+        "auxiliary:\n"
+        "  vision: {provider: openai, model: gpt-4o, api_key: sk-slot-secret-123}\n"
+    ))
+    [warning] = config.warnings
+    assert "auxiliary.vision.api_key: ignored: keys live in auth.json only" in warning
+    assert "sk-slot-secret-123" not in warning and "sk-slot-secret-123" not in repr(config.auxiliary)
+    assert (config.auxiliary["vision"].route.provider, config.auxiliary["vision"].route.model) == ("openai", "gpt-4o")
+
+
+def test_slot_mistakes_are_warned_with_the_fix(tmp_path):
+    config = parse_config(tmp_path, CATALOG + (
+        "auxiliary:\n"
+        "  vision: {route: fsat}\n"
+        "  mcp: {route: fast, fallbaks: [smart]}\n"
+        "  'bad key': fast\n"
+        "  compression: {provider: openai, model: gpt-4o, timeout: -1, extra_body: {x: 1}}\n"
+        "  curator: [fast]\n"
+    ))
+    text = "\n".join(config.warnings)
+    assert "auxiliary.vision.route 'fsat' is not a route of models: (did you mean 'fast'?)" in text
+    assert config.auxiliary["vision"].route.problem is not None  # its calls are refused, with those words
+    assert "auxiliary.mcp.'fallbaks': unknown key, ignored (did you mean 'fallbacks'?)" in text
+    assert "auxiliary.'bad key': a task is letters, digits and '_'" in text
+    assert "auxiliary.compression.timeout: expected seconds" in text
+    assert "auxiliary.compression.extra_body: Hermes's request option is not applied here" in text
+    assert "auxiliary.curator: expected a route name of models:" in text and "curator" not in config.auxiliary
+
+
+def test_auxiliary_is_a_host_section_now(tmp_path):
+    from plugin_llm.config import HOST_SECTIONS, unknown_sections
+
+    assert "auxiliary" in HOST_SECTIONS
+    assert unknown_sections({"auxiliary": {}, "auxilary": {}}) == [("auxilary", "auxiliary")]
+
+
+def test_a_key_written_twice_in_auxiliary_fails_closed_and_keeps_the_last_good_slots(hermes_home):
+    from plugin_llm.config import get_config_source
+    from tests.conftest import write_config
+
+    source = get_config_source(hermes_home)
+    write_config(hermes_home, CATALOG + "auxiliary:\n  vision: smart\n")
+    assert source.current().auxiliary["vision"].route.name == "smart"
+    write_config(hermes_home, CATALOG + "auxiliary:\n  vision: smart\n  vision: fast\n")
+    broken = source.current()
+    assert broken.error is not None and "vision" in broken.error
+    assert broken.auxiliary["vision"].route.name == "smart"

@@ -31,6 +31,7 @@ from plugin_llm.bounded_repr import short_repr
 from plugin_llm.limits.settings import LimitSettings, parse_limit_settings
 from plugin_llm.provider_names import unknown_provider_problem
 from plugin_llm.safe_yaml import load_yaml
+from plugin_llm.config.auxiliary import TaskSlot, parse_auxiliary
 from plugin_llm.config.breakers import BreakerPolicy, parse_breaker_policy
 from plugin_llm.config.routes import (
     DEFAULT_LOCAL_MODEL,
@@ -99,6 +100,8 @@ class HostConfig:
     model: ModelConfig = ModelConfig()
     #: the model catalog (``models:``): named routes plugins may ask for by name
     models: Mapping[str, RouteConfig] = field(default_factory=lambda: MappingProxyType({}))
+    #: the auxiliary tasks' routes (``auxiliary:``): task key -> slot
+    auxiliary: Mapping[str, TaskSlot] = field(default_factory=lambda: MappingProxyType({}))
     llm: LlmSettings = LlmSettings()
     audit: AuditSettings = AuditSettings()
     trust: Mapping[str, TrustPolicy] = field(default_factory=dict)
@@ -263,11 +266,13 @@ def parse_config(home: Path, text: str) -> HostConfig:
     plugins = data.get("plugins")
     limits, limit_issues = parse_limit_settings(data.get("limits"), plugins)
     models = parse_models(data.get("models"), warnings)
+    default = parse_default_route(data.get("model"), models, warnings)
     return HostConfig(
         home=home,
         raw=MappingProxyType(dict(data)),
-        model=parse_default_route(data.get("model"), models, warnings),
+        model=default,
         models=models,
+        auxiliary=parse_auxiliary(data.get("auxiliary"), models, default, warnings),
         llm=_parse_llm(data.get("llm"), warnings),
         audit=_audit_settings(data.get("audit"), warnings),
         trust=MappingProxyType(_parse_trust(plugins, warnings)),
@@ -279,16 +284,16 @@ def parse_config(home: Path, text: str) -> HostConfig:
 
 
 #: the top-level sections this host reads
-HOST_SECTIONS = ("model", "models", "llm", "audit", "plugins", "limits", "memory", "image_gen", "context", "service",
-                 "telemetry")
+HOST_SECTIONS = ("model", "models", "auxiliary", "llm", "audit", "plugins", "limits", "memory", "image_gen", "context",
+                 "service", "telemetry")
 #: sections that decide trust, routing, limits, the service and auditing: a key written twice in them (at any
 #: depth), or one of them written twice, makes the file unusable (fail closed), never "the last one wins"
-GOVERNED_SECTIONS = frozenset(("plugins", "limits", "service", "audit", "model", "models", "llm"))
+GOVERNED_SECTIONS = frozenset(("plugins", "limits", "service", "audit", "model", "models", "auxiliary", "llm"))
 #: top-level sections of a Hermes config.yaml this host ignores (an operator's existing file is not "wrong"):
 #: Hermes 0.19's DEFAULT_CONFIG and _EXTRA_KNOWN_ROOT_KEYS (hermes_cli/config.py), the legacy root keys it
 #: migrates (provider, base_url, api_base, context_length, max_turns) and the older flat terminal keys
 _HERMES_SECTIONS = frozenset((
-    "_config_version agent always_log_local api_base approvals auxiliary backend base_url bedrock browser checkpoints "
+    "_config_version agent always_log_local api_base approvals backend base_url bedrock browser checkpoints "
     "code_execution command_allowlist compression computer_use container_cpu container_disk container_memory "
     "container_persistent context_file_max_chars context_length credential_pool_strategies cron curator "
     "custom_providers cwd dashboard daytona_image delegation desktop discord display docker_env docker_extra_args "
@@ -435,6 +440,7 @@ class ConfigSource:
             raw=base.raw,
             model=base.model,
             models=base.models,
+            auxiliary=base.auxiliary,
             llm=base.llm,
             audit=base.audit,
             trust=MappingProxyType({}),
