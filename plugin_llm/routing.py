@@ -87,10 +87,22 @@ def resolve_chain(
     model: str | None = None,
     profile: str | None = None,
     timeout: float | None = None,
+    task: str | None = None,
 ) -> tuple[Route, ...]:
     """The routes of a call, in the order they are tried: the route :func:`resolve_route` picks, then
     its fallbacks when it is a route of the catalog or the default route (a raw model or provider
-    override has none). A fallback that cannot be used (see the config warnings) is left out."""
+    override has none). A fallback that cannot be used (see the config warnings) is left out.
+
+    ``task`` (a key past the trust gate) with a route in ``auxiliary.<task>``: that route and its
+    fallbacks, whatever ``provider=``/``model=`` say (the slot's route wins, as Hermes attributes the
+    call); its ``timeout`` is the deadline when ``timeout=`` is not given. A task without a slot, or
+    whose slot names no route, is the call without it."""
+    slot = config.auxiliary.get(task) if task else None
+    if slot is not None and timeout is None:
+        timeout = slot.timeout
+    if slot is not None and slot.route is not None:
+        first = _route(config, slot.route, None, profile, call_timeout(config, timeout))
+        return (first, *_fallback_routes(config, slot.fallbacks, profile, first.timeout))
     first = resolve_route(config, provider=provider, model=model, profile=profile, timeout=timeout)
     if provider is None and model is None:
         names = config.model.fallbacks
@@ -98,11 +110,17 @@ def resolve_chain(
         names = named.fallbacks
     else:
         return (first,)
-    chain = [first]
-    for name in names:
+    routes = tuple(config.models[name] for name in names if name in config.models)
+    return (first, *_fallback_routes(config, routes, profile, first.timeout))
+
+
+def _fallback_routes(config: HostConfig, routes: tuple[RouteConfig, ...], profile: str | None,
+                     seconds: float) -> tuple[Route, ...]:
+    chain = []
+    for base in routes:
         try:
-            chain.append(_route(config, config.models[name], None, profile, first.timeout))
-        except (KeyError, PluginLlmConfigError):
+            chain.append(_route(config, base, None, profile, seconds))
+        except PluginLlmConfigError:
             continue
     return tuple(chain)
 

@@ -140,3 +140,35 @@ def test_a_key_written_twice_in_auxiliary_fails_closed_and_keeps_the_last_good_s
     broken = source.current()
     assert broken.error is not None and "vision" in broken.error
     assert broken.auxiliary["vision"].route.name == "smart"
+
+
+# ------------------------------------------------------------------ routing (pure)
+def test_a_tasks_slot_and_its_fallbacks_are_the_calls_chain(tmp_path):
+    from plugin_llm.routing import resolve_chain
+
+    config = parse_config(tmp_path, CATALOG + (
+        "llm: {timeout: 30, max_timeout: 100}\n"
+        "auxiliary:\n"
+        "  vision: {route: smart, fallbacks: [fast], timeout: 250}\n"
+        "  mcp: {provider: auto, timeout: 7}\n"
+    ))
+    chain = resolve_chain(config, task="vision")
+    assert [r.label for r in chain] == ["smart", "fast"]
+    assert chain[0].timeout == 100.0  # the slot's timeout, capped by llm.max_timeout
+    assert resolve_chain(config, task="vision", timeout=5)[0].timeout == 5.0  # timeout= wins
+    # the slot's route wins over a (granted) override: the route's provider and model, as Hermes attributes it
+    assert [r.label for r in resolve_chain(config, provider="openai", model="gpt-4o", task="vision")] == ["smart", "fast"]
+    # a task without a route in its slot is the call without the task (its timeout aside)
+    mcp = resolve_chain(config, task="mcp")
+    assert [r.label for r in mcp] == ["fast", "smart"] and mcp[0].timeout == 7.0
+    assert [r.label for r in resolve_chain(config, task="p_unconfigured")] == ["fast", "smart"]
+    assert [r.model for r in resolve_chain(config, model="gpt-4o", task="p_unconfigured")] == ["gpt-4o"]
+
+
+def test_a_slot_naming_no_route_refuses_its_calls(tmp_path):
+    from plugin_llm.errors import PluginLlmConfigError
+    from plugin_llm.routing import resolve_chain
+
+    config = parse_config(tmp_path, CATALOG + "auxiliary:\n  vision: {route: fsat}\n")
+    with pytest.raises(PluginLlmConfigError, match="auxiliary.vision.route 'fsat' is not a route of models"):
+        resolve_chain(config, task="vision")
