@@ -41,7 +41,7 @@ __all__ = [
     "LIMITS_RESERVED_INPUT_TOKENS", "LIMITS_INPUT_COUNT", "INPUT_COUNTS", "STREAM", "STREAM_PARTIAL",
     "STREAM_DELIVERED_CHARS", "STREAM_ABANDONED_BY", "TIME_TO_FIRST_CHUNK",
     "REQUEST_MAX_TOKENS", "REQUEST_TEMPERATURE", "REQUEST_TOP_P", "FINISH_REASONS", "CACHE_READ_TOKENS",
-    "CACHE_CREATION_TOKENS", "ROUTE", "ROUTE_ATTEMPTS",
+    "CACHE_CREATION_TOKENS", "ROUTE", "ROUTE_ATTEMPTS", "TASK",
     # builders
     "CallFacts", "denial_record", "error_record", "outcome_record", "mcp_record",
     # MCP tool calls
@@ -126,6 +126,9 @@ LIMITS_INPUT_COUNT = "limits.input_count"
 #: ``timeout``, ``provider_error:<status>``, ...)
 ROUTE = "route"
 ROUTE_ATTEMPTS = "route.attempts"
+#: the auxiliary task the call was routed as (``task=``; its slot is ``auxiliary.<task>``), or the task a
+#: denial refused; absent for a call on the default route
+TASK = "task"
 STREAM = "stream"
 STREAM_PARTIAL = "stream.partial"
 STREAM_DELIVERED_CHARS = "stream.delivered_chars"
@@ -170,7 +173,7 @@ OPTIONAL_CALL_FIELDS: tuple[str, ...] = (
     LIMITS_LIMIT, LIMITS_RESETS_AT, LIMITS_REPAIR_REFUSED, LIMITS_REPAIR_REFUSED_KEY, LIMITS_MAX_TOKENS_SENT,
     LIMITS_RESERVED_INPUT_TOKENS, LIMITS_INPUT_COUNT, STREAM, STREAM_PARTIAL, STREAM_DELIVERED_CHARS,
     STREAM_ABANDONED_BY, TIME_TO_FIRST_CHUNK, REQUEST_MAX_TOKENS, REQUEST_TEMPERATURE, REQUEST_TOP_P, FINISH_REASONS,
-    CACHE_READ_TOKENS, CACHE_CREATION_TOKENS, ROUTE, ROUTE_ATTEMPTS, *CONTENT_FIELDS,
+    CACHE_READ_TOKENS, CACHE_CREATION_TOKENS, ROUTE, ROUTE_ATTEMPTS, TASK, *CONTENT_FIELDS,
 )
 
 APIS = ("complete", "structured")
@@ -315,16 +318,21 @@ class CallFacts:
     agent_id: str | None
     profile: str | None
     schema_name: str | None
+    #: the task the plugin named (``task=``), "" for none
+    task: str
 
 
 def _opening(facts: CallFacts, decision: str, provider: str | None, request_model: str | None,
              latency_ms: float) -> dict[str, Any]:
-    return {
+    record = {
         EVENT: EVENT_LLM_CALL, CALL_ID: facts.call_id, PLUGIN_ID: facts.plugin_id, PURPOSE: facts.purpose,
         API: facts.api, MODE: facts.mode, DECISION: decision, OPERATION_NAME: "chat", PROVIDER_NAME: provider,
         REQUEST_MODEL: request_model, AGENT_ID: facts.agent_id, PROFILE: facts.profile,
         SCHEMA_NAME: facts.schema_name, LATENCY_MS: round(latency_ms, 3),
     }
+    if facts.task:
+        record[TASK] = facts.task
+    return record
 
 
 def denial_record(facts: CallFacts, *, provider: str | None, request_model: str | None, latency_ms: float,

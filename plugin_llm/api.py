@@ -50,7 +50,7 @@ class CtxLlm(Protocol):
     def complete(self, messages: list[dict[str, Any]], *, provider: str | None = None, model: str | None = None,
                  temperature: float | None = None, max_tokens: int | None = None, timeout: float | None = None,
                  agent_id: str | None = None, profile: str | None = None, purpose: str | None = None,
-                 **options: Any) -> PluginLlmCompleteResult: ...
+                 task: str | None = None, **options: Any) -> PluginLlmCompleteResult: ...
 
     def complete_structured(self, *, instructions: str, input: str | list[Any], json_schema: dict[str, Any] | None = None,
                             json_mode: bool = False, schema_name: str | None = None,
@@ -58,17 +58,18 @@ class CtxLlm(Protocol):
                             model: str | None = None, temperature: float | None = None,
                             max_tokens: int | None = None, timeout: float | None = None,
                             agent_id: str | None = None, profile: str | None = None, purpose: str | None = None,
-                            **options: Any) -> PluginLlmStructuredResult: ...
+                            task: str | None = None, **options: Any) -> PluginLlmStructuredResult: ...
 
     def stream(self, messages: list[dict[str, Any]], *, provider: str | None = None, model: str | None = None,
                temperature: float | None = None, max_tokens: int | None = None, timeout: float | None = None,
                agent_id: str | None = None, profile: str | None = None, purpose: str | None = None,
-               **options: Any) -> Iterator[str]: ...
+               task: str | None = None, **options: Any) -> Iterator[str]: ...
 
     async def acomplete(self, messages: list[dict[str, Any]], *, provider: str | None = None,
                         model: str | None = None, temperature: float | None = None, max_tokens: int | None = None,
                         timeout: float | None = None, agent_id: str | None = None, profile: str | None = None,
-                        purpose: str | None = None, **options: Any) -> PluginLlmCompleteResult: ...
+                        purpose: str | None = None, task: str | None = None,
+                        **options: Any) -> PluginLlmCompleteResult: ...
 
     async def acomplete_structured(self, *, instructions: str, input: str | list[Any],
                                    json_schema: dict[str, Any] | None = None, json_mode: bool = False,
@@ -77,12 +78,12 @@ class CtxLlm(Protocol):
                                    temperature: float | None = None, max_tokens: int | None = None,
                                    timeout: float | None = None, agent_id: str | None = None,
                                    profile: str | None = None, purpose: str | None = None,
-                                   **options: Any) -> PluginLlmStructuredResult: ...
+                                   task: str | None = None, **options: Any) -> PluginLlmStructuredResult: ...
 
     def astream(self, messages: list[dict[str, Any]], *, provider: str | None = None, model: str | None = None,
                 temperature: float | None = None, max_tokens: int | None = None, timeout: float | None = None,
                 agent_id: str | None = None, profile: str | None = None, purpose: str | None = None,
-                **options: Any) -> AsyncIterator[str]: ...
+                task: str | None = None, **options: Any) -> AsyncIterator[str]: ...
 
 
 def signature_of(method: str) -> inspect.Signature:

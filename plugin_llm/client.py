@@ -162,19 +162,20 @@ class GatewayClient:
 
     @staticmethod
     def _complete_payload(messages, provider, model, temperature, max_tokens, timeout, agent_id, profile, purpose,
-                          options) -> dict[str, Any]:
+                          task, options) -> dict[str, Any]:
         return {"messages": messages, **_drop_none(dict(
             provider=provider, model=model, temperature=temperature, max_tokens=max_tokens, timeout=timeout,
-            agent_id=agent_id, profile=profile, purpose=purpose)), **options}
+            agent_id=agent_id, profile=profile, purpose=purpose, task=task)), **options}
 
     @staticmethod
     def _structured_payload(instructions, input, json_schema, json_mode, schema_name, system_prompt, provider, model,
-                            temperature, max_tokens, timeout, agent_id, profile, purpose, options) -> dict[str, Any]:
+                            temperature, max_tokens, timeout, agent_id, profile, purpose, task,
+                            options) -> dict[str, Any]:
         blocks = [_block(item) for item in input] if isinstance(input, (list, tuple)) else input
         payload = {"instructions": instructions, "input": blocks, **_drop_none(dict(
             json_schema=json_schema, schema_name=schema_name, system_prompt=system_prompt, provider=provider,
             model=model, temperature=temperature, max_tokens=max_tokens, timeout=timeout, agent_id=agent_id,
-            profile=profile, purpose=purpose)), **options}
+            profile=profile, purpose=purpose, task=task)), **options}
         if json_mode:
             payload["json_mode"] = json_mode
         return payload
@@ -183,19 +184,19 @@ class GatewayClient:
     def complete(self, messages: list[dict[str, Any]], *, provider: str | None = None, model: str | None = None,
                  temperature: float | None = None, max_tokens: int | None = None, timeout: float | None = None,
                  agent_id: str | None = None, profile: str | None = None, purpose: str | None = None,
-                 **options: Any) -> PluginLlmCompleteResult:
+                 task: str | None = None, **options: Any) -> PluginLlmCompleteResult:
         """Chat completion through the gateway; see :meth:`plugin_llm.PluginLlm.complete`."""
         payload = self._complete_payload(messages, provider, model, temperature, max_tokens, timeout, agent_id,
-                                         profile, purpose, options)
+                                         profile, purpose, task, options)
         return self._post_sync("/v1/plugin-llm/complete", payload, False)
 
     async def acomplete(self, messages: list[dict[str, Any]], *, provider: str | None = None, model: str | None = None,
                         temperature: float | None = None, max_tokens: int | None = None, timeout: float | None = None,
                         agent_id: str | None = None, profile: str | None = None, purpose: str | None = None,
-                        **options: Any) -> PluginLlmCompleteResult:
+                        task: str | None = None, **options: Any) -> PluginLlmCompleteResult:
         """Async twin of :meth:`complete`."""
         payload = self._complete_payload(messages, provider, model, temperature, max_tokens, timeout, agent_id,
-                                         profile, purpose, options)
+                                         profile, purpose, task, options)
         return await self._post_async("/v1/plugin-llm/complete", payload, False)
 
     def complete_structured(self, *, instructions: str, input: str | list[Any], json_schema: dict[str, Any] | None = None,
@@ -203,11 +204,11 @@ class GatewayClient:
                             provider: str | None = None, model: str | None = None, temperature: float | None = None,
                             max_tokens: int | None = None, timeout: float | None = None, agent_id: str | None = None,
                             profile: str | None = None, purpose: str | None = None,
-                            **options: Any) -> PluginLlmStructuredResult:
+                            task: str | None = None, **options: Any) -> PluginLlmStructuredResult:
         """Typed JSON through the gateway; see :meth:`plugin_llm.PluginLlm.complete_structured`."""
         payload = self._structured_payload(instructions, input, json_schema, json_mode, schema_name, system_prompt,
                                            provider, model, temperature, max_tokens, timeout, agent_id, profile,
-                                           purpose, options)
+                                           purpose, task, options)
         return self._post_sync("/v1/plugin-llm/complete_structured", payload, True)
 
     async def acomplete_structured(self, *, instructions: str, input: str | list[Any],
@@ -217,17 +218,17 @@ class GatewayClient:
                                    temperature: float | None = None, max_tokens: int | None = None,
                                    timeout: float | None = None, agent_id: str | None = None,
                                    profile: str | None = None, purpose: str | None = None,
-                                   **options: Any) -> PluginLlmStructuredResult:
+                                   task: str | None = None, **options: Any) -> PluginLlmStructuredResult:
         """Async twin of :meth:`complete_structured`."""
         payload = self._structured_payload(instructions, input, json_schema, json_mode, schema_name, system_prompt,
                                            provider, model, temperature, max_tokens, timeout, agent_id, profile,
-                                           purpose, options)
+                                           purpose, task, options)
         return await self._post_async("/v1/plugin-llm/complete_structured", payload, True)
 
     def stream(self, messages: list[dict[str, Any]], *, provider: str | None = None, model: str | None = None,
                temperature: float | None = None, max_tokens: int | None = None, timeout: float | None = None,
                agent_id: str | None = None, profile: str | None = None, purpose: str | None = None,
-               **options: Any) -> "GatewayStream":
+               task: str | None = None, **options: Any) -> "GatewayStream":
         """Text deltas through the gateway; see :meth:`plugin_llm.PluginLlm.stream`.
 
         Sent to ``POST /v1/chat/completions`` with ``stream: true`` (the
@@ -238,7 +239,7 @@ class GatewayClient:
         import httpx
 
         payload = self._stream_payload(messages, provider, model, temperature, max_tokens, timeout, agent_id,
-                                       profile, purpose, options)
+                                       profile, purpose, task, options)
         if self._sync is None:
             self._sync = httpx.Client(headers=self.__headers, trust_env=False)
         failure: BaseException | None = None
@@ -263,10 +264,10 @@ class GatewayClient:
     def astream(self, messages: list[dict[str, Any]], *, provider: str | None = None, model: str | None = None,
                 temperature: float | None = None, max_tokens: int | None = None, timeout: float | None = None,
                 agent_id: str | None = None, profile: str | None = None, purpose: str | None = None,
-                **options: Any) -> "GatewayAsyncStream":
+                task: str | None = None, **options: Any) -> "GatewayAsyncStream":
         """Async twin of :meth:`stream` (``async for``, ``async with``, or ``await`` to open it)."""
         payload = self._stream_payload(messages, provider, model, temperature, max_tokens, timeout, agent_id,
-                                       profile, purpose, options)
+                                       profile, purpose, task, options)
         return GatewayAsyncStream(self, payload, agent_id)
 
     async def _aopen_stream(self, payload: dict[str, Any]) -> Any:
@@ -300,9 +301,9 @@ class GatewayClient:
                                       provider="gateway", retryable=True)
 
     def _stream_payload(self, messages, provider, model, temperature, max_tokens, timeout, agent_id, profile, purpose,
-                        options) -> dict[str, Any]:
+                        task, options) -> dict[str, Any]:
         payload = self._complete_payload(messages, provider, model, temperature, max_tokens, timeout, agent_id,
-                                         profile, purpose, options)
+                                         profile, purpose, task, options)
         payload["stream"] = True
         payload["stream_options"] = {"include_usage": True}
         return payload

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from plugin_llm.auditing import watch_config
-from plugin_llm.call.audit import EVENT_CALL_BEGIN
+from plugin_llm.call.audit import EVENT_CALL_BEGIN, CallAudit
 from plugin_llm.call.pipeline import Pipeline
 from plugin_llm.call.protocols import AuditSink, Transport
 from plugin_llm.call.request import CallRequest, StructuredSpec
@@ -56,7 +56,9 @@ class PluginLlm:
     The plugin never sees a key, an endpoint or the host's config: it asks,
     the operator's trust policy decides, the host calls the provider and
     writes the audit line. Collaborators can be injected for tests and
-    embedding hosts; the defaults are the production ones.
+    embedding hosts; the defaults are the production ones. ``task_owner(key)``
+    says which plugin registered an auxiliary task (the plugin manager's
+    registry); without it, ``task=`` reaches only the built-in tasks.
     """
 
     def __init__(
@@ -68,6 +70,7 @@ class PluginLlm:
         transport: Transport | None = None,
         audit_log: AuditSink | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        task_owner: Callable[[str], str | None] | None = None,
     ) -> None:
         if not isinstance(plugin_id, str) or not plugin_id.strip():
             raise ValueError("plugin_id must be a non-empty string (the plugin's manifest key)")
@@ -75,7 +78,7 @@ class PluginLlm:
         self._config = config_source or get_config_source(Path(home) if home is not None else None)
         if audit_log is None:
             watch_config(self._config)
-        self._pipeline = Pipeline(self._plugin_id, self._config, transport, audit_log, clock)
+        self._pipeline = Pipeline(self._plugin_id, self._config, transport, CallAudit(audit_log, clock), task_owner)
 
     @property
     def plugin_id(self) -> str:
@@ -97,12 +100,17 @@ class PluginLlm:
         agent_id: str | None = None,
         profile: str | None = None,
         purpose: str | None = None,
+        task: str | None = None,
         **options: Any,
     ) -> PluginLlmCompleteResult:
-        """Chat completion; returns text, attribution, usage and the audit ids."""
+        """Chat completion; returns text, attribution, usage and the audit ids.
+
+        ``task=`` routes the call as an auxiliary task (``auxiliary.<task>`` of config.yaml): a task
+        this plugin registered (``ctx.register_auxiliary_task``), or a built-in one the operator allows
+        (``allow_task_override``); None, "" or "auto" is the default route."""
         request = CallRequest(mode="sync", messages=messages, provider=provider, model=model, agent_id=agent_id,
                               profile=profile, temperature=temperature, max_tokens=max_tokens, timeout=timeout,
-                              purpose=purpose, options=options)
+                              purpose=purpose, task=task, options=options)
         pipeline = self._pipeline
         return pipeline.shell().run_sync(pipeline.complete_flow(request))
 
@@ -118,12 +126,13 @@ class PluginLlm:
         agent_id: str | None = None,
         profile: str | None = None,
         purpose: str | None = None,
+        task: str | None = None,
         **options: Any,
     ) -> PluginLlmCompleteResult:
         """Async twin of :meth:`complete`; never blocks the event loop on the provider."""
         request = CallRequest(mode="async", messages=messages, provider=provider, model=model, agent_id=agent_id,
                               profile=profile, temperature=temperature, max_tokens=max_tokens, timeout=timeout,
-                              purpose=purpose, options=options)
+                              purpose=purpose, task=task, options=options)
         pipeline = self._pipeline
         return await pipeline.shell().run_async(pipeline.complete_flow(request))
 
@@ -144,6 +153,7 @@ class PluginLlm:
         agent_id: str | None = None,
         profile: str | None = None,
         purpose: str | None = None,
+        task: str | None = None,
         **options: Any,
     ) -> PluginLlmStructuredResult:
         """Typed JSON from text and image blocks, validated against ``json_schema``."""
@@ -151,7 +161,7 @@ class PluginLlm:
                               schema_name=schema_name, system_prompt=system_prompt)
         request = CallRequest(mode="sync", provider=provider, model=model, agent_id=agent_id, profile=profile,
                               temperature=temperature, max_tokens=max_tokens, timeout=timeout, purpose=purpose,
-                              options=options, structured=spec)
+                              task=task, options=options, structured=spec)
         pipeline = self._pipeline
         return pipeline.shell().run_sync(pipeline.structured_flow(request))
 
@@ -172,6 +182,7 @@ class PluginLlm:
         agent_id: str | None = None,
         profile: str | None = None,
         purpose: str | None = None,
+        task: str | None = None,
         **options: Any,
     ) -> PluginLlmStructuredResult:
         """Async twin of :meth:`complete_structured`."""
@@ -179,7 +190,7 @@ class PluginLlm:
                               schema_name=schema_name, system_prompt=system_prompt)
         request = CallRequest(mode="async", provider=provider, model=model, agent_id=agent_id, profile=profile,
                               temperature=temperature, max_tokens=max_tokens, timeout=timeout, purpose=purpose,
-                              options=options, structured=spec)
+                              task=task, options=options, structured=spec)
         pipeline = self._pipeline
         return await pipeline.shell().run_async(pipeline.structured_flow(request))
 
@@ -195,6 +206,7 @@ class PluginLlm:
         agent_id: str | None = None,
         profile: str | None = None,
         purpose: str | None = None,
+        task: str | None = None,
         **options: Any,
     ) -> PluginLlmStream:
         """Chat completion streamed as text deltas: ``for delta in llm.stream(messages): ...``.
@@ -209,7 +221,7 @@ class PluginLlm:
         """
         request = CallRequest(mode="sync", messages=messages, provider=provider, model=model, agent_id=agent_id,
                               profile=profile, temperature=temperature, max_tokens=max_tokens, timeout=timeout,
-                              purpose=purpose, options=options)
+                              purpose=purpose, task=task, options=options)
         progress = StreamProgress()
         flow = self._pipeline.stream_flow(request, progress)
         driver = _Driver(flow, self._pipeline.shell().stream_step, progress)
@@ -228,13 +240,14 @@ class PluginLlm:
         agent_id: str | None = None,
         profile: str | None = None,
         purpose: str | None = None,
+        task: str | None = None,
         **options: Any,
     ) -> PluginLlmAsyncStream:
         """Async twin of :meth:`stream`: ``async for delta in llm.astream(messages)``, ``async with``,
         or ``stream = await llm.astream(messages)`` (which opens it: denials raise there)."""
         request = CallRequest(mode="async", messages=messages, provider=provider, model=model, agent_id=agent_id,
                               profile=profile, temperature=temperature, max_tokens=max_tokens, timeout=timeout,
-                              purpose=purpose, options=options)
+                              purpose=purpose, task=task, options=options)
         progress = StreamProgress()
         flow = self._pipeline.stream_flow(request, progress)
         shell = self._pipeline.shell()

@@ -36,7 +36,7 @@ def test_complete_on_local_model(hermes_home):
     assert result.usage.total_tokens == result.usage.input_tokens + result.usage.output_tokens
     assert result.usage.cost_usd == 0.0
     assert result.audit == {"plugin_id": "greeter", "purpose": "greeting", "profile": None, "schema_name": None,
-                            "call_id": result.audit["call_id"]}
+                            "call_id": result.audit["call_id"], "task": ""}
     [line] = audit_lines(hermes_home)
     assert line["call_id"] == result.audit["call_id"]
     assert line["plugin_id"] == "greeter" and line["status"] == "ok" and line["decision"] == "allowed"

@@ -172,3 +172,169 @@ def test_a_slot_naming_no_route_refuses_its_calls(tmp_path):
     config = parse_config(tmp_path, CATALOG + "auxiliary:\n  vision: {route: fsat}\n")
     with pytest.raises(PluginLlmConfigError, match="auxiliary.vision.route 'fsat' is not a route of models"):
         resolve_chain(config, task="vision")
+
+
+# ------------------------------------------------------------------ ctx.llm(task=) in process
+def _slots(home, main, aux, other, *, plugins: str = "", extra: str = "") -> None:
+    from tests.conftest import write_config
+
+    write_config(home, (
+        "models:\n"
+        f"  main: {{provider: custom, model: m-main, base_url: {main.base_url}}}\n"
+        f"  aux: {{provider: custom, model: m-aux, base_url: {aux.base_url}}}\n"
+        f"  other: {{provider: custom, model: m-other, base_url: {other.base_url}}}\n"
+        "model: {route: main}\n"
+        "llm: {max_retries: 0, breaker: false}\n"
+        "auxiliary:\n"
+        "  p_summary: aux\n"
+        "  vision: {route: aux}\n"
+        f"{extra}"
+        f"{plugins}"
+    ))
+
+
+@pytest.fixture
+def servers():
+    from tests.servers import FakeServer
+
+    with FakeServer() as main, FakeServer() as aux, FakeServer() as other:
+        yield main, aux, other
+
+
+def _owner(key: str) -> str | None:
+    return {"p_summary": "p", "q_notes": "q"}.get(key)
+
+
+@pytest.mark.slow
+def test_a_registered_task_goes_to_its_slot_and_its_record_says_so(hermes_home, servers):
+    from plugin_llm import PluginLlm
+    from tests.conftest import audit_lines
+
+    main, aux, other = servers
+    _slots(hermes_home, main, aux, other)
+    result = PluginLlm("p", task_owner=_owner).complete(USER, task="p_summary")
+    assert len(aux.requests) == 1 and not main.requests and aux.requests[0].json["model"] == "m-aux"
+    assert result.audit["task"] == "p_summary" and result.provider == "custom"
+    [record] = audit_lines(hermes_home)
+    assert (record["task"], record["route"], record["gen_ai.request.model"]) == ("p_summary", "aux", "m-aux")
+    assert "task 'p_summary' registered by the plugin" in record["decision_reason"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task", [None, "", "auto", "  AUTO ", "Auto"])
+def test_no_task_or_auto_is_the_default_route(hermes_home, servers, task):
+    from plugin_llm import PluginLlm
+    from tests.conftest import audit_lines
+
+    main, aux, other = servers
+    _slots(hermes_home, main, aux, other)
+    result = PluginLlm("p", task_owner=_owner).complete(USER, task=task)
+    assert len(main.requests) == 1 and not aux.requests
+    assert result.audit["task"] == ""
+    assert "task" not in audit_lines(hermes_home)[0]
+
+
+@pytest.mark.slow
+def test_a_builtin_task_is_refused_without_allow_task_override_and_taken_with_it(hermes_home, servers):
+    from plugin_llm import PluginLlm, PluginLlmTrustError
+    from tests.conftest import audit_lines
+
+    main, aux, other = servers
+    _slots(hermes_home, main, aux, other)
+    with pytest.raises(PluginLlmTrustError) as caught:
+        PluginLlm("p").complete(USER, task="vision")
+    assert caught.value.config_key == "plugins.entries.p.llm.allow_task_override"
+    assert not main.requests and not aux.requests
+    [denied] = audit_lines(hermes_home)
+    assert (denied["status"], denied["task"], denied["decision_key"]) == \
+        ("denied", "vision", "plugins.entries.p.llm.allow_task_override")
+    _slots(hermes_home, main, aux, other, plugins="plugins:\n  entries:\n    p: {llm: {allow_task_override: true}}\n")
+    assert PluginLlm("p").complete(USER, task="vision").audit["task"] == "vision"
+    assert len(aux.requests) == 1 and not main.requests
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task", ["q_notes", "p_unknown", "VISION"])
+def test_any_other_task_is_refused_and_audited_with_its_key_before_anything_is_sent(hermes_home, servers, task):
+    from plugin_llm import PluginLlm, PluginLlmTrustError
+    from tests.conftest import audit_lines
+
+    main, aux, other = servers
+    _slots(hermes_home, main, aux, other, plugins="plugins:\n  entries:\n    p: {llm: {allow_task_override: true}}\n")
+    with pytest.raises(PluginLlmTrustError, match=f"plugin 'p' may not use task '{task}'"):
+        PluginLlm("p", task_owner=_owner).complete(USER, task=task)
+    assert not main.requests and not aux.requests and not other.requests
+    [record] = audit_lines(hermes_home)
+    assert (record["status"], record["decision"], record["task"], record["attempts"]) == ("denied", "denied", task, 0)
+
+
+@pytest.mark.slow
+def test_the_task_gate_runs_before_the_override_gates(hermes_home, servers):
+    from plugin_llm import PluginLlm, PluginLlmTrustError
+
+    main, aux, other = servers
+    _slots(hermes_home, main, aux, other)
+    with pytest.raises(PluginLlmTrustError, match="may not use task 'p_unknown'"):
+        PluginLlm("p", task_owner=_owner).complete(USER, task="p_unknown", model="other")  # no model grant either
+    with pytest.raises(PluginLlmTrustError, match="may not override model"):  # a good task: the next gate decides
+        PluginLlm("p", task_owner=_owner).complete(USER, task="p_summary", model="other")
+    assert not main.requests and not aux.requests and not other.requests
+
+
+@pytest.mark.slow
+def test_a_granted_override_does_not_move_a_task_off_its_slot_but_does_without_a_slot(hermes_home, servers):
+    from plugin_llm import PluginLlm
+
+    main, aux, other = servers
+    grant = "plugins:\n  entries:\n    p: {llm: {allow_model_override: true, allowed_models: [other]}}\n"
+    _slots(hermes_home, main, aux, other, plugins=grant)
+    llm = PluginLlm("p", task_owner=lambda key: "p")
+    assert llm.complete(USER, task="p_summary", model="other").audit["task"] == "p_summary"
+    assert len(aux.requests) == 1 and not other.requests  # route provider > override
+    llm.complete(USER, task="p_no_slot", model="other")
+    assert len(other.requests) == 1  # no slot: the override applies as without a task
+
+
+@pytest.mark.slow
+def test_the_slots_fallback_answers_when_its_route_fails(hermes_home, servers):
+    from plugin_llm import PluginLlm
+    from tests.conftest import audit_lines
+    from tests.servers import Reply
+
+    main, aux, other = servers
+    aux.push(Reply.error(503, "overloaded"))
+    _slots(hermes_home, main, aux, other, extra="  p_report: {route: aux, fallbacks: [other]}\n")
+    result = PluginLlm("p", task_owner=lambda key: "p").complete(USER, task="p_report")
+    assert result.text == "ok" and len(aux.requests) == 1 and len(other.requests) == 1 and not main.requests
+    [record] = audit_lines(hermes_home)
+    assert record["route"] == "other" and [a["route"] for a in record["route.attempts"]] == ["aux", "other"]
+
+
+def test_task_must_be_a_string(hermes_home):
+    from plugin_llm import PluginLlm
+
+    with pytest.raises(TypeError, match="task must be a string"):
+        PluginLlm("p").complete(USER, task=3)
+    with pytest.raises(ValueError, match="task must be at most 256 characters"):
+        PluginLlm("p").complete(USER, task="x" * 300)
+
+
+@pytest.mark.slow
+def test_structured_calls_and_streams_take_the_task_too(hermes_home, servers):
+    import asyncio
+
+    from plugin_llm import PluginLlm
+    from tests.conftest import audit_lines
+    from tests.servers import Reply
+
+    main, aux, other = servers
+    aux.push(Reply(content='{"n": 1}'), Reply(content="streamed"), Reply(content='{"n": 2}'))
+    _slots(hermes_home, main, aux, other)
+    llm = PluginLlm("p", task_owner=_owner)
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    assert llm.complete_structured(instructions="n?", input="x", json_schema=schema, task="p_summary").parsed == {"n": 1}
+    stream = llm.stream(USER, task="p_summary")
+    assert "".join(stream) == "streamed" and stream.result.audit["task"] == "p_summary"
+    result = asyncio.run(llm.acomplete_structured(instructions="n?", input="x", json_schema=schema, task="p_summary"))
+    assert result.parsed == {"n": 2} and len(aux.requests) == 3 and not main.requests
+    assert [r["task"] for r in audit_lines(hermes_home)] == ["p_summary"] * 3

@@ -62,6 +62,10 @@ class CallAudit:
         self._sink_cache: tuple[HostConfig, AuditSink] | None = None
         self._checks: tuple[AuditSink, bool] | None = None  # whether the last sink is ChecksWritable
 
+    @property
+    def clock(self) -> Callable[[], float]:
+        return self._clock
+
     def elapsed_ms(self, call: Call) -> float:
         return (self._clock() - call.started) * 1000.0
 
@@ -127,6 +131,7 @@ class CallAudit:
                 "agent_id": call.agent_id,
                 "profile": call.profile,
                 "schema_name": call.schema_name,
+                **({records.TASK: call.task} if call.task else {}),
             })
         except Exception as exc:  # noqa: BLE001 - any failure to record the attempt refuses the call
             reason = detail(exc)

@@ -27,7 +27,7 @@ from plugin_llm.call.fallback import (
     status_for,
 )
 from plugin_llm.call.provider_request import bounded_output, settle_failed, transport_request, with_current_limits
-from plugin_llm.call.protocols import AuditSink, Transport
+from plugin_llm.call.protocols import Transport
 from plugin_llm.call.request import CallRequest, StructuredSpec
 from plugin_llm.call.response import checked_response, complete_result, operator_priced, seconds, whole
 from plugin_llm.call.shells import Shell
@@ -51,33 +51,38 @@ from plugin_llm.call.validate import (
     check_params,
     check_purpose,
     check_system_prompt,
+    check_task,
     check_tools,
 )
 from plugin_llm.call_options import FORBIDDEN, check_options
-from plugin_llm.config import ConfigSource
+from plugin_llm.config import ConfigSource, HostConfig
 from plugin_llm.errors import PluginLlmError, PluginLlmProviderError, PluginLlmSchemaError, PluginLlmTrustError
 from plugin_llm.routing import Route, requested_overrides, resolve_chain
 from plugin_llm.transport import TransportRequest, TransportResponse
-from plugin_llm.trust import enforce
+from plugin_llm.trust import Decision, Overrides, decide_task, enforce
 from plugin_llm.types import PluginLlmStructuredResult, PluginLlmUsage
 
 __all__ = ["Pipeline", "Finish"]
 
 #: what a completed call returns, from its facts, route, checked response and total usage
 Finish = Callable[[Call, Route, TransportResponse, PluginLlmUsage], Any]
+#: who registered an auxiliary task (``ctx.register_auxiliary_task``): task key -> plugin id, or None
+TaskOwner = Callable[[str], "str | None"]
 
 
 class Pipeline:
-    """The flows of one plugin's calls, over its config, transport, audit sink and clock."""
+    """The flows of one plugin's calls, over its config, transport, audit (its sink and clock) and
+    ``task_owner``: who registered an auxiliary task."""
 
-    def __init__(self, plugin_id: str, config: ConfigSource, transport: Transport | None,
-                 audit_log: AuditSink | None, clock: Callable[[], float]) -> None:
+    def __init__(self, plugin_id: str, config: ConfigSource, transport: Transport | None, audit: CallAudit,
+                 task_owner: TaskOwner | None = None) -> None:
         self._plugin_id = plugin_id
+        self._task_owner = task_owner
         self._config = config
         self._transport = transport
         self._shell: Shell | None = None
-        self._audit = CallAudit(audit_log, clock)
-        self._clock = clock
+        self._audit = audit
+        self._clock = audit.clock
 
     def shell(self) -> Shell:
         """The shell over the transport (``LitellmTransport`` unless one was given), made once."""
@@ -347,6 +352,7 @@ class Pipeline:
             agent_id=check_optional_str("agent_id", request.agent_id),
             profile=check_optional_str("profile", request.profile),
             schema_name=schema_name,
+            task=check_task(request.task),
             started=self._clock(),
         )
 
@@ -376,22 +382,30 @@ class Pipeline:
         overrides = requested_overrides(config, provider=provider, model=model, agent_id=call.agent_id,
                                         profile=call.profile)
         model = overrides.model
+        policy = config.trust_for(self._plugin_id)
+        task_decision = None
+        if call.task:  # the task gate first: a task the plugin may not use refuses the call whatever else it asks
+            owner = self._task_owner(call.task) if self._task_owner is not None else None
+            task_decision = decide_task(self._plugin_id, policy, call.task, owner)
+            if not task_decision.allowed:
+                reason = task_decision.reason
+                if config.closed_reason is not None and task_decision.config_key:
+                    reason = f"plugin '{self._plugin_id}' may not use the built-in task {call.task!r}: {config.closed_reason}"
+                self._denied(call, config, overrides, PluginLlmTrustError(
+                    reason, plugin_id=self._plugin_id, config_key=task_decision.config_key or ""))
         try:
-            decision = enforce(self._plugin_id, config.trust_for(self._plugin_id), overrides)
+            decision = enforce(self._plugin_id, policy, overrides)
         except PluginLlmTrustError as exc:
             if config.closed_reason is not None:  # the flag may well be set: say what really refused it
                 asked = ", ".join(f"{name} {value!r}" for name, value in overrides.requested().items())
                 exc = PluginLlmTrustError(f"plugin '{self._plugin_id}' may not override {asked}: {config.closed_reason}",
                                           plugin_id=self._plugin_id, config_key=exc.config_key)
-            record = records.denial_record(call, provider=overrides.provider or config.model.provider,
-                                           request_model=overrides.model or config.model.model,
-                                           latency_ms=self._audit.elapsed_ms(call), reason=str(exc),
-                                           key=exc.config_key or None, error_type=type(exc).__name__,
-                                           config_error=config.error)
-            self._audit.write(call, config, record)
-            raise exc from None
+            self._denied(call, config, overrides, exc)
+        if task_decision is not None:
+            decision = Decision(True, f"{task_decision.reason}; {decision.reason}", override=decision.override)
         try:
-            chain = resolve_chain(config, provider=provider, model=model, profile=call.profile, timeout=request.timeout)
+            chain = resolve_chain(config, provider=provider, model=model, profile=call.profile, timeout=request.timeout,
+                                  task=call.task)
             route = chain[0]
             admitted = Admitted(config, route, decision, time.monotonic() + route.timeout,
                                 chain if len(chain) > 1 else ())
@@ -406,6 +420,16 @@ class Pipeline:
         if config.audit.required:
             self._audit.begin(call, admitted)
         return admitted
+
+    def _denied(self, call: Call, config: HostConfig, overrides: Overrides, exc: PluginLlmTrustError) -> NoReturn:
+        """Audit a denial of the trust gate (nothing was sent) and raise it."""
+        record = records.denial_record(call, provider=overrides.provider or config.model.provider,
+                                       request_model=overrides.model or config.model.model,
+                                       latency_ms=self._audit.elapsed_ms(call), reason=str(exc),
+                                       key=exc.config_key or None, error_type=type(exc).__name__,
+                                       config_error=config.error)
+        self._audit.write(call, config, record)
+        raise exc from None
 
     # ------------------------------------------------------------- one provider request
     def _limits_in_memory(self, run: Run, messages: list, params: dict) -> limits.Ticket | None:

@@ -41,6 +41,7 @@ class CallRequest:
     max_tokens: Any = None
     timeout: Any = None
     purpose: Any = None
+    task: Any = None  # an auxiliary task's key (``auxiliary.<task>``); decided first by the trust gate
     options: dict[str, Any] | None = None  # ``**options``: further provider parameters (``call_options``)
     tools: Any = None  # the host's own calls (``HostLlm.chat``); a plugin passes ``tools=`` in ``options``
     structured: StructuredSpec | None = None

@@ -118,6 +118,7 @@ def complete_result(call: Call, route: Route, response: TransportResponse,
             "profile": call.profile,
             "schema_name": call.schema_name,
             "call_id": call.call_id,
+            "task": call.task,
         },
     )
 

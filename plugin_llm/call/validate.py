@@ -14,7 +14,7 @@ from plugin_llm.call_options import check_temperature
 from plugin_llm.structured import _snippet
 
 __all__ = ["MAX_NESTING", "MAX_VALUES", "MAX_NAME", "INT_LIMIT", "check_messages", "check_tools",
-           "check_optional_str", "check_params", "check_purpose", "check_system_prompt"]
+           "check_optional_str", "check_params", "check_purpose", "check_system_prompt", "check_task"]
 
 #: bounds of what a plugin passes (``messages``, ``tools``): nesting deeper than
 #: this, or more values in one request, is no real chat request; unbounded it
@@ -315,6 +315,21 @@ def check_optional_str(name: str, value: Any) -> str | None:
     if len(value) > MAX_NAME:
         raise ValueError(f"{name} must be at most {MAX_NAME} characters, got {len(value):,} ({_snippet(value)})")
     return structured.check_text(name, value)
+
+
+def check_task(task: Any) -> str:
+    """``task=`` as the key the gate decides on: "" for the default route (None, "" or "auto" in any
+    case); otherwise the stripped text (what it names is the trust gate's to decide)."""
+    if task is None:
+        return ""
+    if not isinstance(task, str):
+        raise TypeError(f"task must be a string (an auxiliary task's key) or None, got {type(task).__name__}")
+    task = task.strip()
+    if task.lower() in ("", "auto"):
+        return ""
+    if len(task) > MAX_NAME:
+        raise ValueError(f"task must be at most {MAX_NAME} characters, got {len(task):,} ({_snippet(task)})")
+    return structured.check_text("task", task)
 
 
 def check_params(temperature: Any, max_tokens: Any, timeout: Any) -> None:

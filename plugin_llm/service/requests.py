@@ -45,7 +45,7 @@ _BOOL = "true or false"
 _OBJ = "an object"
 
 #: the parameters PluginLlm names (their values are checked by the pipeline, with its messages)
-_COMMON = ("provider", "model", "temperature", "max_tokens", "timeout", "agent_id", "profile", "purpose")
+_COMMON = ("provider", "model", "temperature", "max_tokens", "timeout", "agent_id", "profile", "purpose", "task")
 _NAMED = {"complete": ("messages", *_COMMON),
           "structured": ("instructions", "input", "json_schema", "json_mode", "schema_name", "system_prompt", *_COMMON)}
 #: checked here: JSON has real booleans, and the pipeline reads json_mode as truthy
