@@ -338,3 +338,148 @@ def test_structured_calls_and_streams_take_the_task_too(hermes_home, servers):
     result = asyncio.run(llm.acomplete_structured(instructions="n?", input="x", json_schema=schema, task="p_summary"))
     assert result.parsed == {"n": 2} and len(aux.requests) == 3 and not main.requests
     assert [r["task"] for r in audit_lines(hermes_home)] == ["p_summary"] * 3
+
+
+# ------------------------------------------------------------------ ctx.register_auxiliary_task
+ASKER = '''
+import json
+
+STOLEN = None
+
+
+def register(ctx):
+    global STOLEN
+    ctx.register_auxiliary_task("{own}", display_name="Own task", description="the plugin's own",
+                                defaults={{"provider": "openai", "model": "gpt-4o", "api_key": "sk-dflt-123"}})
+    try:
+        ctx.register_auxiliary_task("{steal}", display_name="Not mine", description="another plugin's")
+    except ValueError as exc:
+        STOLEN = str(exc)
+    ctx.register_command("{name}-ask", lambda raw: ask(ctx, raw.strip()))
+    ctx.register_command("{name}-stolen", lambda raw: STOLEN or "")
+
+
+def ask(ctx, task):
+    try:
+        result = ctx.llm.complete([{{"role": "user", "content": "hi"}}], task=task or None)
+    except Exception as exc:
+        return json.dumps({{"error": type(exc).__name__, "message": str(exc)}})
+    return json.dumps({{"task": result.audit["task"], "model": result.model}})
+'''
+
+
+def _two_plugins(home, main, aux, other, isolation: str | None):
+    import yaml
+
+    from tests.conftest import write_config
+    from tests.plugin_fixtures import write_plugin
+
+    write_plugin(home / "plugins", "p", ASKER.format(own="p_summary", steal="p_summary", name="p"))  # its own again
+    write_plugin(home / "plugins", "q", ASKER.format(own="q_notes", steal="p_summary", name="q"))
+    entries = {key: {"isolation": isolation} for key in ("p", "q")} if isolation else {}
+    write_config(home, yaml.safe_dump({
+        "models": {"main": {"provider": "custom", "model": "m-main", "base_url": main.base_url},
+                   "aux": {"provider": "custom", "model": "m-aux", "base_url": aux.base_url},
+                   "other": {"provider": "custom", "model": "m-other", "base_url": other.base_url}},
+        "model": {"route": "main"},
+        "llm": {"max_retries": 0, "breaker": False},
+        "auxiliary": {"p_summary": "aux", "q_notes": "other"},
+        "plugins": {"enabled": ["p", "q"], "entries": entries},
+    }))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("isolation", [None, "process"])
+def test_a_plugins_own_task_routes_to_its_slot_in_process_and_isolated(hermes_home, servers, isolation):
+    import json
+
+    from plugin_llm.plugins import PluginManager
+    from tests.bounded import run_bounded
+    from tests.conftest import audit_lines
+
+    main, aux, other = servers
+    _two_plugins(hermes_home, main, aux, other, isolation)
+    manager = PluginManager(hermes_home)
+    try:
+        manager.discover_plugins()
+        listed = {p["key"]: p for p in manager.list_plugins()}
+        assert [listed[k]["status"] for k in "pq"] == ["enabled", "enabled"], listed
+        assert listed["p"]["auxiliary_tasks"] == ["p_summary"] and listed["q"]["auxiliary_tasks"] == ["q_notes"]
+
+        def ask(plugin: str, task: str) -> dict:
+            return json.loads(run_bounded(lambda: manager.run_command(f"{plugin}-ask", task), 60))
+
+        assert ask("p", "p_summary") == {"task": "p_summary", "model": "fake-model-2024-01-01"}
+        assert len(aux.requests) == 1 and aux.requests[0].json["model"] == "m-aux"
+        assert ask("q", "q_notes")["task"] == "q_notes" and len(other.requests) == 1
+        refused = ask("p", "q_notes")  # q's task: never p's, never the default route
+        assert refused["error"] == "PluginLlmTrustError"
+        assert "may not use task 'q_notes': it is registered by plugin 'q'" in refused["message"]
+        assert ask("p", "auto") == {"task": "", "model": "fake-model-2024-01-01"} and len(main.requests) == 1
+        assert len(aux.requests) == 1 and len(other.requests) == 1
+        # the second plugin to claim a key is refused at register time (the first keeps it)
+        assert "already registered by plugin 'p'" in manager.run_command("q-stolen", "")
+        assert manager.run_command("p-stolen", "") == ""  # a plugin's own key again: replaced, no error
+        records = audit_lines(hermes_home)
+        assert [(r["plugin_id"], r.get("task"), r["status"]) for r in records] == [
+            ("p", "p_summary", "ok"), ("q", "q_notes", "ok"), ("p", "q_notes", "denied"), ("p", None, "ok")]
+        assert manager.auxiliary_tasks["q_notes"].defaults == {"provider": "openai", "model": "gpt-4o"}  # no key kept
+    finally:
+        manager.shutdown()
+
+
+def test_register_auxiliary_task_checks_its_key_and_arguments(hermes_home):
+    from plugin_llm.plugins import PluginManager
+    from tests.plugin_fixtures import configure, write_plugin
+
+    write_plugin(hermes_home / "plugins", "p", "CTX = None\n\ndef register(ctx):\n    global CTX\n    CTX = ctx\n")
+    configure(hermes_home, enabled=["p"])
+    manager = PluginManager(hermes_home)
+    manager.discover_plugins()
+    import sys
+
+    ctx = sys.modules[manager.get_plugin("p")["module"]].CTX
+    for key in ("vision", "curator"):
+        with pytest.raises(ValueError, match=f"'{key}' is reserved for a built-in task; pick a key of the plugin's own "
+                                             f"\\(e.g. 'p_{key}'\\)"):
+            ctx.register_auxiliary_task(key, display_name="x", description="y")
+    for key in ("bad-key", "", "a" * 65, "sp ace"):
+        with pytest.raises(ValueError, match="letters, digits or '_'"):
+            ctx.register_auxiliary_task(key, display_name="x", description="y")
+    with pytest.raises(TypeError, match="display_name"):
+        ctx.register_auxiliary_task("p_x", display_name=None, description="y")
+    with pytest.raises(TypeError):  # keyword-only, as in Hermes
+        ctx.register_auxiliary_task("p_x", "x", "y")
+    with pytest.raises(TypeError, match="defaults must be a mapping"):
+        ctx.register_auxiliary_task("p_x", display_name="x", description="y", defaults=["no"])
+    handle = ctx.register_auxiliary_task("p_x", display_name="X", description="y")
+    assert handle.key == "p_x" and handle.active and manager.auxiliary_task_owner("p_x") == "p"
+    again = ctx.register_auxiliary_task("p_x", display_name="X2", description="y")  # its own key: replaced
+    assert manager.auxiliary_tasks["p_x"] is again and not handle.active
+    again.dispose()
+    assert manager.auxiliary_task_owner("p_x") is None and not again.active
+    ctx.register_auxiliary_task("p_y", display_name="Y", description="y")
+    manager.unload("p")
+    assert manager.auxiliary_task_owner("p_y") is None  # unloading removes its tasks
+
+
+@pytest.mark.slow
+def test_a_disposed_task_is_refused_again(hermes_home, servers):
+    import sys
+
+    from plugin_llm import PluginLlmTrustError
+    from plugin_llm.plugins import PluginManager
+    from tests.plugin_fixtures import write_plugin
+
+    main, aux, other = servers
+    write_plugin(hermes_home / "plugins", "p", "CTX = None\n\ndef register(ctx):\n    global CTX\n    CTX = ctx\n")
+    _slots(hermes_home, main, aux, other, plugins="plugins:\n  enabled: [p]\n")
+    manager = PluginManager(hermes_home)
+    manager.discover_plugins()
+    ctx = sys.modules[manager.get_plugin("p")["module"]].CTX
+    handle = ctx.register_auxiliary_task("p_summary", display_name="S", description="d")
+    assert ctx.llm.complete(USER, task="p_summary").audit["task"] == "p_summary" and len(aux.requests) == 1
+    handle.dispose()
+    with pytest.raises(PluginLlmTrustError, match="no plugin registered it"):
+        ctx.llm.complete(USER, task="p_summary")
+    assert len(aux.requests) == 1 and not main.requests

@@ -48,6 +48,7 @@ def test_ctx_exposes_only_the_documented_surface(hermes_home):
         "register_middleware", "profile_name", "has_capability",  # Hermes's current ctx
         "plugin_id", "has_plugin", "get_config", "set_config", "state", "on_unload", "spawn_task",
         "register_redaction_patterns", "register_system_prompt_section", "emit", "subscribe", "call_mcp",  # Hermes 0.21
+        "register_auxiliary_task",
     }
     assert ctx["p"].manifest.key == "p"
     with pytest.raises(AttributeError):

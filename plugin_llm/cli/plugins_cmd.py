@@ -381,6 +381,7 @@ def _print_info(home: Path, p: dict[str, Any]) -> None:
         ("memory providers", ", ".join(p["memory_providers"])),
         ("context engines", ", ".join(p["context_engines"])),
         ("image providers", ", ".join(p["image_gen_providers"])), ("platforms", ", ".join(p["platforms"])),
+        ("auxiliary tasks", ", ".join(p.get("auxiliary_tasks") or ())),
         ("requires env", ", ".join(p["requires_env"])), ("missing env", ", ".join(p["missing_env"])),
         ("error", p["error"]), ("enable", p["enable_hint"]),
         ("trust block", f"{_trust_block(p['key'])} in {home / 'config.yaml'}"),

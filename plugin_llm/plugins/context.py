@@ -19,6 +19,7 @@ import logging
 import re
 from collections.abc import Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Callable
 
 from plugin_llm.safe_files import read_text_inside, resolve_inside
@@ -30,6 +31,7 @@ from .manifest import PluginManifest
 from .registry import (
     BUILTIN_COMMANDS,
     MAX_SKILL_BYTES,
+    AuxiliaryTaskEntry,
     CliCommandEntry,
     CommandEntry,
     PlatformEntry,
@@ -102,7 +104,8 @@ class PluginContext:
         if self._llm is None:
             from plugin_llm.llm import PluginLlm
 
-            self._llm = PluginLlm(plugin_id=self._key, home=self._manager.home)
+            self._llm = PluginLlm(plugin_id=self._key, home=self._manager.home,
+                                  task_owner=self._manager.auxiliary_task_owner)
         return self._llm
 
     @property
@@ -591,6 +594,45 @@ class PluginContext:
             self._manager._holdings_of(self._key).track("redaction patterns", owner, lambda: remove_pattern_rules(owner))
         return len(accepted)
 
+    # --- auxiliary tasks --------------------------------------------------------------
+
+    @implements
+    def register_auxiliary_task(self, key: str, *, display_name: str, description: str,
+                                defaults: Mapping[str, Any] | None = None) -> AuxiliaryTaskEntry | None:
+        """An auxiliary task of this plugin: ``ctx.llm.complete(..., task=key)`` then runs on the
+        operator's ``auxiliary.<key>`` route of config.yaml (the default route when there is none).
+        ``key`` is letters, digits and ``_``; a built-in task's key or another plugin's is a ValueError.
+        ``defaults`` (Hermes's provider/model/timeout suggestions) are kept for listings, never applied.
+        Returns a handle whose ``dispose()`` removes the task."""
+        from plugin_llm.config.auxiliary import TASK_KEY
+        from plugin_llm.trust import BUILTIN_TASKS
+
+        who = f"plugin {self._key}: register_auxiliary_task({str(key)[:64]!r})"
+        if not isinstance(key, str) or not TASK_KEY.match(key):
+            raise ValueError(f"{who}: the key must be 1-64 letters, digits or '_' (it names auxiliary.<key> of "
+                             "config.yaml)")
+        if key in BUILTIN_TASKS:
+            raise ValueError(f"{who}: {key!r} is reserved for a built-in task; pick a key of the plugin's own "
+                             f"(e.g. '{self._key.replace('-', '_').replace('/', '_')}_{key}')")
+        for name, value, most in (("display_name", display_name, 200), ("description", description, 2000)):
+            if not isinstance(value, str):
+                raise TypeError(f"{who}: {name} must be a string, got {type(value).__name__}")
+            if len(value) > most:
+                raise ValueError(f"{who}: {name} must be at most {most} characters, got {len(value):,}")
+        kept = _task_defaults(defaults, who)
+        if not self._live("register_auxiliary_task"):
+            return None
+        entry = AuxiliaryTaskEntry(key, display_name, description, kept, self._key)
+        manager = self._manager
+        with manager._registry_lock:
+            tasks = manager._registry.auxiliary_tasks
+            existing = tasks.get(key)
+            if existing is not None and existing.plugin_key != self._key:
+                raise ValueError(f"{who}: the task is already registered by plugin {existing.plugin_key!r}")
+            tasks[key] = entry  # the plugin's own key again: the new entry replaces it, as in Hermes
+        manager._bind_handle("auxiliary_tasks", key, entry)
+        return entry
+
     # --- events -----------------------------------------------------------------------
 
     @implements
@@ -755,6 +797,29 @@ def _frontmatter(frontmatter: Any, who: str) -> Mapping[str, Any] | None:
         raise ValueError(f"{who}: frontmatter must have string keys and stay under {_MAX_FRONTMATTER_BYTES} bytes as JSON")
     from types import MappingProxyType
 
+    return MappingProxyType(copy)
+
+
+#: what a task's ``defaults`` may not carry at all: a plugin never names an endpoint or a key
+_SECRET_DEFAULTS = frozenset({"api_key", "base_url", "api_base", "headers", "extra_headers"})
+
+
+def _task_defaults(defaults: Any, who: str) -> Mapping[str, Any]:
+    """A task's ``defaults`` as a read-only copy of plain data (bounded), without endpoint or key fields."""
+    if defaults is None:
+        return MappingProxyType({})
+    if not isinstance(defaults, Mapping):
+        raise TypeError(f"{who}: defaults must be a mapping or None, got {type(defaults).__name__}")
+    refused = sorted(str(k) for k in defaults if k in _SECRET_DEFAULTS and defaults[k] not in (None, ""))
+    if refused:
+        _log.warning("%s: defaults %s ignored: plugins never choose an endpoint or a key", who, ", ".join(refused))
+    try:
+        copy = plain({k: v for k, v in defaults.items() if k not in _SECRET_DEFAULTS})
+        size = len(json.dumps(copy, ensure_ascii=False))
+    except (UnusableValue, TypeError, ValueError) as exc:
+        raise ValueError(f"{who}: defaults must be plain data (strings, numbers, lists, mappings): {exc}") from None
+    if size > _MAX_FRONTMATTER_BYTES or not all(isinstance(k, str) for k in copy):
+        raise ValueError(f"{who}: defaults must have string keys and stay under {_MAX_FRONTMATTER_BYTES} bytes as JSON")
     return MappingProxyType(copy)
 
 

@@ -81,6 +81,9 @@ class Ctx(Protocol):
 
     def register_redaction_patterns(self, patterns: Any) -> int: ...
 
+    def register_auxiliary_task(self, key: str, *, display_name: str, description: str,
+                                defaults: Mapping[str, Any] | None = None) -> Any: ...
+
     def emit(self, event: str, payload: dict | None = None) -> int: ...
 
     def subscribe(self, event: str, callback: Callable[..., Any]) -> Any: ...
@@ -148,7 +151,6 @@ HERMES_ONLY_REGISTRATIONS = {
     "register_transcription_provider": "speech transcription",
     "register_dashboard_auth_provider": "dashboard auth",
     "register_slack_action_handler": "Slack messaging gateway",
-    "register_auxiliary_task": "auxiliary LLM tasks (call models with ctx.llm instead)",
 }
 
 

@@ -113,6 +113,7 @@ class ListingMixin:
             "memory_providers": owned["memory_providers"],
             "context_engines": owned["context_engines"],
             "image_gen_providers": owned["image_gen_providers"],
+            "auxiliary_tasks": owned["auxiliary_tasks"],
             "provides_tools": list(manifest.provides_tools) if manifest else [],
             "provides_hooks": list(manifest.provides_hooks) if manifest else [],
             "requires_env": required,

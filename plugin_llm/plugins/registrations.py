@@ -171,6 +171,16 @@ class RegistrationsMixin:
     def memory_providers(self) -> Mapping[str, MemoryProvider]:
         return MappingProxyType({name: e.provider for name, e in self._registry.memory_providers.items()})
 
+    @property
+    def auxiliary_tasks(self) -> Mapping[str, Any]:
+        """The auxiliary tasks plugins registered (``ctx.register_auxiliary_task``), by key."""
+        return MappingProxyType(dict(self._registry.auxiliary_tasks))
+
+    def auxiliary_task_owner(self, key: str) -> str | None:
+        """The plugin that registered auxiliary task ``key``, or None: the task gate of ``ctx.llm``."""
+        entry = self._registry.auxiliary_tasks.get(key)
+        return entry.plugin_key if entry is not None else None
+
     def find_skill(self, qualified_name: str) -> SkillEntry | None:
         return self._registry.skills.get(qualified_name.strip()) if isinstance(qualified_name, str) else None
 

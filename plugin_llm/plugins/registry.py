@@ -26,6 +26,7 @@ __all__ = [
     "SkillEntry",
     "PlatformEntry",
     "ProviderEntry",
+    "AuxiliaryTaskEntry",
     "PluginRegistry",
     "normalize_command_name",
     "scan_for_injection",
@@ -180,6 +181,23 @@ class ProviderEntry(Disposable):
     plugin_key: str = ""
 
 
+@dataclass(frozen=True)
+class AuxiliaryTaskEntry(Disposable):
+    """An auxiliary task (``ctx.register_auxiliary_task``): ``ctx.llm(..., task=<name>)`` of the plugin that
+    registered it runs on ``auxiliary.<name>`` of config.yaml. ``defaults`` is kept for listings only:
+    the operator's slot routes the task."""
+
+    name: str
+    display_name: str
+    description: str
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+    plugin_key: str = ""
+
+    @property
+    def key(self) -> str:
+        return self.name
+
+
 def normalize_command_name(name: Any) -> str:
     """``"/MyCmd "`` -> ``"mycmd"``; raises ValueError for names that cannot be commands."""
     if not isinstance(name, str):
@@ -262,10 +280,11 @@ class PluginRegistry:
         self.image_gen_providers: dict[str, ProviderEntry] = {}
         self.memory_providers: dict[str, ProviderEntry] = {}
         self.context_engines: list[ProviderEntry] = []
+        self.auxiliary_tasks: dict[str, AuxiliaryTaskEntry] = {}
 
     def _tables(self) -> tuple[dict[str, Any], ...]:
         return (self.tools, self.commands, self.cli_commands, self.skills, self.platforms,
-                self.image_gen_providers, self.memory_providers)
+                self.image_gen_providers, self.memory_providers, self.auxiliary_tasks)
 
     def remove_plugin(self, plugin_key: str) -> None:
         for table in self._tables():
@@ -289,6 +308,7 @@ class PluginRegistry:
             "image_gen_providers": [n for n, e in self.image_gen_providers.items() if e.plugin_key == plugin_key],
             "memory_providers": [n for n, e in self.memory_providers.items() if e.plugin_key == plugin_key],
             "context_engines": [e.name for e in self.context_engines if e.plugin_key == plugin_key],
+            "auxiliary_tasks": [n for n, e in self.auxiliary_tasks.items() if e.plugin_key == plugin_key],
         }
 
     def skill_names_of(self, plugin_key: str) -> tuple[str, ...]:
