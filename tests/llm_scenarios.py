@@ -42,7 +42,7 @@ def _error(exc: BaseException) -> dict[str, Any]:
 def _result(r: Any) -> dict[str, Any]:
     out = {"class": type(r).__name__, "text": r.text, "provider": r.provider, "model": r.model,
            "usage": [r.usage.input_tokens, r.usage.output_tokens, r.usage.total_tokens],
-           "call_id": r.audit.get("call_id"),
+           "call_id": r.audit.get("call_id"), "task": r.audit.get("task"),
            "tool_calls": [[c.name, c.arguments, c.raw_arguments] for c in r.tool_calls]}
     if hasattr(r, "parsed"):
         out.update(parsed=r.parsed, content_type=r.content_type)
@@ -91,6 +91,20 @@ async def _async_twins(llm: Any) -> dict[str, Any]:
             "denied": denied}
 
 
+def _task(llm: Any) -> dict[str, Any]:
+    """A built-in task the operator allows (``auxiliary.vision`` is its own route), "auto" (the default
+    route), a task nobody registered (refused), and a stream on the task's route."""
+    routed = _result(llm.complete(_user("task"), task="vision", max_tokens=50))
+    auto = _result(llm.complete(_user("task"), task=" Auto ", max_tokens=50))
+    try:
+        llm.complete(_user("plain"), task="conf_unknown", max_tokens=50)
+        refused: dict[str, Any] = {}
+    except Exception as exc:  # noqa: BLE001 - the outcome is the scenario's result
+        refused = _error(exc)
+    return {"routed": routed, "auto": auto, "refused": refused,
+            "stream": _stream(llm.stream(_user("stream"), task="vision", max_tokens=50))}
+
+
 SCENARIOS: dict[str, Callable[[Any], Any]] = {
     "plain": lambda llm: _result(llm.complete(_user("plain"), max_tokens=50, purpose="conformance")),
     "tools": lambda llm: _result(llm.complete(_user("tools"), tools=TOOLS, max_tokens=50)),
@@ -106,6 +120,7 @@ SCENARIOS: dict[str, Callable[[Any], Any]] = {
     "timeout": lambda llm: _result(llm.complete(_user("hang"), timeout=1, max_tokens=50)),
     "provider_error": lambda llm: _result(llm.complete(_user("fail"), max_tokens=50)),
     "bad_argument": lambda llm: _result(llm.complete(_user("plain"), max_tokens=50, temprature=0.5)),
+    "task": _task,
 }
 
 

@@ -107,6 +107,8 @@ class _Upstream(BaseHTTPRequestHandler):
                 pass
             self.close_connection = True
             return None
+        if "[task]" in text:  # which route's model the call was sent as
+            return self._send(200, _completion({"role": "assistant", "content": f"model={body.get('model')}"}))
         if "[tools]" in text:
             call = {"id": "call_1", "type": "function", "function": {"name": "lookup", "arguments": '{"q": "x"}'}}
             return self._send(200, _completion({"role": "assistant", "content": None, "tool_calls": [call]}))
@@ -157,8 +159,9 @@ def world(tmp_path_factory):
     config = {
         "model": {"provider": "custom", "model": "conf-model", "base_url": upstream.base_url},
         "llm": {"max_retries": 0, "timeout": 30},
+        "auxiliary": {"vision": {"provider": "custom", "model": "conf-vision", "base_url": upstream.base_url}},
         "plugins": {"enabled": [PLUGIN], "entries": {PLUGIN: {
-            "isolation": "process", "limits": {"tokens_per_minute": 200_000}}}},
+            "isolation": "process", "limits": {"tokens_per_minute": 200_000}, "llm": {"allow_task_override": True}}}},
     }
     (home / "config.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
     manager = PluginManager(home)
@@ -267,6 +270,18 @@ def check(name: str, out: dict, home: Path) -> None:
     elif name == "provider_error":
         assert out["error"] == "PluginLlmProviderError"
         assert (out["status"], out["provider"], out["retryable"]) == (500, "custom", True)
+    elif name == "task":
+        ok = out["ok"]
+        assert (ok["routed"]["text"], ok["routed"]["task"]) == ("model=conf-vision", "vision")
+        assert _one_record(home, ok["routed"]["call_id"], "ok")["task"] == "vision"
+        assert (ok["auto"]["text"], ok["auto"]["task"]) == ("model=conf-model", "")
+        assert "task" not in _one_record(home, ok["auto"]["call_id"], "ok")
+        assert ok["refused"]["error"] == "PluginLlmTrustError" and ok["refused"]["config_key"] == ""
+        assert f"plugin '{PLUGIN}' may not use task 'conf_unknown'" in ok["refused"]["message"]
+        _stream_done(ok["stream"])
+        assert ok["stream"]["result"]["task"] == "vision"
+        record = _one_record(home, ok["stream"]["call_id"], "ok")
+        assert (record["task"], record["gen_ai.request.model"]) == ("vision", "conf-vision")
     elif name == "bad_argument":
         assert out["error"] == "TypeError" and "temprature" in out["message"] and "temperature" in out["message"]
     else:  # pragma: no cover - a scenario without its expectation
@@ -282,6 +297,11 @@ def test_scenario(world, name, carrier):
 @pytest.mark.parametrize("name", ["trust_denied", "quota", "bad_argument", "provider_error", "schema_error"])
 def test_errors_say_the_same_on_every_carrier(world, name):
     messages = {carrier: _run(world, name, carrier)["message"] for carrier in CARRIERS}
+    assert len(set(messages.values())) == 1, messages
+
+
+def test_a_refused_task_says_the_same_on_every_carrier(world):
+    messages = {carrier: _run(world, "task", carrier)["ok"]["refused"]["message"] for carrier in CARRIERS}
     assert len(set(messages.values())) == 1, messages
 
 
