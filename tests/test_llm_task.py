@@ -483,3 +483,13 @@ def test_a_disposed_task_is_refused_again(hermes_home, servers):
     with pytest.raises(PluginLlmTrustError, match="no plugin registered it"):
         ctx.llm.complete(USER, task="p_summary")
     assert len(aux.requests) == 1 and not main.requests
+
+
+def test_the_services_bodies_take_task_on_every_endpoint():
+    from plugin_llm.service import requests as req
+
+    assert req.complete_kwargs({"messages": USER, "task": "vision"})[1] == {"task": "vision"}
+    assert req.structured_kwargs({"instructions": "i", "input": "x", "task": "vision"})["task"] == "vision"
+    assert req.chat_kwargs({"messages": USER, "task": "vision", "stream": True})[1] == {"task": "vision"}
+    with pytest.raises(TypeError, match="did you mean 'task'"):
+        req.complete_kwargs({"messages": USER, "tsk": "vision"})
