@@ -29,7 +29,6 @@ from audit.settings import AuditSettings, parse_audit_settings
 from plugin_llm.safe_files import MIB, UnsafeFileError, read_home_text
 from plugin_llm.bounded_repr import short_repr
 from plugin_llm.limits.settings import LimitSettings, parse_limit_settings
-from plugin_llm.provider_names import unknown_provider_problem
 from plugin_llm.safe_yaml import load_yaml
 from plugin_llm.config.auxiliary import TaskSlot, parse_auxiliary
 from plugin_llm.config.breakers import BreakerPolicy, parse_breaker_policy
@@ -61,6 +60,9 @@ __all__ = [
     "top_level_warnings",
     "LOCAL_PROVIDER",
     "DEFAULT_LOCAL_MODEL",
+    "RouteConfig",
+    "shown_url",
+    "register_url_secrets",
 ]
 
 log = logging.getLogger("plugin_llm.config")
