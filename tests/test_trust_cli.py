@@ -784,3 +784,18 @@ def test_check_knows_hermes_hook_callback_timeout(home, capsys):
     """)
     code, out, err = run(capsys, "trust", "check")
     assert code == 1 and "expected a number of seconds" in out
+
+
+def test_show_says_which_plugins_may_use_the_built_in_tasks(home, capsys):
+    config(home, """
+        plugins:
+          entries:
+            tasker:
+              llm: {allow_task_override: true}
+    """)
+    code, out, _ = run(capsys, "trust", "show")
+    assert code == 0
+    assert "may override task (built-in tasks)" in out and "allow_task_override" in out
+    code, out, _ = run(capsys, "trust", "show", "--json")
+    [entry] = [p for p in json.loads(out)["plugins"] if p["plugin_id"] == "tasker"]
+    assert entry["granted_by"] == {"task": "allow_task_override"} and entry["policy"]["allow_task_override"] is True
