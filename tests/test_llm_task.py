@@ -310,13 +310,16 @@ def test_the_slots_fallback_answers_when_its_route_fails(hermes_home, servers):
     assert record["route"] == "other" and [a["route"] for a in record["route.attempts"]] == ["aux", "other"]
 
 
-def test_task_must_be_a_string(hermes_home):
-    from plugin_llm import PluginLlm
+def test_task_must_be_a_short_string():
+    from plugin_llm.call.validate import check_task
 
+    assert [check_task(t) for t in (None, "", " auto ", "AUTO", " p_summary ")] == ["", "", "", "", "p_summary"]
     with pytest.raises(TypeError, match="task must be a string"):
-        PluginLlm("p").complete(USER, task=3)
+        check_task(3)
     with pytest.raises(ValueError, match="task must be at most 256 characters"):
-        PluginLlm("p").complete(USER, task="x" * 300)
+        check_task("x" * 300)
+    with pytest.raises(ValueError, match="task has a lone surrogate"):
+        check_task("p\ud800x")
 
 
 @pytest.mark.slow
@@ -428,6 +431,7 @@ def test_a_plugins_own_task_routes_to_its_slot_in_process_and_isolated(hermes_ho
         manager.shutdown()
 
 
+@pytest.mark.slow
 def test_register_auxiliary_task_checks_its_key_and_arguments(hermes_home):
     from plugin_llm.plugins import PluginManager
     from tests.plugin_fixtures import configure, write_plugin
