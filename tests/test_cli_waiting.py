@@ -41,6 +41,8 @@ def _slow_import(monkeypatch: pytest.MonkeyPatch, *, wait_for: io.StringIO | Non
 
     monkeypatch.setattr(_loading, "_litellm", None)
     monkeypatch.setattr(_loading, "_import", slow)
+    # the local model runs in process without litellm: through litellm, as a translated provider's call does
+    monkeypatch.setenv("PLUGIN_LLM_OWN_PATH", "0")
 
 
 @pytest.mark.slow
@@ -59,6 +61,17 @@ def test_try_prints_nothing_about_loading_when_stderr_is_no_terminal(hermes_home
     _slow_import(monkeypatch)
     assert main(["try", "--as", "p", "--force", "hi"]) == 0
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.slow
+def test_a_try_on_the_gateway_s_own_path_never_loads_the_provider_layer(hermes_home: Path, monkeypatch) -> None:
+    terminal = _Terminal()
+    monkeypatch.setattr("sys.stderr", terminal)
+    monkeypatch.setattr(_loading, "NOTICE_AFTER", 0.0)
+    monkeypatch.setattr(_loading, "_litellm", None)
+    monkeypatch.setattr(_loading, "_import", lambda: pytest.fail("litellm was loaded for a local call"))
+    assert main(["try", "--as", "p", "--force", "hi"]) == 0
+    assert LOADING_LINE not in terminal.getvalue()
 
 
 @pytest.mark.slow
