@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
+from audit.logfiles import open_log_file
 from audit.signing import SIG_PREFIX, AuditKeyError, Retirement, Signer, Verifier, parse_verifier
 
 __all__ = [
@@ -376,8 +377,6 @@ def check_checkpoints(
     ``verifiers`` nothing is trusted (a warning says so). Raises ``OSError``
     when the file exists but cannot be read.
     """
-    from audit.logfiles import open_log_file
-
     report = CheckpointReport(path)
     if file is not None:
         f = file

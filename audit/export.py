@@ -17,6 +17,7 @@ import json
 from collections.abc import Iterable
 from typing import Any, TextIO
 
+from audit.reader import record_time
 from audit.records import CALL_FIELDS, EVENT, HASH, KIND, PREV_HASH, SEQ, STATUS, TS, is_call_record
 
 __all__ = ["FORMATS", "CSV_COLUMNS", "export_records", "otlp_log_record", "otlp_attribute_name"]
@@ -103,8 +104,6 @@ def _severity(record: dict[str, Any]) -> tuple[int, str]:
 
 
 def _unix_nano(ts: Any) -> str | None:
-    from audit.reader import record_time
-
     moment = record_time({TS: ts})
     if moment is None:
         return None

@@ -46,6 +46,7 @@ from audit.records import (
     _encode_str,
     _float_text,
     _int_text,
+    canonical_json,
     record_layout,
 )
 
@@ -146,8 +147,6 @@ TRUNCATED = "audit_truncated"
 def _marker(value: Any, size: int) -> str:
     import hashlib
 
-    from audit.records import canonical_json
-
     digest = hashlib.sha256(canonical_json({"v": value})).hexdigest() if size <= 4 * MAX_LINE_BYTES else "-"
     return f"[truncated by the audit writer: {size} bytes of JSON, sha256 {digest} of {{\"v\": value}}]"
 
@@ -160,8 +159,6 @@ def fit_record(event_dict: EventDict) -> EventDict:
     marker naming their size and SHA-256 until the line fits; ``audit_truncated``
     lists them. The record itself is never dropped.
     """
-    from audit.records import canonical_json
-
     sizes = []
     for key, value in event_dict.items():
         if key in _ENVELOPE_FIELDS:

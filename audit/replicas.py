@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from audit.logfiles import resolve_log_path
+from audit.reader import record_time
 from audit.records import TS
 
 __all__ = ["Replica", "REPLICA", "replicas", "default_pubkey", "merge_records", "sort_key"]
@@ -86,7 +87,6 @@ def sort_key(record: dict[str, Any]) -> str:
         return ""
     if len(ts) == 24 and ts.endswith("Z"):
         return ts
-    from audit.reader import record_time
 
     moment = record_time(record)
     if moment is None:

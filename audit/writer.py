@@ -50,6 +50,7 @@ from audit.records import (
     SEQ,
 )
 from audit.settings import AuditSettings
+from audit.signing import AuditKeyError, key_file, load_signer, pub_file, read_keyring
 
 __all__ = ["AuditLog", "AuditWriteError", "get_audit_log", "close_all"]
 
@@ -100,8 +101,6 @@ def _stamp(path: Path) -> tuple[int, int, int] | None:
 
 def _retired(pub: Path, signer: Any) -> bool:
     """Whether the public keys file records ``signer``'s key as retired by a key rotation."""
-    from audit.signing import AuditKeyError, read_keyring
-
     try:
         _keys, retirements = read_keyring(pub)
     except (AuditKeyError, OSError):
@@ -564,7 +563,6 @@ class AuditLog:
         """Load (or reload, when the key file changed) the signing key named by the settings."""
         if not self._signer_auto:
             return
-        from audit.signing import AuditKeyError, key_file, load_signer, pub_file
 
         settings = self._settings
         path = key_file(self._home(), settings.signing_key or None)

@@ -14,6 +14,7 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
+from .authfile import AUTH_FILE_NAME, load_auth
 from .providers import ENV_VARS, KEYLESS_PROVIDERS, NO_ENV_FALLBACK, env_vars_for
 
 __all__ = ["litellm_providers", "provider_names", "route_key_names", "steering_reason", "is_credential_name",
@@ -169,8 +170,6 @@ def is_credential_name(name: str, *, key_names: Iterable[str] = (), providers: I
 def auth_file_names(home: Path) -> tuple[frozenset[str], frozenset[str]]:
     """``(key_env names, provider names)`` of ``<home>/auth.json`` (empty when it is absent or unusable)."""
     try:
-        from .authfile import AUTH_FILE_NAME, load_auth
-
         spec, _ = load_auth(Path(home) / AUTH_FILE_NAME)
     except Exception:  # an unusable auth.json holds nothing the host would use
         return frozenset(), frozenset()

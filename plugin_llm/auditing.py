@@ -12,6 +12,8 @@ import weakref
 from pathlib import Path
 from typing import Any
 
+from audit import config_reload_fields
+from auth.redaction import redact_field
 from plugin_llm.config import ConfigSource, HostConfig
 
 __all__ = ["host_audit_log", "write_event", "write_spare_event", "watch_config"]
@@ -24,7 +26,6 @@ def host_audit_log(home: Path, settings: Any = None):
     values it found clean (a record's plugin id, provider, model, reasons recur call after call).
     """
     from audit import get_audit_log
-    from auth.redaction import redact_field
 
     return get_audit_log(Path(home) / "logs" / "agent.log", settings, redact=redact_field)
 
@@ -51,8 +52,6 @@ def _policy(config: HostConfig) -> dict[str, dict[str, Any]]:
 
 
 def _on_reload(old: HostConfig | None, new: HostConfig) -> None:
-    from audit import config_reload_fields
-
     fields = config_reload_fields(_policy(old) if old is not None else None, _policy(new))
     fields["config_path"] = str(new.path)
     if new.error:

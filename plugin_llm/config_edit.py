@@ -27,6 +27,7 @@ from typing import Any, Callable, Iterator
 
 from plugin_llm.errors import PluginLlmConfigError
 from plugin_llm.home_layout import CONFIG_FILE
+from plugin_llm.safe_files import UnsafeFileError, read_home_file
 
 __all__ = [
     "ConfigEditError",
@@ -137,7 +138,6 @@ def _stamp(path: Path) -> tuple[int, int, int] | None:
 
 def _read(path: Path, *, create: bool, shown: Path) -> _Before | None:
     from plugin_llm.config import CONFIG_MAX_BYTES
-    from plugin_llm.safe_files import UnsafeFileError, read_home_file
 
     try:  # a FIFO, a device or a directory in its place is refused without blocking
         got = read_home_file(path, max_bytes=CONFIG_MAX_BYTES)

@@ -22,6 +22,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from audit import records
+from auth.env_names import auth_file_names, is_credential_name
+from auth.redaction import redact_clipped
+from plugin_llm import limits
+from plugin_llm.errors import PluginLlmQuotaError
 
 __all__ = ["call_mcp", "clamp_timeout", "allowlist_key", "McpServer", "server_spec", "stdio_env", "shutdown",
            "MAX_RESULT_CHARS", "DEFAULT_TIMEOUT", "MIN_TIMEOUT", "MAX_TIMEOUT"]
@@ -133,8 +137,6 @@ def stdio_env(spec: McpServer, key_names: frozenset[str] = frozenset(),
     """The stdio server's own variables: its configured ``env`` with ``${VAR}`` taken from the host's
     environment, never a variable that may hold a model credential (the SDK adds only HOME, PATH,
     SHELL, TERM, USER, LOGNAME). Raises :class:`McpConfigError` naming the entry otherwise."""
-    from auth.env_names import is_credential_name
-
     out: dict[str, str] = {}
     for name, value in spec.env.items():
         where = f"mcp_servers.{spec.name}.env.{name}"
@@ -272,8 +274,6 @@ atexit.register(shutdown)
 
 
 def _failure(exc: BaseException) -> str:
-    from auth.redaction import redact_clipped
-
     if isinstance(exc, BaseExceptionGroup):  # anyio task groups wrap the transport's error
         inner = exc.exceptions[0] if exc.exceptions else exc
         return _failure(inner)
@@ -302,9 +302,7 @@ def call_mcp(config: Any, plugin_id: str, server: Any, tool: Any, arguments: Any
              *, audit_log: Any = None) -> dict[str, Any]:
     """One MCP tool call of ``plugin_id`` under the host's ``config`` (a ``HostConfig``): the envelope, or
     ``PermissionError`` (allowlist) / ``PluginLlmQuotaError`` (limits). Exactly one audit record."""
-    from plugin_llm import limits
     from plugin_llm.auditing import host_audit_log
-    from plugin_llm.errors import PluginLlmQuotaError
 
     started = time.monotonic()
     for what, value in (("server", server), ("tool", tool)):
@@ -384,8 +382,6 @@ def call_mcp(config: Any, plugin_id: str, server: Any, tool: Any, arguments: Any
 
 
 def _auth_names(home: Any) -> tuple[frozenset[str], frozenset[str]]:
-    from auth.env_names import auth_file_names
-
     try:
         return auth_file_names(home)
     except Exception:  # noqa: BLE001 - an unusable auth.json adds no names

@@ -12,6 +12,9 @@ import contextlib
 import logging
 from typing import Any, Iterator
 
+from auth import redact
+from plugin_llm.terminal_text import escape_unsafe
+
 __all__ = ["FORMATS", "install", "formatter", "bound"]
 
 #: ``--log-format`` values
@@ -20,14 +23,10 @@ _MARK = "_plugin_llm_oplog"
 
 
 def _redact(_logger: Any, _name: str, event: dict[str, Any]) -> dict[str, Any]:
-    from auth import redact
-
     return {key: redact(value) if isinstance(value, str) else value for key, value in event.items()}
 
 
 def _escape(_logger: Any, _name: str, event: dict[str, Any]) -> dict[str, Any]:
-    from plugin_llm.terminal_text import escape_unsafe
-
     return {key: escape_unsafe(value, 4000) if isinstance(value, str) else value for key, value in event.items()}
 
 

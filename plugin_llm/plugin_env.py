@@ -10,6 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
+from auth.env_names import auth_file_names, is_credential_name
+
 __all__ = ["credential_check"]
 
 #: the gateway's own variables (its service token, ...), never a plugin's
@@ -22,8 +24,6 @@ def credential_check(home: Path) -> Callable[[str], bool]:
     Counts auth.json's ``key_env`` names and providers, and the configured
     route's provider (``model.provider``, also one litellm does not list).
     """
-    from auth.env_names import auth_file_names, is_credential_name
-
     key_names, providers = auth_file_names(home)
     route = _route_provider(home)
     names = frozenset(key_names)

@@ -13,6 +13,7 @@ import threading
 import time
 from typing import Any
 
+from auth.redaction import install_log_redaction, redact_field, register_secret
 from plugin_llm.config.telemetry import TelemetrySettings
 
 __all__ = ["configure", "active", "continue_trace", "end_trace", "span_attributes", "SDK_MISSING_FIX"]
@@ -93,8 +94,6 @@ def _headers(settings: TelemetrySettings) -> dict[str, str]:
     """The OTLP headers; each value is taught to the redactor (a collector's error reply may echo it into
     the exporter's log lines, which pass the same redaction as litellm's)."""
     import os
-
-    from auth.redaction import install_log_redaction, register_secret
 
     install_log_redaction(("opentelemetry",))
     headers = {}
@@ -201,8 +200,6 @@ def _number(value: Any) -> bool:
 
 
 def _redacted(record: dict[str, Any]) -> dict[str, Any]:
-    from auth.redaction import redact_field
-
     return {k: redact_field(v) if isinstance(v, str) else v for k, v in record.items()}
 
 

@@ -25,14 +25,16 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Union
+from typing import Any, Union
 
 import yaml
 
-if TYPE_CHECKING:  # pragma: no cover
-    from plugin_llm.host import Session
-    from plugin_llm.plugins import PluginManager
-    from plugin_llm.plugins.context import PluginContext
+from plugin_llm.host import Session
+from plugin_llm.local import model as local_model
+from plugin_llm.plugins import PluginManager
+from plugin_llm.plugins.context import PluginContext
+from plugin_llm.plugins.manifest import find_manifest, load_manifest
+from plugin_llm.safe_yaml import load_yaml
 
 __all__ = ["PluginHarness", "PluginLoadError", "Scripted", "ScriptedReplies", "load_plugin", "provider_error",
            "rate_limited", "stream", "timeout", "tool_call"]
@@ -183,8 +185,6 @@ class PluginHarness:
     def ctx(self) -> "PluginContext":
         """A real ``ctx`` of this plugin (same identity, trust block and registries as its own)."""
         if self._ctx is None:
-            from plugin_llm.plugins.context import PluginContext
-
             record = self.manager._records[self.key]
             self._ctx = PluginContext(self.manager, record.candidate.manifest, record.candidate.path,
                                       record.generation)
@@ -207,8 +207,6 @@ class PluginHarness:
 
     def session(self, **kwargs: Any) -> "Session":
         """A host session with this plugin loaded (close it, or use it as a context manager)."""
-        from plugin_llm.host import Session
-
         return Session(self.manager, **kwargs)
 
     def events(self) -> list[dict[str, Any]]:
@@ -237,8 +235,6 @@ def _merged(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
 def _config(name: str, config: str | Mapping[str, Any] | None, trust: Mapping[str, Any] | None,
             limits: Mapping[str, Any] | None) -> dict[str, Any]:
     """The harness's ``config.yaml`` document: the local model, the plugin enabled, then the author's."""
-    from plugin_llm.safe_yaml import load_yaml
-
     doc: dict[str, Any] = {"model": {"provider": "local", "model": "local-echo-1"}, "plugins": {"enabled": [name]}}
     try:
         extra = load_yaml(config) if isinstance(config, str) else config
@@ -282,10 +278,6 @@ def load_plugin(
     merge, lists replace); ``trust`` and ``limits`` are the plugin's ``plugins.entries.<name>.llm``
     and ``.limits`` blocks.
     """
-    from plugin_llm.local import model as local_model
-    from plugin_llm.plugins import PluginManager
-    from plugin_llm.plugins.manifest import find_manifest, load_manifest
-
     source = Path(plugin_dir).expanduser().resolve()
     if not (source / "__init__.py").is_file():
         raise PluginLoadError(f"{source}: not a plugin directory (no __init__.py with register(ctx))")

@@ -28,9 +28,23 @@ from typing import Any, Callable, Iterable, Mapping
 
 import yaml
 
-from plugin_llm.config import CONFIG_MAX_BYTES, HOST_SECTIONS, HostConfig, describe_yaml_error, parse_config, shown_url
-from plugin_llm.safe_files import UnsafeFileError, read_home_text
 from plugin_llm.bounded_repr import short_repr
+from plugin_llm.capabilities import parse_grant
+from plugin_llm.config import (
+    CONFIG_MAX_BYTES,
+    HOST_SECTIONS,
+    HostConfig,
+    describe_yaml_error,
+    parse_config,
+    shown_url,
+    unknown_sections,
+)
+from plugin_llm.errors import PluginLlmConfigError
+from plugin_llm.limits import check_limits, parse_limit_settings
+from plugin_llm.plugins.discovery import discover_candidates
+from plugin_llm.provider_names import closest_provider, provider_fix, unknown_provider_problem
+from plugin_llm.routing import resolve_chain
+from plugin_llm.safe_files import UnsafeFileError, read_home_text
 from plugin_llm.safe_yaml import compose_yaml
 from plugin_llm.trust import (CAPABILITY_FOR, DENY_ALL, FLAG_KEYS, LIST_KEYS, TASK_FLAG, TRUST_KEYS, Decision,
                               Overrides, TrustPolicy, decide)
@@ -331,8 +345,6 @@ def read_config(home: Path) -> ConfigView:
 
 def installed_plugins(home: Path) -> dict[str, str]:
     """``{key: name}`` of every plugin discovery finds (nothing is imported or loaded)."""
-    from plugin_llm.plugins.discovery import discover_candidates
-
     return {key: cand.name for key, cand in discover_candidates(Path(home)).items()}
 
 
@@ -699,8 +711,6 @@ class _Checker:
 
     def unbound_grant(self, plugin_id: str, entry: Mapping[Any, Any]) -> None:
         """A grant as Hermes writes it is honoured; say that a consent here would bind it."""
-        from plugin_llm.capabilities import parse_grant
-
         grant = parse_grant(plugin_id, entry)
         if grant.granted and not grant.bound:
             self.add(WARNING, ("plugins", "entries", plugin_id, "granted_capabilities"),
@@ -765,8 +775,6 @@ class _Checker:
                 self.add(WARNING, keys + (i,), f"'*' allows any {what}: this allowlist restricts nothing",
                          f"list the allowed {what}s instead, or delete {key} if any {what} is really fine", plugin_id)
             elif key == "allowed_providers" and self._unknown_provider(item):
-                from plugin_llm.provider_names import provider_fix, unknown_provider_problem
-
                 self.add(WARNING, keys + (i,), f"{unknown_provider_problem(item)}; allowing it allows nothing",
                          provider_fix(item, f"{key}[{i}]"), plugin_id)
             elif key == "allowed_models" and item.strip() in self.view.config.models:
@@ -780,8 +788,6 @@ class _Checker:
 
     @staticmethod
     def _unknown_provider(name: str) -> bool:
-        from plugin_llm.provider_names import unknown_provider_problem
-
         return unknown_provider_problem(name) is not None
 
     def duplicates(self) -> None:
@@ -796,8 +802,6 @@ class _Checker:
 
     def top_level(self) -> None:
         """A top-level key that is neither this host's nor Hermes's: a misspelt section is silently ignored."""
-        from plugin_llm.config import unknown_sections
-
         for key, close in unknown_sections(self.view.raw):
             name = str(key)
             if close is not None:
@@ -812,8 +816,6 @@ class _Checker:
     def provider(self) -> None:
         """An unknown ``model.provider`` refuses every call: reported before what it causes (no price,
         no key), whose fixes would repeat the typo."""
-        from plugin_llm.provider_names import closest_provider, provider_fix, unknown_provider_problem
-
         provider = self.view.config.model.provider
         problem = unknown_provider_problem(provider) if provider else None
         if problem is None:
@@ -882,7 +884,6 @@ def _limit_findings(view: ConfigView) -> list[Finding]:
     at once, so it is an error here too (``trust check`` exits 1), not just a config warning."""
     if view.error is not None:
         return []
-    from plugin_llm.limits import check_limits
 
     raw = view.config.raw
     issues = limit_parse_issues(raw)
@@ -897,8 +898,6 @@ def _limit_findings(view: ConfigView) -> list[Finding]:
 def limit_parse_issues(raw: Mapping[str, Any]) -> list[Any]:
     """The :class:`plugin_llm.limits.LimitIssue` values parsing the limits of ``raw`` (a parsed
     config.yaml) gives: what the gateway logs as config warnings and folds into refusals."""
-    from plugin_llm.limits import parse_limit_settings
-
     return parse_limit_settings(raw.get("limits"), raw.get("plugins"))[1]
 
 
@@ -1001,9 +1000,6 @@ def explain(view: ConfigView, plugin_id: str, overrides: Overrides, installed: M
 
 
 def _route(config: HostConfig, overrides: Overrides) -> tuple[dict[str, Any] | None, str | None]:
-    from plugin_llm.errors import PluginLlmConfigError
-    from plugin_llm.routing import resolve_chain
-
     try:
         chain = resolve_chain(config, provider=overrides.provider, model=overrides.model, profile=overrides.profile)
     except PluginLlmConfigError as exc:

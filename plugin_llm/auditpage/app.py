@@ -20,6 +20,10 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from audit.reader import parse_time
+from audit.records import DECISIONS, STATUSES
+from audit.replicas import Replica
+from audit.signing import key_file, pub_file
 from plugin_llm.auditpage import data, render
 
 __all__ = ["create_audit_app", "ADMIN_TOKEN_ENV", "MIN_TOKEN_CHARS", "COOKIE"]
@@ -96,9 +100,6 @@ def _text(params: Any, name: str) -> str:
 
 def _filters(request: Request, source: data.Source) -> tuple[data.Filters, dict[str, str], str | None]:
     """The listing's filters from the query string, checked; an error message instead of a 500 for bad ones."""
-    from audit.reader import parse_time
-    from audit.records import DECISIONS, STATUSES
-
     params = request.query_params
     form = {k: _text(params, k) for k in ("plugin", "status", "decision", "since", "until", "replica")}
     error = None
@@ -221,9 +222,6 @@ def service_mount(home: Path, on_refused: Callable[[Request], None] | None = Non
     ``$PLUGIN_LLM_ADMIN_TOKEN``. None (no route: 404) when it is unset, too short, or shaped like a plugin token."""
     import logging
     import os
-
-    from audit.replicas import Replica
-    from audit.signing import key_file, pub_file
 
     token = os.environ.get(ADMIN_TOKEN_ENV, "").strip()
     if not token:

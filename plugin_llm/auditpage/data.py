@@ -14,8 +14,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from audit.checkpoints import checkpoints_path
+from audit.errors import AuditLogNotFoundError
+from audit.logfiles import list_log_files
+from audit.reader import iter_records
 from audit.records import COST_USD, DECISION_KEY, DECISION_REASON, LIMITS_LIMIT, PLUGIN_ID, SEQ, TS, is_denied
-from audit.replicas import REPLICA, Replica, merge_records
+from audit.replicas import REPLICA, Replica, merge_records, replicas
+from audit.signing import AuditKeyError, read_keyring
+from audit.summary import MAX_COST_USD, stats
+from audit.verifier import verify
+from plugin_llm.limits.views import budgets_for
 
 __all__ = ["Source", "Overview", "ChainState", "Filters", "overview", "records_page", "find_record", "chain_states",
            "MAX_ROWS", "PAGE_SIZE"]
@@ -73,8 +81,6 @@ class Overview:
 
 
 def _streams(source: Source, filters: Filters, include_events: bool, bad: Any) -> Iterator[dict[str, Any]]:
-    from audit.reader import iter_records
-
     chosen = [r for r in source.replicas if filters.replica in (None, r.name)]
     return merge_records((r.name, _present(iter_records(r.log, include_events=include_events, on_bad_line=bad,
                                                         **filters.reader_args()))) for r in chosen)
@@ -82,8 +88,6 @@ def _streams(source: Source, filters: Filters, include_events: bool, bad: Any) -
 
 def _present(records: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
     """The records, or none while the log does not exist yet (the chain view says so)."""
-    from audit.errors import AuditLogNotFoundError
-
     try:
         yield from records
     except AuditLogNotFoundError:
@@ -99,8 +103,6 @@ class _Bad:
 
 
 def _cost(value: Any) -> float:
-    from audit.summary import MAX_COST_USD
-
     if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= MAX_COST_USD:
         return float(value)
     return 0.0
@@ -108,8 +110,6 @@ def _cost(value: Any) -> float:
 
 def overview(source: Source) -> Overview:
     """Calls, denials and spend per plugin, spend per day, denials per rule and key; budgets from the store."""
-    from audit.summary import stats
-
     bad = _Bad()
     daily: dict[str, dict[str, float]] = {}
     denials: collections.Counter[tuple[str, str, str]] = collections.Counter()
@@ -144,8 +144,6 @@ def overview(source: Source) -> Overview:
                       per_replica=per_replica)
     if source.home is not None:
         try:
-            from plugin_llm.limits.views import budgets_for
-
             result.budgets, result.budget_errors, result.budget_note = budgets_for(source.home, [r.key for r in rows])
         except Exception as exc:  # noqa: BLE001 - the log's view never fails for the budget view
             result.budget_note = f"spend against budget unavailable ({type(exc).__name__})"
@@ -191,8 +189,6 @@ def records_page(source: Source, filters: Filters, page: int, size: int = PAGE_S
 
 def find_record(source: Source, replica: str, seq: int) -> dict[str, Any] | None:
     """The record ``seq`` of ``replica`` (events included), or None."""
-    from audit.reader import iter_records
-
     chosen = next((r for r in source.replicas if r.name == replica), None)
     if chosen is None:
         return None
@@ -218,9 +214,6 @@ _CACHE_LOCK = threading.Lock()
 
 def _stamp(replica: Replica) -> tuple[Any, ...]:
     """What changes when the log, its checkpoints or its keys change (size, time, inode of each file)."""
-    from audit.checkpoints import checkpoints_path
-    from audit.logfiles import list_log_files
-
     out: list[Any] = [str(replica.log), str(replica.pubkey)]
     for path in [*list_log_files(replica.log), checkpoints_path(replica.log), replica.pubkey]:
         try:
@@ -233,10 +226,6 @@ def _stamp(replica: Replica) -> tuple[Any, ...]:
 
 def chain_state(replica: Replica) -> ChainState:
     """``audit verify`` of one replica's chain (with its public keys when known), cached until a file changes."""
-    from audit.errors import AuditLogNotFoundError
-    from audit.signing import AuditKeyError, read_keyring
-    from audit.verifier import verify
-
     stamp = _stamp(replica)
     with _CACHE_LOCK:
         cached = _CACHE.get(stamp)
@@ -263,6 +252,4 @@ def chain_states(source: Source) -> list[ChainState]:
 
 def source_for(paths: Sequence[str | os.PathLike[str]], pubkeys: Sequence[str | os.PathLike[str]] = (),
                home: Path | None = None) -> Source:
-    from audit.replicas import replicas
-
     return Source(tuple(replicas(paths, pubkeys)), home)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from plugin_llm.config import hermes_home
+from plugin_llm.terminal_text import escape_unsafe, escape_unsafe_json, escape_unsafe_text
 
 __all__ = ["CliParser", "HOME_HELP", "add_home_argument", "home_from", "find_audit_record", "printable", "printable_text", "dumps_json", "PRINT_LIMIT"]
 
@@ -92,22 +93,16 @@ def printable(text: Any, limit: int | None = PRINT_LIMIT) -> str:
     Every human-readable printer of text that came from a plugin (manifest fields,
     error texts, tool and command names) goes through this; ``None`` prints as "".
     """
-    from plugin_llm.terminal_text import escape_unsafe
-
     return escape_unsafe(text, limit)
 
 
 def printable_text(text: Any) -> str:
     """Multi-line plugin- or provider-supplied text (command output, model replies) for a
     terminal: escape sequences and invisible characters escaped, tabs and line breaks kept."""
-    from plugin_llm.terminal_text import escape_unsafe_text
-
     return escape_unsafe_text(text)
 
 
 def dumps_json(data: Any, *, indent: int | None = 2) -> str:
     """``--json`` output: UTF-8 kept readable (``ensure_ascii=False``), but the characters
     json leaves raw that a terminal would act on (DEL, C1, bidi overrides) escaped too."""
-    from plugin_llm.terminal_text import escape_unsafe_json
-
     return escape_unsafe_json(json.dumps(data, indent=indent, ensure_ascii=False, default=str))

@@ -21,9 +21,37 @@ import sys
 from pathlib import Path
 from typing import Any, Iterable, TextIO
 
+from audit.errors import AuditLogNotFoundError
+from audit.export import FORMATS, export_records
+from audit.logfiles import resolve_log_path
+from audit.reader import follow_records, iter_records, parse_time, tail_records
+from audit.records import DECISIONS, STATUSES, is_call_record
+from audit.replicas import Replica, merge_records, replicas
+from audit.settings import AuditSettings
+from audit.signing import (
+    AuditKeyError,
+    Retirement,
+    append_public_key,
+    append_retirement,
+    generate_key,
+    key_file,
+    load_signer,
+    pub_file,
+    read_keyring,
+    read_verifiers,
+    write_new_key,
+)
+from audit.summary import stats
+from audit.verifier import verify
+from audit.writer import AuditLog
+from plugin_llm.auditpage.data import Source
 from plugin_llm.cli._common import dumps_json, printable
-from plugin_llm.terminal_text import escape_unsafe
 from plugin_llm.cli.main import CliError
+from plugin_llm.config import ConfigSource
+from plugin_llm.limits import views
+from plugin_llm.limits.settings import NANO
+from plugin_llm.limits.views import usd_text
+from plugin_llm.terminal_text import escape_unsafe
 
 __all__ = ["register", "run"]
 
@@ -204,9 +232,6 @@ def run(args: argparse.Namespace) -> int:
     if action is None:
         args._audit_parser.print_help()
         return 2
-    from audit.errors import AuditLogNotFoundError
-
-    from audit.signing import AuditKeyError
 
     handler = {"tail": _tail, "query": _query, "stats": _stats, "verify": _verify, "export": _export,
                "keygen": _keygen, "pubkey": _pubkey, "checkpoint": _checkpoint, "serve": None}[action]
@@ -228,8 +253,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _log_path(args: argparse.Namespace, must_exist: bool = True) -> Path:
-    from audit.logfiles import resolve_log_path
-
     if args.log:
         if len(args.log) > 1:
             raise CliError(f"audit {args.audit_action} reads one log: pass --log once (verify, query, stats and "
@@ -267,7 +290,6 @@ def _silence_stdout() -> None:
 def _time(text: str | None, option: str) -> Any:
     if text is None:
         return None
-    from audit.reader import parse_time
 
     try:
         return parse_time(text)
@@ -279,7 +301,6 @@ def _statuses(text: str | None) -> str | None:
     """``--status`` checked against the statuses the gateway writes."""
     if text is None:
         return None
-    from audit.records import STATUSES
 
     values = [v.strip() for v in text.split(",") if v.strip()]
     unknown = [v for v in values if v not in STATUSES]
@@ -297,7 +318,6 @@ def _decisions(text: str | None) -> str | None:
     """``--decision`` checked against the decisions the gateway writes."""
     if text is None:
         return None
-    from audit.records import DECISIONS
 
     values = [v.strip().lower() for v in text.split(",") if v.strip()]
     unknown = [v for v in values if v not in DECISIONS]
@@ -377,8 +397,6 @@ def _cut(line: str, width: int | None) -> str:
 
 
 def _tail(args: argparse.Namespace, log_path: Path) -> int:
-    from audit.reader import follow_records, tail_records
-
     lines = _count(args.lines, "--lines")
     max_wait = _seconds(args.max_wait, "--max-wait")
     bad = _BadLines()
@@ -405,8 +423,6 @@ def _tail(args: argparse.Namespace, log_path: Path) -> int:
 
 
 def _query(args: argparse.Namespace, log_path: Path) -> int:
-    from audit.reader import iter_records
-
     limit = _count(args.limit, "--limit")
     bad = _BadLines()
     records: Iterable[dict[str, Any]] = iter_records(log_path, include_events=args.events, on_bad_line=bad, **_filters(args))
@@ -427,9 +443,6 @@ def _query(args: argparse.Namespace, log_path: Path) -> int:
 
 
 def _stats(args: argparse.Namespace, log_path: Path) -> int:
-    from audit.reader import iter_records
-    from audit.summary import stats
-
     bad = _BadLines()
     rows = stats(iter_records(log_path, on_bad_line=bad, **_filters(args)))
     budgets, budget_errors = _budgets(args, [r.key for r in rows if r.dimension == "plugin"])
@@ -464,8 +477,6 @@ def _budgets(args: argparse.Namespace, plugins: list[str]) -> tuple[dict[str, An
     if args.log:
         return {}, {}
     try:
-        from plugin_llm.limits import views
-
         budgets, errors, problem = views.budgets_for(_home_of(args), plugins)
         if problem is not None:
             print(f"note: spend against budget not shown: {printable(problem, 300)}", file=sys.stderr)
@@ -477,9 +488,6 @@ def _budgets(args: argparse.Namespace, plugins: list[str]) -> tuple[dict[str, An
 
 
 def _print_budgets(budgets: dict[str, Any], errors: dict[str, str], out: Any) -> None:
-    from plugin_llm.limits.settings import NANO
-    from plugin_llm.limits.views import usd_text
-
     if not budgets and not errors:
         return
     print("\nspend against budget (current windows, from the limits store):", file=out)
@@ -499,28 +507,19 @@ def _home_of(args: argparse.Namespace) -> Path:
 
 def _audit_settings(home: Path) -> Any:
     """The home's ``audit:`` settings (defaults when config.yaml is missing or broken)."""
-    from audit.settings import AuditSettings
-
     try:
-        from plugin_llm.config import ConfigSource
-
         return ConfigSource(home).current().audit
     except Exception:  # noqa: BLE001 - a broken config must not stop key management
         return AuditSettings()
 
 
 def _key_paths(home: Path) -> tuple[Any, Path, Path]:
-    from audit.signing import key_file, pub_file
-
     settings = _audit_settings(home)
     key = key_file(home, settings.signing_key or None)
     return settings, key, pub_file(key)
 
 
 def _verify(args: argparse.Namespace, log_path: Path) -> int:
-    from audit.signing import read_keyring
-    from audit.verifier import verify
-
     anchor = None
     if args.anchor is not None:
         match = _ANCHOR.fullmatch(args.anchor.strip())
@@ -596,8 +595,6 @@ def _print_verify(result: Any, key_source: str | None) -> None:
 
 
 def _replicas(args: argparse.Namespace) -> list[Any]:
-    from audit.replicas import replicas
-
     for raw in args.log:
         if not Path(raw).expanduser().exists():
             raise CliError(f"no audit log at {Path(raw).expanduser()} (from --log)")
@@ -615,9 +612,6 @@ def _replicas(args: argparse.Namespace) -> list[Any]:
 
 
 def _verify_many(args: argparse.Namespace, found: list[Any]) -> int:
-    from audit.signing import read_keyring
-    from audit.verifier import verify
-
     if args.anchor is not None:
         raise CliError("--anchor names one chain's head: verify that replica's log alone (one --log) with it")
     docs, results = [], []
@@ -651,9 +645,6 @@ def _verify_many(args: argparse.Namespace, found: list[Any]) -> int:
 
 
 def _merged(args: argparse.Namespace, found: list[Any], bad: "_BadLines", include_events: bool = False) -> Any:
-    from audit.reader import iter_records
-    from audit.replicas import merge_records
-
     filters = _filters(args)
     return merge_records((r.name, iter_records(r.log, include_events=include_events, on_bad_line=bad, **filters))
                          for r in found)
@@ -680,8 +671,6 @@ def _query_many(args: argparse.Namespace, found: list[Any]) -> int:
 
 
 def _stats_many(args: argparse.Namespace, found: list[Any]) -> int:
-    from audit.summary import stats
-
     bad = _BadLines()
     per_replica: dict[str, int] = {r.name: 0 for r in found}
 
@@ -717,9 +706,6 @@ def _serve(args: argparse.Namespace) -> int:
     import ipaddress
     import secrets
     import socket
-
-    from audit.replicas import Replica
-    from plugin_llm.auditpage.data import Source
 
     if not 0 <= args.port <= 65535:
         raise CliError(f"--port must be between 0 and 65535, got {args.port}")
@@ -785,9 +771,6 @@ def _run_page(source: Any, token: str | None, sock: Any) -> int:
 
 
 def _export(args: argparse.Namespace, log_path: Path) -> int:
-    from audit.export import FORMATS, export_records
-    from audit.reader import iter_records
-
     fmt = (args.format or "").strip().lower()
     if fmt not in FORMATS:
         raise CliError(f"--format {_shown(args.format)}: expected one of {', '.join(FORMATS)}")
@@ -821,9 +804,6 @@ def _keygen(args: argparse.Namespace, log_path: Path) -> int:
 
 
 def _make_key(args: argparse.Namespace, home: Path, log_path: Path) -> int:
-    from audit.signing import Retirement, append_public_key, append_retirement, generate_key, load_signer, write_new_key
-    from audit.writer import AuditLog
-
     settings, key, pub = _key_paths(home)
     if settings.key_cmd and not args.stdout:
         raise CliError("audit.key_cmd is set in config.yaml, so the key comes from that command: run "
@@ -838,7 +818,6 @@ def _make_key(args: argparse.Namespace, home: Path, log_path: Path) -> int:
                            f"`plugin-llm audit keygen --rotate` (old checkpoints keep verifying with {pub})")
     name = old.name if old is not None else None
     if old is None and pub.is_file():  # the key was lost: keep the log's origin (no hand-over is possible)
-        from audit.signing import read_verifiers
 
         name = read_verifiers(pub)[-1].name
         print(f"plugin-llm: note: {pub} names earlier keys but their private key is gone, so the new key cannot "
@@ -881,9 +860,6 @@ def _make_key(args: argparse.Namespace, home: Path, log_path: Path) -> int:
 
 
 def _checkpoint(args: argparse.Namespace, log_path: Path) -> int:
-    from audit.signing import load_signer
-    from audit.writer import AuditLog
-
     settings, key, _pub = _key_paths(_home_of(args))
     signer = load_signer(key, settings.key_cmd) if (settings.key_cmd or key.exists()) else None
     if signer is None:
@@ -905,8 +881,6 @@ def _checkpoint(args: argparse.Namespace, log_path: Path) -> int:
 
 
 def _pubkey(args: argparse.Namespace, log_path: Path) -> int:
-    from audit.signing import load_signer, read_keyring
-
     _settings, key, pub = _key_paths(_home_of(args))
     retirements: list = []
     if pub.is_file():
@@ -972,8 +946,6 @@ HEADER = (f"{'TIME':<20}  {'PLUGIN':<20} {'STATUS':<14} {'MODEL':<26} {'TOKENS I
 
 def format_record(record: dict[str, Any]) -> str:
     """One human line: time, plugin, status, model, tokens in/out, cost, purpose."""
-    from audit.records import is_call_record
-
     when = _short_ts(record.get("ts"))
     if not is_call_record(record):
         details = " ".join(

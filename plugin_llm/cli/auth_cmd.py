@@ -18,9 +18,26 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
+from auth import (
+    AUTH_FILE_NAME,
+    CredentialStore,
+    get_store,
+    locked,
+    mask,
+    normalize_provider,
+    read_document,
+    redact,
+    redact_obj,
+    register_secret,
+    write_document,
+)
 from plugin_llm.bounded_repr import short_repr
-from plugin_llm.cli._common import CliParser
+from plugin_llm.cli._common import CliParser, find_audit_record
 from plugin_llm.cli.main import CliError
+from plugin_llm.config import ConfigSource
+from plugin_llm.errors import PluginLlmError
+from plugin_llm.provider_names import unknown_provider_problem
+from plugin_llm.trust import TrustPolicy
 
 __all__ = ["register", "run"]
 
@@ -134,8 +151,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _reject_stray(action: str | None, stray: list[str]) -> None:
     """Refuse unexpected arguments without showing their values (one may be a key)."""
-    from auth import register_secret
-
     options = []
     for value in stray:
         name, _, rest = value.partition("=")
@@ -156,8 +171,6 @@ def _reject_stray(action: str | None, stray: list[str]) -> None:
 
 def _out(text: str = "", *, file: TextIO | None = None) -> None:
     """Print through the redactor (every line of this command does)."""
-    from auth import redact
-
     print(redact(text), file=file or sys.stdout)
 
 
@@ -173,14 +186,10 @@ def _home(args: argparse.Namespace) -> Path:
 
 
 def _auth_path(args: argparse.Namespace) -> Path:
-    from auth import AUTH_FILE_NAME
-
     return _home(args) / AUTH_FILE_NAME
 
 
 def _provider_name(raw: str) -> str:
-    from auth import normalize_provider
-
     name = normalize_provider(raw)
     if not name or not all(c.isalnum() or c in "_-." for c in name):
         raise CliError(f"{short_repr(raw)} is not a provider name (letters, digits, '_', '-', '.')")
@@ -189,8 +198,6 @@ def _provider_name(raw: str) -> str:
 
 def _find_key(table: dict[str, Any], provider: str) -> str | None:
     """The existing spelling of ``provider`` in a table (names are case-insensitive)."""
-    from auth import normalize_provider
-
     return next((k for k in table if not k.startswith("_") and normalize_provider(k) == provider), None)
 
 
@@ -234,8 +241,6 @@ def _read_key_from_stdin(provider: str) -> str:
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
-    from auth import CredentialStore, redact_obj
-
     home = _home(args)
     store = CredentialStore(home)
     rows = store.describe()  # raises PluginLlmConfigError for a broken / unsafe file
@@ -288,8 +293,6 @@ def _cmd_list(args: argparse.Namespace) -> int:
 def _known_provider(text: str, outcome: str) -> str:
     """The provider name, refused with a "did you mean" when it is no provider: any later message
     (a missing key, `auth add <typo>`) would repeat the typo as the fix."""
-    from plugin_llm.provider_names import unknown_provider_problem
-
     provider = _provider_name(text)
     problem = unknown_provider_problem(provider)
     if problem is not None:
@@ -298,8 +301,6 @@ def _known_provider(text: str, outcome: str) -> str:
 
 
 def _cmd_add(args: argparse.Namespace) -> int:
-    from auth import locked, mask, read_document, register_secret, write_document
-
     provider = _known_provider(args.provider, "nothing was added")  # a key stored under a typo is never used
     profile = args.profile.strip() if args.profile else None
     if args.pool and not args.from_stdin:
@@ -371,8 +372,6 @@ def _cmd_add(args: argparse.Namespace) -> int:
 
 
 def _cmd_remove(args: argparse.Namespace) -> int:
-    from auth import locked, read_document, write_document
-
     provider = _provider_name(args.provider)
     profile = args.profile.strip() if args.profile else None
     path = _auth_path(args)
@@ -426,8 +425,6 @@ class _AuthTestConfig:
     """
 
     def __init__(self, home: Path) -> None:
-        from plugin_llm.config import ConfigSource
-
         self._inner = ConfigSource(home)
         self.home = self._inner.home
         self.path = self._inner.path
@@ -446,8 +443,6 @@ class _AuthTestConfig:
     def _with_trust(config: Any) -> Any:
         import dataclasses
 
-        from plugin_llm.trust import TrustPolicy
-
         policy = TrustPolicy(allow_provider_override=True, allow_model_override=True, allow_profile_override=True)
         return dataclasses.replace(config, trust={**config.trust, AUTH_TEST_IDENTITY: policy})
 
@@ -455,9 +450,6 @@ class _AuthTestConfig:
 def _cmd_test(args: argparse.Namespace) -> int:
     """One minimal call with PROVIDER's credentials; reports success or the provider's error, redacted."""
     import time
-
-    from auth import get_store
-    from plugin_llm.errors import PluginLlmError
 
     provider = _known_provider(args.provider, "no call was made")
     profile = args.profile.strip() if args.profile else None
@@ -477,7 +469,6 @@ def _cmd_test(args: argparse.Namespace) -> int:
             raise CliError(f"no default test model for provider {provider!r}: pass --model MODEL")
     from plugin_llm.llm import PluginLlm
 
-    from plugin_llm.cli._common import find_audit_record
     from plugin_llm.cli._waiting import provider_layer_notice
 
     llm = PluginLlm(AUTH_TEST_IDENTITY, home=home, config_source=config)  # type: ignore[arg-type]

@@ -22,6 +22,10 @@ import sys
 from typing import TextIO
 
 from plugin_llm.cli._common import dumps_json, printable, printable_text
+from plugin_llm.cli.main import CliError, debug_enabled, error_line
+from plugin_llm.errors import PluginLlmError
+from plugin_llm.host import Session
+from plugin_llm.host.bootstrap import home_environment, load_manager, resolve_home
 
 __all__ = ["register", "run"]
 
@@ -42,10 +46,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from plugin_llm.cli.main import CliError
-    from plugin_llm.host import Session
-    from plugin_llm.host.bootstrap import home_environment, load_manager, resolve_home
-
     if args.max_tool_iterations < 0:
         raise CliError("--max-tool-iterations must be 0 or more")
     from plugin_llm.transport import start_background_load
@@ -130,13 +130,9 @@ def _read_line(stdin: TextIO, interactive: bool) -> str | None:
 
 def _handle(session, line: str, out: TextIO) -> int:
     """Run one input and print its outcome; returns 1 when it failed."""
-    from plugin_llm.errors import PluginLlmError
-
     try:
         result = session.run_turn(line)
     except PluginLlmError as exc:
-        from plugin_llm.cli.main import error_line
-
         print(f"error: {error_line(exc)}", file=out)
         return 1
     except ValueError as exc:
@@ -171,8 +167,6 @@ def _print_result(result, out: TextIO) -> None:
     elif result.text:
         print(printable_text(result.text), file=out)
         if result.kind == "command_error" and result.detail:
-            from plugin_llm.cli.main import debug_enabled
-
             print(printable_text(result.detail) if debug_enabled() else "(--debug shows where in the plugin)", file=out)
     out.flush()
 

@@ -13,7 +13,7 @@ import re
 import shlex
 from dataclasses import dataclass, field
 
-from plugin_llm.cli.main import CliError
+from plugin_llm.cli.main import CliError, _build_parser
 
 __all__ = ["SHELLS", "Node", "command_tree", "register", "run", "script"]
 
@@ -55,8 +55,6 @@ def run(args: argparse.Namespace) -> int:
 
 def command_tree() -> Node:
     """The whole CLI as a tree of :class:`Node` (every command module's parser built)."""
-    from plugin_llm.cli.main import _build_parser
-
     return _node(_build_parser("*"))
 
 

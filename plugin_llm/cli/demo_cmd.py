@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from plugin_llm.cli.main import CliError
+from plugin_llm.host import Session
+from plugin_llm.host.bootstrap import home_environment, load_manager
 
 __all__ = ["register", "run", "find_examples"]
 
@@ -70,7 +72,6 @@ def run(args: argparse.Namespace) -> int:
     home = Path(tempfile.mkdtemp(prefix="plugin-llm-demo-")).resolve()
     try:
         _seed(examples, home)
-        from plugin_llm.host.bootstrap import home_environment
 
         with home_environment(home):
             _Demo(home, sys.stdout, keep=args.keep).run()
@@ -104,9 +105,6 @@ class _Demo:
         self.say(f"\n== {number}. {title} ==")
 
     def run(self) -> None:
-        from plugin_llm.host import Session
-        from plugin_llm.host.bootstrap import load_manager
-
         manager = load_manager(self.home)
         with Session(manager, platform="demo") as session:
             provider, model = session.route

@@ -24,8 +24,26 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+import audit
+from audit.errors import AuditLogNotFoundError
+from audit.signing import AuditKeyError, key_file, load_signer, pub_file, read_keyring
+from auth import AUTH_FILE_NAME, CredentialStore, KEYLESS_PROVIDERS
+from plugin_llm import supply_chain, trust_report as tr
 from plugin_llm.cli._common import dumps_json, printable
 from plugin_llm.cli.main import CliError
+from plugin_llm.config import hermes_home, shown_url, top_level_warnings
+from plugin_llm.errors import PluginLlmConfigError, PluginLlmError
+from plugin_llm.home_env import ENV_FILENAME, read_env_text
+from plugin_llm.limits import breakers
+from plugin_llm.limits.settings import url_secrets
+from plugin_llm.limits.store import StoreError
+from plugin_llm.plugins import PluginManager
+from plugin_llm.plugins.isolation.sandbox import bubblewrap_status
+from plugin_llm.plugins.settings import settings_from_raw
+from plugin_llm.provider_names import unknown_provider_problem
+from plugin_llm.routing import resolve_chain
+from plugin_llm.safe_files import UnsafeFileError, describe_file_type
+from plugin_llm.telemetry import SDK_MISSING_FIX
 
 __all__ = ["register", "run", "Check", "run_checks", "OK", "WARN", "FAIL"]
 
@@ -52,8 +70,6 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from plugin_llm.config import hermes_home
-
     home = Path(args.home).expanduser() if args.home else hermes_home()
     if args.home and home.exists() and not home.is_dir():
         raise CliError(f"--home {home} is not a directory")
@@ -83,8 +99,6 @@ def _quiet(logger: logging.Logger) -> None:
 
 def run_checks(home: Path) -> list[Check]:
     """Every check, in the order they are printed; a check that crashes is a FAIL line."""
-    from plugin_llm import trust_report as tr
-
     out: list[Check] = []
     view = tr.read_config(home)
     found: list[list[dict[str, Any]]] = []
@@ -162,8 +176,6 @@ def _home(home: Path) -> list[Check]:
 
 def _not_regular(path: Path) -> str | None:
     """What ``path`` is when it exists but is not a regular file (a FIFO, a directory, ...), else None."""
-    from plugin_llm.safe_files import describe_file_type
-
     try:
         st = path.stat()
     except OSError:
@@ -173,9 +185,6 @@ def _not_regular(path: Path) -> str | None:
 
 def _env_file(home: Path) -> list[Check]:
     """``<home>/.env``: the host skips a file it cannot use; say so here."""
-    from plugin_llm.home_env import ENV_FILENAME, read_env_text
-    from plugin_llm.safe_files import UnsafeFileError
-
     path = home / ENV_FILENAME
     try:
         read_env_text(home)
@@ -186,8 +195,6 @@ def _env_file(home: Path) -> list[Check]:
 
 # ------------------------------------------------------------------ auth.json
 def _auth_file(home: Path) -> list[Check]:
-    from auth import AUTH_FILE_NAME, CredentialStore
-
     path = home / AUTH_FILE_NAME
     if not path.exists():
         return [Check(OK, "auth.json", "none: keys come from environment variables (e.g. OPENAI_API_KEY)")]
@@ -215,13 +222,10 @@ def _config(view: Any) -> list[Check]:
     if not view.exists:
         return [Check(OK, "config", f"no {view.path}: defaults apply (local model, no plugins)")]
     out = [Check(OK, "config", f"{view.path} parses")]
-    from plugin_llm.plugins.settings import settings_from_raw
 
     # the plugins: section and every limits problem are `trust check`'s (the trust line counts them, a
     # FAIL for an error: it refuses calls); everything else the gateway warned about is listed here
     from plugin_llm.trust_report import limit_parse_issues
-
-    from plugin_llm.config import top_level_warnings
 
     # an unknown top-level section is a trust check error too (the trust line FAILs for it)
     counted = {str(issue) for issue in limit_parse_issues(view.config.raw)} | set(top_level_warnings(view.config.raw))
@@ -255,13 +259,10 @@ def _trust(tr: Any, view: Any, installed: Callable[[], dict[str, str]]) -> list[
 
 # ------------------------------------------------------------------ route and credentials
 def _route_and_credentials(view: Any, home: Path) -> list[Check]:
-    from plugin_llm.errors import PluginLlmConfigError
-    from plugin_llm.routing import resolve_chain
 
     if view.error is not None:
         return [Check(WARN, "route", "unknown while config.yaml does not parse (a running gateway keeps its last good route)",
                       "fix config.yaml")]
-    from plugin_llm.provider_names import unknown_provider_problem
 
     if view.config.model.provider and unknown_provider_problem(view.config.model.provider):
         # the trust line FAILs for it; the route and its key cannot be checked, and their fixes would repeat it
@@ -285,8 +286,6 @@ def _route_and_credentials(view: Any, home: Path) -> list[Check]:
 
 
 def _route_text(route: Any) -> str:
-    from plugin_llm.config import shown_url
-
     endpoint = f" at {shown_url(route.base_url)}" if route.base_url else ""
     named = f"{route.name}: " if route.name else ""
     return f"{named}{route.provider} / {route.model}{endpoint}"
@@ -295,9 +294,6 @@ def _route_text(route: Any) -> str:
 def _breakers(view: Any) -> Check:
     """The catalog routes' circuit breakers: OK while every one is closed."""
     import time
-
-    from plugin_llm.limits import breakers
-    from plugin_llm.limits.store import StoreError
 
     config = view.config
     if not config.llm.breaker.failures:
@@ -317,8 +313,6 @@ def _breakers(view: Any) -> Check:
 
 
 def _credentials(home: Path, route: Any) -> list[Check]:
-    from auth import KEYLESS_PROVIDERS, CredentialStore
-    from plugin_llm.errors import PluginLlmError
 
     out: list[Check] = []
     try:
@@ -379,8 +373,6 @@ def _has_records(logs: Path) -> bool:
 def _audit_signing(home: Path, settings: Any, *, has_records: bool = False) -> tuple[Check, Any]:
     """Is the log signed (checkpoints an outsider can check) or only hash-chained? Unsigned is a WARN
     once the log holds records (they can be rewritten unnoticed), OK before the first call."""
-    from audit.signing import AuditKeyError, key_file, load_signer, pub_file, read_keyring
-
     key = key_file(home, getattr(settings, "signing_key", "") or None)
     key_cmd = tuple(getattr(settings, "key_cmd", ()) or ())
     if not key_cmd and not key.exists():
@@ -432,9 +424,6 @@ def _audit_writable(home: Path, logs: Path, log: Path, consequence: str) -> Chec
 
 
 def _audit_verify(log: Path, keyring: Any = None) -> list[Check]:
-    import audit
-    from audit.errors import AuditLogNotFoundError
-
     pubkeys, retirements = keyring if keyring is not None else (None, ())
     try:
         # retention pruning old files is normal operation: shown as a history_start warning, not a failure
@@ -463,8 +452,6 @@ def _audit_verify(log: Path, keyring: Any = None) -> list[Check]:
 
 # ------------------------------------------------------------------ plugins
 def _list_plugins(home: Path) -> list[dict[str, Any]]:
-    from plugin_llm.plugins import PluginManager
-
     # doctor is read-only: a plugin failing to load here is reported as a FAIL line,
     # not appended to the audit log as the host does.
     manager = PluginManager(home, audit_events=False)
@@ -512,8 +499,6 @@ def _plugins(plugins: list[dict[str, Any]], view: Any) -> list[Check]:
 
 def _open_redis(view: Any) -> bool:
     """The limits (and tokens) live in a Redis that takes connections without a password."""
-    from plugin_llm.limits.settings import url_secrets
-
     config = getattr(view, "config", None)
     settings = getattr(config, "limits", None) if view.error is None else None
     return settings is not None and settings.store == "redis" and not url_secrets(settings.redis_url)
@@ -522,8 +507,6 @@ def _open_redis(view: Any) -> bool:
 # ------------------------------------------------------------------ bubblewrap
 def _bubblewrap(plugins: Callable[[], list[dict[str, Any]]]) -> list[Check]:
     """Whether out-of-process plugins run inside bubblewrap here, and why not (a WARN only when one is isolated)."""
-    from plugin_llm.plugins.isolation.sandbox import bubblewrap_status
-
     status = bubblewrap_status()
     if status.usable:
         return [Check(OK, "bubblewrap", f"in effect for out-of-process plugins: {status.reason}")]
@@ -545,8 +528,6 @@ def _telemetry(view: Any, find_spec: Callable[[str], Any] | None = None) -> list
     """With ``telemetry:`` configured: its SDK and exporter are installed (found, not imported), and the
     variables ``headers_from_env`` names are set (their names only, never a value)."""
     import importlib.util
-
-    from plugin_llm.telemetry import SDK_MISSING_FIX
 
     settings = view.config.telemetry
     if not settings.enabled:
@@ -574,8 +555,6 @@ def _litellm(version_of: Callable[[str], str | None] | None = None,
     """litellm installed, its version, and not a known-malicious release (``version_of``/``files_of``:
     the package metadata readers, replaceable in tests)."""
     import importlib.util
-
-    from plugin_llm import supply_chain
 
     version_of = version_of or supply_chain.installed_version
     files_of = files_of or supply_chain.distribution_files

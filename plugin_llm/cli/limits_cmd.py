@@ -21,8 +21,17 @@ import logging
 from pathlib import Path
 from typing import Any, Mapping
 
+from audit import AuditWriteError
+from plugin_llm import limits
+from plugin_llm.auditing import host_audit_log
 from plugin_llm.cli._common import add_home_argument, dumps_json, home_from, printable
-from plugin_llm.cli.main import CliError
+from plugin_llm.cli.main import CliError, debug_enabled
+from plugin_llm.config import get_config_source
+from plugin_llm.limits import views
+from plugin_llm.plugins.discovery import discover_candidates
+from plugin_llm.plugins.manifest import KIND_EXCLUSIVE, KIND_MODEL_PROVIDER, KIND_STANDALONE
+from plugin_llm.plugins.settings import settings_from_raw
+from plugin_llm.trust_report import resolve_plugin_id
 
 __all__ = ["register", "run_show", "run_reset"]
 
@@ -45,8 +54,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _config(args: argparse.Namespace, *, for_reset: bool = False) -> Any:
     """The config; a reset refuses a config.yaml it cannot use as written (unparsable, or an error in
     its ``limits:`` section): the store or key prefix it would reach may not be the one meant."""
-    from plugin_llm.config import get_config_source
-
     home = home_from(args)
     if home.exists() and not home.is_dir():
         raise CliError(f"--home {home} is not a directory")
@@ -85,9 +92,6 @@ def _active(config: Any) -> list[str]:
     """The plugins that run, as the plugin manager decides it, by key: installed ones enabled by key or
     manifest name (``plugins.enabled``) or exclusive ones selected by ``<category>.provider``, not
     disabled; plus names in ``plugins.enabled`` that no installed plugin has, as written."""
-    from plugin_llm.plugins.manifest import KIND_EXCLUSIVE, KIND_MODEL_PROVIDER
-    from plugin_llm.plugins.settings import settings_from_raw
-
     settings = settings_from_raw(config.raw)
     keys: set[str] = set()
     matched: set[str] = set()
@@ -104,10 +108,6 @@ def _active(config: Any) -> list[str]:
 def _installed(home: Path) -> dict[str, tuple[str, str]]:
     """``{key: (manifest name, kind)}`` of the plugins discovery finds (nothing is loaded); its warnings
     about broken manifests are `plugins list`'s to report, not this command's."""
-    from plugin_llm.cli.main import debug_enabled
-    from plugin_llm.plugins.discovery import discover_candidates
-    from plugin_llm.plugins.manifest import KIND_STANDALONE
-
     logger = logging.getLogger("plugin_llm.plugins")
 
     def quiet(record: logging.LogRecord) -> bool:  # discovery logs under plugin_llm.plugins
@@ -132,9 +132,6 @@ def _known_or_refused(config: Any, name: str) -> None:
     the "did you mean": calls are metered under the key.
     (The store's rows are not consulted: the stores have no listing of their plugins.)
     """
-    from plugin_llm.plugins.settings import settings_from_raw
-    from plugin_llm.trust_report import resolve_plugin_id
-
     configured = _configured(config)
     if name in configured:
         return
@@ -162,8 +159,6 @@ def _known_or_refused(config: Any, name: str) -> None:
 
 
 def run_show(args: argparse.Namespace) -> int:
-    from plugin_llm.limits import views
-
     config = _config(args)
     rows = views.show(config.limits, config.home, _plugins(config, args.plugin))
     if args.json:
@@ -178,11 +173,6 @@ def run_show(args: argparse.Namespace) -> int:
 
 
 def run_reset(args: argparse.Namespace) -> int:
-    from audit import AuditWriteError
-    from plugin_llm import limits
-    from plugin_llm.auditing import host_audit_log
-    from plugin_llm.limits import views
-
     config = _config(args, for_reset=True)
     [plugin_id] = _plugins(config, args.plugin)
     settings = config.limits

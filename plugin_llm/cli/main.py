@@ -28,7 +28,9 @@ import threading
 from pathlib import Path
 from typing import Sequence
 
+from plugin_llm import __version__
 from plugin_llm.commands import SUBCOMMANDS
+from plugin_llm.errors import PluginLlmError
 
 __all__ = ["CliError", "main", "SUBCOMMANDS", "EXIT_CODES", "debug_enabled", "colour"]
 
@@ -153,8 +155,6 @@ def _version() -> str:
 
         return version("plugin-llm-gateway")
     except Exception:
-        from plugin_llm import __version__
-
         return __version__
 
 
@@ -335,8 +335,6 @@ def _parser_of(parser: argparse.ArgumentParser, args: argparse.Namespace) -> arg
 
 def _run(args: argparse.Namespace) -> tuple[int, bool]:
     """The command's exit code, and whether its error (if any) said config.yaml does not parse."""
-    from plugin_llm.errors import PluginLlmError
-
     try:
         return int(args.func(args) or 0), False
     except CliError as exc:

@@ -15,7 +15,11 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from plugin_llm.cli._common import printable
-from plugin_llm.cli.main import CliError
+from plugin_llm.cli.main import CliError, debug_enabled
+from plugin_llm.config import get_config_source
+from plugin_llm.plugins.discovery import discover_candidates
+from plugin_llm.plugins.install import InstallError, resolve_name
+from plugin_llm.plugins.settings import settings_from_raw
 
 __all__ = ["PluginKey", "plugin_key_for"]
 
@@ -29,9 +33,6 @@ class PluginKey:
 
 def _installed(home: Path) -> dict[str, str]:
     """``{key: manifest name}`` of the plugins discovery finds; its warnings are `plugins list`'s to report."""
-    from plugin_llm.cli.main import debug_enabled
-    from plugin_llm.plugins.discovery import discover_candidates
-
     logger = logging.getLogger("plugin_llm.plugins")
 
     def quiet(record: logging.LogRecord) -> bool:
@@ -64,10 +65,6 @@ def _configured(raw: Any) -> list[str]:
 def plugin_key_for(home: Path, name: str, *, force: bool, doing: str) -> PluginKey:
     """The key ``name`` stands for; :class:`CliError` with a "did you mean" when no plugin here has it
     and not ``force``. ``doing`` completes the refusal (e.g. "no token was created")."""
-    from plugin_llm.config import get_config_source
-    from plugin_llm.plugins.install import InstallError, resolve_name
-    from plugin_llm.plugins.settings import settings_from_raw
-
     raw = get_config_source(Path(home)).current().raw
     settings = settings_from_raw(raw if isinstance(raw, Mapping) else None)
     installed = _installed(home)

@@ -22,8 +22,21 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from auth.env_names import steering_reason
+from plugin_llm.auditing import write_event
 from plugin_llm.cli._common import dumps_json, printable
 from plugin_llm.cli.main import CliError
+from plugin_llm.cli.plugins_select import apply_menu, build_menu, disable_in, enable_in, known_plugins
+from plugin_llm.config import get_config_source, hermes_home
+from plugin_llm.config_edit import ConfigEditError, delete_value, edit_config, get_value, list_remove
+from plugin_llm.plugins import PluginManager, install as inst
+from plugin_llm.plugins.consent import consent_state, describe, record_consent
+from plugin_llm.plugins.install import InstallError, is_secret_name, missing_env, read_metadata, resolve_name
+from plugin_llm.plugins.isolation.sandbox import plugin_data_path
+from plugin_llm.plugins.scaffold import ScaffoldError, scaffold_plugin
+from plugin_llm.service.tokens import TokenError, token_store_for
+from plugin_llm.timefmt import utc_iso_text
+from plugin_llm.trust import config_path
 
 __all__ = ["register", "run"]
 
@@ -133,7 +146,6 @@ def run(args: argparse.Namespace) -> int:
         return handler(args, home or _default_home())
     if action is None and not args.json and _interactive():
         return _interactive_menu(home or _default_home())
-    from plugin_llm.plugins import PluginManager
 
     # read-only: loading the plugins to list them appends no load events to the audit log
     manager = PluginManager(home or _default_home(), audit_events=False)
@@ -172,8 +184,6 @@ Run `plugin-llm plugins` in a terminal for an interactive checklist."""
 
 
 def _default_home() -> Path:
-    from plugin_llm.config import hermes_home
-
     return hermes_home()
 
 
@@ -199,8 +209,6 @@ def _os_error(exc: OSError) -> str:
 
 def _config_error(home: Path) -> str | None:
     try:
-        from plugin_llm.config import get_config_source
-
         return get_config_source(home).current().error
     except Exception as exc:  # pragma: no cover - defensive
         return str(exc)
@@ -323,14 +331,10 @@ def _isolation_text(p: dict[str, Any]) -> str:
 
 def _trust_block(key: str) -> str:
     """The config path of the plugin's ``llm`` trust block (its identity is the key)."""
-    from plugin_llm.trust import config_path
-
     return config_path(key, "allow_model_override").rsplit(".", 1)[0]
 
 
 def _info(home: Path, plugins: list[dict[str, Any]], name: str, as_json: bool) -> int:
-    from plugin_llm.plugins.install import InstallError, resolve_name
-
     try:
         key = resolve_name(name, {p["key"]: p["name"] for p in plugins}, where=f" in {home}")
     except InstallError as exc:
@@ -400,15 +404,12 @@ def _print_info(home: Path, p: dict[str, Any]) -> None:
 
 
 def _install_record(home: Path, key: str) -> dict[str, Any] | None:
-    from plugin_llm.plugins.install import InstallError, read_metadata
-
     try:
         entry = read_metadata(home / "plugins").get(key)
     except InstallError as exc:
         return {"error": str(exc)}
     if entry is None:
         return None
-    from plugin_llm.timefmt import utc_iso_text
 
     record = entry.to_json()
     for name in ("installed_at", "updated_at"):  # stored with microseconds and +00:00: shown in the one format
@@ -420,8 +421,6 @@ def _install_record(home: Path, key: str) -> dict[str, Any] | None:
 def _trust_entry(home: Path, key: str) -> Any:
     """The raw ``plugins.entries.<key>.llm`` block as written (None when absent)."""
     try:
-        from plugin_llm.config import get_config_source
-
         raw = get_config_source(home).current().raw
     except Exception:  # pragma: no cover - reported by the listing already
         return None
@@ -455,8 +454,6 @@ def _prompt_env(
     getpass_fn: Callable[[str], str] | None = None,
 ) -> dict[str, str]:
     """Ask for each missing variable (secrets masked); empty answer skips it. Values are never printed."""
-    from plugin_llm.plugins.install import is_secret_name
-
     input_fn = input_fn or input
     if getpass_fn is None:
         import getpass
@@ -480,8 +477,6 @@ def _prompt_env(
 def _without_host_variables(requirements: list[tuple[str, str]]) -> list[tuple[str, str]]:
     """Drop (with a note) the variables that steer this host's model routes: a plugin's description must not
     get an operator to type, say, a URL into DEEPSEEK_API_BASE, which the host would send its key to."""
-    from auth.env_names import steering_reason
-
     kept = []
     for name, description in requirements:
         reason = steering_reason(name, any_provider=False)
@@ -494,9 +489,6 @@ def _without_host_variables(requirements: list[tuple[str, str]]) -> list[tuple[s
 
 
 def _install(args: argparse.Namespace, home: Path) -> int:
-    from plugin_llm.config_edit import ConfigEditError, edit_config
-    from plugin_llm.plugins import install as inst
-
     interactive = not args.json and _interactive()
     timeout = args.timeout if args.timeout is not None else inst.DEFAULT_GIT_TIMEOUT
     if timeout <= 0:
@@ -600,8 +592,6 @@ def _install(args: argparse.Namespace, home: Path) -> int:
 
 def _ask_consent(key: str, capabilities: tuple[str, ...] | list[str]) -> bool:
     """Show what ``key`` requests and ask (terminal only)."""
-    from plugin_llm.plugins.consent import describe
-
     print(f"{printable(key, 200)} requests these capabilities:")
     for capability in capabilities:
         print(f"  {printable(capability, 100)}: {describe(capability)}")
@@ -610,9 +600,6 @@ def _ask_consent(key: str, capabilities: tuple[str, ...] | list[str]) -> bool:
 
 def _record_consent(home: Path, key: str, capabilities: tuple[str, ...] | list[str], grant: bool,
                     already: tuple[str, ...] = (), declared: tuple[str, ...] | list[str] = ()) -> str:
-    from plugin_llm.config_edit import ConfigEditError
-    from plugin_llm.plugins.consent import record_consent
-
     shown = ", ".join(printable(c, 100) for c in capabilities)
     if not grant:
         return (f"Capabilities not granted: {shown} — review and grant them with: "
@@ -625,8 +612,6 @@ def _record_consent(home: Path, key: str, capabilities: tuple[str, ...] | list[s
 
 
 def _requested_capabilities(home: Path, key: str) -> tuple[str, ...] | None:
-    from plugin_llm.plugins import PluginManager
-
     plugins = {p["key"]: p for p in PluginManager(home, audit_events=False).list_plugins()}
     p = plugins.get(key)
     return tuple(p.get("capabilities") or ()) if p is not None else None
@@ -634,8 +619,6 @@ def _requested_capabilities(home: Path, key: str) -> tuple[str, ...] | None:
 
 def _consent_after_update(args: argparse.Namespace, home: Path, key: str) -> list[str]:
     """An update that requests more capabilities asks again; until then the new ones are not granted."""
-    from plugin_llm.plugins.consent import consent_state
-
     requested = _requested_capabilities(home, key)
     if not requested:
         return []
@@ -648,10 +631,6 @@ def _consent_after_update(args: argparse.Namespace, home: Path, key: str) -> lis
 
 
 def _consent(args: argparse.Namespace, home: Path) -> int:
-    from plugin_llm.plugins import PluginManager
-    from plugin_llm.plugins.consent import consent_state, describe
-    from plugin_llm.plugins.install import InstallError, resolve_name
-
     plugins = {p["key"]: p for p in PluginManager(home, audit_events=False).list_plugins()}
     try:
         key = resolve_name(args.name, {k: p["name"] for k, p in plugins.items()}, where=f" in {home}")
@@ -697,8 +676,6 @@ def _install_json(entry: Any, target: Path, enabled: bool, missing: list[str], s
 
 
 def _update(args: argparse.Namespace, home: Path) -> int:
-    from plugin_llm.plugins import install as inst
-
     timeout = args.timeout if args.timeout is not None else inst.DEFAULT_GIT_TIMEOUT
     try:
         result = inst.update_plugin(home, args.name, timeout=timeout)
@@ -722,10 +699,6 @@ def _update(args: argparse.Namespace, home: Path) -> int:
 
 
 def _remove(args: argparse.Namespace, home: Path) -> int:
-    from plugin_llm.plugins import install as inst
-
-    from plugin_llm.config_edit import ConfigEditError, edit_config
-
     refs = _refs(home)
     try:
         key = inst.resolve_installed(home / "plugins", args.name)
@@ -783,22 +756,16 @@ def _remove(args: argparse.Namespace, home: Path) -> int:
 
 
 def _has_data(home: Path, key: str) -> bool:
-    from plugin_llm.plugins.isolation.sandbox import plugin_data_path
-
     return os.path.lexists(plugin_data_path(home, key))
 
 
 def _kept_data(home: Path, key: str, keep_data: bool) -> str | None:
-    from plugin_llm.plugins.isolation.sandbox import plugin_data_path
-
     return str(plugin_data_path(home, key)) if keep_data and _has_data(home, key) else None
 
 
 def _keep_data(args: argparse.Namespace, home: Path, key: str) -> bool:
     """Whether ``remove`` leaves the plugin's private data in place: ``--keep-data``; ``--yes`` or a yes on
     a terminal moves it aside; without a terminal and without either, nothing is removed."""
-    from plugin_llm.plugins.isolation.sandbox import plugin_data_path
-
     if args.keep_data or args.yes or not _has_data(home, key):
         return bool(args.keep_data)
     where = plugin_data_path(home, key)
@@ -825,9 +792,6 @@ def _data_lines(home: Path, result: Any, keep_data: bool) -> list[str]:
 
 def _revoke_tokens(home: Path, key: str) -> tuple[list[Any], str | None]:
     """Revoke every service token of ``key`` (audited); ``(revoked, problem)``."""
-    from plugin_llm.auditing import write_event
-    from plugin_llm.service.tokens import TokenError, token_store_for
-
     try:
         store = token_store_for(home)
         try:
@@ -844,8 +808,6 @@ def _revoke_tokens(home: Path, key: str) -> tuple[list[Any], str | None]:
 
 def _remove_config(home: Path, key: str) -> tuple[list[str], Any]:
     """Take ``key`` out of ``plugins.enabled`` and delete ``plugins.entries.<key>``; what was removed."""
-    from plugin_llm.config_edit import delete_value, edit_config, get_value, list_remove
-
     removed: list[str] = []
 
     def mutate(doc: Any) -> None:
@@ -889,8 +851,6 @@ def _is_link(home: Path, key: str) -> bool:
 
 
 def _new(args: argparse.Namespace) -> int:
-    from plugin_llm.plugins.scaffold import ScaffoldError, scaffold_plugin
-
     try:
         path = scaffold_plugin(args.name, Path(args.dir).expanduser(), kind=args.kind)
     except ScaffoldError as exc:
@@ -917,8 +877,6 @@ def _not_removable_hint(name: str, refs: list[Any]) -> str:
 def _closed_reason(home: Path) -> str | None:
     """Why config.yaml cannot be read (``HostConfig.closed_reason``), None when it parses."""
     try:
-        from plugin_llm.config import get_config_source
-
         return get_config_source(home).current().closed_reason
     except Exception as exc:  # pragma: no cover - defensive
         return str(exc)
@@ -926,8 +884,6 @@ def _closed_reason(home: Path) -> str | None:
 
 def _config_mentions(home: Path, key: str) -> list[str]:
     try:
-        from plugin_llm.config import get_config_source
-
         raw = get_config_source(home).current().raw
     except Exception:  # pragma: no cover - defensive
         return []
@@ -948,14 +904,10 @@ def _config_mentions(home: Path, key: str) -> list[str]:
 
 
 def _refs(home: Path) -> list[Any]:
-    from plugin_llm.cli.plugins_select import known_plugins
-
     return known_plugins(home)
 
 
 def _resolve_ref(name: str, refs: list[Any], home: Path) -> Any:
-    from plugin_llm.plugins.install import InstallError, resolve_name
-
     try:
         key = resolve_name(name, {r.key: r.name for r in refs}, where=f" in {home} (or entry points)")
     except InstallError as exc:
@@ -964,9 +916,6 @@ def _resolve_ref(name: str, refs: list[Any], home: Path) -> Any:
 
 
 def _set_enabled(home: Path, name: str, *, enable: bool, dry_run: bool) -> tuple[Any, list[str], Any]:
-    from plugin_llm.cli.plugins_select import disable_in, enable_in
-    from plugin_llm.config_edit import ConfigEditError, edit_config
-
     refs = _refs(home)
     target = _resolve_ref(name, refs, home)
     changes: list[str] = []
@@ -982,8 +931,6 @@ def _set_enabled(home: Path, name: str, *, enable: bool, dry_run: bool) -> tuple
 
 
 def _toggle(args: argparse.Namespace, home: Path, *, enable: bool) -> int:
-    from plugin_llm.plugins.install import missing_env
-
     clashes = _clashes(home, _resolve_ref(args.name, _refs(home), home).key) if enable else []
     target, changes, result = _set_enabled(home, args.name, enable=enable, dry_run=args.dry_run)
     verb = "enabled" if enable else "disabled"
@@ -1018,8 +965,6 @@ def _toggle(args: argparse.Namespace, home: Path, *, enable: bool) -> int:
 
 def _active_tokens(home: Path, key: str) -> int:
     """How many unexpired, unrevoked service tokens ``key`` has (0 when the store cannot say)."""
-    from plugin_llm.service.tokens import TokenError, token_store_for
-
     try:
         store = token_store_for(home)
         try:
@@ -1035,8 +980,6 @@ def _clashes(home: Path, key: str) -> list[str]:
     (the first plugin to register a name keeps it; see ``registry.load_order``). Loads the
     plugins read-only (no audit events) as they would load with ``key`` enabled."""
     from dataclasses import replace
-
-    from plugin_llm.plugins import PluginManager
 
     manager = PluginManager(home, audit_events=False)
     real = manager._settings
@@ -1067,7 +1010,7 @@ def _clashes(home: Path, key: str) -> list[str]:
 
 
 def _interactive_menu(home: Path) -> int:
-    from plugin_llm.cli.plugins_menu import run_menu
+    from plugin_llm.cli.plugins_menu import run_menu  # looked up per call: tests replace the menu
 
     model = _menu_model(home)
     if not model.refs:
@@ -1081,9 +1024,6 @@ def _interactive_menu(home: Path) -> int:
 
 
 def _menu_model(home: Path) -> Any:
-    from plugin_llm.cli.plugins_select import build_menu
-    from plugin_llm.config import get_config_source
-
     config = get_config_source(home).current()
     if config.error:
         raise CliError(f"{config.error}; fix config.yaml before changing plugins")
@@ -1091,9 +1031,6 @@ def _menu_model(home: Path) -> Any:
 
 
 def _save_menu(home: Path, model: Any) -> int:
-    from plugin_llm.cli.plugins_select import apply_menu
-    from plugin_llm.config_edit import ConfigEditError, edit_config
-
     changes: list[str] = []
     try:
         result = edit_config(home, lambda doc: changes.extend(apply_menu(doc, model)))

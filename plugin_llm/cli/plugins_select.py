@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from plugin_llm.config_edit import get_value, list_add, list_remove, set_value
+from plugin_llm.plugins.discovery import discover_candidates
+from plugin_llm.plugins.settings import BUILTIN_CONTEXT_ENGINES, BUILTIN_MEMORY_PROVIDERS, settings_from_raw
 
 __all__ = [
     "PluginRef",
@@ -59,8 +61,6 @@ class PluginRef:
 def known_plugins(home: Path) -> list[PluginRef]:
     """Every plugin discovery finds for ``home`` (user, project when enabled, entry points),
     without importing any of them."""
-    from plugin_llm.plugins.discovery import discover_candidates
-
     refs = []
     for key, cand in discover_candidates(home).items():
         manifest = cand.manifest
@@ -215,8 +215,6 @@ def _choice_for(current: str, choices: list[Choice], builtin: Iterable[str]) -> 
 
 def build_menu(refs: list[PluginRef], raw: Mapping[str, Any] | None) -> MenuModel:
     """The checklist for the current config (``raw`` is the parsed config.yaml)."""
-    from plugin_llm.plugins.settings import BUILTIN_CONTEXT_ENGINES, BUILTIN_MEMORY_PROVIDERS, settings_from_raw
-
     settings = settings_from_raw(raw)
     general = [
         MenuItem(r, settings.is_enabled(r.key, r.name), settings.is_enabled(r.key, r.name))

@@ -18,6 +18,9 @@ import sys
 from plugin_llm.cli._common import printable_text
 from plugin_llm.cli.main import CliError, colour, debug_enabled
 from plugin_llm.config import get_config_source
+from plugin_llm.host import Session
+from plugin_llm.host.bootstrap import home_environment, load_manager, resolve_home
+from plugin_llm.plugins import PluginManager
 
 __all__ = ["register", "run"]
 
@@ -38,9 +41,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from plugin_llm.host import Session
-    from plugin_llm.host.bootstrap import home_environment, load_manager, resolve_home
-
     name = args.command_name.strip().lstrip("/")
     if not name:
         raise CliError("no command given; try: plugin-llm run help")
@@ -50,7 +50,6 @@ def run(args: argparse.Namespace) -> int:
     home = resolve_home(args.home)
     with home_environment(home):
         if name == "help":  # read-only: listing the commands appends no load events to the audit log
-            from plugin_llm.plugins import PluginManager
 
             manager = PluginManager(home=home, audit_events=False)
             manager.discover_plugins()

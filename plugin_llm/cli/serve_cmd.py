@@ -14,6 +14,7 @@ import sys
 
 from plugin_llm.cli._common import add_home_argument, home_from, printable
 from plugin_llm.cli.main import CliError, colour
+from plugin_llm.service.server import ServeOptions, serve, tls_warning
 
 __all__ = ["register", "run"]
 
@@ -40,8 +41,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from plugin_llm.service.server import ServeOptions, serve, tls_warning
-
     if not 0 <= args.port <= 65535:
         raise CliError(f"--port must be between 0 and 65535, got {args.port}")
     if not 1 <= args.workers <= _MAX_WORKERS:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from plugin_llm.cli.main import CliError
+from plugin_llm.local.server import serve_forever
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -20,8 +21,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from plugin_llm.local.server import serve_forever
-
     if not 0 <= args.port <= 65535:
         raise CliError(f"--port must be between 0 and 65535, got {args.port}")
     try:

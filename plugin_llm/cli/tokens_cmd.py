@@ -17,9 +17,12 @@ import argparse
 import sys
 from typing import Any
 
+from plugin_llm.auditing import write_event
 from plugin_llm.cli._common import add_home_argument, dumps_json, home_from, printable
-from plugin_llm.timefmt import utc_iso, with_unix
 from plugin_llm.cli.main import CliError
+from plugin_llm.cli.plugin_keys import plugin_key_for
+from plugin_llm.service.tokens import TokenError, parse_duration, token_key_path, token_store_for
+from plugin_llm.timefmt import utc_iso, with_unix
 
 __all__ = ["register", "DEFAULT_EXPIRES"]
 
@@ -52,8 +55,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _store(args: argparse.Namespace):
-    from plugin_llm.service.tokens import TokenError, token_store_for
-
     home = home_from(args)
     if home.exists() and not home.is_dir():
         raise CliError(f"--home {home} is not a directory")
@@ -73,15 +74,10 @@ def _when(value: Any) -> str:
 
 
 def _audit(home, event: str, **fields: Any) -> None:
-    from plugin_llm.auditing import write_event
-
     write_event(home, event, **fields)
 
 
 def run_create(args: argparse.Namespace) -> int:
-    from plugin_llm.cli.plugin_keys import plugin_key_for
-    from plugin_llm.service.tokens import TokenError, parse_duration
-
     try:
         never = args.expires.strip().lower() == "never"
         expires_in = None if never else parse_duration(args.expires)
@@ -110,8 +106,6 @@ def run_create(args: argparse.Namespace) -> int:
 
 
 def run_list(args: argparse.Namespace) -> int:
-    from plugin_llm.service.tokens import TokenError, token_key_path
-
     home, store = _store(args)
     try:
         rows = store.list()
@@ -140,8 +134,6 @@ def run_list(args: argparse.Namespace) -> int:
 
 
 def run_revoke(args: argparse.Namespace) -> int:
-    from plugin_llm.service.tokens import TokenError
-
     home, store = _store(args)
     try:
         info = store.revoke(args.id)

@@ -21,8 +21,16 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping
 
+from plugin_llm import trust_report as tr
+from plugin_llm.capabilities import parse_grant
 from plugin_llm.cli._common import dumps_json, printable
 from plugin_llm.cli.main import CliError
+from plugin_llm.config import hermes_home
+from plugin_llm.config_edit import ConfigEditError, edit_config, get_value, list_add, list_remove, set_value
+from plugin_llm.limits.views import describe
+from plugin_llm.routing import requested_overrides
+from plugin_llm.trust import CAPABILITY_FOR, FLAG_KEYS, LIST_KEYS
+from plugin_llm.trust_report import _entries
 
 __all__ = ["register", "run", "normalize_flag"]
 
@@ -89,8 +97,6 @@ _EDIT_HELP = {
 
 def normalize_flag(text: str) -> str:
     """``provider|model|agent_id|profile`` from a short name or a full trust key."""
-    from plugin_llm.trust import FLAG_KEYS, LIST_KEYS
-
     word = text.strip().lower().replace("-", "_")
     if word in FLAG_KEYS:
         return word
@@ -117,7 +123,6 @@ def run(args: argparse.Namespace) -> int:
         if not any(isinstance(h, logging.NullHandler) for h in logger.handlers):
             logger.addHandler(logging.NullHandler())
     home = _home(args)
-    from plugin_llm import trust_report as tr
 
     view = tr.read_config(home)
     installed = tr.installed_plugins(home)
@@ -134,8 +139,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _home(args: argparse.Namespace) -> Path:
-    from plugin_llm.config import hermes_home
-
     given = getattr(args, "home", None)
     home = Path(given).expanduser() if given else hermes_home()
     if given and not home.is_dir():
@@ -198,8 +201,6 @@ def _render_plugin(pt: Any, view: Any) -> list[str]:
     lines.append(f"  {pt.summary}")
     plugin_limits = view.config.limits.for_plugin(pt.plugin_id)
     if not plugin_limits.empty or plugin_limits.error is not None:
-        from plugin_llm.limits.views import describe
-
         lines.append(f"  limits: {describe(plugin_limits)}")
     if pt.has_entry:
         width_key = max(len(s.key) for s in pt.settings)
@@ -209,10 +210,6 @@ def _render_plugin(pt: Any, view: Any) -> list[str]:
             lines.append(f"    {s.key:<{width_key}}  {s.display():<{width_val}}  {s.source}{note}")
     granted = getattr(pt.policy, "granted_capabilities", ())
     if granted:  # consented capabilities allow the matching overrides like the allow_* flags
-        from plugin_llm.trust import CAPABILITY_FOR
-
-        from plugin_llm.capabilities import parse_grant
-        from plugin_llm.trust_report import _entries
 
         entry = next((v for k, v in _entries(view.raw).items() if str(k) == pt.plugin_id), None)
         how = ("consent recorded" if parse_grant(pt.plugin_id, entry).bound else
@@ -322,8 +319,6 @@ def _optional(args: argparse.Namespace, name: str) -> str | None:
 
 
 def _explain(tr: Any, view: Any, installed: Mapping[str, str], args: argparse.Namespace, as_json: bool) -> int:
-    from plugin_llm.routing import requested_overrides
-
     plugin_id = _resolve(tr, view, installed, args.plugin)
     # the gateway's own rule (call/pipeline.py, Pipeline._admit)
     overrides = requested_overrides(view.config, provider=_optional(args, "provider"), model=_optional(args, "model"),
@@ -395,9 +390,6 @@ def _same_item(a: Any, b: str) -> bool:
 
 
 def _edit(tr: Any, view: Any, installed: Mapping[str, str], args: argparse.Namespace, as_json: bool, *, grant: bool) -> int:
-    from plugin_llm.config_edit import ConfigEditError, edit_config, get_value, list_add, list_remove, set_value
-    from plugin_llm.trust import FLAG_KEYS, LIST_KEYS
-
     name = normalize_flag(args.flag)
     values = [v.strip() for v in args.values]
     if any(not v for v in values):

@@ -13,6 +13,8 @@ import sys
 
 from plugin_llm.cli._common import add_home_argument, dumps_json, find_audit_record, home_from, printable, printable_text
 from plugin_llm.cli.main import CliError
+from plugin_llm.cli.plugin_keys import plugin_key_for
+from plugin_llm.config import get_config_source
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -59,8 +61,6 @@ def _schema(text: str | None):
 def _plugin_key(home, args: argparse.Namespace) -> str:
     """The key to call as: refused when no plugin here has it or it is disabled (a typo would make a real,
     billed call under a name nobody configured), unless --force."""
-    from plugin_llm.cli.plugin_keys import plugin_key_for
-
     plugin = plugin_key_for(home, args.plugin, force=args.force, doing="no call was made")
     if plugin.disabled and not args.force:
         raise CliError(f"{printable(plugin.key)} is disabled (plugins.disabled in config.yaml): it makes no calls; "
@@ -73,7 +73,6 @@ def run(args: argparse.Namespace) -> int:
 
     home = home_from(args)
     prompt = " ".join(args.prompt)
-    from plugin_llm.config import get_config_source
 
     config = get_config_source(home).current()
     if config.error:

@@ -11,10 +11,9 @@ from __future__ import annotations
 import os
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from typing import Iterator
 
-if TYPE_CHECKING:  # pragma: no cover
-    from plugin_llm.plugins import PluginManager
+from plugin_llm.plugins import PluginManager
 
 __all__ = ["resolve_home", "home_environment", "load_manager"]
 
@@ -44,8 +43,6 @@ def home_environment(home: Path) -> Iterator[Path]:
 
 def load_manager(home: Path) -> "PluginManager":
     """A plugin manager for ``home`` with its plugins discovered and loaded."""
-    from plugin_llm.plugins import PluginManager
-
     manager = PluginManager(home=home)
     manager.discover_plugins()
     return manager

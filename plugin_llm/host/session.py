@@ -26,8 +26,10 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Generator, Mapping
 
-from plugin_llm.host.compressor import DEFAULT_BUDGET_TOKENS, ContextCompressor
-from plugin_llm.plugins.untrusted import MAX_TEXT, error_text, safe_str, type_name
+from plugin_llm.host.compressor import ContextCompressor, DEFAULT_BUDGET_TOKENS, estimate_tokens
+from plugin_llm.plugins.context import is_hermes_context_engine, is_hermes_memory_provider
+from plugin_llm.plugins.tracebacks import frames_text, plugin_dir_of
+from plugin_llm.plugins.untrusted import MAX_TEXT, error_text, plain, safe_str, type_name
 
 if TYPE_CHECKING:  # pragma: no cover
     from plugin_llm.plugins import PluginManager
@@ -890,7 +892,6 @@ class Session:
         if self._hmemory_checked:
             return
         self._hmemory_checked = True
-        from plugin_llm.plugins.context import is_hermes_memory_provider
 
         try:
             active = self.manager.active_memory()
@@ -934,8 +935,6 @@ class Session:
                                  session_id=self.session_id)
 
     def _hermes_engine(self) -> tuple[Any, str] | None:
-        from plugin_llm.plugins.context import is_hermes_context_engine
-
         try:
             active = self.manager.active_context_engine()
         except Exception:
@@ -971,8 +970,6 @@ class Session:
         self.manager.call_plugin("context engine update_from_response", key, engine.update_from_response, payload)
 
     def _memory_provider(self) -> Any:
-        from plugin_llm.plugins.context import is_hermes_memory_provider
-
         try:
             provider = self.manager.memory_provider
             if provider is None or is_hermes_memory_provider(provider) or not provider.is_available():
@@ -1061,8 +1058,6 @@ def _ran_ok(call: Callable[..., Any], what: str, key: str, fn: Callable[..., Any
 
 def _llm_request_payload(value: Any) -> dict[str, Any]:
     """A request an ``llm_execution`` middleware hands to ``next_call``: plain data of the right shape."""
-    from plugin_llm.plugins.untrusted import plain
-
     value = plain(value)
     if type(value) is not dict or type(value.get("messages")) is not list or not all(
             type(m) is dict for m in value["messages"]):
@@ -1105,8 +1100,6 @@ def _char_count(messages: list[dict[str, Any]]) -> int:
 
 
 def _approx_tokens(messages: list[dict[str, Any]]) -> int:
-    from plugin_llm.host.compressor import estimate_tokens
-
     return estimate_tokens(messages)
 
 
@@ -1180,8 +1173,6 @@ def format_plugins(plugins: list[dict[str, Any]]) -> str:
 
 def _command_frames(manager: Any, key: str, exc: BaseException) -> str:
     """The failing command's plugin frames (see :mod:`plugin_llm.plugins.tracebacks`)."""
-    from plugin_llm.plugins.tracebacks import frames_text, plugin_dir_of
-
     try:
         entry = manager._command(key)
         plugin_dir = plugin_dir_of(manager, entry.plugin_key) if entry is not None else None

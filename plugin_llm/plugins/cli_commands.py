@@ -13,6 +13,8 @@ import re
 import sys
 from typing import Callable, Sequence
 
+from . import get_plugin_manager
+from .guarded import run_awaitable
 from .untrusted import error_text
 
 __all__ = ["find_cli_command"]
@@ -33,8 +35,6 @@ def find_cli_command(name: str) -> Callable[[list[str]], int] | None:
     if not isinstance(name, str) or not _NAME.match(name):
         return None
     try:
-        from . import get_plugin_manager
-
         manager = get_plugin_manager()
         manager.discover_plugins()
         entry = manager.cli_commands.get(name)
@@ -69,8 +69,6 @@ def find_cli_command(name: str) -> Callable[[list[str]], int] | None:
         try:
             result = handler(args)
             if inspect.isawaitable(result):
-                from .guarded import run_awaitable
-
                 result = run_awaitable(result)
         except KeyboardInterrupt:
             print(f"plugin-llm {name}: interrupted", file=sys.stderr)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from plugin_llm.capabilities import LEGACY_KEYS, Grant, legacy_granted, parse_grant
+from plugin_llm.config_edit import edit_config, set_value
 from plugin_llm.trust import consent_digest
 
 __all__ = ["CAPABILITY_HELP", "LEGACY_KEYS", "ConsentState", "Grant", "parse_grant", "legacy_granted",
@@ -85,8 +86,6 @@ def record_consent(home: Path, key: str, capabilities: tuple[str, ...] | list[st
                    declared: tuple[str, ...] | list[str] = ()) -> None:
     """Write ``granted_capabilities`` and its digest for ``key`` (comments and the rest of config.yaml kept),
     and Hermes's ``capabilities_consent`` record of the ``declared`` set, so Hermes does not ask again."""
-    from plugin_llm.config_edit import edit_config, set_value
-
     granted = sorted(set(capabilities))
     digest = consent_digest(key, granted)
     seen = "\n".join(sorted({c for c in declared if c in LEGACY_KEYS}))

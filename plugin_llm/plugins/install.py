@@ -37,8 +37,9 @@ from plugin_llm.home_env import ENV_FILENAME, read_env_file, read_env_text
 from plugin_llm.safe_files import MIB, describe_file_type, read_home_text
 from plugin_llm.safe_json import loads_bounded
 
-from .manifest import MANIFEST_ALIAS_BUDGET, MANIFEST_MAX_BYTES, ManifestError, PluginManifest, find_manifest, load_manifest
+from .discovery import SOURCE_USER, scan_directory
 from .isolation.sandbox import plugin_data_path, quarantine_plugin_data
+from .manifest import MANIFEST_ALIAS_BUDGET, MANIFEST_MAX_BYTES, ManifestError, PluginManifest, find_manifest, load_manifest
 
 __all__ = [
     "InstallError",
@@ -687,8 +688,6 @@ def _plugin_dirs_in(directory: Path, plugins_dir: Path) -> list[str]:
 
 def _discovered_key(plugins_dir: Path, path: Path) -> str | None:
     """The key discovery gives the plugin in ``path`` (None when it finds none there)."""
-    from .discovery import SOURCE_USER, scan_directory
-
     for cand in scan_directory(plugins_dir, SOURCE_USER):
         if cand.path is not None and cand.path == path:
             return cand.key
@@ -841,8 +840,6 @@ def install_plugin(
 
 def installed_plugins(plugins_dir: Path) -> dict[str, tuple[str, Path | None]]:
     """Plugins present in ``plugins/`` or recorded in the metadata: key -> (name, path)."""
-    from .discovery import SOURCE_USER, scan_directory
-
     found: dict[str, tuple[str, Path | None]] = {}
     for cand in scan_directory(plugins_dir, SOURCE_USER):
         found[cand.key] = (cand.name, cand.path)

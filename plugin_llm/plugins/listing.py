@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from plugin_llm.trust import CAPABILITY_FOR, FLAG_KEYS
 from .loading import STATUS_DISABLED, STATUS_ENABLED, STATUS_NOT_ENABLED, PluginRecord
 from .manifest import KIND_EXCLUSIVE, KIND_STANDALONE
 
@@ -145,8 +146,6 @@ class ListingMixin:
         """The capabilities plugin ``key`` has, as Hermes's ``plugin_capability_granted`` counts them: requested
         by its manifest and granted by ``plugins.entries.<key>.granted_capabilities`` (bound by this host's
         consent, or written by Hermes), or whose older ``allow_*`` key is true. An unreadable config: none."""
-        from plugin_llm.trust import CAPABILITY_FOR, FLAG_KEYS
-
         record = self._records.get(key)
         manifest = record.candidate.manifest if record is not None else None
         try:

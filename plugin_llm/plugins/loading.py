@@ -42,6 +42,7 @@ from .manifest import (
     requires_hermes_error,
 )
 from .registry import load_order
+from .settings import ISOLATION_IN_PROCESS, ISOLATION_PROCESS
 from .tracebacks import frames_text, plugin_frames
 from .untrusted import bounded, exact_str, type_name
 
@@ -279,8 +280,6 @@ class LoadingMixin:
     def isolation_of(self, record: PluginRecord) -> str:
         """``process`` when the operator (``plugins.entries.<key>.isolation``) or the manifest
         (``isolation: process``) asks for it; the manifest can only ask for more isolation."""
-        from .settings import ISOLATION_IN_PROCESS, ISOLATION_PROCESS
-
         manifest = record.candidate.manifest
         if self._settings.current().entry(record.key).isolation == ISOLATION_PROCESS:
             return ISOLATION_PROCESS
@@ -291,7 +290,6 @@ class LoadingMixin:
     def _load_remote(self, record: PluginRecord) -> None:
         """Load an ``isolation: process`` plugin in its own process (see :mod:`.isolation.remote`)."""
         from .isolation.remote import RemoteLoadError, RemotePlugin
-        from .settings import ISOLATION_PROCESS
 
         candidate = record.candidate
         assert candidate.manifest is not None
@@ -344,7 +342,6 @@ class LoadingMixin:
         """
         candidate = record.candidate
         assert candidate.manifest is not None
-        from .settings import ISOLATION_PROCESS
 
         if self.isolation_of(record) == ISOLATION_PROCESS:
             return self._load_remote(record)

@@ -25,6 +25,7 @@ from typing import Any, Mapping
 
 from plugin_llm.bounded_repr import short_repr
 from plugin_llm.capabilities import LEGACY_KEYS
+from plugin_llm.safe_files import UnsafeFileError, read_home_text
 
 __all__ = [
     "MANIFEST_FILENAMES",
@@ -548,8 +549,6 @@ def load_manifest(path: Path, *, category: str | None = None) -> PluginManifest:
     Read with :func:`plugin_llm.safe_files.read_home_text`: a FIFO or a device
     is refused without blocking, and the size is bounded.
     """
-    from plugin_llm.safe_files import UnsafeFileError, read_home_text
-
     try:
         text = read_home_text(path, max_bytes=MANIFEST_MAX_BYTES)
     except UnsafeFileError as exc:

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from time import monotonic
 from typing import Any, Callable
 
-from .hooks import TELEMETRY_SCHEMA_VERSION, HookEntry
+from .hooks import HookEntry, TELEMETRY_SCHEMA_VERSION, call_limited
+from .tracebacks import frames_text
 from .untrusted import SIGINT_WATCH, error_text
 
 __all__ = [
@@ -106,7 +107,6 @@ OnError = Callable[[MiddlewareEntry, str, "BaseException | None"], None]
 
 def _report(entry: MiddlewareEntry, what: str, on_error: OnError | None, error: BaseException | None = None) -> None:
     if on_error is None:  # no reporter: the log still says it, with the plugin's frames at DEBUG
-        from .tracebacks import frames_text
 
         _log.warning("middleware %s of plugin %s %s", entry.kind, entry.plugin_key, what)
         if error is not None:
@@ -240,8 +240,6 @@ def apply_requests(
     on_error: OnError | None = None,
 ) -> Any:
     """Request middleware: each callback may replace the payload (``{payload_key: new}``)."""
-    from .hooks import call_limited
-
     original = payload
     for entry in entries:
         kwargs = entry._hook.select_kwargs({

@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from plugin_llm.config_edit import edit_config, ensure_map, set_value
+
 __all__ = ["MAX_VALUE_BYTES", "setting_segments", "read_setting", "checked_value", "write_setting"]
 
 _SEGMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$")
@@ -95,8 +97,6 @@ def checked_value(value: Any, who: str) -> Any:
 
 def write_setting(home: Path, plugin_key: str, segments: tuple[str, ...], value: Any, who: str) -> None:
     """Set one value under the plugin's ``settings``; everything else in config.yaml is kept as it is."""
-    from plugin_llm.config_edit import ensure_map, set_value
-
     value = checked_value(value, who)
     path = ("plugins", "entries", plugin_key, "settings", *segments)
 
@@ -107,7 +107,5 @@ def write_setting(home: Path, plugin_key: str, segments: tuple[str, ...], value:
                 del node[segment]
             node = ensure_map(doc, *path[:depth + 1])
         set_value(doc, path, value)
-
-    from plugin_llm.config_edit import edit_config
 
     edit_config(home, mutate)

@@ -14,6 +14,9 @@ import json
 import textwrap
 from pathlib import Path
 
+from .install import InstallError, validate_install_name
+from .registry import BUILTIN_COMMANDS, normalize_command_name
+
 __all__ = ["KINDS", "ScaffoldError", "scaffold_plugin"]
 
 #: the templates (``--template``, also ``--kind``): what the generated plugin does
@@ -285,9 +288,6 @@ Tests (offline: a temporary home, the embedded local model, scripted replies):
 
 def scaffold_plugin(name: str, directory: Path, *, kind: str = "command") -> Path:
     """Create the plugin ``name`` in ``directory/name``; returns its path."""
-    from .install import InstallError, validate_install_name
-    from .registry import BUILTIN_COMMANDS, normalize_command_name
-
     try:
         validate_install_name(name)
     except InstallError as exc:

@@ -23,6 +23,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Callable
 
+from plugin_llm.terminal_text import escape_unsafe
+
 __all__ = ["MAX_FRAMES", "plugin_frames", "frames_text", "plugin_dir_of", "release_frames", "FailureReporter"]
 
 #: Frames kept (the innermost ones: where it failed).
@@ -50,8 +52,6 @@ def _root(plugin_dir: Path | str | None) -> str | None:
 
 
 def _frames_of(tb: TracebackType | None, root: str | None) -> list[str]:
-    from plugin_llm.terminal_text import escape_unsafe
-
     out: list[str] = []
     seen = 0
     while tb is not None and seen < 1000:

@@ -33,9 +33,16 @@ import weakref
 from pathlib import Path
 from typing import Any, Callable
 
-from ..untrusted import bounded, exact_str
-from .sandbox import SandboxUnavailable
+from auth.redaction import redact
+from plugin_llm import wire
+from plugin_llm.errors import PluginLlmError, PluginLlmTimeoutError, PluginLlmTrustError
+from . import sandbox
+from .. import ctx_api
+from ..hooks import CURRENT_LIMIT, HookTimeoutError
+from ..lifecycle import PluginRegistration
+from ..registry import Disposable
 from ..settings import ISOLATION_IN_PROCESS, ISOLATION_PROCESS, NETWORK_HOST, NETWORK_NONE
+from ..untrusted import bounded, error_text, exact_str, safe_str, type_name
 from .protocol import (
     CallTimeout,
     Channel,
@@ -46,6 +53,7 @@ from .protocol import (
     decode_value,
     encode_value,
 )
+from .sandbox import SandboxUnavailable
 
 __all__ = [
     "ISOLATION_PROCESS",
@@ -194,8 +202,6 @@ class _OpenStreams:
         if op != "next":
             raise ValueError(f"unknown ctx.llm stream operation {bounded(str(op), 40)!r}")
         if entry is None:
-            from plugin_llm.errors import PluginLlmTimeoutError
-
             if handle in self._expired:
                 raise PluginLlmTimeoutError(f"plugin '{self._key}' stopped reading its stream until past the call's "
                                             "deadline: the host ended it (recorded as abandoned)")
@@ -529,8 +535,6 @@ class RemotePlugin:
     # --- starting and loading ---------------------------------------------------------
 
     def _spawn(self) -> _Child:
-        from . import sandbox
-
         try:  # limits and network as config.yaml says now: an edit applies at the next (re)start
             settings = self._manager._settings.current()
             self.limits = settings.limits_for(self.key)
@@ -658,8 +662,6 @@ class RemotePlugin:
 
     @staticmethod
     def _error_text(info: dict[str, Any]) -> str:
-        from ..untrusted import error_text
-
         return error_text(_stand_in(info))
 
     # --- what the child asks -----------------------------------------------------------
@@ -682,8 +684,6 @@ class RemotePlugin:
     def _on_ctx(self, child: _Child, params: dict[str, Any]) -> Any:
         """A ``ctx`` call of the plugin, its arguments bound by name in its process (:mod:`..ctx_api`),
         applied through the host's own ``PluginContext`` method, which binds and checks them again."""
-        from .. import ctx_api
-
         method = params.get("m")
         if type(method) is not str or method in ctx_api.LOCAL or (
                 method not in ctx_api.METHODS and method not in ctx_api.PROPERTIES):
@@ -757,8 +757,6 @@ class RemotePlugin:
 
     def _register(self, method: str, label: str, encoded: dict[str, Any], signatures: Any) -> Any:
         """Apply one registration: the plugin's callables become proxies, a provider a stand-in."""
-        from .. import ctx_api
-
         ctx = self._ctx
         if method in ctx_api.NOT_ACROSS:
             ctx._refuse(f"ctx.{method}({bounded(label, 60)!r}) is not available to a plugin running out of process "
@@ -836,10 +834,6 @@ class RemotePlugin:
         key = self.key
 
         def run_raw(argv: list[str], debug: bool = False) -> int:
-            from auth.redaction import redact
-
-            from ..untrusted import error_text
-
             try:
                 reply = runner(list(argv))
             except Exception as exc:
@@ -884,8 +878,6 @@ class RemotePlugin:
                 budget.resume()
 
     def _on_llm(self, child: _Child, params: dict[str, Any]) -> Any:
-        from plugin_llm.errors import PluginLlmTrustError
-
         kw = decode_value(params.get("kw") or {})
         if type(kw) is not dict:
             raise ValueError("ctx.llm arguments must be an object")
@@ -921,13 +913,6 @@ class RemotePlugin:
     def _describe_host_error(self, exc: BaseException) -> dict[str, Any]:
         """A host error as the child sees it: a gateway error through the one codec (its class and
         fields), anything else as its class name and redacted message."""
-        from auth.redaction import redact
-
-        from plugin_llm import wire
-        from plugin_llm.errors import PluginLlmError
-
-        from ..untrusted import safe_str, type_name
-
         if isinstance(exc, PluginLlmError):
             return wire.encode_error(exc, remote=True)  # the plugin is told what a remote caller is
         return {"type": type_name(exc), "message": redact(safe_str(exc, 4000) or "")}
@@ -936,8 +921,6 @@ class RemotePlugin:
 
     def invoke(self, index: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Run the plugin's callable ``index`` in its process: its (decoded) result, or what it raised."""
-        from ..hooks import CURRENT_LIMIT, HookTimeoutError
-
         slot = self._slots[index]
         child = self._ready_child()
         # A little under the hook runner's own limit: this call times out first, with its own message.
@@ -1072,8 +1055,6 @@ def _reply(result: Any) -> dict[str, Any]:
     (a disposable handle is kept: the plugin's process refers to it by number)."""
     if result is None or type(result) in (bool, int, float, str):
         return {"v": result}
-    from ..lifecycle import PluginRegistration
-    from ..registry import Disposable
 
     return {"entry": True, "handle": result if isinstance(result, (PluginRegistration, Disposable)) else None}
 
@@ -1099,8 +1080,6 @@ def _method(proxy: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _encode_result(result: Any) -> dict[str, Any]:
-    from plugin_llm import wire
-
     out = wire.encode_result(result)
     # what came from the provider (parsed JSON, tool arguments) and the audit fields as plain data only
     for key in ("audit", "tool_calls", "parsed"):

@@ -35,6 +35,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from plugin_llm.home_env import read_env_file
+from plugin_llm.limits.settings import url_secrets
+from plugin_llm.plugin_env import credential_check
+
 try:
     import resource
 except ImportError:  # pragma: no cover - Windows: no rlimits (and no preexec_fn in subprocess)
@@ -419,8 +423,6 @@ def _slug(key: str) -> str:
 def _credential_names(home: Path) -> Callable[[str], bool]:
     """Is a variable one of the host's credentials (:func:`plugin_llm.plugin_env.credential_check`)? Proxies
     are passed by their own rule (without ``user:pass@``), never by ``requires_env``."""
-    from plugin_llm.plugin_env import credential_check
-
     credential = credential_check(home)
     return lambda name: name in _NEVER_ENV or credential(name)
 
@@ -474,7 +476,6 @@ def _without_store_secrets(env: dict[str, str], withheld: tuple[str, ...], home:
     limits: a plugin must never be able to write what authenticates or limits it); their names join ``withheld``."""
     try:
         from plugin_llm.config import get_config_source
-        from plugin_llm.limits.settings import url_secrets
 
         found = url_secrets(get_config_source(home).current().limits.redis_url)
     except Exception:  # an unreadable config names no store the host could use
@@ -486,8 +487,6 @@ def _without_store_secrets(env: dict[str, str], withheld: tuple[str, ...], home:
 
 
 def _home_env(home: Path) -> dict[str, str]:
-    from plugin_llm.home_env import read_env_file
-
     values = read_env_file(home)
     if values:
         from auth import register_secret  # as load_home_env does: .env values are often keys

@@ -21,7 +21,11 @@ import threading
 from pathlib import Path
 from typing import Any, Callable
 
-from ..ctx_api import bind, implements, signature_of
+from .. import ctx_api
+from ..ctx_api import NOT_ACROSS, PROVIDER_PARAMS, bind, implements, is_registration, missing_attribute, signature_of
+from ..engines import ContextEngine, MemoryProvider
+from ..manifest import EnvRequirement, PluginManifest
+from ..untrusted import UnusableValue
 from .protocol import PROTOCOL_VERSION, Channel, ChannelClosed, Peer, RemoteError, decode_value, encode_value
 
 __all__ = ["RemoteContext", "main"]
@@ -494,8 +498,6 @@ class RemoteContext:
         return f"PluginContext(plugin={self._key!r}, out of process)"
 
     def __getattr__(self, name: str) -> Any:
-        from ..ctx_api import missing_attribute
-
         raise missing_attribute(name)
 
     @property
@@ -571,8 +573,6 @@ class RemoteContext:
 
     def _forward(self, method: str, named: dict[str, Any]) -> Any:
         """``ctx.<method>`` with its bound arguments, answered by the host."""
-        from ..ctx_api import NOT_ACROSS, PROVIDER_PARAMS, is_registration
-
         params: dict[str, Any] = {"m": method}
         if method in NOT_ACROSS:
             params["refused"] = _label(named)
@@ -609,8 +609,6 @@ def _label(named: dict[str, Any]) -> str:
 def _describe(method: str, obj: Any) -> dict[str, Any]:
     """A provider object for the host: its public methods (handles) and public plain attributes; the host
     builds a stand-in of the same base class whose methods call these (a class: a stand-in class)."""
-    from ..engines import ContextEngine, MemoryProvider
-
     cls = obj if isinstance(obj, type) else type(obj)
     base = {"register_memory_provider": "host" if issubclass(cls, MemoryProvider) else "hermes",
             "register_context_engine": "host" if issubclass(cls, ContextEngine) else "hermes"}.get(method, "")
@@ -649,8 +647,6 @@ def _forwarded_property(name: str) -> property:
 
 def forward_the_rest(cls: type) -> type:
     """Give ``cls`` every member of the contract it lacks: bound here, applied by the host."""
-    from .. import ctx_api
-
     for name in ctx_api.METHODS:
         if not hasattr(cls, name):
             setattr(cls, name, _forwarder(name))
@@ -721,7 +717,6 @@ class _Worker:
         try:
             return encode_value(value)
         except Exception as exc:  # its own mapping raised, or it is too deep: the host must not guess
-            from ..untrusted import UnusableValue
 
             raise UnusableValue(f"it returned a {_type_name(value)} that cannot be used: "
                                 f"reading it raised {_type_name(exc)}: {_text(exc, 300)}") from None
@@ -733,8 +728,6 @@ class _Worker:
         from importlib.util import module_from_spec, spec_from_file_location
 
         from plugin_llm.compat.hermes import _home, finder
-
-        from ..manifest import EnvRequirement, PluginManifest
 
         key, path, module_name = str(params["key"]), Path(str(params["path"])), str(params["module"])
         fields = params.get("manifest") if type(params.get("manifest")) is dict else {}
