@@ -25,7 +25,7 @@ def host_audit_log(home: Path, settings: Any = None):
     The redactor is :func:`auth.redaction.redact_field`: ``redact`` that remembers the short
     values it found clean (a record's plugin id, provider, model, reasons recur call after call).
     """
-    from audit import get_audit_log
+    from audit import get_audit_log  # on first use: import plugin_llm.llm stays light
 
     return get_audit_log(Path(home) / "logs" / "agent.log", settings, redact=redact_field)
 
@@ -64,7 +64,7 @@ def _on_reload(old: HostConfig | None, new: HostConfig) -> None:
 
 def _telemetry(sink: Any, config: HostConfig) -> None:
     """Export the home's call records as its ``telemetry:`` says (the SDK is imported only when it is on)."""
-    from plugin_llm import telemetry
+    from plugin_llm import telemetry  # on first use: import plugin_llm.llm stays light
 
     telemetry.configure(sink, config.telemetry)
 

@@ -337,7 +337,7 @@ class _StreamReader:
     """The gateway's SSE (``chat.completion.chunk`` events) read back into deltas and the final result."""
 
     def __init__(self, agent_id: str | None) -> None:
-        from plugin_llm.transport._stream import SseParser
+        from plugin_llm.transport._stream import SseParser  # on first use: it loads the provider layer
 
         self._parser = SseParser()
         self._ready: list[str] = []
@@ -352,7 +352,7 @@ class _StreamReader:
     def feed(self, data: bytes, end: bool = False) -> None:
         import json
 
-        from plugin_llm.transport._stream import SseError
+        from plugin_llm.transport._stream import SseError  # on first use: it loads the provider layer
 
         try:
             events = self._parser.end() if end else self._parser.feed(data)

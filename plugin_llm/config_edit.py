@@ -137,7 +137,7 @@ def _stamp(path: Path) -> tuple[int, int, int] | None:
 
 
 def _read(path: Path, *, create: bool, shown: Path) -> _Before | None:
-    from plugin_llm.config import CONFIG_MAX_BYTES
+    from plugin_llm.config import CONFIG_MAX_BYTES  # on first use: it loads PyYAML
 
     try:  # a FIFO, a device or a directory in its place is refused without blocking
         got = read_home_file(path, max_bytes=CONFIG_MAX_BYTES)
@@ -221,7 +221,7 @@ def _atomic_write(path: Path, data: bytes, mode: int) -> None:
 
 
 def _yaml_error(path: Path, exc: Exception) -> str:
-    from plugin_llm.config import describe_yaml_error
+    from plugin_llm.config import describe_yaml_error  # on first use: it loads PyYAML
 
     return describe_yaml_error(path, exc)
 
@@ -301,8 +301,8 @@ def _host_load(text: str) -> Any:
     is refused here (with its line) instead of being expanded by the
     round-trip loader, :func:`_plain` or :func:`_leaves`.
     """
-    from plugin_llm.config import GOVERNED_SECTIONS
-    from plugin_llm.safe_yaml import load_yaml
+    from plugin_llm.config import GOVERNED_SECTIONS  # on first use: it loads PyYAML
+    from plugin_llm.safe_yaml import load_yaml  # on first use: it loads PyYAML
 
     return load_yaml(text, unique_keys=GOVERNED_SECTIONS)
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from auth import get_store
+
 __all__ = ["key_source"]
 
 
@@ -20,8 +22,6 @@ class _StoreKeys:
         self._home, self._provider, self._profile = home, provider, profile
 
     def _store(self):
-        from auth import get_store
-
         return get_store(self._home)
 
     def acquire(self):

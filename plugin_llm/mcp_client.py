@@ -302,7 +302,7 @@ def call_mcp(config: Any, plugin_id: str, server: Any, tool: Any, arguments: Any
              *, audit_log: Any = None) -> dict[str, Any]:
     """One MCP tool call of ``plugin_id`` under the host's ``config`` (a ``HostConfig``): the envelope, or
     ``PermissionError`` (allowlist) / ``PluginLlmQuotaError`` (limits). Exactly one audit record."""
-    from plugin_llm.auditing import host_audit_log
+    from plugin_llm.auditing import host_audit_log  # on first use: it loads PyYAML
 
     started = time.monotonic()
     for what, value in (("server", server), ("tool", tool)):

@@ -38,7 +38,7 @@ def credential_check(home: Path) -> Callable[[str], bool]:
 
 def _route_provider(home: Path) -> str | None:
     try:
-        from plugin_llm.config import get_config_source
+        from plugin_llm.config import get_config_source  # on first use: it loads PyYAML
 
         provider = get_config_source(Path(home)).current().model.provider
     except Exception:  # no usable config: the known providers still apply

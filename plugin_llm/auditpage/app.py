@@ -232,7 +232,7 @@ def service_mount(home: Path, on_refused: Callable[[Request], None] | None = Non
                     ADMIN_TOKEN_ENV, MIN_TOKEN_CHARS)
         return None
     try:
-        from plugin_llm.config import get_config_source
+        from plugin_llm.config import get_config_source  # on first use: it loads PyYAML
 
         configured = get_config_source(home).current().audit.signing_key or None
     except Exception:  # noqa: BLE001 - a broken config: the default key location

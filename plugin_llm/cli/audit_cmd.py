@@ -728,7 +728,7 @@ def _serve(args: argparse.Namespace) -> int:
         if not args.token:
             raise CliError(f"--host {_shown(args.host)} lets other machines read the audit log: add --token "
                            f"(the page then needs the admin token), or keep the default 127.0.0.1")
-        from plugin_llm.auditpage.app import ADMIN_TOKEN_ENV, MIN_TOKEN_CHARS
+        from plugin_llm.auditpage.app import ADMIN_TOKEN_ENV, MIN_TOKEN_CHARS  # on first use: it loads Starlette
 
         token = os.environ.get(ADMIN_TOKEN_ENV, "").strip() or None
         if token is not None and len(token) < MIN_TOKEN_CHARS:
@@ -756,7 +756,7 @@ def _serve(args: argparse.Namespace) -> int:
 def _run_page(source: Any, token: str | None, sock: Any) -> int:
     import uvicorn
 
-    from plugin_llm.auditpage.app import create_audit_app
+    from plugin_llm.auditpage.app import create_audit_app  # on first use: it loads Starlette
 
     app = create_audit_app(source, token=token)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False,

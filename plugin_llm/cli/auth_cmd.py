@@ -467,9 +467,9 @@ def _cmd_test(args: argparse.Namespace) -> int:
         model = _TEST_MODELS.get(provider)
         if model is None:
             raise CliError(f"no default test model for provider {provider!r}: pass --model MODEL")
-    from plugin_llm.llm import PluginLlm
+    from plugin_llm.llm import PluginLlm  # on first use: it loads the provider layer
 
-    from plugin_llm.cli._waiting import provider_layer_notice
+    from plugin_llm.cli._waiting import provider_layer_notice  # on first use: it loads the provider layer
 
     llm = PluginLlm(AUTH_TEST_IDENTITY, home=home, config_source=config)  # type: ignore[arg-type]
     started = time.monotonic()

@@ -48,7 +48,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.max_tool_iterations < 0:
         raise CliError("--max-tool-iterations must be 0 or more")
-    from plugin_llm.transport import start_background_load
+    from plugin_llm.transport import start_background_load  # on first use: it loads the provider layer
 
     start_background_load()  # the first turn calls the model: litellm loads while plugins load
     home = resolve_home(args.home)

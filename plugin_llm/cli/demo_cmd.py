@@ -65,7 +65,7 @@ def find_examples(explicit: str | None = None) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
-    from plugin_llm.transport import start_background_load
+    from plugin_llm.transport import start_background_load  # on first use: it loads the provider layer
 
     start_background_load()  # the demo calls the model: litellm loads while the home is seeded
     examples = find_examples(args.examples)
@@ -159,7 +159,7 @@ class _Demo:
         self.say(f"  workspace/notes.txt still exists: {'yes' if still else 'NO'}")
 
     def _trust(self) -> None:
-        from plugin_llm import PluginLlm, PluginLlmTrustError
+        from plugin_llm import PluginLlm, PluginLlmTrustError  # on first use: it loads the provider layer
 
         self.section(6, "Trust gate: a model override the operator has not granted")
         self.say('  tldr calls ctx.llm.complete(..., model="gpt-4o") without a plugins.entries.tldr block')

@@ -334,7 +334,7 @@ def _credentials(home: Path, route: Any) -> list[Check]:
 
 def _fast_path(route: Any) -> Check:
     """Whether the route's calls take the transport's fast path, and why (litellm is not imported)."""
-    from plugin_llm.transport import TESTED_LITELLM, fast_path_decision
+    from plugin_llm.transport import TESTED_LITELLM, fast_path_decision  # on first use: it loads the provider layer
 
     fast, why = fast_path_decision(route)
     if fast:

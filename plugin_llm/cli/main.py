@@ -91,7 +91,7 @@ _NO_HOME = frozenset({"demo", "serve-local", "completion"})
 
 def _build_parser(selected: str | None) -> argparse.ArgumentParser:
     """The command table's parser; ``selected`` (a name, or ``"*"`` for all) has its full parser."""
-    from plugin_llm.cli._common import HOME_HELP, CliParser
+    from plugin_llm.cli._common import HOME_HELP, CliParser  # on first use: it loads PyYAML
 
     parser = CliParser(
         prog="plugin-llm",
@@ -134,7 +134,7 @@ def _accept_debug(sub: argparse._SubParsersAction) -> None:
 def _accept_home(sub: argparse._SubParsersAction) -> None:
     """``--home`` after the subcommand too, at every level, with one help; its default is suppressed
     so that an absent flag never overrides one given before the subcommand."""
-    from plugin_llm.cli._common import HOME_HELP
+    from plugin_llm.cli._common import HOME_HELP  # on first use: it loads PyYAML
 
     for name, child in sub.choices.items():
         if name in _NO_HOME or not child.add_help:  # a stub of --help's listing has no options
@@ -161,7 +161,7 @@ def _version() -> str:
 def _help_epilog_plugins(parser: argparse.ArgumentParser) -> None:
     """Add the plugin CLI commands (``ctx.register_cli_command``) of the home to ``--help``."""
     try:
-        from plugin_llm.plugins import PluginManager
+        from plugin_llm.plugins import PluginManager  # on first use: the CLI's start stays light
 
         manager = PluginManager(audit_events=False)  # read-only: no load events in the audit log
         manager.discover_plugins()
@@ -170,7 +170,7 @@ def _help_epilog_plugins(parser: argparse.ArgumentParser) -> None:
         return
     if not commands:
         return
-    from plugin_llm.cli._common import printable
+    from plugin_llm.cli._common import printable  # on first use: it loads PyYAML
 
     lines = [f"  {printable(name, 40):<14}{printable(getattr(e, 'help', '') or '', 200)} "
              f"(plugin {printable(getattr(e, 'plugin_key', ''), 80)})" for name, e in sorted(commands.items())]
@@ -213,7 +213,7 @@ def _global_home(argv: Sequence[str], selected: str | None) -> str | None:
 def _install_log_format(argv: Sequence[str], selected: str | None) -> bool:
     """``--log-format json|console`` (or ``$PLUGIN_LLM_LOG_FORMAT``): the process's own log lines as JSON
     lines or console lines (:mod:`plugin_llm.oplog`); False for a value that is no format (said)."""
-    from plugin_llm import oplog
+    from plugin_llm import oplog  # on first use: the CLI's start stays light
 
     fmt = _global_value(argv, selected, "--log-format") or os.environ.get("PLUGIN_LLM_LOG_FORMAT")
     if not fmt:
@@ -359,7 +359,7 @@ def _error(text: str) -> None:
 
 
 def _printable(text: str) -> str:
-    from plugin_llm.terminal_text import escape_unsafe
+    from plugin_llm.terminal_text import escape_unsafe  # on first use: the CLI's start stays light
 
     return escape_unsafe(text, 100)
 
@@ -381,7 +381,7 @@ def _below_error(record: logging.LogRecord) -> bool:
 def _closed_reason(home: object) -> str | None:
     from pathlib import Path
 
-    from plugin_llm.config import get_config_source, hermes_home
+    from plugin_llm.config import get_config_source, hermes_home  # on first use: it loads PyYAML
 
     try:
         path = Path(home).expanduser() if home else hermes_home()  # type: ignore[arg-type]
@@ -456,7 +456,7 @@ def _close_audit_logs() -> None:
 def _safe(exc: BaseException) -> str:
     """Exception text as the terminal may show it: redacted, bounded, and with the
     control characters of plugin- or file-supplied text escaped (line breaks kept)."""
-    from plugin_llm.plugins.untrusted import safe_str
+    from plugin_llm.plugins.untrusted import safe_str  # on first use: the CLI's start stays light
 
     text = safe_str(exc, 8000)
     if text is None:
@@ -466,7 +466,7 @@ def _safe(exc: BaseException) -> str:
 
 def _clean(text: str) -> str:
     """Text for the terminal: redacted, bounded, control characters escaped (line breaks kept)."""
-    from plugin_llm.terminal_text import escape_unsafe
+    from plugin_llm.terminal_text import escape_unsafe  # on first use: the CLI's start stays light
 
     try:
         from auth import redact
@@ -481,7 +481,7 @@ class _TerminalFormatter(logging.Formatter):
     """Log lines on stderr: plugin-supplied text (names, error texts) escaped, line breaks kept."""
 
     def format(self, record: logging.LogRecord) -> str:
-        from plugin_llm.terminal_text import escape_unsafe
+        from plugin_llm.terminal_text import escape_unsafe  # on first use: the CLI's start stays light
 
         return "\n".join(escape_unsafe(line, 4000) for line in super().format(record).split("\n"))
 

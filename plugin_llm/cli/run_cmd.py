@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             manager = load_manager(home)
         if name in manager.commands:  # a plugin command may call the model: load litellm meanwhile
-            from plugin_llm.transport import start_background_load
+            from plugin_llm.transport import start_background_load  # on first use: it loads the provider layer
 
             start_background_load()
         session = Session(manager, platform="cli")  # not attached: no conversation to inject into

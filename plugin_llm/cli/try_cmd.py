@@ -69,7 +69,7 @@ def _plugin_key(home, args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from plugin_llm.llm import PluginLlm
+    from plugin_llm.llm import PluginLlm  # on first use: it loads the provider layer
 
     home = home_from(args)
     prompt = " ".join(args.prompt)
@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
         provider=args.provider, model=args.model, agent_id=args.agent_id, profile=args.profile,
         temperature=args.temperature, max_tokens=args.max_tokens, timeout=args.timeout, purpose=args.purpose,
     )
-    from plugin_llm.cli._waiting import provider_layer_notice
+    from plugin_llm.cli._waiting import provider_layer_notice  # on first use: it loads the provider layer
 
     try:
         with provider_layer_notice():

@@ -22,7 +22,7 @@ def resolve_home(value: str | os.PathLike[str] | None) -> Path:
     """``--home`` if given, else ``$HERMES_HOME``, else ``~/.hermes``."""
     if value:
         return Path(value).expanduser().resolve()
-    from plugin_llm.config import hermes_home
+    from plugin_llm.config import hermes_home  # on first use: it loads PyYAML
 
     return hermes_home().resolve()
 

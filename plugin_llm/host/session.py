@@ -197,7 +197,7 @@ class Session:
         An attached session will call the model: litellm starts loading on a
         background thread now, so that the first turn does not wait for it.
         """
-        from plugin_llm.transport import start_background_load
+        from plugin_llm.transport import start_background_load  # on first use: it loads the provider layer
 
         start_background_load()
         self.manager.active_session = self
@@ -281,7 +281,7 @@ class Session:
     def configured_route(self) -> tuple[str, str]:
         """(provider, model) that config.yaml selects now (the next request uses it)."""
         try:
-            from plugin_llm.config import get_config_source
+            from plugin_llm.config import get_config_source  # on first use: it loads PyYAML
 
             model = get_config_source(self.manager.home).current().model
             return (model.provider or "", model.model or "")
@@ -290,7 +290,7 @@ class Session:
 
     def _config_raw(self) -> Mapping[str, Any]:
         try:
-            from plugin_llm.config import get_config_source
+            from plugin_llm.config import get_config_source  # on first use: it loads PyYAML
 
             raw = get_config_source(self.manager.home).current().raw
         except Exception:  # no config module yet, unreadable file: defaults apply
@@ -453,7 +453,7 @@ class Session:
             return result
 
         def accept_result(value: Any) -> Any:
-            from plugin_llm.llm import HostChatResult
+            from plugin_llm.llm import HostChatResult  # on first use: it loads the provider layer
 
             if type(value) is HostChatResult or any(value is r for r in produced) or (
                     produced and type(value) is type(produced[0])):
@@ -918,6 +918,7 @@ class Session:
         self._memory_tools = {s["name"] for s in self._memory_schemas if s["name"] not in self.manager.tools}
 
     def _hermes_prefetch(self, user_text: str) -> str:
+        # only with a Hermes memory provider: the shims stay unloaded otherwise
         from plugin_llm.compat.hermes.agent.memory_manager import build_memory_context_block
 
         provider, key = self._hmemory  # type: ignore[misc]

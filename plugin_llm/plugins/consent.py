@@ -72,7 +72,7 @@ def _entry(raw: Any, key: str) -> Any:
 
 def consent_state(home: Path, key: str, requested: tuple[str, ...] | list[str]) -> ConsentState:
     """What ``config.yaml`` grants plugin ``key`` (read through the host's config loader)."""
-    from plugin_llm.config import get_config_source
+    from plugin_llm.config import get_config_source  # on first use: it loads PyYAML
 
     try:
         raw = get_config_source(Path(home)).current().raw

@@ -603,7 +603,7 @@ def stage_plugin(
 def _manifest_has_name(root: Path) -> bool:
     import yaml
 
-    from plugin_llm.safe_yaml import load_yaml
+    from plugin_llm.safe_yaml import load_yaml  # on first use: it loads PyYAML
 
     path = find_manifest(root)
     try:

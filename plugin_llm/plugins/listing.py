@@ -149,7 +149,7 @@ class ListingMixin:
         record = self._records.get(key)
         manifest = record.candidate.manifest if record is not None else None
         try:
-            from plugin_llm.config import get_config_source
+            from plugin_llm.config import get_config_source  # on first use: it loads PyYAML
 
             policy = get_config_source(self.home).current().trust_for(key)
             entry = self.settings.entry(key)
@@ -165,7 +165,7 @@ class ListingMixin:
         of the home: ``default`` for ``~/.hermes``, ``<name>`` for ``~/.hermes/profiles/<name>``, ``custom``
         for any other home."""
         try:
-            from auth.authfile import load_auth
+            from auth.authfile import load_auth  # on first use: the isolated child starts light
 
             spec, _ = load_auth(self.home / "auth.json")
             name = spec.default_profile

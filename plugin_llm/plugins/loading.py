@@ -129,7 +129,7 @@ def _module_dir(module: Any) -> Path | None:
 
 
 def _is_missing_hermes_module(error: BaseException) -> bool:
-    from plugin_llm.compat.hermes.finder import HermesModuleMissing
+    from plugin_llm.compat.hermes.finder import HermesModuleMissing  # on first use: the isolated child starts light
 
     return type(error) is HermesModuleMissing
 
@@ -138,7 +138,7 @@ def _register_entry_point_dir(key: str, entry_point: Any, home: Path) -> None:
     """The directory of a pip plugin's package counts as plugin code for the Hermes SDK hook."""
     from importlib.util import find_spec
 
-    from plugin_llm.compat.hermes import finder
+    from plugin_llm.compat.hermes import finder  # on first use: the isolated child starts light
 
     top = str(getattr(entry_point, "value", "")).partition(":")[0].partition(".")[0].strip()
     try:
@@ -268,7 +268,7 @@ class LoadingMixin:
 
     def _prepare_compat(self, candidates: list[PluginCandidate]) -> None:
         """Install the Hermes SDK import hook for this home's plugins (before any plugin code runs)."""
-        from plugin_llm.compat.hermes import _home, finder
+        from plugin_llm.compat.hermes import _home, finder  # on first use: the isolated child starts light
 
         _home.set_active_home(self.home)
         roots = [self.home / "plugins"]
@@ -289,7 +289,7 @@ class LoadingMixin:
 
     def _load_remote(self, record: PluginRecord) -> None:
         """Load an ``isolation: process`` plugin in its own process (see :mod:`.isolation.remote`)."""
-        from .isolation.remote import RemoteLoadError, RemotePlugin
+        from .isolation.remote import RemoteLoadError, RemotePlugin  # on first use: the isolated child starts light
 
         candidate = record.candidate
         assert candidate.manifest is not None
@@ -393,7 +393,7 @@ class LoadingMixin:
 
     def _discard(self, record: PluginRecord) -> None:
         """Remove what a plugin that failed to load registered, and its modules."""
-        from plugin_llm.compat.hermes import finder
+        from plugin_llm.compat.hermes import finder  # on first use: the isolated child starts light
 
         self._unregister(record.key)
         if record.remote is not None:
@@ -431,7 +431,7 @@ class LoadingMixin:
             raise _LoadError(f"cannot import {init}")
         module = module_from_spec(spec)
         sys.modules[module_name] = module
-        from plugin_llm.compat.hermes import finder
+        from plugin_llm.compat.hermes import finder  # on first use: the isolated child starts light
 
         finder.register_plugin(record.key, path, module_name, self.home)  # its code may import Hermes SDK modules
         spec.loader.exec_module(module)

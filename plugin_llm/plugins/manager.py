@@ -107,6 +107,6 @@ class PluginManager(LoadingMixin, UnloadingMixin, RegistrationsMixin, ListingMix
         """Operational event in ``<home>/logs/agent.log`` when the audit package is present."""
         if not self._audit_events:
             return
-        from plugin_llm.auditing import write_event
+        from plugin_llm.auditing import write_event  # on first use: it loads PyYAML
 
         write_event(self.home, event, **fields)

@@ -484,7 +484,7 @@ def parse_manifest(text: str, *, default_name: str, category: str | None = None,
     """
     import yaml  # deferred: `import plugin_llm.plugins` stays cheap
 
-    from plugin_llm.safe_yaml import load_yaml
+    from plugin_llm.safe_yaml import load_yaml  # on first use: it loads PyYAML
 
     try:  # the host's bounded loader: an alias bomb or a recursive alias is refused with its line
         data = load_yaml(text, alias_budget=MANIFEST_ALIAS_BUDGET)

@@ -105,7 +105,7 @@ class RegistrationsMixin:
     def _events(self) -> Any:
         """The plugins' event bus (``ctx.emit`` / ``ctx.subscribe``)."""
         if self._event_bus is None:
-            from .events import EventBus
+            from .events import EventBus  # on first use: the isolated child starts light
 
             with self._registry_lock:
                 if self._event_bus is None:
@@ -118,7 +118,7 @@ class RegistrationsMixin:
         return self._event_bus.subscriptions() if self._event_bus is not None else {}
 
     def _add_prompt_section(self, entry: Any, who: str) -> None:
-        from .prompt_sections import MAX_SECTIONS
+        from .prompt_sections import MAX_SECTIONS  # on first use: the isolated child starts light
 
         with self._registry_lock:
             if entry.id in self._prompt_sections:
@@ -135,7 +135,7 @@ class RegistrationsMixin:
 
     def render_system_prompt_sections(self, session_info: Mapping[str, Any]) -> str:
         """The plugins' system prompt sections for a new session (see :mod:`.prompt_sections`)."""
-        from .prompt_sections import render
+        from .prompt_sections import render  # on first use: the isolated child starts light
 
         sections = list(self._prompt_sections.values())
         if not sections:

@@ -258,7 +258,7 @@ def load_order(candidates: list[Any], home: Path) -> list[Any]:
     ones ``plugins install`` installed, oldest install first, so installing a plugin never takes a
     name from one already there. ``candidates`` are :class:`~.discovery.PluginCandidate`."""
     try:
-        from .install import read_metadata
+        from .install import read_metadata  # on first use: the isolated child starts light
 
         installed = {key: entry.installed_at or "" for key, entry in read_metadata(Path(home) / "plugins").items()}
     except Exception:  # an unreadable record: discovery order

@@ -111,7 +111,7 @@ class PluginSettings:
             return own
         if self.isolation_limits is not None:
             return self.isolation_limits
-        from .isolation.sandbox import DEFAULT_LIMITS
+        from .isolation.sandbox import DEFAULT_LIMITS  # on first use: the isolated child starts light
 
         return DEFAULT_LIMITS
 
@@ -270,7 +270,7 @@ def _limits(value: Any, where: str, problems: list[str]) -> Any:
     """Parsed ``isolation_limits`` (None when absent or unusable: the next default applies)."""
     if value is None:
         return None
-    from .isolation.sandbox import parse_limits
+    from .isolation.sandbox import parse_limits  # on first use: the isolated child starts light
 
     try:
         return parse_limits(value, where)
@@ -332,7 +332,7 @@ class SettingsSource:
 
     def _config_source(self) -> Any:
         if self._source is None:
-            from plugin_llm.config import get_config_source
+            from plugin_llm.config import get_config_source  # on first use: it loads PyYAML
 
             self._source = get_config_source(self.home)
         return self._source

@@ -26,7 +26,7 @@ class UnloadingMixin:
     """
 
     def _unload_all(self) -> None:
-        from plugin_llm.compat.hermes import finder
+        from plugin_llm.compat.hermes import finder  # on first use: the isolated child starts light
 
         for record in reversed(list(self._records.values())):  # the last loaded first, as Hermes does
             self._release(record)
@@ -57,7 +57,7 @@ class UnloadingMixin:
             return [r.key for r in records]
 
     def _unload_one(self, record: PluginRecord) -> None:
-        from plugin_llm.compat.hermes import finder
+        from plugin_llm.compat.hermes import finder  # on first use: the isolated child starts light
 
         record.status, record.note = STATUS_NOT_ENABLED, "unloaded (plugins are loaded again at the next discovery)"
         self._release(record)
@@ -71,7 +71,7 @@ class UnloadingMixin:
 
     def _holdings_of(self, key: str) -> Any:
         """Plugin ``key``'s on_unload callbacks and tasks (created on first use)."""
-        from .lifecycle import Holdings
+        from .lifecycle import Holdings  # on first use: the isolated child starts light
 
         with self._registry_lock:
             holdings = self._holdings.get(key)

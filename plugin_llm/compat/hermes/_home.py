@@ -19,13 +19,13 @@ def set_active_home(home: Path | str | None) -> None:
 def active_home() -> Path:
     """The home of the calling plugin (several managers may load plugins in one process), else the
     home of the manager that loaded plugins last, else ``$HERMES_HOME``."""
-    from .finder import caller_home
+    from .finder import caller_home  # on first use: this shim stays light
 
     home = caller_home()
     if home is not None:
         return home
     if _active is not None:
         return _active
-    from plugin_llm.config import hermes_home
+    from plugin_llm.config import hermes_home  # on first use: it loads PyYAML
 
     return Path(hermes_home())

@@ -475,7 +475,7 @@ def _without_store_secrets(env: dict[str, str], withheld: tuple[str, ...], home:
     """Drop every variable whose value holds the password of ``limits.redis_url`` (the store of the tokens and
     limits: a plugin must never be able to write what authenticates or limits it); their names join ``withheld``."""
     try:
-        from plugin_llm.config import get_config_source
+        from plugin_llm.config import get_config_source  # on first use: it loads PyYAML
 
         found = url_secrets(get_config_source(home).current().limits.redis_url)
     except Exception:  # an unreadable config names no store the host could use

@@ -98,7 +98,7 @@ def _host_exception(info: dict[str, Any]) -> BaseException:
     """The host's error as the exception class the plugin would see in process (by name)."""
     name = info.get("type") if type(info.get("type")) is str else "RuntimeError"
     message = info.get("message") if type(info.get("message")) is str else ""
-    from plugin_llm import errors, wire
+    from plugin_llm import errors, wire  # on first use: the isolated child starts light
 
     if name in errors.__all__:  # a gateway error, with its fields, through the one codec
         return wire.decode_error(info)
@@ -180,7 +180,7 @@ class RemoteLlm:
 
 def _bound(method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
     """The call's arguments by name, checked against the contract's signature of ``method``."""
-    from plugin_llm.api import signature_of
+    from plugin_llm.api import signature_of  # the ctx.llm contract's, not ctx_api's
 
     try:
         bound = signature_of(method).bind(None, *args, **kwargs)
@@ -192,7 +192,7 @@ def _bound(method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[s
 
 
 def _contract_signatures() -> None:
-    from plugin_llm.api import METHODS, signature_of
+    from plugin_llm.api import METHODS, signature_of  # the ctx.llm contract's, not ctx_api's
 
     for name in METHODS:
         getattr(RemoteLlm, name).__signature__ = signature_of(name)
@@ -405,7 +405,7 @@ class RemoteAsyncStream:
 
 
 def _result(reply: Any) -> Any:
-    from plugin_llm import wire
+    from plugin_llm import wire  # on first use: the isolated child starts light
 
     return wire.decode_result(reply)
 
@@ -512,7 +512,7 @@ class RemoteContext:
     def state(self) -> Any:
         """The same file as in process: the data directory is this process's HERMES_HOME (see .sandbox)."""
         if self._state is None:
-            from ..state import PluginState
+            from ..state import PluginState  # on first use: the isolated child starts light
 
             data_dir = os.environ.get("HERMES_HOME")
             if not data_dir:
@@ -553,13 +553,13 @@ class RemoteContext:
     @implements
     def spawn_task(self, coro: Any, *, name: str | None = None) -> Any:
         """A task on this process's running loop (cancelled when the host unloads the plugin)."""
-        from ..lifecycle import spawn_task
+        from ..lifecycle import spawn_task  # on first use: the isolated child starts light
 
         return spawn_task(self._holdings(), coro, name, f"plugin:{self._key}:task")
 
     def _holdings(self) -> Any:
         if self._worker.holdings is None:
-            from ..lifecycle import Holdings
+            from ..lifecycle import Holdings  # on first use: the isolated child starts light
 
             self._worker.holdings = Holdings(self._key)
         return self._worker.holdings
@@ -567,7 +567,7 @@ class RemoteContext:
     @implements
     def set_config(self, key: str, value: Any) -> None:
         """The value is checked here (the channel would turn what YAML cannot hold into something it can)."""
-        from ..plugin_config import checked_value
+        from ..plugin_config import checked_value  # on first use: the isolated child starts light
 
         return self._forward("set_config", {"key": key, "value": checked_value(value, f"plugin {self._key}: set_config()")})
 
@@ -727,7 +727,7 @@ class _Worker:
         self._loaded = True
         from importlib.util import module_from_spec, spec_from_file_location
 
-        from plugin_llm.compat.hermes import _home, finder
+        from plugin_llm.compat.hermes import _home, finder  # on first use: the isolated child starts light
 
         key, path, module_name = str(params["key"]), Path(str(params["path"])), str(params["module"])
         fields = params.get("manifest") if type(params.get("manifest")) is dict else {}

@@ -31,8 +31,8 @@ def _resolved(path: str) -> Path:
 def _signing_key_files(home: Path) -> list[Path]:
     """The configured audit signing key (``audit.signing_key``, possibly outside the home) and its .pub."""
     try:
-        from audit.signing import key_file, pub_file
-        from plugin_llm.config import get_config_source
+        from audit.signing import key_file, pub_file  # on first use: this shim stays light
+        from plugin_llm.config import get_config_source  # on first use: it loads PyYAML
 
         key = key_file(home, get_config_source(home).current().audit.signing_key or None)
     except Exception:
@@ -42,7 +42,7 @@ def _signing_key_files(home: Path) -> list[Path]:
 
 def _host_inodes(home: Path) -> set[tuple[int, int]]:
     """(device, inode) of the existing host-only files, so a hard link to one is recognised."""
-    from plugin_llm.home_layout import HOST_PATHS, host_path
+    from plugin_llm.home_layout import HOST_PATHS, host_path  # on first use: this shim stays light
 
     out: set[tuple[int, int]] = set()
     paths = [host_path(home, e.rel) for e in HOST_PATHS] + _signing_key_files(home)
@@ -65,7 +65,7 @@ def _host_inodes(home: Path) -> set[tuple[int, int]]:
 
 def _protected(path: str, *, reading: bool) -> Optional[str]:
     """What makes ``path`` a host-only file (None when it is not one)."""
-    from plugin_llm.home_layout import host_path_of
+    from plugin_llm.home_layout import host_path_of  # on first use: this shim stays light
 
     home = Path(active_home())
     entry = host_path_of(home, path, reading=reading)

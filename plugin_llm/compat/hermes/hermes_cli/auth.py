@@ -24,8 +24,8 @@ def _configured_providers() -> set[str]:
     """Provider names with a credential in the home's auth.json, or an environment key (names only)."""
     names: set[str] = set()
     try:
-        from auth.authfile import load_auth
-        from auth.providers import ENV_VARS
+        from auth.authfile import load_auth  # on first use: this shim stays light
+        from auth.providers import ENV_VARS  # on first use: this shim stays light
 
         spec, _ = load_auth(active_home() / "auth.json")
         names |= {str(p).lower() for p in spec.providers}

@@ -37,7 +37,7 @@ def get_env_path():
 
 def _raw() -> Dict[str, Any]:
     try:
-        from plugin_llm.config import get_config_source
+        from plugin_llm.config import get_config_source  # on first use: it loads PyYAML
 
         raw = get_config_source(active_home()).current().raw
     except Exception:
@@ -71,7 +71,7 @@ def save_config(config: Dict[str, Any], **_: Any) -> None:
     nothing is written then."""
     if not isinstance(config, dict):
         raise TypeError("save_config() needs a dict")
-    from ..finder import caller_plugin_key
+    from ..finder import caller_plugin_key  # on first use: this shim stays light
 
     key = caller_plugin_key()
     own = ("plugins", "entries", key, "settings") if key is not None else None
@@ -87,7 +87,7 @@ def save_config(config: Dict[str, Any], **_: Any) -> None:
     if own is None:
         return
     settings = _get_path(config, own)
-    from plugin_llm.config_edit import edit_config
+    from plugin_llm.config_edit import edit_config  # on first use: this shim stays light
 
     def mutate(doc: Any) -> None:
         node = doc
@@ -159,7 +159,7 @@ def get_env_value(key: str) -> Optional[str]:
     if key in os.environ:
         return os.environ[key]
     try:
-        from plugin_llm.home_env import read_env_file
+        from plugin_llm.home_env import read_env_file  # on first use: this shim stays light
 
         return read_env_file(active_home()).get(key)
     except Exception:
@@ -168,7 +168,7 @@ def get_env_value(key: str) -> Optional[str]:
 
 def plugin_may_read(name: str) -> bool:
     """False for any variable that may hold a credential of this host (:mod:`plugin_llm.plugin_env`)."""
-    from plugin_llm.plugin_env import credential_check
+    from plugin_llm.plugin_env import credential_check  # on first use: this shim stays light
 
     return not credential_check(active_home())(name)
 
@@ -178,8 +178,8 @@ def save_env_value(key: str, value: str) -> None:
     nothing written): every variable that can select a model provider's endpoint, proxy, CA bundle, key
     or key file (:func:`auth.env_names.steering_reason`: by rule, for any provider), the ``key_env``
     names of auth.json, and the host's own ``HERMES_*``, ``PLUGIN_LLM_*``, ``PYTHON*``, ``LD_*`` ..."""
-    from auth.env_names import auth_file_names, steering_reason
-    from plugin_llm.plugins.install import write_env_values
+    from auth.env_names import auth_file_names, steering_reason  # on first use: this shim stays light
+    from plugin_llm.plugins.install import write_env_values  # on first use: this shim stays light
 
     name = str(key)
     upper = name.upper()

@@ -26,7 +26,7 @@ MAX_XAI_STORAGE_EXPIRES_AFTER_SECONDS = 30 * 24 * 60 * 60
 
 def get_env_value(name: str, default: Any = None) -> Any:
     """The variable, or ``default`` when unset or one that may hold a credential of this host."""
-    from ..hermes_cli.config import plugin_may_read
+    from ..hermes_cli.config import plugin_may_read  # on first use: this shim stays light
 
     value = os.environ.get(name) if plugin_may_read(str(name)) else None
     return value if value not in (None, "") else default
@@ -37,7 +37,7 @@ def has_xai_credentials() -> bool:
 
 
 def hermes_xai_user_agent() -> str:
-    from ..hermes_cli import __version__
+    from ..hermes_cli import __version__  # on first use: this shim stays light
 
     return f"Hermes-Agent/{__version__}"
 
@@ -49,7 +49,7 @@ def resolve_xai_http_credentials(*, force_refresh: bool = False, api_key_hint: s
 
 
 def _section(name: str) -> Dict[str, Any]:
-    from ..hermes_cli.config import load_config
+    from ..hermes_cli.config import load_config  # on first use: this shim stays light
 
     value = load_config().get(name)
     return value if isinstance(value, dict) else {}
