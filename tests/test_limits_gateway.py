@@ -384,7 +384,7 @@ def test_a_stream_a_plugin_abandons_by_raising_gives_its_slot_back_at_once(herme
         gc.enable()
         manager.shutdown()
     statuses = [r["status"] for r in audit_lines(hermes_home)]
-    assert statuses == ["abandoned", "ok"] * 3
+    assert statuses == ["abandoned", "ok"] * 3, statuses
 
 
 # --- a limit that counts output sends the output bound it reserved -----------------------------------

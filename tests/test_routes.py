@@ -12,6 +12,7 @@ from plugin_llm import PluginLlm, PluginLlmConfigError, PluginLlmProviderError, 
 from plugin_llm import limits
 from plugin_llm.config import get_config_source, parse_config
 from tests.conftest import audit_lines, write_config
+from tests.redis_server import redis_server  # noqa: F401
 from tests.servers import FakeServer, Reply
 
 USER = [{"role": "user", "content": "hi"}]
@@ -476,3 +477,33 @@ def test_trust_check_takes_a_route_name_in_allowed_models_for_what_it_is(hermes_
     write_config(hermes_home, CATALOG)
     main(["trust", "check"])
     assert "litellm does not know the model 'smart'" not in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_the_breaker_is_shared_through_redis_by_the_gateways_of_several_hosts(hermes_home, upstreams, redis_server,
+                                                                           tmp_path):
+    """Two homes (two hosts) with one Redis store: a route one host's calls opened is skipped by the other's."""
+    a, b = upstreams
+    a.push(Reply.error(503, "down"), Reply.error(503, "down"))
+    other_home = tmp_path / "other-host"
+    other_home.mkdir()
+    for home in (hermes_home, other_home):
+        write_config(home, (
+            "models:\n"
+            f"  first: {{provider: custom, model: ma, base_url: {a.base_url}}}\n"
+            f"  second: {{provider: custom, model: mb, base_url: {b.base_url}}}\n"
+            "model: {route: first, fallbacks: [second]}\n" + BREAKER +
+            f"limits: {{store: redis, redis_url: '{redis_server.url}'}}\n"
+        ))
+    import os
+    import subprocess
+    import sys
+
+    other = ("from plugin_llm import PluginLlm, limits\nllm = PluginLlm('p')\n"
+             "for _ in range(2):\n    llm.complete([{'role': 'user', 'content': 'hi'}])\nlimits.close_stores()\n")
+    subprocess.run([sys.executable, "-c", other], check=True, timeout=120,
+                   env={**os.environ, "HERMES_HOME": str(other_home)})
+    assert len(a.requests) == 2 and not (hermes_home / "limits.sqlite3").exists()
+    PluginLlm("p").complete(USER)
+    assert len(a.requests) == 2 and len(b.requests) == 3
+    assert outcomes(hermes_home)[-1] == [("first", "skipped"), ("second", "ok")]
