@@ -204,8 +204,14 @@ def test_threads_hammering_one_budget_never_overspend_it(hermes_home):
 
 
 def _charged(home) -> tuple[int, float]:
+    """Tokens and dollars charged, looked at in the minute of the last call (a run that crosses a
+    minute's end would otherwise read the next, empty minute's tokens)."""
+    from datetime import datetime
+
     limits.close_stores()
-    snap = snapshot(home)
+    last = datetime.fromisoformat(audit_lines(home)[-1]["ts"].replace("Z", "+00:00")).timestamp()
+    config = get_config_source(home).current()
+    snap = limits.snapshot(config.limits, home, "capped", now=last).as_dict()
     assert snap["in_flight"] == 0
     return snap["minute"]["tokens"], snap["spent_usd"]["day"]
 

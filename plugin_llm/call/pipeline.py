@@ -227,17 +227,22 @@ class Pipeline:
 
     def _stream_abandoned(self, run: Run, ticket: limits.Ticket) -> None:
         """The record of a stream its consumer closed or dropped before its end (charged its
-        reservation once the provider began to answer: what it billed is unknown)."""
+        reservation once the provider began to answer: what it billed is unknown). The record is
+        written before the reservation is given back: a dropped stream may be finalized on another
+        thread, and the call its slot admits next must come after it in the log."""
         tally = run.tally
         stream = tally.stream.stream
-        if stream is None:
-            ticket.release()
-        else:
-            ticket.settle()
-            stream.close()
-            tally.attempts += whole(getattr(stream, "attempts", 1), 1)
-            tally.provider_seconds += seconds(getattr(stream, "provider_seconds", 0.0))
-        self._audit.outcome(run, "abandoned", None)
+        try:
+            if stream is not None:
+                stream.close()
+                tally.attempts += whole(getattr(stream, "attempts", 1), 1)
+                tally.provider_seconds += seconds(getattr(stream, "provider_seconds", 0.0))
+            self._audit.outcome(run, "abandoned", None)
+        finally:
+            if stream is None:
+                ticket.release()
+            else:
+                ticket.settle()
 
     def structured_flow(self, request: CallRequest) -> Flow:
         """``complete_structured``: typed JSON, validated against the schema, repaired if it does not match."""
