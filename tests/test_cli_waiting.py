@@ -102,3 +102,18 @@ def test_auth_test_reports_the_calls_time_without_the_import(tmp_path: Path, mon
     # the number is the call's own (its record's latency), not the import it waited for
     assert reported.group(1) == f"{record['latency_ms'] / 1000.0:.2f}"
     assert float(reported.group(1)) < SLOW_IMPORT_SECONDS
+
+
+@pytest.mark.slow
+def test_chat_says_on_a_terminal_that_its_turn_waits_for_the_provider_layer(hermes_home: Path, monkeypatch,
+                                                                           capsys) -> None:
+    """chat starts loading litellm in the background; a turn that has to wait for it says so, once."""
+    terminal = _Terminal()
+    monkeypatch.setattr("sys.stderr", terminal)
+    monkeypatch.setattr("sys.stdin", io.StringIO("hello there\n"))
+    monkeypatch.setattr(_loading, "NOTICE_AFTER", 0.0)
+    monkeypatch.setattr(_loading, "_background", None)
+    _slow_import(monkeypatch, wait_for=terminal)
+    assert main(["chat"]) == 0
+    assert terminal.getvalue().count(LOADING_LINE) == 1
+    assert "hello there" in capsys.readouterr().out  # the local model's echo: the turn was answered

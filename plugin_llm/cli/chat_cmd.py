@@ -51,6 +51,7 @@ def run(args: argparse.Namespace) -> int:
     from plugin_llm.transport import start_background_load  # on first use: it loads the provider layer
 
     start_background_load()  # the first turn calls the model: litellm loads while plugins load
+    from plugin_llm.cli._waiting import provider_layer_notice
     home = resolve_home(args.home)
     stdin, out = sys.stdin, sys.stdout
     interactive = stdin.isatty()
@@ -73,7 +74,8 @@ def run(args: argparse.Namespace) -> int:
                             break
                         if not line.strip():
                             continue
-                        failures += _handle(session, line, out)
+                        with provider_layer_notice():
+                            failures += _handle(session, line, out)
                     except KeyboardInterrupt:
                         if not interactive:
                             raise

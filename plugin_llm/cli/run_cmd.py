@@ -60,8 +60,11 @@ def run(args: argparse.Namespace) -> int:
 
             start_background_load()
         session = Session(manager, platform="cli")  # not attached: no conversation to inject into
+        from plugin_llm.cli._waiting import provider_layer_notice  # with the provider layer (above)
+
         try:
-            result = session.run_command(name, raw)
+            with provider_layer_notice():
+                result = session.run_command(name, raw)
         finally:
             session.close()
     if result.kind == "unknown_command":

@@ -26,6 +26,9 @@ _background: threading.Thread | None = None
 #: an import that takes longer than this calls the active notices (a CLI tells its terminal what it waits for)
 NOTICE_AFTER = 1.0
 _notices: list[Callable[[], None]] = []
+#: the notices already given (one line per command, however many threads waited)
+_said: list[Callable[[], None]] = []
+_LOAD_LOCK_SAID = threading.Lock()
 
 #: ``gc.freeze()`` once litellm is loaded: its ~370,000 long-lived objects leave the
 #: collector's generations, so that the full collections that call garbage
@@ -44,14 +47,14 @@ def load_litellm() -> Any:
     """Import litellm once, offline, quiet, with the local provider registered."""
     if _litellm is not None:
         return _litellm
-    with _LOAD_LOCK:
-        if _litellm is None:
-            timer = _notice_timer()
-            try:
+    timer = _notice_timer()  # this caller's wait: its own import, or another thread's (a background load)
+    try:
+        with _LOAD_LOCK:
+            if _litellm is None:
                 _import()
-            finally:
-                if timer is not None:
-                    timer.cancel()
+    finally:
+        if timer is not None:
+            timer.cancel()
     return _litellm
 
 
@@ -63,6 +66,9 @@ def notice_slow_load(say: Callable[[], None]) -> Iterator[None]:
         yield
     finally:
         _notices.remove(say)
+        with _LOAD_LOCK_SAID:
+            if say in _said:
+                _said.remove(say)
 
 
 def _notice_timer() -> threading.Timer | None:
@@ -76,6 +82,10 @@ def _notice_timer() -> threading.Timer | None:
 
 def _say_all(notices: list[Callable[[], None]]) -> None:
     for say in notices:
+        with _LOAD_LOCK_SAID:
+            if say in _said:  # the caller and a background load both waited: said once
+                continue
+            _said.append(say)
         try:
             say()
         except Exception:  # noqa: BLE001 - a notice must never break the import it reports
