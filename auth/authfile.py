@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 from plugin_llm.errors import PluginLlmConfigError
-from plugin_llm.safe_files import read_home_file
-from plugin_llm.safe_json import loads_bounded
+from plugin_llm.hardened.safe_files import read_home_file
+from plugin_llm.hardened.safe_json import loads_bounded
 
 from ._secret import SecretRef
 from .providers import normalize_provider
@@ -292,7 +292,7 @@ def write_document(path: Path, doc: Mapping[str, Any]) -> None:
 
     The document is validated first; an invalid one is never written.
     """
-    from plugin_llm.atomic_write import write_atomic  # CLI write path only
+    from plugin_llm.hardened.atomic_write import write_atomic  # CLI write path only
 
     _spec_from_document(dict(doc), path)
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)

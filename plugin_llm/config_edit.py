@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterator
 
 from plugin_llm.errors import PluginLlmConfigError
 from plugin_llm.home_layout import CONFIG_FILE
-from plugin_llm.safe_files import UnsafeFileError, read_home_file
+from plugin_llm.hardened.safe_files import UnsafeFileError, read_home_file
 
 __all__ = [
     "ConfigEditError",
@@ -295,14 +295,14 @@ class _Editor:
 
 
 def _host_load(text: str) -> Any:
-    """Parse exactly as the host does (:func:`plugin_llm.safe_yaml.load_yaml`).
+    """Parse exactly as the host does (:func:`plugin_llm.hardened.safe_yaml.load_yaml`).
 
     It runs before ruamel sees the text, so an alias bomb or a recursive alias
     is refused here (with its line) instead of being expanded by the
     round-trip loader, :func:`_plain` or :func:`_leaves`.
     """
     from plugin_llm.config import GOVERNED_SECTIONS  # on first use: it loads PyYAML
-    from plugin_llm.safe_yaml import load_yaml  # on first use: it loads PyYAML
+    from plugin_llm.hardened.safe_yaml import load_yaml  # on first use: it loads PyYAML
 
     return load_yaml(text, unique_keys=GOVERNED_SECTIONS)
 

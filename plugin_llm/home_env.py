@@ -14,7 +14,7 @@ import threading
 from pathlib import Path
 
 from plugin_llm.home_layout import ENV_FILE
-from plugin_llm.safe_files import MIB, UnsafeFileError, read_home_text
+from plugin_llm.hardened.safe_files import MIB, UnsafeFileError, read_home_text
 
 __all__ = ["ENV_FILENAME", "ENV_MAX_BYTES", "read_env_text", "read_env_file", "load_home_env"]
 
@@ -31,9 +31,9 @@ _LOCK = threading.Lock()
 def read_env_text(home: Path) -> str | None:
     """The text of ``<home>/.env`` (None when there is none).
 
-    Read without blocking and bounded (:func:`plugin_llm.safe_files.read_home_text`):
+    Read without blocking and bounded (:func:`plugin_llm.hardened.safe_files.read_home_text`):
     a FIFO, a directory or a device there raises
-    :class:`~plugin_llm.safe_files.UnsafeFileError` naming the file.
+    :class:`~plugin_llm.hardened.safe_files.UnsafeFileError` naming the file.
     """
     return read_home_text(Path(home) / ENV_FILENAME, max_bytes=ENV_MAX_BYTES)
 

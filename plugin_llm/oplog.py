@@ -13,7 +13,7 @@ import logging
 from typing import Any, Iterator
 
 from auth import redact
-from plugin_llm.terminal_text import escape_unsafe
+from plugin_llm.hardened.terminal_text import escape_unsafe
 
 __all__ = ["FORMATS", "install", "formatter", "bound"]
 

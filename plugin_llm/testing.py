@@ -34,7 +34,7 @@ from plugin_llm.local import model as local_model
 from plugin_llm.plugins import PluginManager
 from plugin_llm.plugins.context import PluginContext
 from plugin_llm.plugins.manifest import find_manifest, load_manifest
-from plugin_llm.safe_yaml import load_yaml
+from plugin_llm.hardened.safe_yaml import load_yaml
 
 __all__ = ["PluginHarness", "PluginLoadError", "Scripted", "ScriptedReplies", "load_plugin", "provider_error",
            "rate_limited", "stream", "timeout", "tool_call"]

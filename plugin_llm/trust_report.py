@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 import yaml
 
-from plugin_llm.bounded_repr import short_repr
+from plugin_llm.hardened.bounded_repr import short_repr
 from plugin_llm.capabilities import parse_grant
 from plugin_llm.config import (
     CONFIG_MAX_BYTES,
@@ -44,8 +44,8 @@ from plugin_llm.limits import check_limits, parse_limit_settings
 from plugin_llm.plugins.discovery import discover_candidates
 from plugin_llm.provider_names import closest_provider, provider_fix, unknown_provider_problem
 from plugin_llm.routing import resolve_chain
-from plugin_llm.safe_files import UnsafeFileError, read_home_text
-from plugin_llm.safe_yaml import compose_yaml
+from plugin_llm.hardened.safe_files import UnsafeFileError, read_home_text
+from plugin_llm.hardened.safe_yaml import compose_yaml
 from plugin_llm.trust import (CAPABILITY_FOR, DENY_ALL, FLAG_KEYS, LIST_KEYS, TASK_FLAG, TRUST_KEYS, Decision,
                               Overrides, TrustPolicy, decide)
 

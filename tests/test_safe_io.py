@@ -26,8 +26,8 @@ import pytest
 import yaml
 
 from plugin_llm.errors import PluginLlmConfigError
-from plugin_llm.safe_json import JsonTooDeepError, loads_bounded
-from plugin_llm.safe_yaml import YamlLimitError, load_yaml
+from plugin_llm.hardened.safe_json import JsonTooDeepError, loads_bounded
+from plugin_llm.hardened.safe_yaml import YamlLimitError, load_yaml
 from tests.conftest import write_config
 from tests.plugin_fixtures import write_plugin
 
@@ -468,7 +468,7 @@ def test_install_refuses_a_plugin_source_holding_a_fifo(hermes_home, tmp_path):
 
 @pytest.mark.parametrize("pure", [False, True])
 def test_loader_refuses_duplicate_keys_in_the_named_sections_only(pure):
-    from plugin_llm.safe_yaml import YamlDuplicateKeyError
+    from plugin_llm.hardened.safe_yaml import YamlDuplicateKeyError
 
     sections = {"plugins", "limits"}
     for text, where in (

@@ -19,7 +19,7 @@ import pytest
 import uvicorn
 
 from plugin_llm import limits
-from plugin_llm.safe_json import JsonTooDeepError, loads_bounded
+from plugin_llm.hardened.safe_json import JsonTooDeepError, loads_bounded
 from plugin_llm.service import requests as req
 from plugin_llm.service.connections import PROTOCOL as GUARDED
 from plugin_llm.service.protocol import PROTOCOL, _CoalescingTransport

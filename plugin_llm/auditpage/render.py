@@ -12,7 +12,7 @@ from typing import Any
 from urllib.parse import quote, urlencode
 
 from audit.records import DECISIONS, STATUSES
-from plugin_llm.terminal_text import escape_unsafe, escape_unsafe_text
+from plugin_llm.hardened.terminal_text import escape_unsafe, escape_unsafe_text
 
 __all__ = ["e", "layout", "overview_page", "records_page", "record_page", "chain_page", "login_page", "error_page"]
 

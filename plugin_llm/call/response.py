@@ -11,7 +11,7 @@ from plugin_llm.call.steps import Admitted, Call, Tally
 from plugin_llm.call.validate import MAX_NAME
 from plugin_llm.errors import PluginLlmProviderError
 from plugin_llm.routing import Route
-from plugin_llm.safe_json import loads_bounded
+from plugin_llm.hardened.safe_json import loads_bounded
 from plugin_llm.structured import _snippet
 from plugin_llm.transport import TransportResponse
 from plugin_llm.types import PluginLlmCompleteResult, PluginLlmToolCall, PluginLlmUsage, checked_usage

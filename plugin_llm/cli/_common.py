@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from plugin_llm.config import hermes_home
-from plugin_llm.terminal_text import escape_unsafe, escape_unsafe_json, escape_unsafe_text
+from plugin_llm.hardened.terminal_text import escape_unsafe, escape_unsafe_json, escape_unsafe_text
 
 __all__ = ["CliParser", "HOME_HELP", "add_home_argument", "home_from", "find_audit_record", "printable", "printable_text", "dumps_json", "PRINT_LIMIT"]
 

@@ -51,7 +51,7 @@ from plugin_llm.config import ConfigSource
 from plugin_llm.limits import views
 from plugin_llm.limits.settings import NANO
 from plugin_llm.limits.views import usd_text
-from plugin_llm.terminal_text import escape_unsafe
+from plugin_llm.hardened.terminal_text import escape_unsafe
 
 __all__ = ["register", "run"]
 

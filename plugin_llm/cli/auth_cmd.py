@@ -31,7 +31,7 @@ from auth import (
     register_secret,
     write_document,
 )
-from plugin_llm.bounded_repr import short_repr
+from plugin_llm.hardened.bounded_repr import short_repr
 from plugin_llm.cli._common import CliParser, find_audit_record
 from plugin_llm.cli.main import CliError
 from plugin_llm.config import ConfigSource

@@ -42,7 +42,7 @@ from plugin_llm.plugins.isolation.sandbox import bubblewrap_status
 from plugin_llm.plugins.settings import settings_from_raw
 from plugin_llm.provider_names import unknown_provider_problem
 from plugin_llm.routing import resolve_chain
-from plugin_llm.safe_files import UnsafeFileError, describe_file_type
+from plugin_llm.hardened.safe_files import UnsafeFileError, describe_file_type
 from plugin_llm.telemetry import SDK_MISSING_FIX
 
 __all__ = ["register", "run", "Check", "run_checks", "OK", "WARN", "FAIL"]

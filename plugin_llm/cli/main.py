@@ -359,7 +359,7 @@ def _error(text: str) -> None:
 
 
 def _printable(text: str) -> str:
-    from plugin_llm.terminal_text import escape_unsafe  # on first use: the CLI's start stays light
+    from plugin_llm.hardened.terminal_text import escape_unsafe  # on first use: the CLI's start stays light
 
     return escape_unsafe(text, 100)
 
@@ -466,7 +466,7 @@ def _safe(exc: BaseException) -> str:
 
 def _clean(text: str) -> str:
     """Text for the terminal: redacted, bounded, control characters escaped (line breaks kept)."""
-    from plugin_llm.terminal_text import escape_unsafe  # on first use: the CLI's start stays light
+    from plugin_llm.hardened.terminal_text import escape_unsafe  # on first use: the CLI's start stays light
 
     try:
         from auth import redact
@@ -481,7 +481,7 @@ class _TerminalFormatter(logging.Formatter):
     """Log lines on stderr: plugin-supplied text (names, error texts) escaped, line breaks kept."""
 
     def format(self, record: logging.LogRecord) -> str:
-        from plugin_llm.terminal_text import escape_unsafe  # on first use: the CLI's start stays light
+        from plugin_llm.hardened.terminal_text import escape_unsafe  # on first use: the CLI's start stays light
 
         return "\n".join(escape_unsafe(line, 4000) for line in super().format(record).split("\n"))
 

@@ -190,7 +190,7 @@ def _render_finding(f: Any, view: Any, indent: str = "") -> list[str]:
 
 
 def _render_plugin(pt: Any, view: Any) -> list[str]:
-    from plugin_llm.bounded_repr import short_repr  # a value as written may be anything: shown bounded
+    from plugin_llm.hardened.bounded_repr import short_repr  # a value as written may be anything: shown bounded
 
     state = "installed" if pt.installed else "NOT INSTALLED"
     where = f", entry at {view.path.name} line {pt.entry_line}" if pt.entry_line is not None else ""

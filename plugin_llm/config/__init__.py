@@ -26,10 +26,10 @@ from typing import Any, Mapping
 import yaml
 
 from audit.settings import AuditSettings, parse_audit_settings
-from plugin_llm.safe_files import MIB, UnsafeFileError, read_home_text
-from plugin_llm.bounded_repr import short_repr
+from plugin_llm.hardened.safe_files import MIB, UnsafeFileError, read_home_text
+from plugin_llm.hardened.bounded_repr import short_repr
 from plugin_llm.limits.settings import LimitSettings, parse_limit_settings
-from plugin_llm.safe_yaml import load_yaml
+from plugin_llm.hardened.safe_yaml import load_yaml
 from plugin_llm.config.auxiliary import TaskSlot, parse_auxiliary
 from plugin_llm.config.breakers import BreakerPolicy, parse_breaker_policy
 from plugin_llm.config.routes import (
@@ -254,7 +254,7 @@ def _granted_capabilities(plugin_id: str, entry: Any, warnings: list[str]) -> tu
 def parse_config(home: Path, text: str) -> HostConfig:
     """Parse config.yaml text into a snapshot; raises ``yaml.YAMLError`` or ``ValueError``.
 
-    Parsed by :func:`plugin_llm.safe_yaml.load_yaml`: alias bombs, recursive
+    Parsed by :func:`plugin_llm.hardened.safe_yaml.load_yaml`: alias bombs, recursive
     aliases, absurd nesting and a duplicate key in :data:`GOVERNED_SECTIONS`
     are refused (a ``yaml.YAMLError`` with the line).
     """

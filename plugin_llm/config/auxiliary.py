@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from plugin_llm.bounded_repr import short_repr
+from plugin_llm.hardened.bounded_repr import short_repr
 from plugin_llm.config.routes import (
     MAX_ATTEMPT_SECONDS,
     MAX_FALLBACKS,

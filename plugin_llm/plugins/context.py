@@ -22,7 +22,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Callable
 
-from plugin_llm.safe_files import read_text_inside, resolve_inside
+from plugin_llm.hardened.safe_files import read_text_inside, resolve_inside
 
 from .ctx_api import HERMES_ONLY_REGISTRATIONS, HermesSubsystemMissing, implements, missing_attribute
 from .engines import ContextEngine, MemoryProvider

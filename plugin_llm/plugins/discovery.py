@@ -10,7 +10,7 @@ deeper is looked at, and nothing is imported here.
 The key is the plugin's identity (its trust block, its enable entry, its audit ``plugin_id``), so
 no source may take over another's: when two plugins claim one key, *every* claimant fails with an
 error naming them all, and none is loaded. Names with control or invisible characters (see
-:mod:`plugin_llm.terminal_text`) fail too.
+:mod:`plugin_llm.hardened.terminal_text`) fail too.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from plugin_llm.terminal_text import escape_unsafe, unsafe_characters
+from plugin_llm.hardened.terminal_text import escape_unsafe, unsafe_characters
 
 from dataclasses import replace
 

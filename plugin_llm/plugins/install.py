@@ -30,12 +30,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import Any, Callable, Iterator
 
-from plugin_llm.atomic_write import write_atomic
+from plugin_llm.hardened.atomic_write import write_atomic
 from plugin_llm.errors import PluginLlmConfigError
-from plugin_llm.terminal_text import escape_unsafe, unsafe_characters
+from plugin_llm.hardened.terminal_text import escape_unsafe, unsafe_characters
 from plugin_llm.home_env import ENV_FILENAME, read_env_file, read_env_text
-from plugin_llm.safe_files import MIB, describe_file_type, read_home_text
-from plugin_llm.safe_json import loads_bounded
+from plugin_llm.hardened.safe_files import MIB, describe_file_type, read_home_text
+from plugin_llm.hardened.safe_json import loads_bounded
 
 from .discovery import SOURCE_USER, scan_directory
 from .isolation.sandbox import plugin_data_path, quarantine_plugin_data
@@ -603,7 +603,7 @@ def stage_plugin(
 def _manifest_has_name(root: Path) -> bool:
     import yaml
 
-    from plugin_llm.safe_yaml import load_yaml  # on first use: it loads PyYAML
+    from plugin_llm.hardened.safe_yaml import load_yaml  # on first use: it loads PyYAML
 
     path = find_manifest(root)
     try:

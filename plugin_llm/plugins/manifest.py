@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from plugin_llm.bounded_repr import short_repr
+from plugin_llm.hardened.bounded_repr import short_repr
 from plugin_llm.capabilities import LEGACY_KEYS
-from plugin_llm.safe_files import UnsafeFileError, read_home_text
+from plugin_llm.hardened.safe_files import UnsafeFileError, read_home_text
 
 __all__ = [
     "MANIFEST_FILENAMES",
@@ -484,7 +484,7 @@ def parse_manifest(text: str, *, default_name: str, category: str | None = None,
     """
     import yaml  # deferred: `import plugin_llm.plugins` stays cheap
 
-    from plugin_llm.safe_yaml import load_yaml  # on first use: it loads PyYAML
+    from plugin_llm.hardened.safe_yaml import load_yaml  # on first use: it loads PyYAML
 
     try:  # the host's bounded loader: an alias bomb or a recursive alias is refused with its line
         data = load_yaml(text, alias_budget=MANIFEST_ALIAS_BUDGET)
@@ -546,7 +546,7 @@ def find_manifest(directory: Path) -> Path | None:
 def load_manifest(path: Path, *, category: str | None = None) -> PluginManifest:
     """Read and parse a manifest file; unreadable files raise :class:`ManifestError` too.
 
-    Read with :func:`plugin_llm.safe_files.read_home_text`: a FIFO or a device
+    Read with :func:`plugin_llm.hardened.safe_files.read_home_text`: a FIFO or a device
     is refused without blocking, and the size is bounded.
     """
     try:

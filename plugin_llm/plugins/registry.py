@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from plugin_llm.safe_files import MIB, read_home_text, read_text_inside
+from plugin_llm.hardened.safe_files import MIB, read_home_text, read_text_inside
 
 #: a skill file larger than this is refused (skills are prompts, not data sets)
 MAX_SKILL_BYTES = MIB

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from plugin_llm.atomic_write import write_atomic
+from plugin_llm.hardened.atomic_write import write_atomic
 
 __all__ = ["PluginState", "QUOTA_BYTES", "STATE_FILE"]
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Callable
 
-from plugin_llm.terminal_text import escape_unsafe
+from plugin_llm.hardened.terminal_text import escape_unsafe
 
 __all__ = ["MAX_FRAMES", "plugin_frames", "frames_text", "plugin_dir_of", "release_frames", "FailureReporter"]
 

@@ -20,7 +20,7 @@ import json
 from typing import Any
 
 from plugin_llm.call_options import COMPLETE_ONLY, FORBIDDEN, SAMPLING, check_options
-from plugin_llm.safe_json import loads_bounded
+from plugin_llm.hardened.safe_json import loads_bounded
 
 __all__ = [
     "MAX_BODY_BYTES",
