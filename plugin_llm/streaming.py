@@ -16,6 +16,7 @@ never from inside the collector).
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
 import weakref
 from typing import Any, Callable
@@ -112,9 +113,23 @@ class _Driver:
                 self.flow.close()
 
 
+#: whether the cyclic garbage collector is running (its finalizers must not write records)
+_collecting = False
+
+
+def _gc_phase(phase: str, info: Any) -> None:
+    global _collecting
+    _collecting = phase == "start"
+
+
+gc.callbacks.append(_gc_phase)
+
+
 def _abandon_later(driver: _Driver) -> None:
-    """The collector found an unfinished stream: record it, but not from inside the collector
-    (an audit write there could wait on a lock this thread already holds)."""
+    """An unfinished stream was dropped: record it and give its slot back. Dropped by its last
+    reference, at once on this thread (the slot is free when the plugin's code returns); found by
+    the collector, not from inside it (an audit write there could wait on a lock this thread
+    holds): on a helper thread."""
     if driver.done:
         return
     loop = driver.loop
@@ -124,6 +139,9 @@ def _abandon_later(driver: _Driver) -> None:
             return
         except RuntimeError:  # the loop is closed: the connection went with it
             pass
+    if not _collecting:
+        driver.abandon()
+        return
     if threading.main_thread().is_alive():
         try:
             threading.Thread(target=driver.abandon, name="plugin-llm-stream-abandoned", daemon=True).start()

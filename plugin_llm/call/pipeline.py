@@ -226,10 +226,8 @@ class Pipeline:
         raise AssertionError("a chain's last route is always tried")  # pragma: no cover
 
     def _stream_abandoned(self, run: Run, ticket: limits.Ticket) -> None:
-        """The record of a stream its consumer closed or dropped before its end (charged its
-        reservation once the provider began to answer: what it billed is unknown). The record is
-        written before the reservation is given back: a dropped stream may be finalized on another
-        thread, and the call its slot admits next must come after it in the log."""
+        """The record of a stream its consumer closed or dropped before its end (charged its reservation
+        once the provider answered), written before the slot is given back (see docs/design.md)."""
         tally = run.tally
         stream = tally.stream.stream
         try:
