@@ -175,7 +175,7 @@ def test_a_failure_another_provider_can_fix_falls_back_in_one_record(hermes_home
     attempts = record["route.attempts"]
     assert [(x["route"], x["outcome"]) for x in attempts] == [("first", f"provider_error:{failure.status}"),
                                                             ("second", "ok")]
-    assert all(x["latency_ms"] >= 0 for x in attempts)
+    assert all(type(x["latency_ms"]) is float for x in attempts)
 
 
 def test_an_error_of_the_request_itself_never_falls_back(hermes_home, upstreams):

@@ -28,6 +28,7 @@ import yaml
 from audit.settings import AuditSettings, parse_audit_settings
 from plugin_llm.hardened.safe_files import MIB, UnsafeFileError, read_home_text
 from plugin_llm.hardened.bounded_repr import short_repr
+from plugin_llm.config.values import did_you_mean, parse_bool
 from plugin_llm.limits.settings import LimitSettings, parse_limit_settings
 from plugin_llm.hardened.safe_yaml import load_yaml
 from plugin_llm.config.auxiliary import TaskSlot, parse_auxiliary
@@ -139,15 +140,6 @@ class HostConfig:
 
 
 # --------------------------------------------------------------- value parsing
-def parse_bool(value: Any, where: str, warnings: list[str]) -> bool:
-    """Strict booleans: YAML bools and the strings "true"/"false"; anything else is False + a warning."""
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
-        return value.strip().lower() == "true"
-    warnings.append(f"{where}: expected true or false, got {short_repr(value)}; treating it as false")
-    return False
-
 
 def _number(section: Mapping[str, Any], key: str, default: float, where: str, warnings: list[str], *, integer: bool = False) -> Any:
     value = section.get(key, default)
@@ -157,10 +149,6 @@ def _number(section: Mapping[str, Any], key: str, default: float, where: str, wa
         return default
     return value
 
-
-def _did_you_mean(key: str, known) -> str:
-    close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def _parse_llm(raw: Any, warnings: list[str]) -> LlmSettings:
@@ -173,7 +161,7 @@ def _parse_llm(raw: Any, warnings: list[str]) -> LlmSettings:
     known = set(vars(d))
     for key in raw:
         if key not in known:
-            warnings.append(f"llm.{key}: unknown setting{_did_you_mean(str(key), known)}")
+            warnings.append(f"llm.{key}: unknown setting{did_you_mean(str(key), known)}")
     timeout = _number(raw, "timeout", d.timeout, "llm", warnings)
     max_timeout = _number(raw, "max_timeout", d.max_timeout, "llm", warnings)
     return LlmSettings(
@@ -233,7 +221,7 @@ def _parse_trust(plugins: Any, warnings: list[str]) -> dict[str, TrustPolicy]:
             key = str(key)
             where = config_path(plugin_id, key)
             if key not in TRUST_KEYS:
-                warnings.append(f"{where}: unknown key, ignored{_did_you_mean(key, TRUST_KEYS)}")
+                warnings.append(f"{where}: unknown key, ignored{did_you_mean(key, TRUST_KEYS)}")
             elif key in LIST_KEYS.values():
                 values[key] = _parse_allowlist(value, where, warnings)
             else:

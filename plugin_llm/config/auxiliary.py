@@ -16,11 +16,11 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 from plugin_llm.hardened.bounded_repr import short_repr
+from plugin_llm.config.values import did_you_mean
 from plugin_llm.config.routes import (
     MAX_ATTEMPT_SECONDS,
     MAX_FALLBACKS,
     RouteConfig,
-    _did_you_mean,
     _fallbacks,
     _profile,
     _route_fields,
@@ -116,7 +116,7 @@ def _named(name: Any, where: str, models: Mapping[str, RouteConfig], warnings: l
     if isinstance(name, str) and name.strip() in models:
         return models[name.strip()]
     known = ", ".join(sorted(models)[:10]) or "none: models: is empty"
-    hint = _did_you_mean(name, models) if isinstance(name, str) else ""
+    hint = did_you_mean(name, models) if isinstance(name, str) else ""
     problem = f"{where} {short_repr(name)} is not a route of models:{hint} (routes: {known}); fix {where} in config.yaml"
     warnings.append(problem + "; every call of this task is refused until it is fixed")
     return RouteConfig(provider=None, model="", problem=problem)
@@ -194,4 +194,4 @@ def _unknown(entry: Mapping[Any, Any], where: str, known: tuple[str, ...], warni
             if entry[key] not in (None, "", {}, []):
                 warnings.append(f"{where}.{key}: Hermes's request option is not applied here; it is ignored")
             continue
-        warnings.append(f"{where}.{short_repr(key)}: unknown key, ignored{_did_you_mean(str(key), known)}")
+        warnings.append(f"{where}.{short_repr(key)}: unknown key, ignored{did_you_mean(str(key), known)}")

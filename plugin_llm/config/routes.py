@@ -9,13 +9,13 @@ The rules and examples: docs/routes.md.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import re
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Mapping
 
 from plugin_llm.hardened.bounded_repr import short_repr
+from plugin_llm.config.values import did_you_mean, parse_bool
 from plugin_llm.provider_names import unknown_provider_problem
 
 __all__ = [
@@ -123,18 +123,6 @@ def infer_provider(model: str) -> str | None:
     return None
 
 
-def _did_you_mean(key: str, known) -> str:
-    close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
-
-def _parse_bool(value: Any, where: str, warnings: list[str]) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
-        return value.strip().lower() == "true"
-    warnings.append(f"{where}: expected true or false, got {short_repr(value)}; treating it as false")
-    return False
 
 
 def _route_fields(raw: Mapping[str, Any], where: str, warnings: list[str]) -> dict[str, Any]:
@@ -173,7 +161,7 @@ def _route_fields(raw: Mapping[str, Any], where: str, warnings: list[str]) -> di
         warnings.append(f"{where}.provider is 'custom' but {where}.base_url is not set; calls will fail until it is")
     supports = raw.get("supports_json_schema")
     if supports is not None:
-        supports = _parse_bool(supports, f"{where}.supports_json_schema", warnings)
+        supports = parse_bool(supports, f"{where}.supports_json_schema", warnings)
     if base_url:
         register_url_secrets(base_url)
     return {"provider": provider, "model": model.strip(), "base_url": base_url or None,
@@ -191,7 +179,7 @@ def _fallbacks(value: Any, where: str, own: str | None, names: Mapping[str, Any]
     out: list[str] = []
     for item in value:
         if not isinstance(item, str) or item.strip() not in names:
-            hint = _did_you_mean(item, names) if isinstance(item, str) else ""
+            hint = did_you_mean(item, names) if isinstance(item, str) else ""
             known = ", ".join(sorted(names)[:10]) or "none: models: is empty"
             warnings.append(f"{where}: {short_repr(item)} is not a route of models:{hint} (routes: {known}); it is "
                             "skipped")
@@ -257,7 +245,7 @@ def parse_models(raw: Any, warnings: list[str]) -> Mapping[str, RouteConfig]:
         where = f"models.{name}"
         for key in entry:
             if key not in ENTRY_KEYS:
-                warnings.append(f"{where}.{short_repr(key)}: unknown key, ignored{_did_you_mean(str(key), ENTRY_KEYS)}")
+                warnings.append(f"{where}.{short_repr(key)}: unknown key, ignored{did_you_mean(str(key), ENTRY_KEYS)}")
         routes[name] = RouteConfig(
             **_route_fields(entry, where, warnings),
             profile=_profile(entry.get("profile"), f"{where}.profile", warnings),
@@ -290,7 +278,7 @@ def parse_default_route(raw: Any, models: Mapping[str, RouteConfig], warnings: l
         return RouteConfig()
     for key in raw:
         if key not in DEFAULT_KEYS:
-            warnings.append(f"model.{short_repr(key)}: unknown key, ignored{_did_you_mean(str(key), DEFAULT_KEYS)}")
+            warnings.append(f"model.{short_repr(key)}: unknown key, ignored{did_you_mean(str(key), DEFAULT_KEYS)}")
     route = raw.get("route")
     if route is None:
         fields = _route_fields(raw, "model", warnings)
@@ -301,7 +289,7 @@ def parse_default_route(raw: Any, models: Mapping[str, RouteConfig], warnings: l
         warnings.append(f"model: {', '.join(inline)} ignored: model.route names the route (set them in models.{route})")
     if not isinstance(route, str) or route.strip() not in models:
         known = ", ".join(sorted(models)[:10]) or "none: models: is empty"
-        hint = _did_you_mean(route, models) if isinstance(route, str) else ""
+        hint = did_you_mean(route, models) if isinstance(route, str) else ""
         problem = (f"model.route {short_repr(route)} is not a route of models:{hint} (routes: {known}); fix "
                    "model.route in config.yaml")
         warnings.append(problem + "; every call on the default route is refused until it is fixed")
