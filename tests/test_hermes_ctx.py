@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from plugin_llm.cli import plugins_cmd
+from plugin_llm.cli.plugins import terminal
 from plugin_llm.cli.main import main
 from plugin_llm.config import get_config_source
 from plugin_llm.host import Session
@@ -238,7 +238,7 @@ def test_the_trust_gate_allows_an_override_by_flag_or_granted_capability():
 
 def test_install_on_a_terminal_shows_the_capabilities_and_asks(hermes_home, tmp_path, capsys, monkeypatch):
     src = make_source(tmp_path, ["llm.model_override"])
-    monkeypatch.setattr(plugins_cmd, "_interactive", lambda: True)
+    monkeypatch.setattr(terminal, "interactive", lambda: True)
     answers = iter(["n", "y"])  # enable? / grant?
     monkeypatch.setattr("builtins.input", lambda prompt: next(answers))
     code, out, err = run(capsys, "plugins", "install", str(src))

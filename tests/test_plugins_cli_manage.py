@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from plugin_llm.cli import plugins_cmd
+from plugin_llm.cli.plugins import terminal
 from plugin_llm.cli.main import main
 from plugin_llm.cli.plugins_menu import prompt_menu
 from plugin_llm.cli.plugins_select import (
@@ -101,7 +101,7 @@ def test_install_prompts_on_a_terminal_masking_secrets(hermes_home, make_repo, c
         asked.append(("getpass", prompt))
         return "sk-weather-SECRET-1234"
 
-    monkeypatch.setattr(plugins_cmd, "_interactive", lambda: True)
+    monkeypatch.setattr(terminal, "interactive", lambda: True)
     monkeypatch.setattr("builtins.input", fake_input)
     monkeypatch.setattr("getpass.getpass", fake_getpass)
     code, out, err = run(capsys, "plugins", "install", repo.url)
@@ -129,7 +129,7 @@ def test_install_never_asks_for_a_variable_that_steers_the_hosts_model_calls(her
     extra = "requires_env:\n" + "".join(f"  - {{name: {n}, description: your plugin server}}\n" for n in names)
     repo = make_repo("weather", plugin_files("weather", manifest_extra=extra))
     asked: list[str] = []
-    monkeypatch.setattr(plugins_cmd, "_interactive", lambda: True)
+    monkeypatch.setattr(terminal, "interactive", lambda: True)
     monkeypatch.setattr("builtins.input", lambda prompt: asked.append(prompt) or "n")
     monkeypatch.setattr("getpass.getpass", lambda prompt: asked.append(prompt) or "http://evil.example")
     code, out, err = run(capsys, "plugins", "install", repo.url)
@@ -142,7 +142,7 @@ def test_install_never_asks_for_a_variable_that_steers_the_hosts_model_calls(her
 
 def test_install_on_a_terminal_defaults_to_not_enabling(hermes_home, make_repo, capsys, monkeypatch):
     repo = make_repo("tool", plugin_files("tool"))
-    monkeypatch.setattr(plugins_cmd, "_interactive", lambda: True)
+    monkeypatch.setattr(terminal, "interactive", lambda: True)
     monkeypatch.setattr("builtins.input", lambda prompt: "")
     code, out, _ = run(capsys, "plugins", "install", repo.url)
     assert code == 0 and "Not enabled" in out
@@ -422,7 +422,7 @@ def test_interactive_path_saves_through_config_edit(nested, capsys, monkeypatch)
                 item.checked = True
         return True
 
-    monkeypatch.setattr(plugins_cmd, "_interactive", lambda: True)
+    monkeypatch.setattr(terminal, "interactive", lambda: True)
     monkeypatch.setattr("plugin_llm.cli.plugins_menu.run_menu", fake_menu)
     code, out, _ = run(capsys, "plugins")
     assert code == 0 and "Saved" in out and "added llm/openai to plugins.enabled" in out

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from plugin_llm import limits
-from plugin_llm.cli import plugins_cmd
+from plugin_llm.cli.plugins import terminal
 from plugin_llm.cli.main import main
 from plugin_llm.plugins.isolation.sandbox import plugin_data_dir
 from plugin_llm.service.app import FILE_CHECK_SECONDS
@@ -106,7 +106,7 @@ def test_keep_data_keeps_it_and_a_new_install_still_does_not_inherit_it(hermes_h
 def test_remove_on_a_terminal_asks_and_no_removes_nothing(hermes_home, tmp_path, capsys, monkeypatch):
     assert _install(capsys, hermes_home, tmp_path)[0] == 0
     (plugin_data_dir(hermes_home, "notes") / "memory.json").write_text("x")
-    monkeypatch.setattr(plugins_cmd, "_interactive", lambda: True)
+    monkeypatch.setattr(terminal, "interactive", lambda: True)
     monkeypatch.setattr("builtins.input", lambda prompt: "n")
     code, _, err = run(capsys, "plugins", "remove", "notes")
     assert code == 2 and "nothing was removed" in err and (hermes_home / "plugins" / "notes").is_dir()
