@@ -14,7 +14,6 @@ from typing import Any, Callable
 
 from plugin_llm.cli._common import dumps_json, printable
 
-
 PLUGINS_LOGGER = "plugin_llm.plugins"
 
 
