@@ -1,4 +1,4 @@
-"""Tests for plugin_llm/structured.py: input blocks, schema checks, request shape, reply parsing, repair."""
+"""Tests for plugin_llm/structured/: input blocks, schema checks, request shape, reply parsing, repair."""
 
 from __future__ import annotations
 
