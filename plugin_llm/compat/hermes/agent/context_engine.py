@@ -1,6 +1,6 @@
 """``agent.context_engine``: the base class of a Hermes context engine.
 
-The host calls an engine the way Hermes does (see :mod:`plugin_llm.host.session`):
+The host calls an engine the way Hermes does (see :mod:`plugin_llm.host.memory`):
 ``on_session_start(session_id, hermes_home=, platform=, model=)`` when the
 session starts, ``update_model(model, context_length)`` with the session's
 context budget, ``should_compress(prompt_tokens)`` before each model request

@@ -1,7 +1,7 @@
 """``agent.memory_provider``: the base class of a Hermes memory provider.
 
 The host drives the provider ``memory.provider`` selects, through this
-interface (:mod:`plugin_llm.host.session`): ``is_available()`` decides whether
+interface (:mod:`plugin_llm.host.memory`): ``is_available()`` decides whether
 it is used; ``initialize(session_id, hermes_home=, platform=, agent_context=
 "primary")`` once per session; ``system_prompt_block()`` joins the system
 prompt; ``on_turn_start(turn, message)`` and ``prefetch(query, session_id=)``
