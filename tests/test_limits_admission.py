@@ -333,7 +333,7 @@ def test_async_calls_waiting_for_a_hung_store_wait_store_timeout_all_told(tmp_pa
     of ``limits.store_timeout``: refused within it, as the README says, not after k times it. Every
     store step of an async call is bounded by the end of its whole wait, and a step whose wait is
     over gets no time at all."""
-    from plugin_llm.limits import leases
+    from plugin_llm.limits import admission, leases, plans
 
     settings = settings_for("local", None, "{requests_per_minute: 1000}", "  store_timeout: 0.3\n")
     call(settings, tmp_path).release()
@@ -341,7 +341,7 @@ def test_async_calls_waiting_for_a_hung_store_wait_store_timeout_all_told(tmp_pa
     held = _hold_the_local_store(tmp_path)  # hung for the whole test
     bounds: list[float] = []
     steps: list[float] = []
-    admit_store, book_admit = limits._admit_store, leases.LeaseBook.admit
+    admit_store, book_admit = admission._admit_store, leases.LeaseBook.admit
 
     def recording_store(*args):
         bounds.append(args[-1])  # wait_until: the end of the call's whole wait
@@ -351,7 +351,7 @@ def test_async_calls_waiting_for_a_hung_store_wait_store_timeout_all_told(tmp_pa
         steps.append(timeout)
         return book_admit(self, *args, timeout=timeout, **kw)
 
-    monkeypatch.setattr(limits, "_admit_store", recording_store)
+    monkeypatch.setattr(admission, "_admit_store", recording_store)
     monkeypatch.setattr(leases.LeaseBook, "admit", recording_step)
 
     async def one():
@@ -367,7 +367,7 @@ def test_async_calls_waiting_for_a_hung_store_wait_store_timeout_all_told(tmp_pa
         assert run_bounded(lambda: asyncio.run(main()), 30) == ["store"] * 4
         assert len(bounds) == 4 and all(math.isfinite(b) for b in bounds)  # each step is bounded
         steps.clear()
-        plan = limits._plan(settings, tmp_path, PLUGIN, "custom", "m", 10)
+        plan = plans.plan_for(settings, tmp_path, PLUGIN, "custom", "m", 10)
         with pytest.raises(PluginLlmLimitError) as caught:  # a step whose wait is over: no time left
             admit_store(plan, 10, None, time.monotonic() + 20, time.time(), None, None, time.monotonic() - 1)
     finally:
