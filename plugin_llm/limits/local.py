@@ -8,7 +8,8 @@ own transaction that takes the write lock before it reads, so check-and-reserve 
 Threads of one process share one connection behind a lock; processes meet at the database lock,
 waiting at most the call's remaining deadline (``busy_timeout``). WAL with ``synchronous=NORMAL``:
 a committed admission survives a crash of the process; a power loss can lose the last few
-transactions. The trigger pattern and why: docs/design.md, "Limits and leases".
+transactions. The schema and statements: :mod:`.local_sql`; the trigger pattern and why:
+docs/design.md, "Limits and leases".
 """
 
 from __future__ import annotations
@@ -22,7 +23,26 @@ import weakref
 from pathlib import Path
 
 from plugin_llm.home_layout import LIMITS_DB
-from plugin_llm.limits.settings import MAX_TOTAL, PluginLimits
+from plugin_llm.limits.local_sql import (
+    ADMIT,
+    BREAKER,
+    EVICT_BREAKER,
+    FORGOTTEN,
+    HELD,
+    LEASE,
+    PRUNE_MINUTES,
+    PUT_BREAKER,
+    READ,
+    REQUEST_TABLES,
+    RESET,
+    SCHEMA,
+    SCHEMA_VERSION,
+    SETTLE,
+    SETTLE_MANY,
+    TAKE_PROBE,
+    V3_COLUMNS,
+)
+from plugin_llm.limits.settings import PluginLimits
 from plugin_llm.limits.store import (
     LIMIT_NAMES,
     MAX_BREAKER_ROUTES,
@@ -34,7 +54,6 @@ from plugin_llm.limits.store import (
     check_route,
     Admission,
     Counters,
-    LEASE_SHARE,
     Denial,
     LeaseGrant,
     LeaseOp,
@@ -51,191 +70,7 @@ from plugin_llm.limits.store import (
 __all__ = ["LocalStore", "DB_NAME", "SCHEMA_VERSION"]
 
 DB_NAME = LIMITS_DB  # in the home (plugin_llm.home_layout)
-SCHEMA_VERSION = 5
-#: the request tables hold no rows: a schema older than this version is upgraded by recreating them
-_REQUEST_TABLES = """
-DROP TRIGGER IF EXISTS admit_request; DROP TABLE IF EXISTS admit;
-DROP TRIGGER IF EXISTS settle_request; DROP TABLE IF EXISTS settle;
-DROP TRIGGER IF EXISTS lease_request; DROP TABLE IF EXISTS lease;
-"""
-#: version 3 gave a reservation a number of calls in flight and of requests (a lease holds several);
-#: version 4 saturates the usage counters at MAX_TOTAL (the triggers only: recreated);
-#: version 5 adds the routes' circuit breakers (a table of their own)
-_V3_COLUMNS = """
-ALTER TABLE reservations ADD COLUMN slots INTEGER NOT NULL DEFAULT 1;
-ALTER TABLE reservations ADD COLUMN requests INTEGER NOT NULL DEFAULT 1;
-"""
-
-# Only calls in flight are rows of `reservations`, so a plugin's rows are found by the primary
-# key's prefix with no second index (every index is one more page written per transaction).
-# `admit` and `settle` never hold a row: their triggers act, then RAISE(IGNORE) the insert.
-#: what the lease trigger decides against, from the plugin's rows: the other reservations in flight
-#: (o_*: slots, and requests, tokens and nano-dollars in this minute, day and month) and the usage
-#: already settled in the same windows (u_*); once for the check, once for the grant
-_TOTALS = """FROM (SELECT COALESCE(SUM(slots), 0) AS o_slots,
-          COALESCE(SUM(CASE WHEN minute = NEW.minute THEN requests END), 0) AS o_req,
-          COALESCE(SUM(CASE WHEN minute = NEW.minute THEN tokens END), 0) AS o_tok,
-          COALESCE(SUM(CASE WHEN day = NEW.day THEN nano END), 0) AS o_day,
-          COALESCE(SUM(CASE WHEN month = NEW.month THEN nano END), 0) AS o_mon
-     FROM reservations WHERE plugin = NEW.plugin AND id <> NEW.id),
-    (SELECT COALESCE((SELECT requests FROM spend WHERE plugin = NEW.plugin AND bucket = 'min:' || NEW.minute), 0) AS u_req,
-          COALESCE((SELECT tokens FROM spend WHERE plugin = NEW.plugin AND bucket = 'min:' || NEW.minute), 0) AS u_tok,
-          COALESCE((SELECT nano FROM spend WHERE plugin = NEW.plugin AND bucket = 'day:' || NEW.day), 0) AS u_day,
-          COALESCE((SELECT nano FROM spend WHERE plugin = NEW.plugin AND bucket = 'mon:' || NEW.month), 0) AS u_mon)"""
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS spend (
-    plugin TEXT NOT NULL, bucket TEXT NOT NULL,
-    nano INTEGER NOT NULL DEFAULT 0, requests INTEGER NOT NULL DEFAULT 0, tokens INTEGER NOT NULL DEFAULT 0,
-    PRIMARY KEY (plugin, bucket)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS reservations (
-    plugin TEXT NOT NULL, id TEXT NOT NULL, expires REAL NOT NULL,
-    nano INTEGER NOT NULL, tokens INTEGER NOT NULL, minute TEXT NOT NULL, day TEXT NOT NULL, month TEXT NOT NULL,
-    slots INTEGER NOT NULL DEFAULT 1, requests INTEGER NOT NULL DEFAULT 1,
-    PRIMARY KEY (plugin, id)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS breakers (
-    route TEXT NOT NULL PRIMARY KEY, state TEXT NOT NULL, failures INTEGER NOT NULL,
-    first_failure REAL, opened_at REAL, retry_at REAL, updated REAL NOT NULL
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS settle (plugin TEXT, id TEXT, nano INTEGER, tokens INTEGER, minute TEXT, day TEXT, month TEXT);
-CREATE TABLE IF NOT EXISTS admit (
-    plugin TEXT, id TEXT, expires REAL, nano INTEGER, tokens INTEGER, minute TEXT, day TEXT, month TEXT, now REAL,
-    max_concurrent INTEGER, requests_per_minute INTEGER, tokens_per_minute INTEGER, budget_day INTEGER,
-    budget_month INTEGER, settlements TEXT
-);
-CREATE TRIGGER IF NOT EXISTS admit_request BEFORE INSERT ON admit BEGIN
-  INSERT INTO settle SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'), json_extract(value, '$[2]'),
-      json_extract(value, '$[3]'), json_extract(value, '$[4]'), json_extract(value, '$[5]'), json_extract(value, '$[6]')
-    FROM json_each(NEW.settlements) WHERE NEW.settlements IS NOT NULL;
-  DELETE FROM reservations WHERE plugin = NEW.plugin AND expires <= NEW.now;
-  SELECT RAISE(ABORT, 'limit:1') WHERE NEW.max_concurrent IS NOT NULL
-    AND (SELECT COALESCE(SUM(slots), 0) FROM reservations WHERE plugin = NEW.plugin) + 1 > NEW.max_concurrent;
-  SELECT RAISE(ABORT, 'limit:2') WHERE NEW.requests_per_minute IS NOT NULL
-    AND COALESCE((SELECT requests FROM spend WHERE plugin = NEW.plugin AND bucket = 'min:' || NEW.minute), 0)
-      + (SELECT COALESCE(SUM(requests), 0) FROM reservations WHERE plugin = NEW.plugin AND minute = NEW.minute)
-      + 1 > NEW.requests_per_minute;
-  SELECT RAISE(ABORT, 'limit:3') WHERE NEW.tokens_per_minute IS NOT NULL
-    AND COALESCE((SELECT tokens FROM spend WHERE plugin = NEW.plugin AND bucket = 'min:' || NEW.minute), 0)
-      + (SELECT COALESCE(SUM(tokens), 0) FROM reservations WHERE plugin = NEW.plugin AND minute = NEW.minute)
-      + NEW.tokens > NEW.tokens_per_minute;
-  SELECT RAISE(ABORT, 'limit:4') WHERE NEW.budget_day IS NOT NULL
-    AND COALESCE((SELECT nano FROM spend WHERE plugin = NEW.plugin AND bucket = 'day:' || NEW.day), 0)
-      + (SELECT COALESCE(SUM(nano), 0) FROM reservations WHERE plugin = NEW.plugin AND day = NEW.day)
-      + NEW.nano > NEW.budget_day;
-  SELECT RAISE(ABORT, 'limit:5') WHERE NEW.budget_month IS NOT NULL
-    AND COALESCE((SELECT nano FROM spend WHERE plugin = NEW.plugin AND bucket = 'mon:' || NEW.month), 0)
-      + (SELECT COALESCE(SUM(nano), 0) FROM reservations WHERE plugin = NEW.plugin AND month = NEW.month)
-      + NEW.nano > NEW.budget_month;
-  INSERT INTO reservations (plugin, id, expires, nano, tokens, minute, day, month)
-    VALUES (NEW.plugin, NEW.id, NEW.expires, NEW.nano, NEW.tokens, NEW.minute, NEW.day, NEW.month);
-  SELECT RAISE(IGNORE);
-END;
-CREATE TRIGGER IF NOT EXISTS settle_request BEFORE INSERT ON settle BEGIN
-  DELETE FROM reservations WHERE plugin = NEW.plugin AND id = NEW.id;
-  INSERT INTO spend (plugin, bucket, nano, requests, tokens) VALUES
-    (NEW.plugin, 'day:' || NEW.day, NEW.nano, 0, 0),
-    (NEW.plugin, 'mon:' || NEW.month, NEW.nano, 0, 0),
-    (NEW.plugin, 'min:' || NEW.minute, 0, 1, NEW.tokens)
-    ON CONFLICT (plugin, bucket) DO UPDATE SET nano = MIN(nano + excluded.nano, @MAX@),
-      requests = MIN(requests + excluded.requests, @MAX@), tokens = MIN(tokens + excluded.tokens, @MAX@);
-  SELECT RAISE(IGNORE);
-END;
-
-CREATE TABLE IF NOT EXISTS lease (
-    plugin TEXT, id TEXT, now REAL, expires REAL, minute TEXT, day TEXT, month TEXT,
-    s_req INTEGER, s_tok INTEGER, s_nano INTEGER,
-    k_slots INTEGER, k_req INTEGER, k_tok INTEGER, k_nano INTEGER,
-    a_slots INTEGER, a_req INTEGER, a_tok INTEGER, a_nano INTEGER,
-    w_slots INTEGER, w_req INTEGER, w_tok INTEGER, w_nano INTEGER,
-    max_concurrent INTEGER, requests_per_minute INTEGER, tokens_per_minute INTEGER, budget_day INTEGER,
-    budget_month INTEGER
-);
-CREATE TRIGGER IF NOT EXISTS lease_request BEFORE INSERT ON lease BEGIN
-  INSERT INTO spend (plugin, bucket, nano, requests, tokens) SELECT * FROM (VALUES
-    (NEW.plugin, 'day:' || NEW.day, NEW.s_nano, 0, 0),
-    (NEW.plugin, 'mon:' || NEW.month, NEW.s_nano, 0, 0),
-    (NEW.plugin, 'min:' || NEW.minute, 0, NEW.s_req, NEW.s_tok)) WHERE NEW.s_req + NEW.s_tok + NEW.s_nano > 0
-    ON CONFLICT (plugin, bucket) DO UPDATE SET nano = MIN(nano + excluded.nano, @MAX@),
-      requests = MIN(requests + excluded.requests, @MAX@), tokens = MIN(tokens + excluded.tokens, @MAX@);
-  DELETE FROM reservations WHERE plugin = NEW.plugin AND expires <= NEW.now;
-  SELECT CASE
-      WHEN NEW.max_concurrent IS NOT NULL AND o_slots + NEW.k_slots + NEW.a_slots > NEW.max_concurrent
-        THEN RAISE(ABORT, 'limit:1')
-      WHEN NEW.requests_per_minute IS NOT NULL AND u_req + o_req + NEW.k_req + NEW.a_req > NEW.requests_per_minute
-        THEN RAISE(ABORT, 'limit:2')
-      WHEN NEW.tokens_per_minute IS NOT NULL AND u_tok + o_tok + NEW.k_tok + NEW.a_tok > NEW.tokens_per_minute
-        THEN RAISE(ABORT, 'limit:3')
-      WHEN NEW.budget_day IS NOT NULL AND u_day + o_day + NEW.k_nano + NEW.a_nano > NEW.budget_day
-        THEN RAISE(ABORT, 'limit:4')
-      WHEN NEW.budget_month IS NOT NULL AND u_mon + o_mon + NEW.k_nano + NEW.a_nano > NEW.budget_month
-        THEN RAISE(ABORT, 'limit:5')
-    END
-    @TOTALS@ WHERE NEW.a_slots > 0;
-  INSERT OR REPLACE INTO reservations (plugin, id, expires, nano, tokens, minute, day, month, slots, requests)
-    SELECT NEW.plugin, NEW.id, NEW.expires,
-      NEW.k_nano + NEW.a_nano + MAX(0, MIN(NEW.w_nano,
-        CASE WHEN NEW.budget_day IS NULL AND NEW.budget_month IS NULL THEN 0
-             ELSE MIN(COALESCE(NEW.budget_day - u_day - o_day, 9e18), COALESCE(NEW.budget_month - u_mon - o_mon, 9e18))
-                  - NEW.k_nano - NEW.a_nano END / @SHARE@)),
-      NEW.k_tok + NEW.a_tok + MAX(0, MIN(NEW.w_tok,
-        COALESCE(NEW.tokens_per_minute - u_tok - o_tok - NEW.k_tok - NEW.a_tok, 0) / @SHARE@)),
-      NEW.minute, NEW.day, NEW.month,
-      NEW.k_slots + NEW.a_slots + MAX(0, MIN(NEW.w_slots,
-        COALESCE(NEW.max_concurrent - o_slots - NEW.k_slots - NEW.a_slots, 0) / @SHARE@)),
-      NEW.k_req + NEW.a_req + MAX(0, MIN(NEW.w_req,
-        COALESCE(NEW.requests_per_minute - u_req - o_req - NEW.k_req - NEW.a_req, 0) / @SHARE@))
-    @TOTALS@;
-  DELETE FROM reservations WHERE plugin = NEW.plugin AND id = NEW.id
-    AND slots = 0 AND requests = 0 AND tokens = 0 AND nano = 0;
-  SELECT RAISE(IGNORE);
-END;
-""".replace("@TOTALS@", _TOTALS).replace("@SHARE@", str(LEASE_SHARE)).replace("@MAX@", str(MAX_TOTAL))
-
-_ADMIT = "INSERT INTO admit VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-#: the finished request in the buckets it was admitted in: cost to day and month, one request and its tokens to the minute
-_SETTLE = "INSERT INTO settle VALUES (?, ?, ?, ?, ?, ?, ?)"
-#: many settlements (a JSON array of _SETTLE rows) in one statement
-_SETTLE_MANY = (
-    "INSERT INTO settle SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'), json_extract(value, '$[2]'), "
-    "json_extract(value, '$[3]'), json_extract(value, '$[4]'), json_extract(value, '$[5]'), json_extract(value, '$[6]') "
-    "FROM json_each(?)"
-)
-#: every counter in one statement (one snapshot); reservations past their expiry (?5) are ignored
-_READ = """
-SELECT COALESCE(SUM(CASE WHEN expires > ?5 THEN slots END), 0), MIN(CASE WHEN expires > ?5 THEN expires END),
-       COALESCE(SUM(CASE WHEN expires > ?5 AND minute = ?2 THEN requests END), 0),
-       COALESCE(SUM(CASE WHEN expires > ?5 AND minute = ?2 THEN tokens END), 0),
-       COALESCE(SUM(CASE WHEN expires > ?5 AND day = ?3 THEN nano END), 0),
-       COALESCE(SUM(CASE WHEN expires > ?5 AND month = ?4 THEN nano END), 0),
-       (SELECT requests FROM spend WHERE plugin = ?1 AND bucket = 'min:' || ?2),
-       (SELECT tokens FROM spend WHERE plugin = ?1 AND bucket = 'min:' || ?2),
-       (SELECT nano FROM spend WHERE plugin = ?1 AND bucket = 'day:' || ?3),
-       (SELECT nano FROM spend WHERE plugin = ?1 AND bucket = 'mon:' || ?4)
-FROM reservations WHERE plugin = ?1
-"""
-_LEASE = "INSERT INTO lease VALUES (" + ", ".join(["?"] * 27) + ")"
-_HELD = "SELECT slots, requests, tokens, nano, expires FROM reservations WHERE plugin = ? AND id = ?"
 _encode = json.JSONEncoder(separators=(",", ":")).encode  # one encoder, not one per call
-_PRUNE_MINUTES = "DELETE FROM spend WHERE plugin = ? AND bucket >= 'min:' AND bucket < 'min:' || ?"
-_RESET = "DELETE FROM spend WHERE plugin = ?1 AND bucket IN ('min:' || ?2, 'day:' || ?3, 'mon:' || ?4)"
-_FORGOTTEN = """
-SELECT (SELECT requests FROM spend WHERE plugin = ?1 AND bucket = 'min:' || ?2),
-       (SELECT tokens FROM spend WHERE plugin = ?1 AND bucket = 'min:' || ?2),
-       (SELECT nano FROM spend WHERE plugin = ?1 AND bucket = 'day:' || ?3),
-       (SELECT nano FROM spend WHERE plugin = ?1 AND bucket = 'mon:' || ?4)
-"""
-
-_BREAKER = "SELECT state, failures, first_failure, opened_at, retry_at FROM breakers WHERE route = ?"
-#: the probe of an open breaker whose cooldown (or a half-open one whose probe lease) is over: one
-#: statement, so of several callers exactly one changes the row and gets it
-_TAKE_PROBE = ("UPDATE breakers SET state = 'half_open', retry_at = ?1, updated = ?2 "
-               "WHERE route = ?3 AND state IN ('open', 'half_open') AND retry_at <= ?2")
-_PUT_BREAKER = "INSERT OR REPLACE INTO breakers VALUES (?, ?, ?, ?, ?, ?, ?)"
-#: a new route in a full table: the oldest closed breaker goes (else the oldest open one)
-_EVICT_BREAKER = ("DELETE FROM breakers WHERE route = "
-                  "(SELECT route FROM breakers ORDER BY state <> 'closed', updated LIMIT 1)")
 
 _NOT_A_COUNT = ("a count that is not a whole number of 0 or more (the file was edited, or is corrupt; fix or delete "
                 "the plugin's rows in its spend table: a reset does not erase what it cannot read and record)")
@@ -343,11 +178,11 @@ class LocalStore(LimitStore):
         try:
             version = conn.execute("PRAGMA user_version").fetchone()[0]
             if version < SCHEMA_VERSION:
-                script = _REQUEST_TABLES if version else ""
+                script = REQUEST_TABLES if version else ""
                 columns = {row[1] for row in conn.execute("PRAGMA table_info(reservations)")}
                 if columns and "slots" not in columns:
-                    script += _V3_COLUMNS
-                script += _SCHEMA + f"PRAGMA user_version = {SCHEMA_VERSION};"
+                    script += V3_COLUMNS
+                script += SCHEMA + f"PRAGMA user_version = {SCHEMA_VERSION};"
                 statement = ""
                 for piece in script.split(";"):  # one statement at a time: executescript would commit first
                     statement += piece + ";"
@@ -385,7 +220,7 @@ class LocalStore(LimitStore):
 
     @staticmethod
     def _read(conn: sqlite3.Connection, plugin_id: str, now: float, b) -> Counters:
-        row = conn.execute(_READ, (plugin_id, b.minute, b.day, b.month, now)).fetchone()
+        row = conn.execute(READ, (plugin_id, b.minute, b.day, b.month, now)).fetchone()
         counts = [v or 0 for i, v in enumerate(row) if i != 1]
         earliest = row[1]
         if not all(type(v) is int and v >= 0 for v in counts) or not (earliest is None or type(earliest) in (int, float)):
@@ -412,12 +247,12 @@ class LocalStore(LimitStore):
         def work(conn: sqlite3.Connection) -> Admission | Denial:
             nonlocal applied
             try:
-                conn.execute(_ADMIT, (*row, batch))
+                conn.execute(ADMIT, (*row, batch))
                 applied = True
             except sqlite3.IntegrityError as exc:
                 refused = _refused_limit(exc)
                 if not applied:  # the refusal undid the whole statement: the settlements go on their own
-                    conn.execute(_SETTLE_MANY, (batch,))
+                    conn.execute(SETTLE_MANY, (batch,))
                     applied = True
                 # The statement decided; read the numbers it saw for the message (they may have moved since).
                 c = self._read(conn, plugin_id, now, b)
@@ -426,7 +261,7 @@ class LocalStore(LimitStore):
             if self._pruned.get(plugin_id) != b.minute:  # once a minute: drop minute rows older than the last one
                 self._pruned[plugin_id] = b.minute
                 try:
-                    conn.execute(_PRUNE_MINUTES, (plugin_id, time.strftime("%Y-%m-%dT%H:%M", time.gmtime(now - 60))))
+                    conn.execute(PRUNE_MINUTES, (plugin_id, time.strftime("%Y-%m-%dT%H:%M", time.gmtime(now - 60))))
                 except sqlite3.Error:
                     pass  # housekeeping only: the next minute tries again
             return Admission(plugin_id, rid, reservation.cost_nano, reservation.tokens, b, expires)
@@ -447,17 +282,17 @@ class LocalStore(LimitStore):
 
         def work(conn: sqlite3.Connection) -> LeaseGrant | Denial:
             try:
-                conn.execute(_LEASE, (*head, op.expires, *where, *op.settled, *op.keep, *op.ask, *op.want, *caps))
+                conn.execute(LEASE, (*head, op.expires, *where, *op.settled, *op.keep, *op.ask, *op.want, *caps))
             except sqlite3.IntegrityError as exc:
                 refused = _refused_limit(exc)
                 # undone as a whole: settle and shrink to what the calls in flight hold, which never refuses
-                conn.execute(_LEASE, (*head, op.keep_expires, *where, *op.settled, *op.keep, 0, 0, 0, 0, 0, 0, 0, 0,
+                conn.execute(LEASE, (*head, op.keep_expires, *where, *op.settled, *op.keep, 0, 0, 0, 0, 0, 0, 0, 0,
                                       *caps))
                 c = self._read(conn, plugin_id, op.now, b)
                 used, held = _numbers(c, refused)
                 r = Reservation(cost_nano=op.ask[3], tokens=op.ask[2], ttl=0.0)
                 return deny(plugin_id, limits, refused, used, held, r, b, c.earliest_expiry)
-            row = conn.execute(_HELD, (plugin_id, op.lease_id)).fetchone()
+            row = conn.execute(HELD, (plugin_id, op.lease_id)).fetchone()
             if row is None:
                 return LeaseGrant((0, 0, 0, 0), op.keep_expires)
             return LeaseGrant((row[0], row[1], row[2], row[3]), row[4])
@@ -471,7 +306,7 @@ class LocalStore(LimitStore):
 
     def settle(self, admission: Admission, cost_nano: int, tokens: int, *, timeout: float) -> None:
         row = self._settle_row(admission, cost_nano, tokens)
-        self._run(timeout, lambda conn: conn.execute(_SETTLE, row))
+        self._run(timeout, lambda conn: conn.execute(SETTLE, row))
 
     def settle_later(self, admission: Admission, cost_nano: int, tokens: int) -> None:
         self._queue.add(self._settle_row(admission, cost_nano, tokens))
@@ -479,7 +314,7 @@ class LocalStore(LimitStore):
     def _apply_queued(self, rows: list[tuple], timeout: float) -> None:
         batch = _encode(rows)
         try:
-            self._run(timeout, lambda conn: conn.execute(_SETTLE_MANY, (batch,)))
+            self._run(timeout, lambda conn: conn.execute(SETTLE_MANY, (batch,)))
         except BaseException:
             self._queue.put_back(rows)  # one statement: all or none were applied
             raise
@@ -504,8 +339,8 @@ class LocalStore(LimitStore):
         def forget(conn: sqlite3.Connection) -> Counters:
             conn.execute("BEGIN IMMEDIATE")  # what is deleted is what is read: no settlement in between
             try:
-                forgotten = _forgotten([v or 0 for v in conn.execute(_FORGOTTEN, args).fetchone()])
-                conn.execute(_RESET, args)
+                forgotten = _forgotten([v or 0 for v in conn.execute(FORGOTTEN, args).fetchone()])
+                conn.execute(RESET, args)
                 conn.execute("COMMIT")
             except BaseException:
                 if conn.in_transaction:
@@ -527,13 +362,13 @@ class LocalStore(LimitStore):
         probe_until = now + max(0.0, min(float(probe_for), MAX_PROBE_SECONDS))
 
         def work(conn: sqlite3.Connection) -> str:
-            found = conn.execute(_BREAKER, (route,)).fetchone()  # a read: most routes are closed
+            found = conn.execute(BREAKER, (route,)).fetchone()  # a read: most routes are closed
             row = breaker_row(*found) if found is not None else None
             if row is None or row.state == "closed":
                 return "closed"
             if now < row.retry_at:
                 return "open"
-            taken = conn.execute(_TAKE_PROBE, (probe_until, now, route)).rowcount
+            taken = conn.execute(TAKE_PROBE, (probe_until, now, route)).rowcount
             return "probe" if taken == 1 else "open"
 
         return self._run(timeout, work)
@@ -549,11 +384,11 @@ class LocalStore(LimitStore):
         def fail(conn: sqlite3.Connection) -> str:
             conn.execute("BEGIN IMMEDIATE")  # the row read is the row changed: no report in between
             try:
-                found = conn.execute(_BREAKER, (route,)).fetchone()
+                found = conn.execute(BREAKER, (route,)).fetchone()
                 if found is None and conn.execute("SELECT COUNT(*) FROM breakers").fetchone()[0] >= MAX_BREAKER_ROUTES:
-                    conn.execute(_EVICT_BREAKER)
+                    conn.execute(EVICT_BREAKER)
                 new = breaker_after_failure(breaker_row(*found) if found is not None else None, policy, now)
-                conn.execute(_PUT_BREAKER, (route, new.state, new.failures, new.first_failure, new.opened_at,
+                conn.execute(PUT_BREAKER, (route, new.state, new.failures, new.first_failure, new.opened_at,
                                             new.retry_at, now))
                 conn.execute("COMMIT")
             except BaseException:
