@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from plugin_llm.limits.counts import LIMIT_NAMES, Buckets, Counters, Denial, Reservation, WindowUsage
 from plugin_llm.limits.settings import PluginLimits
 
-__all__ = ["DIMS", "LeaseOp", "LeaseGrant", "LEASE_SHARE", "deny", "decide", "windows"]
+__all__ = ["DIMS", "LeaseOp", "LeaseGrant", "LEASE_SHARE", "limit_caps", "deny", "lease_denial", "decide", "windows"]
 
 #: the dimensions a lease holds, in this order: calls in flight, requests and tokens of the
 #: lease's minute, nano-dollars of its day *and* month (one amount counts in both)
@@ -66,7 +66,8 @@ class LeaseGrant:
 LEASE_SHARE = 8
 
 
-def _caps(limits: PluginLimits) -> tuple[int | None, ...]:
+def limit_caps(limits: PluginLimits) -> tuple[int | None, ...]:
+    """The plugin's caps in :data:`LIMIT_NAMES` order (None: no such limit), as the stores send them."""
     return (limits.max_concurrent, limits.requests_per_minute, limits.tokens_per_minute,
             limits.budget_day_nano, limits.budget_month_nano)
 
@@ -90,7 +91,7 @@ def deny(plugin_id: str, limits: PluginLimits, index: int, used: int, held: int,
          earliest_expiry: float | None) -> Denial:
     """The Denial for limit ``LIMIT_NAMES[index]`` given what the store saw (shared by both stores)."""
     name = LIMIT_NAMES[index]
-    cap = _caps(limits)[index]
+    cap = limit_caps(limits)[index]
     ask = _asks(r)[index]
     resets = (earliest_expiry, b.minute_ends, b.minute_ends, b.day_ends, b.month_ends)[index]
     return Denial(
@@ -99,9 +100,16 @@ def deny(plugin_id: str, limits: PluginLimits, index: int, used: int, held: int,
     )
 
 
+def lease_denial(plugin_id: str, limits: PluginLimits, op: LeaseOp, index: int, used: int, held: int,
+                 earliest_expiry: float | None) -> Denial:
+    """The Denial of a lease step the store refused at limit ``index``: its ``ask`` is the request."""
+    r = Reservation(cost_nano=op.ask[3], tokens=op.ask[2], ttl=0.0)
+    return deny(plugin_id, limits, index, used, held, r, op.buckets, earliest_expiry)
+
+
 def decide(plugin_id: str, limits: PluginLimits, c: Counters, r: Reservation, b: Buckets) -> Denial | None:
     """The admission rule (the Redis script implements the same): first limit the request would exceed."""
-    for index, (cap, ask, (used, held, _)) in enumerate(zip(_caps(limits), _asks(r), _usage(c, b))):
+    for index, (cap, ask, (used, held, _)) in enumerate(zip(limit_caps(limits), _asks(r), _usage(c, b))):
         if cap is not None and used + held + ask > cap:
             return deny(plugin_id, limits, index, used, held, r, b, c.earliest_expiry)
     return None
@@ -111,6 +119,6 @@ def windows(limits: PluginLimits, c: Counters, b: Buckets) -> tuple[WindowUsage,
     """The configured limits with their current usage (for snapshots)."""
     return tuple(
         WindowUsage(name, limits.key(name), cap, used, held, resets)
-        for name, cap, (used, held, resets) in zip(LIMIT_NAMES, _caps(limits), _usage(c, b))
+        for name, cap, (used, held, resets) in zip(LIMIT_NAMES, limit_caps(limits), _usage(c, b))
         if cap is not None
     )

@@ -57,13 +57,15 @@ from plugin_llm.limits.store import (
     Denial,
     LeaseGrant,
     LeaseOp,
-    LimitStore,
+    QueuedStore,
     Reservation,
     SettlementQueue,
     StoreDataError,
     StoreError,
     buckets_at,
     new_reservation_id,
+    lease_denial,
+    limit_caps,
     deny,
 )
 
@@ -125,7 +127,7 @@ def _reason(exc: BaseException) -> str:
     return text if len(text) <= 200 else text[:197] + "..."
 
 
-class LocalStore(LimitStore):
+class LocalStore(QueuedStore):
     """SQLite store at ``path``; one connection per process, shared by its threads."""
 
     name = "local"
@@ -275,8 +277,7 @@ class LocalStore(LimitStore):
 
     def lease(self, plugin_id: str, op: LeaseOp, limits: PluginLimits, *, timeout: float) -> LeaseGrant | Denial:
         b = op.buckets
-        caps = (limits.max_concurrent, limits.requests_per_minute, limits.tokens_per_minute,
-                limits.budget_day_nano, limits.budget_month_nano)
+        caps = limit_caps(limits)
         head = (plugin_id, op.lease_id, op.now)
         where = (b.minute, b.day, b.month)
 
@@ -290,8 +291,7 @@ class LocalStore(LimitStore):
                                       *caps))
                 c = self._read(conn, plugin_id, op.now, b)
                 used, held = _numbers(c, refused)
-                r = Reservation(cost_nano=op.ask[3], tokens=op.ask[2], ttl=0.0)
-                return deny(plugin_id, limits, refused, used, held, r, b, c.earliest_expiry)
+                return lease_denial(plugin_id, limits, op, refused, used, held, c.earliest_expiry)
             row = conn.execute(HELD, (plugin_id, op.lease_id)).fetchone()
             if row is None:
                 return LeaseGrant((0, 0, 0, 0), op.keep_expires)
@@ -300,16 +300,13 @@ class LocalStore(LimitStore):
         return self._run(timeout, work)
 
     @staticmethod
-    def _settle_row(admission: Admission, cost_nano: int, tokens: int) -> tuple:
+    def _settle_item(admission: Admission, cost_nano: int, tokens: int) -> tuple:
         a, b = admission, admission.buckets
         return (a.plugin_id, a.reservation_id, max(0, int(cost_nano)), max(0, int(tokens)), b.minute, b.day, b.month)
 
     def settle(self, admission: Admission, cost_nano: int, tokens: int, *, timeout: float) -> None:
-        row = self._settle_row(admission, cost_nano, tokens)
+        row = self._settle_item(admission, cost_nano, tokens)
         self._run(timeout, lambda conn: conn.execute(SETTLE, row))
-
-    def settle_later(self, admission: Admission, cost_nano: int, tokens: int) -> None:
-        self._queue.add(self._settle_row(admission, cost_nano, tokens))
 
     def _apply_queued(self, rows: list[tuple], timeout: float) -> None:
         batch = _encode(rows)
@@ -319,21 +316,14 @@ class LocalStore(LimitStore):
             self._queue.put_back(rows)  # one statement: all or none were applied
             raise
 
-    def flush(self, *, timeout: float) -> None:
-        self._queue.flush(timeout)
-
     def counters(self, plugin_id: str, now: float, *, timeout: float) -> Counters:
         if self._conn is None and not os.path.lexists(self.path):  # nothing was ever counted in this home: a
             return Counters()  # read (limits show, audit stats on an evidence copy) creates nothing
-        self.return_leases(plugin_id, timeout=timeout)
-        self._queue.flush(timeout)
-        b = buckets_at(now)
+        b = self._caught_up(plugin_id, now, timeout)
         return self._run(timeout, lambda conn: self._read(conn, plugin_id, now, b))
 
     def reset(self, plugin_id: str, now: float, *, timeout: float) -> Counters:
-        self.return_leases(plugin_id, timeout=timeout)
-        self._queue.flush(timeout)
-        b = buckets_at(now)
+        b = self._caught_up(plugin_id, now, timeout)
         args = (plugin_id, b.minute, b.day, b.month)
 
         def forget(conn: sqlite3.Connection) -> Counters:
@@ -425,14 +415,7 @@ class LocalStore(LimitStore):
             self._run(timeout, lambda conn: conn.execute("DELETE FROM breakers WHERE route = ?", (route,)))
 
     def close(self) -> None:
-        try:
-            self.close_leases(timeout=2.0)
-        except StoreError:
-            pass  # the leases expire by themselves
-        try:
-            self._queue.flush()
-        except StoreError:
-            pass  # put back: applied at exit or by the next store on this file
+        self._close_leases_and_queue()
         with self._lock:
             if self._conn is not None:
                 self._conn.close()

@@ -47,12 +47,14 @@ from plugin_llm.limits.store import (
     Denial,
     LeaseGrant,
     LeaseOp,
-    LimitStore,
+    QueuedStore,
     Reservation,
     SettlementQueue,
     StoreDataError,
     StoreError,
     buckets_at,
+    lease_denial,
+    limit_caps,
     deny,
     new_reservation_id,
 )
@@ -115,7 +117,7 @@ def _reason(exc: BaseException, secrets: tuple[str, ...]) -> str:
     return text if len(text) <= 200 else text[:197] + "..."
 
 
-class RedisStore(LimitStore):
+class RedisStore(QueuedStore):
     """Redis store at ``url``; keys under ``prefix``. Connections are reused across threads (a small idle list); a forked child opens its own."""
 
     name = "redis"
@@ -293,8 +295,7 @@ class RedisStore(LimitStore):
         b = buckets_at(now)
         rid = new_reservation_id()
         expires = now + max(0.0, reservation.ttl)
-        caps = (limits.max_concurrent, limits.requests_per_minute, limits.tokens_per_minute,
-                limits.budget_day_nano, limits.budget_month_nano)
+        caps = limit_caps(limits)
         args = [repr(now), repr(expires), rid, int(reservation.cost_nano), int(reservation.tokens), b.minute, b.day, b.month,
                 *(-1 if c is None else int(c) for c in caps)]
         reply = self._with_queued(ADMIT_LUA, plugin_id, b, args, timeout)
@@ -307,8 +308,7 @@ class RedisStore(LimitStore):
 
     def lease(self, plugin_id: str, op: LeaseOp, limits: PluginLimits, *, timeout: float) -> LeaseGrant | Denial:
         b = op.buckets
-        caps = (limits.max_concurrent, limits.requests_per_minute, limits.tokens_per_minute,
-                limits.budget_day_nano, limits.budget_month_nano)
+        caps = limit_caps(limits)
         total = (min(MAX_TOTAL, a + s) for a, s in zip(op.applied, op.settled))
         args = [repr(op.now), repr(op.expires), op.lease_id, b.minute, b.day, b.month, *total, *op.keep, *op.ask,
                 *op.want, *(-1 if c is None else int(c) for c in caps), repr(op.keep_expires)]
@@ -319,20 +319,16 @@ class RedisStore(LimitStore):
                 held = (int(reply[1]), int(reply[2]), int(reply[3]), int(reply[4]))
                 return LeaseGrant(held, op.expires if any(held) else op.keep_expires)
             earliest = float(reply[4])
-            r = Reservation(cost_nano=op.ask[3], tokens=op.ask[2], ttl=0.0)
-            return deny(plugin_id, limits, int(reply[1]) - 1, int(reply[2]), int(reply[3]), r, b,
-                        earliest if earliest >= 0 else None)
+            return lease_denial(plugin_id, limits, op, int(reply[1]) - 1, int(reply[2]), int(reply[3]),
+                                earliest if earliest >= 0 else None)
 
-    def _settle_command(self, admission: Admission, cost_nano: int, tokens: int) -> tuple[str, list[str], list[Any]]:
+    def _settle_item(self, admission: Admission, cost_nano: int, tokens: int) -> tuple[str, list[str], list[Any]]:
         a, b = admission, admission.buckets
         return (SETTLE_LUA, self._keys(a.plugin_id, b.minute, b.day, b.month),
                 [a.reservation_id, max(0, int(cost_nano)), max(0, int(tokens))])
 
     def settle(self, admission: Admission, cost_nano: int, tokens: int, *, timeout: float) -> None:
-        self._script(*self._settle_command(admission, cost_nano, tokens), timeout)
-
-    def settle_later(self, admission: Admission, cost_nano: int, tokens: int) -> None:
-        self._queue.add(self._settle_command(admission, cost_nano, tokens))
+        self._script(*self._settle_item(admission, cost_nano, tokens), timeout)
 
     def _apply_queued(self, items: list, timeout: float) -> None:
         try:
@@ -342,13 +338,8 @@ class RedisStore(LimitStore):
             raise
         self._settled(replies, len(items))
 
-    def flush(self, *, timeout: float) -> None:
-        self._queue.flush(timeout)
-
     def counters(self, plugin_id: str, now: float, *, timeout: float) -> Counters:
-        self.return_leases(plugin_id, timeout=timeout)
-        self._queue.flush(timeout)
-        b = buckets_at(now)
+        b = self._caught_up(plugin_id, now, timeout)
         r = self._script(READ_LUA, self._keys(plugin_id, b.minute, b.day, b.month), [repr(now), b.minute, b.day, b.month], timeout)
         with self._parsing("a read"):
             earliest = float(r[1])
@@ -363,9 +354,7 @@ class RedisStore(LimitStore):
             )
 
     def reset(self, plugin_id: str, now: float, *, timeout: float) -> Counters:
-        self.return_leases(plugin_id, timeout=timeout)
-        self._queue.flush(timeout)
-        b = buckets_at(now)
+        b = self._caught_up(plugin_id, now, timeout)
         keys = self._keys(plugin_id, b.minute, b.day, b.month)[2:]
         r = self._script(RESET_LUA, keys, [], timeout)  # what is deleted is what is read: one script
         if r and r[0] in (b"corrupt", "corrupt"):  # checked before anything was deleted
@@ -427,14 +416,7 @@ class RedisStore(LimitStore):
             self._script(BREAKER_DELETE_LUA, [self._breakers_key()], [check_route(route)], timeout)
 
     def close(self) -> None:
-        try:
-            self.close_leases(timeout=2.0)
-        except StoreError:
-            pass  # the leases expire by themselves
-        try:
-            self._queue.flush()
-        except StoreError:
-            pass  # logged by _lost
+        self._close_leases_and_queue()
         with self._idle_lock:
             idle, self._idle = self._idle, []
         for conn in idle:

@@ -17,10 +17,20 @@ re-exports them, the names both stores and their callers import from here.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from plugin_llm.errors import PluginLlmLimitError
-from plugin_llm.limits.admission_rule import DIMS, LEASE_SHARE, LeaseGrant, LeaseOp, decide, deny, windows
+from plugin_llm.limits.admission_rule import (
+    DIMS,
+    LEASE_SHARE,
+    LeaseGrant,
+    LeaseOp,
+    decide,
+    deny,
+    lease_denial,
+    limit_caps,
+    windows,
+)
 from plugin_llm.limits.breaker_rule import (
     BREAKER_STATES,
     MAX_BREAKER_ROUTES,
@@ -68,11 +78,14 @@ __all__ = [
     "StoreDataError",
     "PluginLlmLimitError",
     "LimitStore",
+    "QueuedStore",
     "SettlementQueue",
     "FLUSH_DELAY",
     "buckets_at",
     "decide",
     "deny",
+    "lease_denial",
+    "limit_caps",
     "windows",
     "iso_utc",
     "usd_text",
@@ -202,3 +215,39 @@ class LimitStore(ABC):
 
     def close(self) -> None:
         """Release connections (optional)."""
+
+
+class QueuedStore(LimitStore):
+    """What both stores share beyond the interface: settlements queued in ``self._queue`` (a
+    :class:`SettlementQueue` of the items :meth:`_settle_item` makes), reads and resets that see
+    this process's leases and queue first, and closing."""
+
+    _queue: SettlementQueue
+
+    def _settle_item(self, admission: Admission, cost_nano: int, tokens: int) -> Any:
+        """The store's settlement of ``admission``, as its queue and its batch settle take it."""
+        raise NotImplementedError
+
+    def settle_later(self, admission: Admission, cost_nano: int, tokens: int) -> None:
+        self._queue.add(self._settle_item(admission, cost_nano, tokens))
+
+    def flush(self, *, timeout: float) -> None:
+        self._queue.flush(timeout)
+
+    def _caught_up(self, plugin_id: str, now: float, timeout: float) -> Buckets:
+        """Before a read or a reset of the plugin: its leases given back and the queue applied (so the
+        store holds exact numbers); the buckets of ``now``."""
+        self.return_leases(plugin_id, timeout=timeout)
+        self._queue.flush(timeout)
+        return buckets_at(now)
+
+    def _close_leases_and_queue(self) -> None:
+        """Closing: the leases given back and the queue applied, as far as the store answers."""
+        try:
+            self.close_leases(timeout=2.0)
+        except StoreError:
+            pass  # the leases expire by themselves
+        try:
+            self._queue.flush()
+        except StoreError:
+            pass  # put back in the queue: its exit hook tries again
