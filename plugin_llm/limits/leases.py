@@ -19,17 +19,15 @@ from __future__ import annotations
 
 import atexit
 import logging
-import math
 import os
 import threading
 import time
 import weakref
 from typing import TYPE_CHECKING, Callable
 
-from audit import records
-from plugin_llm.limits.pricing import Estimate, actual_cost_nano, reports_a_cost, usage_count
-from plugin_llm.limits.settings import MAX_CALL_NANO, MAX_CALL_TOKENS, MAX_TOTAL, NANO
-from plugin_llm.limits.store import Buckets, Denial, LeaseGrant, LeaseOp, StoreError, buckets_at, new_reservation_id
+from plugin_llm.limits.lease_state import CLOSED, ZERO, Lease, LeasedTicket, capped_dims
+from plugin_llm.limits.settings import MAX_TOTAL
+from plugin_llm.limits.store import Denial, LeaseGrant, LeaseOp, StoreError, buckets_at
 
 if TYPE_CHECKING:
     from plugin_llm.limits.settings import PluginLimits
@@ -56,184 +54,13 @@ BUSY_WINDOW = 1.0
 #: the most calls' worth a lease holds beyond its calls in flight
 MAX_CALLS = 1024
 _MAX_SLACK = 2.0
-_ZERO = (0, 0, 0, 0)
 _BIG = 1 << 62  # the room under a limit the plugin does not have
-_CLOSED = float("-inf")  # Lease.admit_until of a lease that admits nothing in memory
-
-
-class LeasedTicket:
-    """A call admitted under a lease: :class:`~plugin_llm.limits.Ticket`'s interface, settled in
-    memory (the reservation leaves the lease, the actual usage waits in it for the keeper).
-
-    The in-memory path's one object per call: it is also the lease's record of the call in
-    flight (``Lease.inflight``), so admission builds nothing else. ``settle`` or ``release``
-    exactly once (decided under the book's lock); later calls do nothing."""
-
-    __slots__ = ("lease", "input_tokens", "output_tokens", "cost", "price", "expires_at", "done", "input_exact")
-
-    metered = True
-    store_error = None
-
-    def __init__(self, lease: "Lease", input_tokens: int, output_tokens: int, cost: int | None, price,
-                 expires_at: float) -> None:
-        self.lease = lease
-        self.input_tokens = input_tokens
-        self.output_tokens = output_tokens
-        self.cost = cost
-        self.price = price
-        self.expires_at = expires_at
-        self.done = False
-        self.input_exact = False  # set by admission when the input was counted exactly
-
-    @property
-    def tokens(self) -> int:
-        return self.input_tokens + self.output_tokens
-
-    @property
-    def cost_nano(self) -> int:
-        """What the call holds of the lease's money (0 when it is unpriced: no budget to count against)."""
-        return self.cost or 0
-
-    @property
-    def plugin_id(self) -> str:
-        return self.lease.book.plugin_id
-
-    @property
-    def estimate(self) -> Estimate:
-        return Estimate(self.input_tokens, self.output_tokens, self.cost, self.price)
-
-    def settle(self, usage=None, *, cost_usd: float | None = None, input_tokens: int | None = None,
-               output_tokens: int | None = None) -> None:
-        """As :meth:`Ticket.settle <plugin_llm.limits.Ticket.settle>`: the actual usage, in memory
-        (a reply that reports no tokens and no positive cost is charged its worst case)."""
-        if self.done:
-            return
-        if usage is not None:
-            cost_usd = usage.cost_usd if cost_usd is None else cost_usd
-            input_tokens = usage.input_tokens if input_tokens is None else input_tokens
-            output_tokens = usage.output_tokens if output_tokens is None else output_tokens
-        ins = (input_tokens if type(input_tokens) is int and 0 <= input_tokens <= MAX_CALL_TOKENS
-               else usage_count(input_tokens))
-        outs = (output_tokens if type(output_tokens) is int and 0 <= output_tokens <= MAX_CALL_TOKENS
-                else usage_count(output_tokens))
-        price = self.price
-        if ins == 0 and outs == 0 and not reports_a_cost(cost_usd):  # nothing reported: its worst case
-            self._finish(self.input_tokens + self.output_tokens, self.cost or 0)
-        elif price is not None and price.operator:  # actual_cost_nano's first case, inlined (the usual one)
-            self._finish(ins + outs, min(MAX_CALL_NANO, math.ceil(ins * price.input_nano + outs * price.output_nano)))
-        else:
-            self._finish(ins + outs, actual_cost_nano(price, cost_usd, ins, outs))
-
-    def release(self) -> None:
-        """Drop the reservation (the request still counts in its minute)."""
-        if not self.done:
-            self._finish(0, 0)
-
-    def _finish(self, tokens: int, nano: int) -> None:
-        """The reservation leaves the lease's room and calls in flight; the usage waits in ``u_*``
-        for the keeper. Exactly once, decided under the book's lock."""
-        lease = self.lease
-        book = lease.book
-        with book.lock:
-            if self.done:
-                return
-            self.done = True
-            lease.u_req += 1  # a finished request counts in its minute, failed or not
-            lease.u_tok += tokens  # (non-negative ints)
-            lease.u_nano += nano
-            room = lease.room
-            try:
-                lease.inflight.remove(self)
-            except KeyError:  # it expired (and stopped counting); its usage counts all the same
-                room[1] -= 1
-                room[2] -= tokens
-                room[3] -= nano
-            else:
-                room[0] += 1
-                room[2] += self.input_tokens + self.output_tokens - tokens
-                room[3] += (self.cost or 0) - nano
-            orphan = lease.dead
-            if orphan:  # given back already: the keeper applies this usage with a final step
-                lease.dead = False
-                book.retiring.append(lease)
-        if book.closed:
-            book.flush_closed()
-        elif orphan:
-            book.wake()
-
-    async def asettle(self, usage=None, **numbers) -> None:
-        self.settle(usage, **numbers)
-
-    async def arelease(self) -> None:
-        self.release()
-
-    def audit_fields(self) -> dict:
-        return {records.LIMITS_RESERVED_USD: (self.cost or 0) / NANO,
-                records.LIMITS_RESERVED_TOKENS: self.input_tokens + self.output_tokens,
-                records.LIMITS_RESERVED_INPUT_TOKENS: self.input_tokens,
-                records.LIMITS_INPUT_COUNT: "exact" if self.input_exact else "bound"}
-
-
-class Lease:
-    """One lease row: what the store holds (``held``), the calls in flight under it
-    (``inflight``), the usage of finished calls not yet handed to the store (``u_*``), and what
-    admissions in memory may still take (``room``: ``held`` less the calls in flight and that
-    usage, per limit; :data:`_BIG` where the plugin has no limit) until ``admit_until`` (the
-    latest call expiry it covers; :data:`_CLOSED` while a step holds admissions up)."""
-
-    # (what admission and settlement touch first: next to each other in memory)
-    __slots__ = ("limits", "admit_until", "t0", "t1", "room", "inflight", "peak", "latest", "admitted", "alarm",
-                 "u_req", "u_tok", "u_nano", "dead", "book", "id", "buckets", "capped", "held", "expires",
-                 "renewing", "last_used", "near", "stepped", "sent")
-
-    def __init__(self, book: "LeaseBook", buckets: Buckets, limits: "PluginLimits") -> None:
-        self.book = book
-        self.id = new_reservation_id()
-        self.buckets = buckets
-        self.t1 = buckets.minute_ends
-        self.t0 = self.t1 - 60.0
-        self.limits = limits
-        self.capped = _capped(limits)
-        self.held = _ZERO
-        self.expires = 0.0
-        self.latest = 0.0  # the latest expiry of a call admitted under this lease
-        self.room = [0, 0, 0, 0]  # slots, requests, tokens, nano
-        self.admit_until = _CLOSED
-        self.u_req = self.u_tok = self.u_nano = 0
-        self.inflight: set[LeasedTicket] = set()  # the calls admitted under it, not finished yet
-        self.renewing = False
-        self.admitted = 0  # admissions since the last renewal
-        self.alarm = 0  # the admission (counted in ``admitted``) that wakes the keeper: half the slice used
-        self.last_used = time.monotonic()  # of the last admission, as the keeper saw it (updated by steps)
-        self.dead = False
-        self.near = True  # until a step shows otherwise
-        self.stepped = float("-inf")  # time.monotonic() of its last store step
-        self.sent = [0, 0, 0]  # requests, tokens, nano its steps are known to have settled (LeaseOp.applied)
-        self.peak = 0  # the most calls in flight at once since its last store step
-
-    def in_flight(self) -> tuple[int, int, int, int]:
-        """Slots, requests, tokens and nano-dollars the calls in flight hold (the lock is held)."""
-        tokens = nano = 0
-        for t in self.inflight:
-            tokens += t.input_tokens + t.output_tokens
-            nano += t.cost or 0
-        n = len(self.inflight)
-        return (n, n, tokens, nano)
-
-    def pending(self) -> bool:
-        return bool(self.u_req or self.u_tok or self.u_nano)
 
 
 def _slots(n: int, peak: int) -> int:
     """The spare concurrency slots a lease wants: twice the most calls in flight at once lately
     (calls in flight, not calls per interval, use slots), at most the slice of ``n`` calls."""
     return min(n, max(1, 2 * peak))
-
-
-def _capped(limits: "PluginLimits") -> tuple[bool, bool, bool, bool]:
-    return (limits.max_concurrent is not None, limits.requests_per_minute is not None,
-            limits.tokens_per_minute is not None,
-            limits.budget_day_nano is not None or limits.budget_month_nano is not None)
 
 
 class LeaseBook:
@@ -266,7 +93,7 @@ class LeaseBook:
             self.slack = min(_MAX_SLACK, max(0.0, grace) / 4)
             self.max_interval = max(RENEW_INTERVAL, min(MAX_RENEW_INTERVAL, self.slack / 2))
             for lease in (self.current, *self.retiring):
-                if lease is not None and lease.admit_until != _CLOSED:
+                if lease is not None and lease.admit_until != CLOSED:
                     lease.admit_until = lease.expires + self.slack
 
     # -- the caller's side
@@ -352,7 +179,7 @@ class LeaseBook:
             self.io.release()
 
     # -- one store step (the io lock is held)
-    def _step(self, lease: Lease, *, give_back: bool, timeout: float, ask: tuple[int, int, int, int] = _ZERO,
+    def _step(self, lease: Lease, *, give_back: bool, timeout: float, ask: tuple[int, int, int, int] = ZERO,
               limits: "PluginLimits | None" = None, now: float | None = None,
               call_expiry: float = 0.0, ticket: LeasedTicket | None = None) -> LeaseGrant | Denial:
         """Hand the settled usage to the store and resize ``lease`` in one store step; with ``ask``,
@@ -367,12 +194,12 @@ class LeaseBook:
             r = lease.in_flight()
             settled = (min(MAX_TOTAL, lease.u_req), min(MAX_TOTAL, lease.u_tok), min(MAX_TOTAL, lease.u_nano))
             n = 0 if give_back or lease is not self.current else self.n
-            target = (_slots(n, lease.peak), n, n * self.want_tok, n * self.want_nano) if n else _ZERO
+            target = (_slots(n, lease.peak), n, n * self.want_tok, n * self.want_nano) if n else ZERO
             lease.peak = r[0]
             if give_back or lease.near or any(ask):  # exact: hold only the calls in flight (+ this call + the
                 keep, want = r, target  # slice); admissions wait
                 lease.renewing = True
-                lease.admit_until = _CLOSED
+                lease.admit_until = CLOSED
             else:  # far from every limit: keep what is held (less what settles), top the spare up to the
                 # slice; admissions go on meanwhile, within what is held now, which the step never shrinks
                 h, c = lease.held, lease.capped
@@ -410,7 +237,7 @@ class LeaseBook:
                              for c, w, held, k, a in zip(lease.capped, want, result.held, keep, ask))
             lease.alarm = self.n // 2 if self.n and not lease.near else 0
             if limits is not lease.limits:
-                lease.limits, lease.capped = limits, _capped(limits)
+                lease.limits, lease.capped = limits, capped_dims(limits)
             if ticket is not None:  # the asking call: in flight under the lease
                 lease.inflight.add(ticket)
                 lease.peak = max(lease.peak, len(lease.inflight))
@@ -429,12 +256,12 @@ class LeaseBook:
         lease.room = [h[0] - r[0] if c[0] else _BIG, h[1] - r[1] - lease.u_req if c[1] else _BIG,
                       h[2] - r[2] - lease.u_tok if c[2] else _BIG, h[3] - r[3] - lease.u_nano if c[3] else _BIG]
         open_ = self.n and not lease.renewing and not lease.dead
-        lease.admit_until = lease.expires + self.slack if open_ else _CLOSED
+        lease.admit_until = lease.expires + self.slack if open_ else CLOSED
 
     def _drop(self, lease: Lease) -> None:
         """Forget a lease the store holds nothing of (the lock is held)."""
         lease.dead = True
-        lease.admit_until = _CLOSED
+        lease.admit_until = CLOSED
         if lease is self.current:
             self.current = None
         if lease in self.retiring:
