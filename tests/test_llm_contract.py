@@ -332,11 +332,11 @@ def test_the_carriers_are_ctx_llms(world):
 # ------------------------------------------------------------------ an isolated plugin's open streams
 def test_an_isolated_stream_nobody_reads_is_abandoned_at_its_deadline(world, monkeypatch):
     from plugin_llm.errors import PluginLlmTimeoutError
-    from plugin_llm.plugins.isolation import remote
+    from plugin_llm.plugins.isolation import host_llm
     from tests.stream_server import wait_for
 
-    monkeypatch.setattr(remote, "STREAM_GRACE", 0.0)
-    streams = remote._OpenStreams(PLUGIN)
+    monkeypatch.setattr(host_llm, "STREAM_GRACE", 0.0)
+    streams = host_llm._OpenStreams(PLUGIN)
     llm = world["carriers"]["in_process"]
     opened = streams.request(llm, "open", None, {"messages": llm_scenarios._user("stream] [slow"), "timeout": 0.5,
                                                  "max_tokens": 50})
@@ -347,10 +347,10 @@ def test_an_isolated_stream_nobody_reads_is_abandoned_at_its_deadline(world, mon
 
 
 def test_an_isolated_plugins_streams_are_bounded_and_end_with_its_process(world, monkeypatch):
-    from plugin_llm.plugins.isolation import remote
+    from plugin_llm.plugins.isolation import host_llm
 
-    monkeypatch.setattr(remote, "MAX_OPEN_STREAMS", 2)
-    streams = remote._OpenStreams(PLUGIN)
+    monkeypatch.setattr(host_llm, "MAX_OPEN_STREAMS", 2)
+    streams = host_llm._OpenStreams(PLUGIN)
     llm = world["carriers"]["in_process"]
     kw = {"messages": llm_scenarios._user("stream] [slow"), "max_tokens": 50}
     opened = [streams.request(llm, "open", None, dict(kw)) for _ in range(2)]
