@@ -2,12 +2,11 @@
 
 :func:`child_spec` builds everything ``subprocess.Popen`` needs (``spec.argv``, ``env``, ``cwd``,
 ``preexec_fn``); the host starts the child and calls ``spec.cleanup()`` after it is gone. The child
-gets an environment built from an allowlist (:data:`PASSED_ENV`) plus its own ``requires_env``,
-never ``HERMES_HOME``, a credential variable or a ``key_env`` of ``auth.json``
-(:attr:`ChildSpec.withheld_env`); its own scratch directory (or persistent data directory) as
-``HOME``; resource limits (:class:`SandboxLimits`), a new session, no capabilities; and, with a
-working ``bwrap``, bubblewrap: a read-only filesystem without the real home, a private ``/proc``,
-and no network unless ``share_network=True``. Without bubblewrap the network cannot be taken away
+gets an environment from an allowlist (:mod:`.sandbox_env`); its own scratch directory (or its
+persistent data directory, both kept here) as ``HOME``; resource limits (:mod:`.sandbox_limits`), a
+new session, no capabilities (:mod:`.sandbox_preexec`); and, with a working ``bwrap``, bubblewrap
+(:mod:`.sandbox_bwrap`): a read-only filesystem without the real home, a private ``/proc``, and no
+network unless ``share_network=True``. Without bubblewrap the network cannot be taken away
 (``share_network=False`` raises :class:`SandboxUnavailable`) and the confinement is ``"process"``
 (:attr:`ChildSpec.reason` says why): the child can read any file the same OS user can.
 
@@ -17,32 +16,23 @@ thread that lives as long as they should. Every mount and flag: docs/design.md.
 
 from __future__ import annotations
 
-import difflib
-import importlib.util
 import logging
 import os
 import re
 import shutil
-import site
 import stat
-import subprocess
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from plugin_llm.home_env import read_env_file
-from plugin_llm.limits.settings import url_secrets
-from plugin_llm.plugin_env import credential_check
-
-try:
-    import resource
-except ImportError:  # pragma: no cover - Windows: no rlimits (and no preexec_fn in subprocess)
-    resource = None  # type: ignore[assignment]
+from .sandbox_bwrap import BubblewrapStatus, _bwrap_options, _hidden_paths, _real, bubblewrap_status
+from .sandbox_env import PASSED_ENV, _child_env, _credential_names, _without_store_secrets
+from .sandbox_limits import DEFAULT_LIMITS, LIMIT_RANGES, SandboxLimits, parse_limits
+from .sandbox_preexec import _preexec, harden_host_process
 
 __all__ = [
     "SandboxLimits",
@@ -80,160 +70,6 @@ class SandboxUnavailable(RuntimeError):
     """The confinement the configuration asks for cannot be had here (the message says what to change)."""
 
 
-# ------------------------------------------------------------------ limits
-@dataclass(frozen=True)
-class SandboxLimits:
-    """Resource limits applied inside the child (``setrlimit`` between fork and exec)."""
-
-    memory_mb: int  # RLIMIT_AS: address space, in MiB
-    cpu_seconds: int  # RLIMIT_CPU: CPU time over the child's whole life; the host restarts it when it hits it
-    open_files: int  # RLIMIT_NOFILE
-
-
-#: Why these numbers:
-#: * 1024 MiB of address space: RLIMIT_AS counts *virtual* memory. A Python
-#:   3.11 child that imported the plugin manager and runs four threads uses
-#:   ~23 MiB resident but ~165 MiB of address space (each thread reserves an
-#:   8 MiB stack; with glibc's default of one 64 MiB malloc arena per thread it
-#:   would be ~390 MiB, hence MALLOC_ARENA_MAX=2 in the child's environment).
-#:   1 GiB leaves a wide margin for a plugin's own libraries, threads and data,
-#:   and still stops a runaway allocation long before the machine suffers.
-#: * 600 CPU seconds: hook and tool calls take milliseconds of CPU, so ten
-#:   minutes is thousands of calls; a busy loop that escaped the per-call
-#:   time limits is stopped within ten minutes, and the host restarts the child.
-#: * 512 open files: sockets and files a plugin keeps open; the usual soft
-#:   default is 1024, a leak is caught at half of it.
-DEFAULT_LIMITS = SandboxLimits(memory_mb=1024, cpu_seconds=600, open_files=512)
-
-#: Accepted range of each limit (inclusive). Below the minimum a Python child cannot start.
-LIMIT_RANGES: Mapping[str, tuple[int, int]] = {
-    "memory_mb": (128, 1 << 22),  # 128 MiB .. 4 TiB
-    "cpu_seconds": (1, 1 << 31),
-    "open_files": (16, 1 << 20),
-}
-
-_LIMIT_MEANING = {
-    "memory_mb": "address space of the child in MiB",
-    "cpu_seconds": "CPU seconds over the child's life",
-    "open_files": "open file descriptors",
-}
-
-
-def parse_limits(raw: object, where: str) -> SandboxLimits:
-    """Limits from a config mapping ``{memory_mb, cpu_seconds, open_files}`` (any subset; None = all defaults).
-
-    Raises ValueError naming ``where``, the key and the fix for anything else.
-    """
-    if raw is None:
-        return DEFAULT_LIMITS
-    if not isinstance(raw, Mapping):
-        raise ValueError(f"{where}: expected a mapping of {', '.join(LIMIT_RANGES)}, got {_type_name(raw)}; "
-                         f"fix: write it as e.g. {where.rsplit('.', 1)[-1]}: {{memory_mb: {DEFAULT_LIMITS.memory_mb}}}")
-    values = {name: getattr(DEFAULT_LIMITS, name) for name in LIMIT_RANGES}
-    for key, value in raw.items():
-        if not isinstance(key, str):
-            raise ValueError(f"{where}: keys must be limit names ({', '.join(LIMIT_RANGES)}), got a {_type_name(key)}")
-        if key not in LIMIT_RANGES:
-            close = difflib.get_close_matches(key, list(LIMIT_RANGES), n=1, cutoff=0.6)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ValueError(f"{where}.{_shown(key)}: unknown limit{hint}; the limits are {', '.join(LIMIT_RANGES)}")
-        low, high = LIMIT_RANGES[key]
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"{where}.{key}: expected a whole number ({_LIMIT_MEANING[key]}, {low}..{high}), "
-                             f"got {_type_name(value)}; fix: e.g. {key}: {getattr(DEFAULT_LIMITS, key)}")
-        if not low <= value <= high:
-            raise ValueError(f"{where}.{key}: {value if abs(value) < 10**12 else 'a huge number'} is out of range "
-                             f"({_LIMIT_MEANING[key]}: {low}..{high}); fix: e.g. {key}: {getattr(DEFAULT_LIMITS, key)}")
-        values[key] = value
-    return SandboxLimits(**values)
-
-
-def _type_name(value: object) -> str:
-    return type(value).__name__[:60]
-
-
-def _shown(key: str) -> str:
-    return key if len(key) <= 60 and key.isprintable() else repr(key[:60]) + "..."
-
-
-# ------------------------------------------------------------------ bubblewrap detection
-@dataclass(frozen=True)
-class BubblewrapStatus:
-    """Whether bubblewrap confines isolated plugins here; ``reason`` says why (not)."""
-
-    usable: bool
-    path: str | None
-    reason: str
-
-
-_STATUS_CACHE: dict[tuple[str | None, int], BubblewrapStatus] = {}
-_STATUS_LOCK = threading.Lock()
-_TRIAL_TIMEOUT = 10.0
-
-_INSTALL_HINT = "install bubblewrap (e.g. apt-get install bubblewrap, dnf install bubblewrap)"
-
-
-def bubblewrap_status() -> BubblewrapStatus:
-    """``bwrap`` found on PATH and a trial run with the options :func:`child_spec` uses works (cached per binary)."""
-    if not sys.platform.startswith("linux"):
-        return BubblewrapStatus(False, None, f"bubblewrap is Linux-only (this is {sys.platform})")
-    path = shutil.which("bwrap")
-    if path is None:
-        return BubblewrapStatus(False, None, f"bwrap is not on PATH; {_INSTALL_HINT} to hide the home "
-                                              "directory and the host's /proc from isolated plugins")
-    key = (os.path.realpath(path), os.geteuid())
-    with _STATUS_LOCK:
-        cached = _STATUS_CACHE.get(key)
-        if cached is None:
-            cached = _STATUS_CACHE[key] = _trial(path)
-    return cached
-
-
-def _trial(path: str) -> BubblewrapStatus:
-    target = shutil.which("true") or sys.executable
-    argv = [path, *_BASE_OPTIONS, "--tmpfs", "/tmp", "--", target]
-    if target == sys.executable:
-        argv += ["-c", ""]
-    try:
-        done = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                              timeout=_TRIAL_TIMEOUT, env={"PATH": os.environ.get("PATH", os.defpath)})
-    except subprocess.TimeoutExpired:
-        return BubblewrapStatus(False, path, f"{path}: a trial run did not finish in {_TRIAL_TIMEOUT:g} s")
-    except OSError as exc:
-        return BubblewrapStatus(False, path, f"{path} cannot be run: {exc.strerror or type(exc).__name__}")
-    if done.returncode == 0:
-        return BubblewrapStatus(True, path, f"{path} works here (new PID namespace, private /proc, home hidden)")
-    message = done.stderr.decode("utf-8", "replace").strip().splitlines()
-    first = message[0][:300] if message else f"exit status {done.returncode}"
-    return BubblewrapStatus(False, path, f"{path} is installed but a trial run failed: {first}{_why(first)}")
-
-
-def _why(message: str) -> str:
-    text = message.lower()
-    if "proc" in text and ("not permitted" in text or "permission denied" in text):
-        return ("; mounting a private /proc is refused, as inside a Docker or Podman container whose /proc "
-                "is partly masked (run the container with --security-opt systempaths=unconfined, or without "
-                "bubblewrap)")
-    if "namespace" in text or "operation not permitted" in text or "permission denied" in text:
-        return ("; unprivileged user namespaces look disabled here (check sysctl kernel.unprivileged_userns_clone, "
-                "user.max_user_namespaces and, on Ubuntu 24.04+, kernel.apparmor_restrict_unprivileged_userns), "
-                "or a container runtime forbids them")
-    return ""
-
-
-# Options every confined child gets (the trial run uses them too, so "usable" means these work).
-_BASE_OPTIONS = (
-    "--ro-bind", "/", "/",
-    "--dev", "/dev",
-    "--unshare-pid",
-    "--proc", "/proc",
-    "--unshare-ipc",
-    "--die-with-parent",
-    "--new-session",
-    "--cap-drop", "ALL",  # as root, bwrap would otherwise keep capabilities (CAP_SYS_ADMIN could unmount the tmpfs)
-)
-
-
 # ------------------------------------------------------------------ the child
 @dataclass
 class ChildSpec:
@@ -259,24 +95,6 @@ class ChildSpec:
             return
         self._cleaned = True
         _remove_tree(self.scratch)
-
-
-#: Host environment variables a child inherits when set (``LC_*`` too). Nothing here carries a secret.
-PASSED_ENV = (
-    "PATH", "LANG", "LANGUAGE", "TZ",
-    # the interpreter's own settings (PYTHONPATH also gets the plugin_llm package when the host needs it)
-    "PYTHONPATH", "PYTHONHOME", "PYTHONPLATLIBDIR", "PYTHONNOUSERSITE", "PYTHONSAFEPATH", "PYTHONUTF8",
-    "PYTHONIOENCODING", "PYTHONDONTWRITEBYTECODE", "PYTHONHASHSEED", "PYTHONWARNINGS", "PYTHONDEVMODE",
-    "PYTHONFAULTHANDLER", "PYTHONUNBUFFERED", "PYTHONOPTIMIZE", "PYTHONINTMAXSTRDIGITS",
-    "LD_LIBRARY_PATH",  # an interpreter built with shared libraries outside the system paths needs it to start
-    # TLS trust for plugins that call APIs (file paths)
-    "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE",
-)
-#: Proxy settings are passed only without credentials in them (``user:pass@`` is withheld).
-_PROXY_ENV = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "all_proxy", "no_proxy")
-#: Never passed, whatever ``requires_env`` says: the host's own identity and credentials.
-_NEVER_ENV = frozenset({"HERMES_HOME", "PLUGIN_LLM_TOKEN"})
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 def child_spec(
@@ -419,155 +237,6 @@ def _slug(key: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", key)[:40].strip("-.") or "plugin"
 
 
-# ------------------------------------------------------------------ environment
-def _credential_names(home: Path) -> Callable[[str], bool]:
-    """Is a variable one of the host's credentials (:func:`plugin_llm.plugin_env.credential_check`)? Proxies
-    are passed by their own rule (without ``user:pass@``), never by ``requires_env``."""
-    credential = credential_check(home)
-    return lambda name: name in _NEVER_ENV or credential(name)
-
-
-def _child_env(requires_env: Sequence[str], home: Path, credential_names: Callable[[str], bool],
-               scratch: Path) -> tuple[dict[str, str], tuple[str, ...]]:
-    host = os.environ
-    env: dict[str, str] = {}
-    for name in PASSED_ENV:
-        if host.get(name):
-            env[name] = host[name]
-    for name, value in host.items():
-        if name.startswith("LC_") and _ENV_NAME.match(name):
-            env[name] = value
-    for name in _PROXY_ENV:
-        value = host.get(name)
-        if value and "@" not in value:
-            env[name] = value
-    env.setdefault("PATH", os.defpath)
-    pythonpath = _pythonpath(env.get("PYTHONPATH"))
-    if pythonpath:
-        env["PYTHONPATH"] = pythonpath
-    user_site = _user_site()
-    if user_site is not None:  # the host imports from the user's site-packages: so must the child
-        env["PYTHONUSERBASE"] = site.getuserbase()
-    # Fewer malloc arenas: per-thread arenas reserve 64 MiB of address space each, which RLIMIT_AS would count.
-    env["MALLOC_ARENA_MAX"] = host.get("MALLOC_ARENA_MAX") or "2"
-
-    withheld: list[str] = []
-    wanted = [n for n in dict.fromkeys(requires_env) if isinstance(n, str) and _ENV_NAME.match(n)]
-    dotenv: dict[str, str] | None = None
-    for name in wanted:
-        if credential_names(name):
-            withheld.append(name)
-            if name not in _PROXY_ENV:  # a proxy the allowlist passed (without credentials) stays
-                env.pop(name, None)
-            continue
-        value = host.get(name)
-        if not value:  # as the host loads <home>/.env: the process environment wins, the file fills in
-            if dotenv is None:
-                dotenv = _home_env(home)
-            value = dotenv.get(name)
-        if value:
-            env[name] = value
-    env["HOME"] = env["TMPDIR"] = str(scratch)
-    return env, tuple(withheld)
-
-
-def _without_store_secrets(env: dict[str, str], withheld: tuple[str, ...], home: Path) -> tuple[str, ...]:
-    """Drop every variable whose value holds the password of ``limits.redis_url`` (the store of the tokens and
-    limits: a plugin must never be able to write what authenticates or limits it); their names join ``withheld``."""
-    try:
-        from plugin_llm.config import get_config_source  # on first use: it loads PyYAML
-
-        found = url_secrets(get_config_source(home).current().limits.redis_url)
-    except Exception:  # an unreadable config names no store the host could use
-        return withheld
-    dropped = [name for name, value in env.items() if any(secret in value for secret in found)]
-    for name in dropped:
-        del env[name]
-    return (*withheld, *dropped)
-
-
-def _home_env(home: Path) -> dict[str, str]:
-    values = read_env_file(home)
-    if values:
-        from auth import register_secret  # as load_home_env does: .env values are often keys
-
-        for value in values.values():
-            register_secret(value)
-    return values
-
-
-def _site_dirs() -> set[str]:
-    dirs = set()
-    try:
-        dirs.update(os.path.realpath(p) for p in site.getsitepackages())
-    except AttributeError:  # pragma: no cover - old virtualenv's site module
-        pass
-    return dirs
-
-
-def _user_site() -> str | None:
-    """The user's site-packages when the host imports from it (it follows HOME, which the child does not share)."""
-    user_site = site.USER_SITE if site.ENABLE_USER_SITE else None
-    if user_site and os.path.isdir(user_site) and user_site in sys.path:
-        return user_site
-    return None
-
-
-def _package_roots() -> list[str]:
-    """The directories the gateway's packages are imported from (plugin_llm, and auth/audit beside it)."""
-    roots = []
-    for name in ("plugin_llm", "auth", "audit"):
-        try:
-            found = importlib.util.find_spec(name)
-        except (ImportError, ValueError):
-            continue
-        if found is not None and found.origin:
-            roots.append(os.path.dirname(os.path.dirname(os.path.realpath(found.origin))))
-    return list(dict.fromkeys(roots))
-
-
-def _pythonpath(host_value: str | None) -> str:
-    """The host's PYTHONPATH, plus the package roots the host imports through ``sys.path`` (a source checkout).
-
-    A venv and an editable install need nothing here: the interpreter is the
-    host's (``sys.executable``), which finds its own site-packages and their
-    ``.pth`` import hooks.
-    """
-    entries = [os.path.abspath(p) for p in (host_value or "").split(os.pathsep) if p]  # the child's cwd differs
-    on_path = {os.path.realpath(p or os.getcwd()) for p in sys.path}
-    site_dirs = _site_dirs()
-    for root in _package_roots():
-        if root in on_path and root not in site_dirs and root not in entries:
-            entries.append(root)
-    return os.pathsep.join(entries)
-
-
-# ------------------------------------------------------------------ bubblewrap options
-def _real(path: str | os.PathLike[str]) -> str:
-    return os.path.realpath(os.fspath(path))
-
-
-def _hidden_paths(hermes_home: Path) -> list[str]:
-    """What a bubblewrap child must not see: the homes, the host's temporary files, the user's runtime dir."""
-    # /home and /root too: other users' homes are often readable (mode 0755), and whatever is needed from
-    # under them (a venv, a checkout) is bound back
-    candidates = [str(hermes_home), os.environ.get("HOME") or "", "/home", "/root", tempfile.gettempdir(), "/tmp",
-                  "/var/tmp", f"/run/user/{os.getuid()}"]
-    try:
-        import pwd
-
-        candidates.append(pwd.getpwuid(os.getuid()).pw_dir)
-    except (ImportError, KeyError):  # pragma: no cover - no passwd entry
-        pass
-    out = []
-    for path in candidates:
-        if path and os.path.isdir(path):
-            real = _real(path)
-            if real != "/":
-                out.append(real)
-    return list(dict.fromkeys(out))
-
-
 def _refuse_hidden_plugin_dir(plugin_key: str, plugin_dir: Path, hermes_home: Path) -> None:
     """A plugin whose directory is a home (``--link ~/.hermes``, ``--link ~``) cannot be isolated: the
     directory it needs is the one it must never see. (A checkout that merely holds the home is fine: the
@@ -578,187 +247,6 @@ def _refuse_hidden_plugin_dir(plugin_key: str, plugin_dir: Path, hermes_home: Pa
             f"plugin {plugin_key[:200]}: its directory {plugin_dir} is {real}, a directory isolated plugins must "
             "never see (a home, or the host's temporary files); the plugin is not started. Fix: move the plugin "
             "into a directory of its own and install it from there")
-
-
-def _needed_paths(plugin_dir: Path, env: Mapping[str, str]) -> list[str]:
-    """What a bubblewrap child must read: the interpreter, the gateway's packages, the plugin, its import path."""
-    paths = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
-             os.path.dirname(_real(sys.executable)), *_package_roots(), str(plugin_dir)]
-    for variable in ("PYTHONPATH", "LD_LIBRARY_PATH"):
-        paths += [p for p in env.get(variable, "").split(os.pathsep) if os.path.isabs(p)]
-    user_site = _user_site()
-    if user_site:
-        paths.append(user_site)
-    out = []
-    for path in paths:
-        if path and os.path.exists(path):
-            out.append(_real(path))
-    return list(dict.fromkeys(out))
-
-
-def _under(path: str, parent: str) -> bool:
-    return path == parent or path.startswith(parent.rstrip("/") + "/")
-
-
-def _bwrap_options(plugin_dir: Path, hermes_home: Path, scratch: Path, env: Mapping[str, str],
-                   share_network: bool, data_dir: Path | None = None) -> list[str]:
-    """Mount options, applied in order: read-only root, then (shallowest first) hide and bind back.
-
-    A hidden directory becomes an empty tmpfs; a needed path inside one is
-    bound back read-only (a needed path elsewhere is visible already). Shallow
-    paths come first, so a hidden directory inside a needed one (a home inside
-    a source checkout) is hidden again after the bind; every bind also gets a
-    tmpfs over each hidden directory inside its source, at that directory's
-    place under the bind's destination (a linked checkout that holds the home,
-    bound at the link's path, shows no home there either). The scratch
-    directory and the plugin's own data directory (inside the hidden home) are
-    bound read-write last.
-    """
-    hidden = _hidden_paths(hermes_home)
-
-    def inside_hidden(path: str) -> bool:
-        return any(_under(path, h) and path != h for h in hidden)
-
-    def covered(path: str) -> bool:  # visible through an earlier bind, no hidden directory in between
-        return any(_under(path, b) and not any(_under(h, b) and _under(path, h) for h in hidden) for b in bound)
-
-    ops: list[tuple[int, int, str, str]] = [(p.count("/"), 0, p, p) for p in hidden]
-    bound: list[str] = []
-    for path in sorted(_needed_paths(plugin_dir, env), key=len):
-        if inside_hidden(path) and not covered(path):
-            bound.append(path)
-            ops.append((path.count("/"), 1, path, path))
-    # A plugin installed with --link is a symlink in <home>/plugins/: its target is bound above; the link
-    # itself vanished with the hidden home, so the target is bound at the link's path too (what the worker imports).
-    logical, real = os.path.abspath(plugin_dir), _real(plugin_dir)
-    if logical != real and os.path.isdir(real) and inside_hidden(logical):
-        ops.append((logical.count("/"), 1, real, logical))
-    for _depth, kind, source, dest in list(ops):  # kind 2: after the bind at its depth, before deeper binds
-        if kind == 1:
-            ops += [(mirror.count("/"), 2, mirror, mirror)
-                    for mirror in (dest + h[len(source):] for h in hidden if _under(h, source))]
-    options = list(_BASE_OPTIONS)
-    if not share_network:
-        options.append("--unshare-net")
-    for _depth, kind, source, dest in sorted(set(ops)):
-        options += ["--ro-bind", source, dest] if kind == 1 else ["--tmpfs", dest]
-    if data_dir is not None:
-        options += ["--bind", str(data_dir), str(data_dir)]
-    options += ["--bind", str(scratch), str(scratch), "--chdir", str(scratch)]
-    return options
-
-
-# ------------------------------------------------------------------ in the child, before exec
-def _clamped(limit: int, wanted: int) -> tuple[int, int]:
-    """(soft, hard) for ``limit``: ``wanted``, but never above the host's hard limit (which cannot be raised)."""
-    _soft, hard = resource.getrlimit(limit)
-    if hard != resource.RLIM_INFINITY:
-        wanted = min(wanted, hard)
-    return wanted, wanted
-
-
-def _preexec(limits: SandboxLimits, *, drop_privileges: bool) -> Callable[[], None] | None:
-    """The step run in the child between fork and exec: computed here, so the child only makes system calls.
-
-    ``drop_privileges`` (process confinement; bubblewrap does the same itself):
-    ``PR_SET_NO_NEW_PRIVS`` (no setuid binary gives the plugin more rights) and,
-    when the host runs as root, an empty capability bounding set and no ambient
-    capabilities, so the exec'd child has no capabilities at all (no
-    ``CAP_SYS_PTRACE`` to read the host's ``/proc/<pid>/environ`` or memory, no
-    ``CAP_DAC_OVERRIDE`` to read other users' files).
-    """
-    if resource is None:  # pragma: no cover - Windows
-        return None
-    settings = [
-        (resource.RLIMIT_AS, _clamped(resource.RLIMIT_AS, limits.memory_mb * 1024 * 1024)),
-        (resource.RLIMIT_NOFILE, _clamped(resource.RLIMIT_NOFILE, limits.open_files)),
-        (resource.RLIMIT_CORE, (0, 0)),  # no core files of a plugin's memory in its scratch directory
-    ]
-    cpu_soft, cpu_hard = _clamped(resource.RLIMIT_CPU, limits.cpu_seconds)
-    if cpu_hard == limits.cpu_seconds:  # SIGXCPU at the limit, SIGKILL a little later if it is ignored
-        cpu_hard = cpu_soft + 5
-        _soft, host_hard = resource.getrlimit(resource.RLIMIT_CPU)
-        if host_hard != resource.RLIM_INFINITY:
-            cpu_hard = min(cpu_hard, host_hard)
-    settings.append((resource.RLIMIT_CPU, (cpu_soft, cpu_hard)))
-    prctl = _prctl()
-    parent = os.getpid()
-    drop_caps = _bounding_capabilities() if drop_privileges and os.geteuid() == 0 else ()
-
-    def preexec() -> None:
-        os.setsid()
-        os.umask(0o077)
-        if prctl is not None:
-            prctl(_PR_SET_PDEATHSIG, 9, 0, 0, 0)  # SIGKILL when the host (its thread that forked) goes away
-            if os.getppid() != parent:  # the host died before prctl: nobody would kill us
-                os._exit(1)
-            if drop_privileges:
-                for cap in drop_caps:
-                    if prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:  # never run a plugin as root with capabilities
-                        os.write(2, b"plugin-llm sandbox: cannot drop the child's capabilities (the host has no "
-                                    b"CAP_SETPCAP); not starting the plugin\n")
-                        os._exit(126)
-                prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
-                if prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
-                    os.write(2, b"plugin-llm sandbox: PR_SET_NO_NEW_PRIVS failed; not starting the plugin\n")
-                    os._exit(126)
-        for which, values in settings:
-            resource.setrlimit(which, values)
-
-    return preexec
-
-
-_PR_SET_PDEATHSIG = 1
-_PR_SET_DUMPABLE = 4
-_PR_CAPBSET_DROP = 24
-_PR_SET_NO_NEW_PRIVS = 38
-_PR_CAP_AMBIENT = 47
-_PR_CAP_AMBIENT_CLEAR_ALL = 4
-_PRCTL: list[Callable[..., int] | None] = []
-
-
-def _prctl() -> Callable[..., int] | None:
-    """libc's ``prctl``, looked up in the host once (ctypes must not load libraries after fork)."""
-    if not sys.platform.startswith("linux"):
-        return None
-    if not _PRCTL:
-        try:
-            import ctypes
-
-            function = ctypes.CDLL(None, use_errno=True).prctl
-            function.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
-            function.restype = ctypes.c_int
-            _PRCTL.append(function)
-        except (OSError, AttributeError):  # pragma: no cover - a libc without prctl
-            _PRCTL.append(None)
-    return _PRCTL[0]
-
-
-def _bounding_capabilities() -> tuple[int, ...]:
-    """The capabilities in this process's bounding set (what a root child would get back at exec)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("CapBnd:"):
-                mask = int(line.split()[1], 16)
-                return tuple(cap for cap in range(mask.bit_length()) if mask >> cap & 1)
-    except (OSError, ValueError):  # pragma: no cover - no /proc: drop every capability Linux 6 knows
-        pass
-    return tuple(range(41))
-
-
-def harden_host_process() -> bool:
-    """Make the host non-dumpable (Linux ``PR_SET_DUMPABLE 0``), as ssh-agent and gpg-agent do; True when in effect.
-
-    A process of the same OS user (a plugin's child under process confinement)
-    can then read neither ``/proc/<host pid>/environ`` (the environment the host
-    started with: provider keys) nor ``/proc/<host pid>/mem``, nor ptrace the
-    host. The cost: no core dumps of the host, and debuggers or ``py-spy``
-    attach to it only as root. Idempotent; does nothing elsewhere than Linux.
-    """
-    prctl = _prctl()
-    if prctl is None:
-        return False
-    return prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0) == 0
 
 
 # ------------------------------------------------------------------ cleanup
