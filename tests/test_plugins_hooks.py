@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 import pytest
 
 from plugin_llm.plugins import VALID_HOOKS, PluginManager
+from plugin_llm.plugins import hook_limits
+from plugin_llm.plugins.hook_limits import mark_self_limited
 from plugin_llm.plugins.hooks import HookEntry, HookRunner, HookTimeoutError
 from tests.plugin_fixtures import configure, write_plugin
 
@@ -384,3 +387,37 @@ def test_pre_llm_call_context_strings_and_dicts_joined(hermes_home):
 
 def test_pre_llm_call_context_empty_without_hooks(hermes_home):
     assert PluginManager(hermes_home).get_pre_llm_call_context(user_message="hi") == ""
+
+
+def _past_the_limit_runner(limit):
+    """A runner whose one callback enforces the limit itself and returns after the limit has passed."""
+    runner = HookRunner(lambda: limit)
+
+    def self_limited():
+        deadline = time.monotonic() + 3 * limit
+        while time.monotonic() < deadline:  # past the hook's limit, by the clock and not by a sleep's length
+            time.sleep(limit / 4)
+        return "answered"
+
+    runner.register("post_llm_call", "isolated", mark_self_limited(self_limited))
+    return runner
+
+
+def test_a_self_limited_callback_is_not_raced_by_the_runner_inline(hermes_home, monkeypatch):
+    monkeypatch.setattr(hook_limits, "_SELF_LIMITED_SLACK", 60.0)  # the callback's own limit decides
+    [outcome] = _past_the_limit_runner(0.1).run("post_llm_call", {})
+    assert outcome.error is None and outcome.value == "answered"
+
+
+def test_a_self_limited_callback_is_not_raced_by_the_runner_on_the_pool(hermes_home, monkeypatch):
+    monkeypatch.setattr(hook_limits, "_SELF_LIMITED_SLACK", 60.0)
+    [outcome] = _in_thread(lambda: _past_the_limit_runner(0.1).run("post_llm_call", {}))
+    assert outcome.error is None and outcome.value == "answered"
+
+
+def test_a_self_limited_callback_still_has_an_outer_limit(hermes_home, monkeypatch):
+    monkeypatch.setattr(hook_limits, "_SELF_LIMITED_SLACK", 0.1)
+    runner = HookRunner(lambda: 0.1)
+    runner.register("post_llm_call", "isolated", mark_self_limited(lambda: threading.Event().wait(30)))
+    [outcome] = runner.run("post_llm_call", {})
+    assert isinstance(outcome.error, HookTimeoutError)

@@ -22,13 +22,14 @@ import queue
 import signal
 import sys
 import threading
+import weakref
 from time import monotonic
 from typing import Any, Callable
 
 from .hook_entries import HookEntry, HookOutcome, HookTimeoutError
 from .untrusted import SIGINT_WATCH, HostInterrupt, UnusableValue, error_text, plain, type_name
 
-__all__ = ["CURRENT_LIMIT", "call_limited"]
+__all__ = ["CURRENT_LIMIT", "call_limited", "mark_self_limited"]
 
 _log = logging.getLogger("plugin_llm.plugins")
 
@@ -43,6 +44,24 @@ _LIMIT_SETTING: contextvars.ContextVar[str] = contextvars.ContextVar("plugin_hoo
 _GRACE = 0.1
 #: Interval of the timer while a callback is being forced out (interrupts blocking calls).
 _FORCE_INTERVAL = 0.01
+#: Extra seconds the runner waits on a callback that enforces the limit itself (an isolated
+#: plugin's proxy stops its process a little under the limit): on a loaded host the runner's
+#: own timer must not win that race, or the outcome would depend on scheduling.
+_SELF_LIMITED_SLACK = 2.0
+_SELF_LIMITED: "weakref.WeakSet[Callable[..., Any]]" = weakref.WeakSet()
+
+
+def mark_self_limited(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Mark ``fn`` as enforcing the current hook limit itself (see :data:`_SELF_LIMITED_SLACK`)."""
+    _SELF_LIMITED.add(fn)
+    return fn
+
+
+def _limit_for(entry: HookEntry, timeout: float) -> float:
+    """The runner's own limit for ``entry``: the hook's, or past it for a self-limited callback."""
+    if entry.callback in _SELF_LIMITED:
+        return min(timeout + _SELF_LIMITED_SLACK, threading.TIMEOUT_MAX)
+    return timeout
 
 
 def _settle(value: Any) -> Any:
@@ -165,7 +184,7 @@ class _InlineRunner:
     def _call(self, entry: HookEntry, kwargs: dict[str, Any], timeout: float) -> HookOutcome:
         self.fired = self.forced = False
         try:
-            signal.setitimer(signal.ITIMER_REAL, timeout)  # replaces the previous callback's timer (and interval)
+            signal.setitimer(signal.ITIMER_REAL, _limit_for(entry, timeout))  # replaces the previous timer
             self.armed = True
             try:
                 value = entry.callback(**kwargs)
@@ -325,8 +344,9 @@ def _wait(batch: _Batch, timeout: float) -> int:
                 wait = timeout
                 continue
             elapsed = monotonic() - batch.started
-            if elapsed < timeout:
-                wait = timeout - elapsed
+            limit = _limit_for(batch.calls[index][0], timeout)
+            if elapsed < limit:
+                wait = limit - elapsed
                 continue
             batch.abandoned = True
             entry = batch.calls[index][0]

@@ -18,6 +18,7 @@ from auth.redaction import redact
 from .. import ctx_api
 from ..lifecycle import PluginRegistration
 from ..registry import Disposable
+from ..hook_limits import mark_self_limited
 from ..untrusted import bounded, error_text
 from .host_process import _Child
 from .protocol import decode_value, encode_value
@@ -127,7 +128,7 @@ class HostCtxMixin:
 
         proxy.__signature__ = _proxy_signature(spec.get("sig"))  # type: ignore[attr-defined]
         proxy.__name__ = proxy.__qualname__ = f"{what} (out of process)"
-        return proxy
+        return mark_self_limited(proxy) if limited else proxy
 
     def _register(self, method: str, label: str, encoded: dict[str, Any], signatures: Any) -> Any:
         """Apply one registration: the plugin's callables become proxies, a provider a stand-in."""
