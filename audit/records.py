@@ -41,7 +41,7 @@ __all__ = [
     "LIMITS_RESERVED_INPUT_TOKENS", "LIMITS_INPUT_COUNT", "INPUT_COUNTS", "STREAM", "STREAM_PARTIAL",
     "STREAM_DELIVERED_CHARS", "STREAM_ABANDONED_BY", "TIME_TO_FIRST_CHUNK",
     "REQUEST_MAX_TOKENS", "REQUEST_TEMPERATURE", "REQUEST_TOP_P", "FINISH_REASONS", "CACHE_READ_TOKENS",
-    "CACHE_CREATION_TOKENS", "ROUTE", "ROUTE_ATTEMPTS", "TASK",
+    "CACHE_CREATION_TOKENS", "ROUTE", "ROUTE_ATTEMPTS", "TASK", "RESPONSE_ID",
     # builders
     "CallFacts", "denial_record", "error_record", "outcome_record", "mcp_record",
     # MCP tool calls
@@ -141,6 +141,8 @@ REQUEST_MAX_TOKENS = "gen_ai.request.max_tokens"
 REQUEST_TEMPERATURE = "gen_ai.request.temperature"
 REQUEST_TOP_P = "gen_ai.request.top_p"
 FINISH_REASONS = "gen_ai.response.finish_reasons"
+#: the provider's id of the reply (a stream's: of its first chunk), when it sent one
+RESPONSE_ID = "gen_ai.response.id"
 CACHE_READ_TOKENS = "gen_ai.usage.cache_read.input_tokens"
 CACHE_CREATION_TOKENS = "gen_ai.usage.cache_creation.input_tokens"
 #: added by the writer to the first line written after lines were lost
@@ -173,7 +175,7 @@ OPTIONAL_CALL_FIELDS: tuple[str, ...] = (
     LIMITS_LIMIT, LIMITS_RESETS_AT, LIMITS_REPAIR_REFUSED, LIMITS_REPAIR_REFUSED_KEY, LIMITS_MAX_TOKENS_SENT,
     LIMITS_RESERVED_INPUT_TOKENS, LIMITS_INPUT_COUNT, STREAM, STREAM_PARTIAL, STREAM_DELIVERED_CHARS,
     STREAM_ABANDONED_BY, TIME_TO_FIRST_CHUNK, REQUEST_MAX_TOKENS, REQUEST_TEMPERATURE, REQUEST_TOP_P, FINISH_REASONS,
-    CACHE_READ_TOKENS, CACHE_CREATION_TOKENS, ROUTE, ROUTE_ATTEMPTS, TASK, *CONTENT_FIELDS,
+    CACHE_READ_TOKENS, CACHE_CREATION_TOKENS, RESPONSE_ID, ROUTE, ROUTE_ATTEMPTS, TASK, *CONTENT_FIELDS,
 )
 
 APIS = ("complete", "structured")
@@ -320,6 +322,8 @@ class CallFacts:
     schema_name: str | None
     #: the task the plugin named (``task=``), "" for none
     task: str
+    #: the call is a stream (``stream``/``astream``): its every record says ``stream: true``, a denial's too
+    stream: bool
 
 
 def _opening(facts: CallFacts, decision: str, provider: str | None, request_model: str | None,
@@ -332,6 +336,8 @@ def _opening(facts: CallFacts, decision: str, provider: str | None, request_mode
     }
     if facts.task:
         record[TASK] = facts.task
+    if facts.stream:
+        record[STREAM] = True
     return record
 
 

@@ -28,7 +28,7 @@ NS = "plugin_llm."
 DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92)
 TOKEN_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864)
 
-# gen_ai.* fields copied from a record when present (those the record lacks today are wired later)
+# gen_ai.* fields copied from a record when present
 _GEN_AI_NUMBERS = ("gen_ai.usage.input_tokens", "gen_ai.usage.output_tokens",
                    "gen_ai.usage.cache_read.input_tokens", "gen_ai.usage.cache_creation.input_tokens",
                    "gen_ai.request.max_tokens", "gen_ai.request.temperature", "gen_ai.request.top_p",
@@ -224,11 +224,9 @@ def span_attributes(record: dict[str, Any]) -> dict[str, Any]:
     if "gen_ai.request.max_tokens" not in out and _number(record.get("limits.max_tokens_sent")):
         out["gen_ai.request.max_tokens"] = record["limits.max_tokens_sent"]  # the bound the limits sent
     status = record.get("status")
+    # every record of a stream says stream: true (a denial's and a failed admission's too); the others omit it
     stream = record.get("gen_ai.request.stream", record.get("stream"))
-    if isinstance(stream, bool):
-        out["gen_ai.request.stream"] = stream
-    elif status != "denied" and "attempts" in record:  # admitted: a stream's record says stream: true
-        out["gen_ai.request.stream"] = False
+    out["gen_ai.request.stream"] = stream if isinstance(stream, bool) else False
     if status != "ok":
         out["error.type"] = _text(record.get("error.type")) or (_text(status) or "_OTHER")
     out.update(_gateway_attributes(record, status))

@@ -245,6 +245,11 @@ class FakeServer:
         with self._lock:
             return list(self._requests)
 
+    def last_reply_id(self) -> str:
+        """The ``id`` of the completion (or of every chunk of the stream) answering the last request."""
+        with self._lock:
+            return f"chatcmpl-fake-{len(self._requests)}"
+
     # -- lifecycle
 
     @property

@@ -14,14 +14,19 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from plugin_llm import PluginLlm, PluginLlmProviderError, PluginLlmQuotaError, PluginLlmTrustError, telemetry
+from plugin_llm import (PluginLlm, PluginLlmConfigError, PluginLlmProviderError, PluginLlmQuotaError,
+                        PluginLlmTrustError, telemetry)
 from plugin_llm.auditing import host_audit_log
 from plugin_llm.config import parse_config
 from plugin_llm.config.telemetry import TelemetrySettings
 from tests.conftest import audit_lines, write_config
+from plugin_llm.transport import LitellmTransport
 from tests.servers import FakeServer, Reply
 
 ROOT = Path(__file__).resolve().parent.parent
+USER = [{"role": "user", "content": "hi"}]
+#: the transport's three paths to an OpenAI-compatible route: its own, litellm's fast path, litellm.completion
+PATHS = {"own": {}, "fast": {"own_path": False}, "fallback": {"own_path": False, "fast_path": False}}
 
 
 class Captured:
@@ -120,7 +125,7 @@ def test_a_denied_call_is_a_span_too_with_the_deciding_config_key_and_no_provide
     assert span.status.status_code is StatusCode.ERROR and span.kind is SpanKind.CLIENT
     assert attrs["error.type"] == "PluginLlmTrustError" and attrs["plugin_llm.trust.decision"] == "denied"
     assert attrs["plugin_llm.trust.config_key"] == record["decision_key"] and record["decision_key"]
-    assert attrs["plugin_llm.audit.hash"] == record["hash"] and "gen_ai.request.stream" not in attrs
+    assert attrs["plugin_llm.audit.hash"] == record["hash"] and attrs["gen_ai.request.stream"] is False
 
 
 def test_a_failed_call_is_an_error_span(hermes_home, captured):
@@ -165,6 +170,63 @@ def test_a_streamed_call_is_one_span_marked_stream(hermes_home, captured):
     span = one_span(captured)
     assert span.attributes["gen_ai.request.stream"] is True and span.name == "chat gpt-4o"
     assert "streamed words" not in captured.exported_text() and content not in captured.exported_text()
+
+
+def by_call_id(captured: Captured) -> dict:
+    return {span.attributes["plugin_llm.audit.call_id"]: span for span in captured.finished()}
+
+
+@pytest.mark.parametrize("path", sorted(PATHS))
+def test_the_providers_response_id_reaches_the_record_and_the_span_on_every_path(hermes_home, captured, path):
+    with FakeServer() as upstream:
+        configure(hermes_home, upstream.base_url, secret=canary())
+        llm = PluginLlm("p1", transport=LitellmTransport(**PATHS[path]))
+        llm.complete(USER)
+        completed = upstream.last_reply_id()
+        with llm.stream(USER) as stream:  # the id every chunk carries: the first one's is kept
+            "".join(stream)
+        streamed = upstream.last_reply_id()
+    plain, chunked = audit_lines(hermes_home)
+    spans = by_call_id(captured)
+    assert completed != streamed and plain["gen_ai.response.id"] == completed and chunked["gen_ai.response.id"] == streamed
+    assert spans[plain["call_id"]].attributes["gen_ai.response.id"] == completed
+    assert spans[chunked["call_id"]].attributes["gen_ai.response.id"] == streamed
+
+
+@pytest.mark.parametrize("path", sorted(PATHS))
+def test_a_reply_without_an_id_has_none_on_record_on_every_path(hermes_home, captured, path):
+    """litellm makes an id up for a reply without one: never recorded as the provider's."""
+    body = {"object": "chat.completion", "created": 1700000000, "model": "m-1",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "no id"}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}}
+    with FakeServer(default=Reply(body=body)) as upstream:
+        configure(hermes_home, upstream.base_url, secret=canary())
+        assert PluginLlm("p1", transport=LitellmTransport(**PATHS[path])).complete(USER).text == "no id"
+    (record,) = audit_lines(hermes_home)
+    assert record["status"] == "ok" and "gen_ai.response.id" not in record
+    assert "gen_ai.response.id" not in one_span(captured).attributes
+
+
+def test_denied_and_unroutable_calls_say_whether_they_were_streams(hermes_home, captured):
+    with FakeServer() as upstream:
+        configure(hermes_home, upstream.base_url, secret=canary(), extra=(
+            "auxiliary:\n  vision: no_such_route\n"
+            "plugins:\n  entries:\n    p1:\n      llm:\n        allow_task_override: true\n"))
+        llm = PluginLlm("p1")
+        with pytest.raises(PluginLlmTrustError):
+            llm.complete(USER, model="other-model")
+        with pytest.raises(PluginLlmTrustError):
+            llm.stream(USER, model="other-model")
+        with pytest.raises(PluginLlmConfigError, match="no_such_route"):
+            llm.complete(USER, task="vision")
+        with pytest.raises(PluginLlmConfigError, match="no_such_route"):
+            llm.stream(USER, task="vision")
+        assert upstream.requests == []
+    records = audit_lines(hermes_home)
+    assert [(r["status"], r.get("stream")) for r in records] == [
+        ("denied", None), ("denied", True), ("error", None), ("error", True)]
+    spans = by_call_id(captured)
+    assert [spans[r["call_id"]].attributes["gen_ai.request.stream"] for r in records] == [False, True, False, True]
 
 
 def test_the_request_parameters_finish_reason_and_first_chunk_time_reach_the_span(hermes_home, captured):

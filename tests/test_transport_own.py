@@ -25,7 +25,8 @@ from plugin_llm.transport._pricemap import PriceMap, price_map_path
 from plugin_llm.transport._reply import read_reply, usage
 from tests.conftest import audit_lines, write_config
 from tests.servers import FakeServer, Reply
-from tests.test_transport_parity import PATHS, TOOLS, USER, calls, configure, outcome, run_call, taken  # noqa: F401
+from tests.test_transport_parity import (PATHS, TOOLS, USER, calls, configure, outcome, run_call, same_ids,  # noqa: F401
+                                         taken)
 
 pytestmark = pytest.mark.slow  # litellm's import, and whole calls on the wire
 #: audit fields that differ between any two calls (ids, clocks, chain links)
@@ -291,8 +292,8 @@ def _stream_parity(home, fake, mode, reply, **kw) -> list:
             result = text
         except PluginLlmError as exc:
             result = outcome(exc)
-        record = {k: v for k, v in audit_lines(home)[-1].items()
-                  if k not in VARYING}
+        record = same_ids({k: v for k, v in audit_lines(home)[-1].items()
+                           if k not in VARYING}, fake)
         out.append((fake.requests[-1].json, result, record))
     for other in out[1:]:
         assert out[0][:2] == other[:2]

@@ -35,6 +35,16 @@ MODES = ["sync", "async"]
 USER = [{"role": "user", "content": "ping"}]
 #: audit fields that differ between any two calls (ids, clocks, chain links)
 VARYING = {"call_id", "latency_ms", "overhead_ms", "prev_hash", "seq", "ts", "hash"}
+#: what a record's ``gen_ai.response.id`` becomes when it is the fake server's id of the last reply
+LAST_REPLY_ID = "<the id of the last reply>"
+
+
+def same_ids(record: dict, fake: FakeServer) -> dict:
+    """``record`` with the fake server's per-request reply id written as :data:`LAST_REPLY_ID` (any other id
+    is kept: it must then be the same on every path)."""
+    if record.get("gen_ai.response.id") == fake.last_reply_id():
+        record["gen_ai.response.id"] = LAST_REPLY_ID
+    return record
 TOOLS = [{"type": "function", "function": {
     "name": "lookup", "description": "Look a word up",
     "parameters": {"type": "object", "properties": {"word": {"type": "string"}}, "required": ["word"]}}}]
@@ -102,7 +112,7 @@ def run_call(home: Path, fake: FakeServer, path: str, mode: str, call, replies, 
     sent = fake.requests[before:]
     # (the own path hands litellm's fast path what it cannot send exactly: both are then seen)
     assert sent and taken.count(path) == len(sent), (taken, len(sent))
-    record = {k: v for k, v in audit_lines(home)[-1].items() if k not in VARYING}
+    record = same_ids({k: v for k, v in audit_lines(home)[-1].items() if k not in VARYING}, fake)
     return {"sent": [(r.path, r.json) for r in sent], "outcome": outcome(result), "audit": record}
 
 
@@ -144,6 +154,7 @@ def test_plain_call(hermes_home, fake, mode):
     out = assert_parity(hermes_home, fake, mode, calls(mode, "complete", USER, temperature=0.3, max_tokens=50),
                         Reply(content="pong"))
     assert out["outcome"]["text"] == "pong" and out["sent"][0][1]["temperature"] == 0.3
+    assert out["audit"]["gen_ai.response.id"] == LAST_REPLY_ID  # the provider's id of the reply, on every path
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -195,6 +195,11 @@ class CallAudit:
         )
 
 
+def _response_id(response: TransportResponse | None) -> str | None:
+    reply_id = response.response_id if response is not None else None
+    return reply_id[:200] if isinstance(reply_id, str) and reply_id else None
+
+
 def _details(params: dict[str, Any] | None, response: TransportResponse | None, usage: Any) -> dict[str, Any]:
     """The request's sampling parameters as the plugin passed them, how the reply ended, its cache tokens."""
     params = params or {}
@@ -203,6 +208,7 @@ def _details(params: dict[str, Any] | None, response: TransportResponse | None, 
         records.REQUEST_TEMPERATURE: params.get("temperature"),
         records.REQUEST_TOP_P: params.get("top_p"),
         records.FINISH_REASONS: [response.finish_reason] if response is not None and response.finish_reason else None,
+        records.RESPONSE_ID: _response_id(response),
         records.CACHE_READ_TOKENS: usage.cache_read_tokens or None,
         records.CACHE_CREATION_TOKENS: usage.cache_write_tokens or None,
     }

@@ -122,7 +122,7 @@ class Pipeline:
 
     def stream_flow(self, request: CallRequest, progress: StreamProgress) -> Flow:
         """``complete``'s flow, streamed: the same checks and admission, then :meth:`_stream_steps`."""
-        call = self._new_call(request, None)
+        call = self._new_call(request, None, stream=True)
         progress.call_id = call.call_id
         options = request.options
         self._refuse_forbidden(call, options)
@@ -344,7 +344,7 @@ class Pipeline:
         raise error
 
     # ------------------------------------------------------------- admission
-    def _new_call(self, request: CallRequest, schema_name: str | None) -> Call:
+    def _new_call(self, request: CallRequest, schema_name: str | None, *, stream: bool = False) -> Call:
         check_purpose(request.purpose)
         return Call(
             call_id=records.new_call_id(),
@@ -356,6 +356,7 @@ class Pipeline:
             profile=check_optional_str("profile", request.profile),
             schema_name=schema_name,
             task=check_task(request.task),
+            stream=stream,
             started=self._clock(),
         )
 

@@ -384,7 +384,7 @@ def _plain_reply(content: bytes, model: str, prefix: str | None) -> dict | None:
     if prefix is not None:
         reported = f"{prefix}/{reported if reported is not None else model}"
     return {"choices": [{"message": {"role": "assistant", "content": text}, "finish_reason": map_finish_reason(finish)}],
-            "model": reported, "usage": usage}
+            "model": reported, "usage": usage, "id": doc.get("id")}
 
 
 def _plain_usage(usage: Any) -> bool:

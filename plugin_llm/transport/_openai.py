@@ -143,7 +143,8 @@ class OwnRoute:
         out: dict[str, Any] = {"role": "assistant", "content": text}
         if calls is not None:
             out["tool_calls"] = [{"id": c["id"], "type": "function", "function": dict(c["function"])} for c in calls]
-        return {"choices": [{"message": out, "finish_reason": finish}], "model": model, "usage": usage}
+        return {"choices": [{"message": out, "finish_reason": finish}], "model": model, "usage": usage,
+                "id": doc.get("id")}
 
     @staticmethod
     def error(status: int, headers: Any, content: bytes) -> BaseException | None:

@@ -10,17 +10,20 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from plugin_llm.routing import Route
 from plugin_llm.transport._errors import malformed as _malformed
 from plugin_llm.transport._keys import Key
-from plugin_llm.transport._types import MAX_TOKENS, MODEL_NAME_LIMIT
+from plugin_llm.transport._types import MAX_TOKENS, MODEL_NAME_LIMIT, RESPONSE_ID_LIMIT
 from plugin_llm.types import PluginLlmUsage
 
-__all__ = ["read_reply", "hide_key", "usage", "as_cost", "Reply", "field", "CostFn"]
+__all__ = ["read_reply", "response_id", "hide_key", "usage", "as_cost", "Reply", "field", "CostFn"]
 
+#: the shape of the id litellm gives a reply without one (``litellm.types.utils.generate_id``)
+_LITELLM_ID = re.compile(r"chatcmpl-[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}")
 #: ``cost(route, response, prompt, completion, cache_read, cache_write)`` -> USD or None (unpriced)
 CostFn = Callable[[Route, Any, int, int, int, int], "float | None"]
 
@@ -33,6 +36,7 @@ class Reply:
     tool_calls: tuple[tuple[str, str, str], ...]  # (id, name, arguments JSON text)
     model: str
     finish_reason: str | None
+    response_id: str | None = None
 
     def map(self, fn: Any) -> "Reply":
         """Apply ``fn`` to every provider-written string."""
@@ -41,6 +45,7 @@ class Reply:
             tool_calls=tuple((fn(i), fn(n), fn(a)) for i, n, a in self.tool_calls),
             model=fn(self.model),
             finish_reason=self.finish_reason,
+            response_id=fn(self.response_id) if self.response_id else self.response_id,
         )
 
 
@@ -103,7 +108,17 @@ def read_reply(route: Route, response: Any, anomalies: list[str]) -> Reply:
     elif len(model) > MODEL_NAME_LIMIT:
         anomalies.append(f"the reported model name had {len(model)} characters; cut to {MODEL_NAME_LIMIT}")
         model = model[:MODEL_NAME_LIMIT]
-    return Reply(content, tuple(calls), model, finish)
+    return Reply(content, tuple(calls), model, finish, response_id(field(response, "id")))
+
+
+def response_id(value: Any) -> str | None:
+    """The provider's id of a reply (or of a stream's chunk): a non-empty string of sane length, else None.
+
+    The id litellm makes up for a reply that has none (``chatcmpl-`` and a random UUID) is none: on a
+    route served through litellm it cannot be told from the provider's, and every path says the same."""
+    if not isinstance(value, str) or not 0 < len(value) <= RESPONSE_ID_LIMIT or _LITELLM_ID.fullmatch(value):
+        return None
+    return value
 
 
 def hide_key(reply: Reply, key: Key) -> Reply:

@@ -23,7 +23,7 @@ from plugin_llm.routing import Route
 from plugin_llm.transport._deadline import IO, WORKERS, DeadlineExpired, Job, runs_inline
 from plugin_llm.transport._errors import map_error, provider_text
 from plugin_llm.transport._keys import Key, provider_call
-from plugin_llm.transport._reply import field, usage as reply_usage
+from plugin_llm.transport._reply import field, response_id, usage as reply_usage
 from plugin_llm.transport._types import MODEL_NAME_LIMIT, TransportRequest, TransportResponse
 
 __all__ = ["SseParser", "SseError", "StreamRedactor", "TransportStream", "AsyncTransportStream",
@@ -187,9 +187,9 @@ def _malformed_stream(route: Route, reason: str) -> PluginLlmProviderError:
 
 
 class _Chunks:
-    """The parts of one streamed reply read so far: text pieces, model, finish reason, usage."""
+    """The parts of one streamed reply read so far: text pieces, model, finish reason, usage, the reply's id."""
 
-    __slots__ = ("route", "key", "model", "finish", "usage", "anomalies")
+    __slots__ = ("route", "key", "model", "finish", "usage", "anomalies", "response_id")
 
     def __init__(self, route: Route, key: Key | None = None) -> None:
         self.route = route
@@ -198,6 +198,7 @@ class _Chunks:
         self.finish: str | None = None
         self.usage: Any = None
         self.anomalies: list[str] = []
+        self.response_id: str | None = None
 
     def take(self, chunk: Any) -> str:
         """The text delta of one chunk (a dict of the SSE JSON, or litellm's ModelResponseStream)."""
@@ -211,6 +212,8 @@ class _Chunks:
                 self.model = model[:MODEL_NAME_LIMIT]
             else:
                 self.anomalies.append(f"the reported model was a {type(model).__name__}, not a string")
+        if self.response_id is None:  # every chunk of a stream carries the reply's id: the first one says it
+            self.response_id = response_id(field(chunk, "id"))
         reported = field(chunk, "usage")
         if reported is not None:
             self.usage = reported
@@ -339,10 +342,13 @@ class _Base:
         model = chunks.model or self.route.model
         secret = self._key.secret()
         model = redact_secrets(model, secret) if secret else redact_secrets(model)
+        reply_id = chunks.response_id
+        if reply_id:
+            reply_id = redact_secrets(reply_id, secret) if secret else redact_secrets(reply_id)
         return TransportResponse(
             text=text, message={"role": "assistant", "content": text}, model=model, usage=usage,
             attempts=self.attempts, provider_seconds=self.provider_seconds, finish_reason=chunks.finish,
-            anomalies=tuple(anomalies), priced=operator,
+            anomalies=tuple(anomalies), priced=operator, response_id=reply_id,
         )
 
 

@@ -312,6 +312,7 @@ class LitellmTransport:
             finish_reason=reply.finish_reason,
             anomalies=tuple(anomalies),
             priced=operator,
+            response_id=reply.response_id,
         )
 
 

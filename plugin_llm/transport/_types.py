@@ -24,6 +24,8 @@ MESSAGE_LIMIT = 500
 MAX_TOKENS = 10**9
 #: a reported model name longer than this is cut (it goes into every audit line)
 MODEL_NAME_LIMIT = 200
+#: a reported response id longer than this is not kept (ids are tens of characters)
+RESPONSE_ID_LIMIT = 200
 
 
 class Credential(Protocol):
@@ -68,6 +70,8 @@ class TransportResponse:
     #: the usage's cost is the request's ``cost`` (a transport that ignores ``cost`` leaves this
     #: False, and the gateway applies the operator's price itself)
     priced: bool = False
+    #: the provider's id of the reply (``gen_ai.response.id``; a stream's from its first chunk), when it sent one
+    response_id: str | None = None
 
 
 @dataclass
