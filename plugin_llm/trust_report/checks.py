@@ -16,6 +16,7 @@ from .policy import _LIST_FLAG, _POLICY_ORDER
 from .view import (ENTRY_KEYS, ERROR, PLUGINS_KEYS, WARNING, ConfigView, Finding, _did_you_mean, _flow_list, _path,
                    _type_name, entry_key, legacy_key_of)
 
+
 class _Checker:
     def __init__(self, view: ConfigView, installed: Mapping[str, str], model_known: Callable[[str], bool | None]) -> None:
         self.view = view

@@ -14,6 +14,7 @@ from plugin_llm.trust import CAPABILITY_FOR, DENY_ALL, FLAG_KEYS, LIST_KEYS, Dec
 from .policy import _source
 from .view import ConfigView, _flow_list, _scalar, entry_key
 
+
 @dataclass(frozen=True)
 class Explanation:
     """A dry run of the gate for one plugin and a set of requested overrides."""

@@ -14,6 +14,7 @@ _LIST_FLAG = {lst: FLAG_KEYS[name] for name, lst in LIST_KEYS.items()}
 
 _DEFAULT_LIST = "default (no allowlist)"
 
+
 @dataclass(frozen=True)
 class Setting:
     """One trust key of one plugin: its effective value and where it came from."""
