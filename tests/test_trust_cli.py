@@ -799,3 +799,92 @@ def test_show_says_which_plugins_may_use_the_built_in_tasks(home, capsys):
     code, out, _ = run(capsys, "trust", "show", "--json")
     [entry] = [p for p in json.loads(out)["plugins"] if p["plugin_id"] == "tasker"]
     assert entry["granted_by"] == {"task": "allow_task_override"} and entry["policy"]["allow_task_override"] is True
+
+
+# ------------------------------------------------------------------ tasks: task= and the auxiliary slots
+TASK_CONFIG = """
+    model: {provider: openai, model: gpt-4o-mini}
+    models:
+      cheap: {provider: openai, model: gpt-4o-mini}
+      backup: {provider: anthropic, model: claude-3-5-haiku-latest}
+    auxiliary:
+      vision: {route: cheap, fallbacks: [backup]}
+      compression: {provider: openrouter, model: openai/gpt-4o, timeout: 20}
+      title_generation: {timeout: 5}
+      tldr_summary: no_such_route
+    plugins:
+      entries:
+        tldr:
+          llm: {allow_task_override: true}
+"""
+
+
+def test_explain_shows_the_plugins_tasks_and_every_slot_with_its_route(home, capsys):
+    config(home, TASK_CONFIG)
+    code, out, _ = run(capsys, "trust", "explain", "tldr")
+    assert code == 0 and out.startswith("ALLOWED  no overrides requested")
+    tasks = out.split("\ntasks: ", 1)[1]
+    assert tasks.startswith("built-in tasks allowed (by allow_task_override: true, config.yaml line 13)")
+    assert ("auxiliary.vision (built-in, usable by this plugin): cheap: openai / gpt-4o-mini, the provider's "
+            "default endpoint; then backup") in tasks
+    assert "auxiliary.compression (built-in, usable by this plugin): openrouter / openai/gpt-4o" in tasks
+    assert "timeout 20s" in tasks
+    assert "auxiliary.title_generation (built-in, usable by this plugin): the default route: openai / gpt-4o-mini" in tasks
+    assert ("auxiliary.tldr_summary (only the plugin that registers it): cannot be resolved: auxiliary.tldr_summary "
+            "'no_such_route' is not a route of models:") in tasks
+    code, out, _ = run(capsys, "trust", "explain", "image_gen/openai", "--json")
+    doc = json.loads(out)["tasks"]
+    assert doc["builtin_tasks_allowed"] is False and doc["granted_by"] is None
+    assert doc["config_key"] == 'plugins.entries."image_gen/openai".llm.allow_task_override'
+    slots = {s["task"]: s for s in doc["slots"]}
+    assert [slots[t]["usable"] for t in ("vision", "compression", "tldr_summary")] == [
+        "no", "no", "only the plugin that registers it"]
+    assert slots["vision"]["route"]["name"] == "cheap" and slots["vision"]["route"]["fallbacks"][0]["name"] == "backup"
+    assert slots["title_generation"]["default_route"] is True and slots["title_generation"]["timeout"] == 5
+    assert slots["tldr_summary"]["route"] is None and "no_such_route" in slots["tldr_summary"]["error"]
+
+
+def test_explain_without_slots_says_every_task_takes_the_default_route(home, capsys):
+    config(home, "model: {provider: openai, model: gpt-4o-mini}\n")
+    code, out, _ = run(capsys, "trust", "explain", "tldr")
+    assert code == 0
+    assert "\ntasks: built-in tasks refused: allow_task_override is false, default (fail closed)" in out
+    assert "  no auxiliary: slots: every task takes the default route" in out
+
+
+def test_explain_task_runs_the_task_gate_first_and_shows_the_slots_route(home, capsys):
+    config(home, TASK_CONFIG)
+    code, out, _ = run(capsys, "trust", "explain", "tldr", "--task", "vision")
+    assert code == 0
+    assert out.startswith("ALLOWED  built-in task 'vision' granted by allow_task_override")
+    assert "task='vision': a built-in task: allow_task_override is true, config.yaml line 13" in out
+    assert "route: cheap: openai / gpt-4o-mini" in out and "then, on a failure another provider can fix: backup" in out
+    code, out, _ = run(capsys, "trust", "explain", "tldr", "--task", "compression", "--json")
+    doc = json.loads(out)
+    assert doc["task"] == "compression" and doc["route"]["provider"] == "openrouter" and doc["route"]["timeout"] == 20
+    # a task that is not built in is the registering plugin's: assumed to be this one's
+    code, out, _ = run(capsys, "trust", "explain", "image_gen/openai", "--task", "tldr_summary")
+    assert code == 0 and "not a built-in task: only the plugin that registers it" in out
+    assert "route: cannot be resolved: auxiliary.tldr_summary 'no_such_route' is not a route of models:" in out
+
+
+def test_explain_task_denied_gives_the_snippet_and_the_grant_that_allow_it(home, capsys):
+    config(home, TASK_CONFIG)
+    code, out, _ = run(capsys, "trust", "explain", "image_gen/openai", "--task", "vision", "--model", "gpt-4o")
+    assert code == 1
+    assert out.startswith("DENIED  plugin 'image_gen/openai' may not use the built-in task 'vision'")
+    assert "task='vision': refused: a built-in task needs allow_task_override, which is false" in out
+    snippet = snippet_of(out)
+    assert snippet == ('plugins:\n  entries:\n    "image_gen/openai":\n      llm:\n        allow_task_override: true\n'
+                       "        allow_model_override: true\n        allowed_models: [gpt-4o]\n")
+    grants = [line.strip() for line in out.splitlines() if line.strip().startswith("plugin-llm trust grant")]
+    assert grants[:2] == ["plugin-llm trust grant image_gen/openai task",
+                          "plugin-llm trust grant image_gen/openai model gpt-4o"]
+    assert main(["trust", "grant", "image_gen/openai", "task"]) == 0
+    capsys.readouterr()
+    code, out, _ = run(capsys, "trust", "explain", "image_gen/openai", "--task", "vision")
+    assert code == 0 and "allow_task_override is true, config.yaml line" in out
+    assert main(["trust", "revoke", "image_gen/openai", "allow_task_override"]) == 0
+    capsys.readouterr()
+    code, out, _ = run(capsys, "trust", "explain", "image_gen/openai", "--task", "vision")
+    assert code == 1

@@ -29,7 +29,7 @@ from plugin_llm.config import hermes_home
 from plugin_llm.config_edit import ConfigEditError, edit_config, get_value, list_add, list_remove, set_value
 from plugin_llm.limits.views import describe
 from plugin_llm.routing import requested_overrides
-from plugin_llm.trust import CAPABILITY_FOR, FLAG_KEYS, LIST_KEYS
+from plugin_llm.trust import CAPABILITY_FOR, FLAG_KEYS, LIST_KEYS, TASK_FLAG
 from plugin_llm.trust_report import _entries
 
 __all__ = ["register", "run", "normalize_flag"]
@@ -73,6 +73,7 @@ def register(subparsers: Any) -> None:
     explain.add_argument("--model", help="model= the plugin passes")
     explain.add_argument("--agent-id", dest="agent_id", help="agent_id= the plugin passes")
     explain.add_argument("--profile", help="profile= the plugin passes")
+    explain.add_argument("--task", help="task= the plugin passes (a built-in task, or one the plugin registers)")
 
     for name, text in (
         ("grant", "turn an override on (and add VALUES to its allowlist)"),
@@ -80,7 +81,7 @@ def register(subparsers: Any) -> None:
     ):
         edit = actions.add_parser(name, parents=[again], help=text, description=_EDIT_HELP[name])
         edit.add_argument("plugin", help="plugin key (e.g. image_gen/openai)")
-        edit.add_argument("flag", help="provider | model | agent_id | profile (or the full key name)")
+        edit.add_argument("flag", help="provider | model | agent_id | profile | task (or the full key name)")
         edit.add_argument("values", nargs="*", help="allowlist values (provider and model only)")
         edit.add_argument("--dry-run", action="store_true", help="print the diff, write nothing")
         edit.add_argument("--strict", action="store_true", help="refuse a plugin that is not installed")
@@ -96,10 +97,12 @@ _EDIT_HELP = {
 
 
 def normalize_flag(text: str) -> str:
-    """``provider|model|agent_id|profile`` from a short name or a full trust key."""
+    """``provider|model|agent_id|profile|task`` from a short name or a full trust key."""
     word = text.strip().lower().replace("-", "_")
-    if word in FLAG_KEYS:
+    if word in FLAG_KEYS or word == "task":
         return word
+    if word == TASK_FLAG:
+        return "task"
     for name, key in FLAG_KEYS.items():
         if word == key:
             return name
@@ -109,7 +112,7 @@ def normalize_flag(text: str) -> str:
     if word in ("agent", "agentid"):
         return "agent_id"
     raise CliError(
-        f"unknown flag {text!r}: use provider, model, agent_id or profile "
+        f"unknown flag {text!r}: use provider, model, agent_id, profile or task "
         f"(or a key such as allow_model_override)"
     )
 
@@ -323,7 +326,7 @@ def _explain(tr: Any, view: Any, installed: Mapping[str, str], args: argparse.Na
     # the gateway's own rule (call/pipeline.py, Pipeline._admit)
     overrides = requested_overrides(view.config, provider=_optional(args, "provider"), model=_optional(args, "model"),
                                     agent_id=_optional(args, "agent_id"), profile=_optional(args, "profile"))
-    result = tr.explain(view, plugin_id, overrides, installed)
+    result = tr.explain(view, plugin_id, overrides, installed, task=_optional(args, "task"))
     if not result.installed:
         _warn(f"no installed plugin has the key {plugin_id!r}; this is the policy it would get once installed")
     if as_json:
@@ -367,7 +370,32 @@ def _explain(tr: Any, view: Any, installed: Mapping[str, str], args: argparse.Na
                       f"{fallback['provider']} / {fallback['model']}, {endpoint}{_breaker_text(fallback)}")
         elif result.route_error:
             print(f"route: {result.route_error}" if view.error else f"route: cannot be resolved: {result.route_error}")
+    if result.tasks is not None and view.error is None:
+        _print_lines(_render_tasks(result.tasks))
     return _explain_code(view, d.allowed)
+
+
+def _render_tasks(tasks: Any) -> list[str]:
+    """Whether the plugin may name a built-in task (``task=``), and each ``auxiliary.<task>`` slot's route."""
+    lines = ["", f"tasks: {tasks.summary}"]
+    if not tasks.slots:
+        lines.append("  no auxiliary: slots: every task takes the default route")
+    for slot in tasks.slots:
+        usable = {"yes": "built-in, usable by this plugin", "no": "built-in, not usable by this plugin"}.get(
+            slot.usable, slot.usable)
+        if slot.error is not None:
+            where = f"cannot be resolved: {slot.error}"
+        else:
+            r = slot.route
+            named = f"{r['name']}: " if r.get("name") else ""
+            where = "the default route: " if slot.default else ""
+            endpoint = r["base_url"] or "the provider's default endpoint"
+            where += f"{named}{r['provider']} / {r['model']}, {endpoint}"
+            if slot.timeout is not None:
+                where += f", timeout {slot.timeout:g}s"
+            where += "".join(f"; then {f['name'] or f['provider'] + '/' + f['model']}" for f in r.get("fallbacks", ()))
+        lines.append(f"  auxiliary.{slot.task} ({usable}): {where}")
+    return lines
 
 
 def _breaker_text(route: Mapping[str, Any]) -> str:
@@ -406,7 +434,7 @@ def _edit(tr: Any, view: Any, installed: Mapping[str, str], args: argparse.Names
             raise CliError(f"{message} (--strict); install it first or check the key with `plugin-llm plugins list`")
         notes.append(f"{message}; the entry takes effect once it is installed")
 
-    flag = FLAG_KEYS[name]
+    flag = TASK_FLAG if name == "task" else FLAG_KEYS[name]
     list_key = LIST_KEYS.get(name)
     base = ("plugins", "entries", plugin_id, "llm")
 

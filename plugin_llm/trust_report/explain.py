@@ -6,12 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Mapping
 
-from plugin_llm.config import HostConfig, shown_url
-from plugin_llm.errors import PluginLlmConfigError
-from plugin_llm.routing import resolve_chain
-from plugin_llm.trust import CAPABILITY_FOR, DENY_ALL, FLAG_KEYS, LIST_KEYS, Decision, Overrides, decide
+from plugin_llm.trust import CAPABILITY_FOR, DENY_ALL, FLAG_KEYS, LIST_KEYS, TASK_FLAG, Decision, Overrides, decide
 
 from .policy import _source
+from .routes import route_view
+from .tasks import TaskAccess, explain_task, task_access
 from .view import ConfigView, _flow_list, _scalar, entry_key
 
 
@@ -35,6 +34,10 @@ class Explanation:
     route: Mapping[str, Any] | None = None
     route_error: str | None = None
     config_error: str | None = None
+    #: the ``task=`` dry-run (None: no task)
+    task: str | None = None
+    #: whether the plugin may name a built-in task, and every ``auxiliary.<task>`` slot with its route
+    tasks: TaskAccess | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -54,6 +57,8 @@ class Explanation:
             "route": dict(self.route) if self.route is not None else None,
             "route_error": self.route_error,
             "config_error": self.config_error,
+            "task": self.task,
+            "tasks": self.tasks.as_dict() if self.tasks is not None else None,
         }
 
 
@@ -79,13 +84,23 @@ def _grant_command(plugin_id: str, override: str, values: Iterable[str]) -> str:
     return " ".join(shlex.quote(p) for p in parts)
 
 
-def explain(view: ConfigView, plugin_id: str, overrides: Overrides, installed: Mapping[str, str]) -> Explanation:
-    """Dry-run the gate exactly as a call would (same policy, same :func:`decide`)."""
+def explain(view: ConfigView, plugin_id: str, overrides: Overrides, installed: Mapping[str, str],
+            task: str | None = None) -> Explanation:
+    """Dry-run the gate exactly as a call would (same policy, same :func:`decide`; ``task=`` first, by
+    :func:`plugin_llm.trust.decide_task`, as the pipeline does)."""
     policy = view.config.trust_for(plugin_id) if view.error is None else DENY_ALL
     decision = decide(plugin_id, policy, overrides)
     requested = overrides.requested()
     rules: list[str] = []
     changes: dict[str, Any] = {}
+    if task is not None:
+        task_decision, task_rules, task_changes = explain_task(view, plugin_id, task)
+        rules.extend(task_rules)
+        changes.update(task_changes)
+        if not task_decision.allowed:  # the task gate first: its refusal is the call's
+            decision = task_decision
+        elif decision.allowed:
+            decision = Decision(True, f"{task_decision.reason}; {decision.reason}", override=decision.override)
     commands: list[str] = []
     broader: list[tuple[str, str]] = []
     for name, value in requested.items():
@@ -131,12 +146,16 @@ def explain(view: ConfigView, plugin_id: str, overrides: Overrides, installed: M
             add = [value]
         if flag in changes or add:
             commands.append(_grant_command(plugin_id, name, add))
-    if not requested:
+    if TASK_FLAG in changes:
+        commands.insert(0, _grant_command(plugin_id, "task", []))
+    if not requested and task is None:
         rules.append("no overrides requested: the call uses the operator's route and is always allowed")
+    elif not requested:
+        rules.append("no provider, model, agent_id or profile overrides requested")
     snippet = yaml_snippet(plugin_id, changes) if changes and not decision.allowed and view.error is None else None
     route, route_error = None, None
     if decision.allowed and view.error is None:
-        route, route_error = _route(view.config, overrides)
+        route, route_error = route_view(view.config, overrides, task)
     elif decision.allowed:
         route_error = "unknown while config.yaml does not parse (a running gateway keeps its last good route)"
     return Explanation(
@@ -152,44 +171,6 @@ def explain(view: ConfigView, plugin_id: str, overrides: Overrides, installed: M
         route=route,
         route_error=route_error,
         config_error=view.error,
+        task=task,
+        tasks=task_access(view, plugin_id),
     )
-
-
-def _route(config: HostConfig, overrides: Overrides) -> tuple[dict[str, Any] | None, str | None]:
-    try:
-        chain = resolve_chain(config, provider=overrides.provider, model=overrides.model, profile=overrides.profile)
-    except PluginLlmConfigError as exc:
-        return None, str(exc)
-    held = _breakers(config) if len(chain) > 1 else None
-    first = _route_fields(chain[0], held)
-    first.update({"agent_id": overrides.agent_id, "timeout": chain[0].timeout, "max_retries": chain[0].max_retries,
-                  "fallbacks": [_route_fields(route, held) for route in chain[1:]]})
-    return first, None
-
-
-def _route_fields(route: Any, held: Mapping[str, Any] | None) -> dict[str, Any]:
-    breaker = held.get(route.label) if held is not None else None
-    return {
-        "name": route.name,
-        "provider": route.provider,
-        "model": route.model,
-        "litellm_model": route.litellm_model,
-        "base_url": shown_url(route.base_url),
-        "profile": route.profile,
-        "breaker": (breaker.as_dict() if breaker is not None else {"state": "closed"}) if held is not None else None,
-    }
-
-
-def _breakers(config: HostConfig) -> dict[str, Any] | None:
-    """The routes' breaker states from the store; None when the breaker is off or the store cannot tell."""
-    import time
-
-    from plugin_llm.limits import breakers
-    from plugin_llm.limits.store import StoreError
-
-    if not config.llm.breaker.failures:
-        return None
-    try:
-        return breakers.states(config.limits, config.home, time.time())
-    except StoreError:
-        return None
