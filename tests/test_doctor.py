@@ -248,3 +248,42 @@ def test_an_unsigned_log_is_a_warning_once_it_has_records(hermes_home, capsys):
     (signing,) = lines(checks, "audit signing")
     assert signing["status"] == "WARN" and "no signing key" in signing["message"]
     assert "plugin-llm audit keygen" in signing["fix"] and code == 0
+
+
+def test_each_auxiliary_slot_is_checked_route_and_key(hermes_home, capsys, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", SECRET)
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    write_config(hermes_home, textwrap.dedent("""\
+        model: {provider: openai, model: gpt-4o-mini}
+        models:
+          cheap: {provider: openai, model: gpt-4o-mini}
+          backup: {provider: anthropic, model: claude-3-5-haiku-latest}
+        auxiliary:
+          vision: {route: cheap, fallbacks: [backup]}
+          title_generation: {timeout: 5}
+          summary: no_such_route
+    """))
+    code, checks = doctor(capsys)
+    assert code == 1
+    (vision,) = lines(checks, "auxiliary vision")
+    assert vision["status"] == "OK"
+    assert vision["message"] == ("task='vision' takes cheap: openai / gpt-4o-mini, "
+                                 "then backup: anthropic / claude-3-5-haiku-latest")
+    (title,) = lines(checks, "auxiliary title_generation")
+    assert title["message"] == "task='title_generation' takes the default route, openai / gpt-4o-mini (timeout 5s)"
+    (summary,) = lines(checks, "auxiliary summary")
+    assert summary["status"] == "FAIL" and "'no_such_route' is not a route of models:" in summary["message"]
+    assert "auxiliary.summary" in summary["fix"]
+    # the key of each provider a slot adds: openai is the default route's (checked once), anthropic is missing
+    creds = lines(checks, "credentials")
+    assert [c["status"] for c in creds] == ["OK", "FAIL"] and "ANTHROPIC_API_KEY" in creds[1]["message"]
+    monkeypatch.setenv("ANTHROPIC_API_KEY", SECRET)
+    code = main(["doctor"])
+    out = capsys.readouterr().out
+    assert "OK    credentials: anthropic: sk-…WXYZ from environment variable ANTHROPIC_API_KEY" in out
+    assert "FAIL  auxiliary summary: every call with task='summary' is refused" in out and SECRET not in out
+
+
+def test_no_auxiliary_section_adds_no_lines(healthy, capsys):
+    code, checks = doctor(capsys)
+    assert code == 0 and not [c for c in checks if c["check"].startswith("auxiliary")]

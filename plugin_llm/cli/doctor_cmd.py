@@ -119,6 +119,7 @@ def run_checks(home: Path) -> list[Check]:
         ("config", lambda: _config(view)),
         ("trust", lambda: _trust(tr, view, installed)),
         ("route", lambda: _route_and_credentials(view, home)),
+        ("auxiliary", lambda: _auxiliary(view, home)),
         ("audit log", lambda: _audit(home, view)),
         ("plugins", lambda: _plugins(plugins(), view)),
         ("bubblewrap", lambda: _bubblewrap(plugins)),
@@ -282,6 +283,35 @@ def _route_and_credentials(view: Any, home: Path) -> list[Check]:
     for fallback in chain[1:]:
         if fallback.provider != route.provider or fallback.profile != route.profile:
             out.extend(_credentials(home, fallback))
+    return out
+
+
+def _auxiliary(view: Any, home: Path) -> list[Check]:
+    """Each ``auxiliary.<task>`` slot: its route resolves, and the key of each route it adds is there."""
+    if view.error is not None or not view.config.auxiliary:
+        return []
+    try:
+        default = resolve_chain(view.config)
+    except PluginLlmConfigError:  # the route line FAILs for it
+        default = ()
+    checked = {(route.provider, route.profile) for route in default}
+    out: list[Check] = []
+    for task, slot in view.config.auxiliary.items():
+        try:
+            chain = resolve_chain(view.config, task=task)
+        except PluginLlmConfigError as exc:
+            out.append(Check(FAIL, f"auxiliary {task}", f"every call with task={task!r} is refused: {_safe(exc)}",
+                             f"fix auxiliary.{task} in {view.path} (plugin-llm trust explain PLUGIN --task {task} "
+                             "shows where it goes)"))
+            continue
+        what = "the default route, " if slot.route is None else ""
+        then = "".join(f", then {_route_text(fallback)}" for fallback in chain[1:])
+        timeout = f" (timeout {slot.timeout:g}s)" if slot.timeout is not None else ""
+        out.append(Check(OK, f"auxiliary {task}", f"task={task!r} takes {what}{_route_text(chain[0])}{then}{timeout}"))
+        for route in chain:
+            if (route.provider, route.profile) not in checked:
+                checked.add((route.provider, route.profile))
+                out.extend(_credentials(home, route))
     return out
 
 
