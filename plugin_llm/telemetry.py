@@ -237,7 +237,7 @@ def _gateway_attributes(record: dict[str, Any], status: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, field in (("plugin_id", "plugin_id"), ("api", "api"), ("mode", "mode"), ("status", "status"),
                         ("audit.call_id", "call_id"), ("audit.hash", "hash"), ("limits.limit", "limits.limit"),
-                        ("stream.abandoned_by", "stream.abandoned_by")):
+                        ("stream.abandoned_by", "stream.abandoned_by"), ("task", "task")):
         text = _text(record.get(field))
         if text is not None:
             out[NS + name] = text

@@ -405,6 +405,19 @@ def test_models_list_shows_exactly_the_routes_the_token_s_plugin_may_use(hermes_
         assert len(a.requests) == 1
 
 
+def test_models_list_leaves_the_auxiliary_slots_out(tmp_path):
+    """A task is not a model: a slot's name or inline model sent as ``model`` would be a model override."""
+    from plugin_llm.service.discovery import model_ids
+
+    config = parse_config(tmp_path, (
+        "models:\n  first: {provider: openai, model: gpt-4o-mini}\n  second: {provider: openai, model: gpt-4o}\n"
+        "model: {route: first}\n"
+        "auxiliary:\n  vision: second\n  compression: {provider: openai, model: gpt-4.1-nano}\n"
+        "plugins:\n  entries:\n    p:\n      llm: {allow_task_override: true}\n"))
+    assert config.warnings == () and set(config.auxiliary) == {"vision", "compression"}
+    assert [mid for mid, _ in model_ids(config, "p")] == ["default", "first"]
+
+
 @pytest.mark.slow
 def test_metrics_show_each_route_s_breaker_state(hermes_home, upstreams):
     import httpx

@@ -229,6 +229,20 @@ def test_denied_and_unroutable_calls_say_whether_they_were_streams(hermes_home, 
     assert [spans[r["call_id"]].attributes["gen_ai.request.stream"] for r in records] == [False, True, False, True]
 
 
+def test_a_call_with_a_task_says_so_on_its_span_allowed_or_denied(hermes_home, captured):
+    with FakeServer() as upstream:
+        configure(hermes_home, upstream.base_url, secret=canary(), extra=(
+            "plugins:\n  entries:\n    p1:\n      llm:\n        allow_task_override: true\n"))
+        PluginLlm("p1").complete(USER, task="vision")
+        PluginLlm("p1").complete(USER)
+        with pytest.raises(PluginLlmTrustError):
+            PluginLlm("p2").complete(USER, task="compression")
+    records = audit_lines(hermes_home)
+    assert [(r["status"], r.get("task")) for r in records] == [("ok", "vision"), ("ok", None), ("denied", "compression")]
+    spans = by_call_id(captured)
+    assert [spans[r["call_id"]].attributes.get("plugin_llm.task") for r in records] == ["vision", None, "compression"]
+
+
 def test_the_request_parameters_finish_reason_and_first_chunk_time_reach_the_span(hermes_home, captured):
     with FakeServer(default=Reply(content="streamed words", finish_reason="length")) as upstream:
         configure(hermes_home, upstream.base_url, secret=canary())
