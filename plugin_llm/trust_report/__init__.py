@@ -12,8 +12,7 @@ Reads ``config.yaml`` once (:func:`read_config`: the same
   the gateway's own function) with the YAML that would allow a denied call.
 
 Never imports litellm: model names are checked against litellm's bundled
-price map, read as a JSON file. One module per part: ``view`` (reading),
-``policy``, ``checks``, ``explain``, ``model_names``.
+price map, read as a JSON file. Parts: ``view``, ``policy``, ``checks``, ``explain``, ``tasks``, ``routes``.
 """
 
 from __future__ import annotations
