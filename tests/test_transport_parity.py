@@ -210,6 +210,20 @@ def test_cost_priced_and_unpriced(hermes_home, fake, model):
     assert (out["outcome"]["usage"]["cost_usd"] is None) == (model != "gpt-4o")
 
 
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("cached", [{"prompt_cache_hit_tokens": 64, "prompt_cache_miss_tokens": 236},
+                                    {"cache_read_input_tokens": 64}], ids=["deepseek", "anthropic"])
+def test_cache_counts_of_other_dialects(hermes_home, fake, mode, cached):
+    """An OpenAI-compatible endpoint reporting cache hits in DeepSeek's or Anthropic's words: litellm's
+    ``Usage`` makes them the cached tokens (over the details' own count), and so does every path."""
+    configure(hermes_home, fake.base_url, model="gpt-4o-mini")
+    usage = {"prompt_tokens": 300, "completion_tokens": 20, "total_tokens": 320,
+             "prompt_tokens_details": {"cached_tokens": 5}, **cached}
+    out = assert_parity(hermes_home, fake, mode, calls(mode, "complete", USER), Reply(usage=usage))
+    assert out["outcome"]["usage"]["cache_read_tokens"] == 64
+    assert out["outcome"]["usage"]["cost_usd"] == pytest.approx(236 * 0.15e-6 + 64 * 0.075e-6 + 20 * 0.60e-6)
+
+
 def test_anthropic_style_cache_fields(hermes_home, fake):
     configure(hermes_home, fake.base_url, model="gpt-4o")
     usage = {"prompt_tokens": 300, "completion_tokens": 20, "total_tokens": 320, "cache_read_input_tokens": 100,

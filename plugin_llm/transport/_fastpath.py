@@ -384,7 +384,23 @@ def _plain_reply(content: bytes, model: str, prefix: str | None) -> dict | None:
     if prefix is not None:
         reported = f"{prefix}/{reported if reported is not None else model}"
     return {"choices": [{"message": {"role": "assistant", "content": text}, "finish_reason": map_finish_reason(finish)}],
-            "model": reported, "usage": usage, "id": doc.get("id")}
+            "model": reported, "usage": litellm_usage(usage), "id": doc.get("id")}
+
+
+def litellm_usage(usage: Any) -> Any:
+    """A plain usage as litellm's ``Usage`` gives the counts the gateway reads: DeepSeek's
+    ``prompt_cache_hit_tokens``, then an Anthropic-style ``cache_read_input_tokens``, become the cached
+    tokens of ``prompt_tokens_details`` (the same object when there is nothing to move)."""
+    if type(usage) is not dict:
+        return usage
+    cached = None
+    for name in ("prompt_cache_hit_tokens", "cache_read_input_tokens"):
+        if type(usage.get(name)) is int:
+            cached = usage[name]
+    if cached is None:
+        return usage
+    details = usage.get("prompt_tokens_details")
+    return {**usage, "prompt_tokens_details": {**(details if type(details) is dict else {}), "cached_tokens": cached}}
 
 
 def _plain_usage(usage: Any) -> bool:

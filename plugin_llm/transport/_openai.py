@@ -146,6 +146,15 @@ class OwnRoute:
         return {"choices": [{"message": out, "finish_reason": finish}], "model": model, "usage": usage,
                 "id": doc.get("id")}
 
+    def reply(self, content: bytes) -> dict | None:
+        """:meth:`read`, with the usage read as litellm.completion reads it."""
+        out = self.read(content)
+        if out is None:
+            return None
+        usage = out.get("usage")
+        read = _fastpath.litellm_usage(usage)
+        return out if read is usage else {**out, "usage": read}
+
     @staticmethod
     def error(status: int, headers: Any, content: bytes) -> BaseException | None:
         """The error litellm raises for this error reply (same class name, message, status, headers), or
@@ -444,7 +453,7 @@ def _answer(own: OwnRoute, status: int, headers: Any, content: bytes) -> Any:
         if error is not None:
             raise error
         return None
-    return own.read(content)
+    return own.reply(content)
 
 
 def _litellm_answer(request: Any, status: int, headers: Any, content: bytes, body: dict, optional: dict) -> Any:
