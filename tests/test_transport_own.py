@@ -101,9 +101,18 @@ def test_openai_default_endpoint_follows_the_environment(hermes_home, litellm, m
 
 
 @pytest.mark.parametrize("model, why", [("o3-mini", "o-series"), ("gpt-5", "gpt-5"), ("claude-x", "rewrites"),
-                                        ("meta/unknown-x", "rule of its own"), ("ft:gpt-4o:org::id", "rule of its own")])
+                                        ("meta/unknown-x", "rule of its own"), ("ft:gpt-4o:org::id", "rule of its own"),
+                                        ("gemini-3-pro", "rule of its own"), ("codex-unknown", "rule of its own")])
 def test_routes_litellm_maps_differently_are_left_to_it(hermes_home, model, why):
     assert why in _openai._build(_route(hermes_home, model))
+
+
+@pytest.mark.parametrize("model", ["gemini-3-pro", "codex-unknown"])
+def test_a_model_litellm_describes_by_a_rule_is_priced_by_litellm(hermes_home, litellm, model):
+    """The price map's generalization rules give such a name model info (and so a price of 0): the own
+    path leaves it to litellm rather than call it unpriced."""
+    fast = _fastpath._build(litellm, _route(hermes_home, model))
+    assert _fastpath._prices(litellm, fast.model, "openai")[0] is True
 
 
 def test_schema_support_is_litellms(hermes_home, litellm):

@@ -25,6 +25,7 @@ import pytest
 from plugin_llm import PluginLlm, PluginLlmError
 from plugin_llm.llm import HostLlm
 from plugin_llm.transport import FAST_PROVIDERS, LitellmTransport, fast_path_decision
+from plugin_llm.transport._compat import PROVIDERS as OWN_PROVIDERS
 from plugin_llm.transport._fastpath import FAST_PATH_ENV, SDK_READ_PROVIDERS
 from tests.conftest import audit_lines, write_config
 from tests.servers import FakeServer, Reply
@@ -292,14 +293,16 @@ def test_retry_after_429_then_success(hermes_home, fake):
 
 @pytest.mark.parametrize("provider", sorted(FAST_PROVIDERS - {"openai"}))
 def test_every_fast_provider_matches_the_fallback(hermes_home, fake, provider):
-    """Each provider on the fast path, pointed at the fake server: same URL path, body and result."""
+    """Each provider on the fast path, pointed at the fake server: same URL path, body and result (and
+    through the own path too, for the providers it serves)."""
+    paths = PATHS if provider in OWN_PROVIDERS else LITELLM_PATHS
     configure(hermes_home, fake.base_url, provider=provider, model="some-model")
     assert_parity(hermes_home, fake, "sync", calls("sync", "complete", USER, temperature=0.5, max_tokens=20),
-                  Reply(content="hello from " + provider), paths=LITELLM_PATHS)
+                  Reply(content="hello from " + provider), paths=paths)
     assert_parity(hermes_home, fake, "sync", calls("sync", "chat", USER, tools=TOOLS),
-                  Reply.tool_call("lookup", {"word": provider}), paths=LITELLM_PATHS)
+                  Reply.tool_call("lookup", {"word": provider}), paths=paths)
     assert_parity(hermes_home, fake, "sync", calls("sync", "complete", USER), Reply.error(400, "bad request"),
-                  paths=LITELLM_PATHS)
+                  paths=paths)
     # the reply's model as litellm.completion names it for this provider
     fake.push(Reply(content="named"))
     result = PluginLlm("p").complete(USER)
@@ -319,8 +322,9 @@ def test_reply_reader_follows_litellm_dispatch(hermes_home, fake, provider, monk
 
 
 @pytest.mark.parametrize("provider, fast", [
-    ("custom", True), ("openai", True), ("deepseek", True), ("groq", False), ("local", False), ("bedrock", False),
-    ("vertex_ai", False), ("anthropic", False), ("azure", False),
+    ("custom", True), ("openai", True), ("deepseek", True), ("together_ai", True), ("mistral", True),
+    ("openrouter", True), ("groq", False), ("local", False), ("bedrock", False), ("vertex_ai", False),
+    ("anthropic", False), ("azure", False),
 ])
 def test_path_chosen_per_route(hermes_home, provider, fast, monkeypatch):
     from plugin_llm.config import parse_config
@@ -330,7 +334,7 @@ def test_path_chosen_per_route(hermes_home, provider, fast, monkeypatch):
     route = resolve_route(parse_config(hermes_home, f"model:\n  provider: {provider}\n  model: m\n{base}"))
     chosen, why = fast_path_decision(route)
     assert chosen is fast and why
-    own = {"custom": "own", "openai": "own", "local": "local"}.get(provider)
+    own = {"custom": "own", "openai": "own", "local": "local", **dict.fromkeys(OWN_PROVIDERS, "own")}.get(provider)
     assert LitellmTransport().path(route)[0] == (own or ("fast" if fast else "fallback"))
     assert LitellmTransport(own_path=False).path(route)[0] == ("fast" if fast else "fallback")
     monkeypatch.setenv(FAST_PATH_ENV, "0")

@@ -1,10 +1,11 @@
 """The provider call: the only package that imports litellm, and only for a route that needs it.
 
 ``LitellmTransport`` turns one :class:`TransportRequest` into one provider answer on a path chosen
-per route, once: the embedded ``local`` model in process (``_local``); OpenAI and ``custom`` routes
-on the gateway's own client without litellm (``_openai``, priced from litellm's bundled map read as
-a file); other OpenAI-compatible providers (:data:`FAST_PROVIDERS`) on litellm's provider config
-and the pooled clients (``_fastpath``); every other provider through ``litellm.completion``
+per route, once: the embedded ``local`` model in process (``_local``); OpenAI, ``custom`` and the
+OpenAI-like providers of ``_compat`` on the gateway's own client without litellm (``_openai``, priced
+from litellm's bundled map read as a file); other OpenAI-compatible providers (:data:`FAST_PROVIDERS`)
+on litellm's provider config and the pooled clients (``_fastpath``); every other provider through
+``litellm.completion``
 (``_fallback``). :func:`fast_path_decision` says whether the fast path applies without importing
 litellm (``doctor`` prints it). On every path: retries inside the call's total deadline,
 ``Retry-After`` honoured, a failing pooled key reported and the retry made with the next, every

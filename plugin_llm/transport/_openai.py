@@ -1,7 +1,8 @@
-"""The gateway's own OpenAI path: ``openai`` and ``custom`` routes without importing litellm.
+"""The gateway's own OpenAI path: ``openai``, ``custom`` and OpenAI-like routes without importing litellm.
 
 For the routes litellm serves with its plain OpenAI chat config (``OpenAIGPTConfig`` or
-``OpenAIUnknownModelConfig``: not o-series, not gpt-5) and whose prices are plain per-token ones,
+``OpenAIUnknownModelConfig``: not o-series, not gpt-5), or with a provider config that is OpenAI's
+plus the differences ``_compat`` reproduces, and whose prices are plain per-token ones,
 :class:`OwnRoute` builds the request exactly as that config does, sends it on the pooled clients
 (``_http``), reads a plain reply, maps an error status to the error litellm would raise, and prices
 the usage from litellm's bundled price map (``_pricemap``). Whatever it cannot reproduce exactly (a
@@ -22,18 +23,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from plugin_llm.routing import Route
-from plugin_llm.transport import _fastpath, _http
+from plugin_llm.transport import _compat, _fastpath, _http
 from plugin_llm.transport._keys import Key
-from plugin_llm.transport._pricemap import PriceMap, openai_entry
+from plugin_llm.transport._pricemap import PriceMap, described_by_rule, mapped_anywhere, openai_entry, provider_entry
 
 __all__ = ["OwnRoute", "own_route", "send", "asend", "reset_routes", "supports_schema", "warm", "awarm",
            "plain_messages"]
 
-#: the gateway's parameters litellm's OpenAI chat config passes on (``get_supported_openai_params``)
-_BASE_PARAMS = ("temperature", "max_tokens", "response_format", "tools", "tool_choice", "top_p", "stop", "seed",
-                "presence_penalty", "frequency_penalty", "logit_bias", "n")
-#: models litellm's config refuses ``response_format`` for
-_NO_RESPONSE_FORMAT = frozenset({"gpt-3.5-turbo-16k", "gpt-4"})
 #: finish reasons litellm's ``map_finish_reason`` keeps as they are
 _KEPT_FINISH = frozenset({"stop", "length", "tool_calls", "content_filter", "function_call"})
 _ROLES = frozenset({"system", "user", "assistant", "tool"})
@@ -42,6 +38,10 @@ _MARKS = frozenset({"cache_control", "prompt_cache_breakpoint"})
 #: top-level keys of a tool schema that litellm flattens for api.openai.com
 _COMBINATORS = frozenset({"allOf", "anyOf", "oneOf", "enum", "const", "not"})
 _SIMPLE_PRICES = _fastpath._SIMPLE_PRICES
+#: a price litellm's cost calculator never reads (DeepSeek's alias of the cache-read price)
+_INERT_PRICES = frozenset({"input_cost_per_token_cache_hit"})
+#: entry fields other than ``*cost*`` ones that change what litellm's calculator charges
+_PRICING_RULES = frozenset({"off_peak_pricing", "tiered_pricing", "alias_of"})
 #: litellm's exception for an error status of an OpenAI-compatible reply: (class name, message prefix)
 _ERRORS = {400: ("BadRequestError", ""), 401: ("AuthenticationError", "AuthenticationError: "),
            404: ("NotFoundError", "NotFoundError: "), 408: ("Timeout", "Timeout Error: "),
@@ -64,6 +64,10 @@ class OwnRoute:
     supported: frozenset[str]
     prices: tuple[float, float, float | None] | None  # input, output, cache read per token; None: unpriced
     openai_host: bool  # api.openai.com: litellm flattens tool schemas' top-level combinators
+    provider: str = "openai"  # litellm's provider name
+    shape: "_compat.Shape | None" = None  # another provider's differences from OpenAI's config
+    prefix: str | None = None  # the reply's model named "<prefix>/<reported>" (litellm through the openai SDK)
+    body_errors: bool = False  # an error's text is its whole body (litellm's HTTP handler), not its message
 
     # -- request
     def prepare(self, messages: list, params: dict) -> tuple[dict, dict] | None:
@@ -77,8 +81,15 @@ class OwnRoute:
         tools = optional.get("tools")
         if tools is not None and not self._plain_tools(tools):
             return None
+        if self.shape is not None:
+            adapted = self.shape.adapt(messages, optional)
+            if adapted is None:
+                return None
+            messages, optional = adapted
         if not optional.get("tools"):
             optional.pop("tool_choice", None)
+        if self.shape is not None and self.shape.extra:
+            return {"model": self.model, "messages": messages, **optional, **dict(self.shape.extra)}, optional
         return {"model": self.model, "messages": messages, **optional}, optional
 
     def _plain_tools(self, tools: Any) -> bool:
@@ -147,24 +158,29 @@ class OwnRoute:
                 "id": doc.get("id")}
 
     def reply(self, content: bytes) -> dict | None:
-        """:meth:`read`, with the usage read as litellm.completion reads it."""
+        """:meth:`read`, with the model named and the usage read as litellm.completion names and reads them."""
         out = self.read(content)
         if out is None:
             return None
         usage = out.get("usage")
         read = _fastpath.litellm_usage(usage)
-        return out if read is usage else {**out, "usage": read}
+        if read is not usage or self.prefix is not None:
+            out = dict(out)
+            out["usage"] = read
+            if self.prefix is not None:
+                out["model"] = f"{self.prefix}/{out['model'] if out['model'] is not None else self.model}"
+        return out
 
-    @staticmethod
-    def error(status: int, headers: Any, content: bytes) -> BaseException | None:
+    def error(self, status: int, headers: Any, content: bytes) -> BaseException | None:
         """The error litellm raises for this error reply (same class name, message, status, headers), or
         None when litellm's mapping would look into the text (then litellm maps it)."""
-        text = _fastpath._error_text(content)
+        text = content.decode("utf-8", "replace") if self.body_errors else _fastpath._error_text(content)
         lowered = text.lower()
         if any(word in lowered for word in _INSPECTED):
             return None
         name, prefix = _ERRORS.get(status, ("APIError", "APIError: "))
-        error = _error_class(name)(f"litellm.{name}: {prefix}OpenAIException - {text}")
+        raised_by = "OpenAI" if self.provider == "openai" else self.provider[:1].upper() + self.provider[1:]
+        error = _error_class(name)(f"litellm.{name}: {prefix}{raised_by}Exception - {text}")
         error.message = error.args[0]  # type: ignore[attr-defined]
         error.status_code = status  # type: ignore[attr-defined]
         error.litellm_response_headers = _Headers(headers)  # type: ignore[attr-defined]
@@ -314,8 +330,11 @@ def reset_routes() -> None:
 
 
 def _build(route: Route, prices: PriceMap | None = None) -> "OwnRoute | str":
-    if not route.litellm_model.startswith("openai/"):
-        return "not an OpenAI route"
+    provider = route.litellm_model.split("/", 1)[0]
+    if provider in _compat.PROVIDERS:
+        return _build_compat(route, provider, prices if prices is not None else PriceMap())
+    if provider != "openai":
+        return f"provider {provider} is not one the own path serves"
     fast, why = _fastpath.decide(route)
     if not fast:
         return why
@@ -330,34 +349,60 @@ def _build(route: Route, prices: PriceMap | None = None) -> "OwnRoute | str":
     prices = prices if prices is not None else PriceMap()
     entry = openai_entry(prices, model)
     if entry is None:
-        if "/" in model or ":" in model:
-            return "litellm may price this model name by a rule of its own"
+        if "/" in model or ":" in model or described_by_rule(prices, model, "openai"):
+            return _PRICED_BY_RULE
         priced = None
     else:
-        info = entry[1]
-        costs = {k for k, v in info.items() if "cost" in k and v is not None
-                 and not k.endswith(_fastpath._INAPPLICABLE_PRICE_SUFFIXES) and k != "search_context_cost_per_query"}
-        inp, out = info.get("input_cost_per_token"), info.get("output_cost_per_token")
-        if not costs <= _SIMPLE_PRICES or not _number(inp) or not _number(out) \
-                or not _number(info.get("cache_read_input_token_cost"), optional=True):
-            return "the model's prices need litellm's cost calculator"
-        read = info.get("cache_read_input_token_cost")
-        priced = (float(inp), float(out), None if read is None else float(read))
-    exact = prices.entry(model)
-    catalog = exact is not None and exact[0] == model and not (model.startswith("ft:") and model.count(":") <= 1) \
-        and exact[1].get("litellm_provider") in ("openai", "text-completion-openai")
-    supported = set(_BASE_PARAMS)
-    if model in _NO_RESPONSE_FORMAT:
-        supported.discard("response_format")
-    if catalog:
-        supported.add("user")
+        priced = _simple_prices(entry[1])
+        if isinstance(priced, str):
+            return priced
     api_base = route.base_url or os.environ.get("OPENAI_BASE_URL") or os.environ.get("OPENAI_API_BASE") \
         or "https://api.openai.com/v1"
-    base = api_base.rstrip("/")
-    url = base if "chat/completions" in base else f"{base}/chat/completions"
     host = _host(api_base)
-    return OwnRoute(model=model, url=url, supported=frozenset(supported), prices=priced,
-                    openai_host=host is None or host == "openai.com" or host.endswith(".openai.com"))
+    return OwnRoute(model=model, url=_compat.openai_url(api_base), supported=_compat.openai_params(model, prices),
+                    prices=priced, openai_host=host is None or host == "openai.com" or host.endswith(".openai.com"))
+
+
+_PRICED_BY_RULE = "litellm may price this model name by a rule of its own"
+
+
+def _build_compat(route: Route, provider: str, prices: PriceMap) -> "OwnRoute | str":
+    """An OpenAI-like provider's route (``_compat.PROVIDERS``), or why litellm serves it."""
+    fast, why = _fastpath.decide(route)
+    if not fast:
+        return why
+    spec = _compat.PROVIDERS[provider]
+    model = route.litellm_model.split("/", 1)[1]
+    if "responses/" in model:
+        return "litellm rewrites this model's requests (the Responses bridge)"
+    base = spec.endpoint(route.base_url)
+    if base is None:
+        return f"no endpoint is set for provider {provider}: litellm decides where its calls go"
+    entry = provider_entry(prices, model, provider)
+    if entry is None:
+        if mapped_anywhere(prices, model, provider) or described_by_rule(prices, model, provider):
+            return _PRICED_BY_RULE
+        priced = None
+    else:
+        priced = _simple_prices(entry[1])
+        if isinstance(priced, str):
+            return priced
+    sdk = provider in _fastpath.SDK_READ_PROVIDERS
+    return OwnRoute(model=model, url=spec.url(base), supported=spec.params(model, prices), prices=priced,
+                    openai_host=False, provider=provider, shape=spec.shape(model, prices),
+                    prefix=provider if sdk else None, body_errors=not sdk)
+
+
+def _simple_prices(info: dict) -> "tuple[float, float, float | None] | str":
+    """(input, output, cache read) per token from a map entry, or why litellm's calculator prices it."""
+    costs = {k for k, v in info.items() if "cost" in k and v is not None
+             and not k.endswith(_fastpath._INAPPLICABLE_PRICE_SUFFIXES) and k != "search_context_cost_per_query"}
+    inp, out, read = info.get("input_cost_per_token"), info.get("output_cost_per_token"), \
+        info.get("cache_read_input_token_cost")
+    if not costs <= _SIMPLE_PRICES | _INERT_PRICES or not _PRICING_RULES.isdisjoint(info) or not _number(inp) \
+            or not _number(out) or not _number(read, optional=True):
+        return "the model's prices need litellm's cost calculator"
+    return float(inp), float(out), None if read is None else float(read)
 
 
 def _number(value: Any, *, optional: bool = False) -> bool:
@@ -378,6 +423,10 @@ def _host(url: str) -> str | None:
 @functools.lru_cache(maxsize=256)
 def supports_schema(provider: str, model: str) -> bool:
     """``litellm.supports_response_schema(model, provider)`` for an own route, from the price map."""
+    if provider in _compat.SCHEMA_PROVIDERS:
+        return True
+    if provider in _compat.PROVIDERS:
+        return _compat.supports(PriceMap(), model, provider, "supports_response_schema")
     if provider != "openai":
         return False  # ("custom" is no litellm provider: litellm answers False)
     entry = openai_entry(PriceMap(), model)

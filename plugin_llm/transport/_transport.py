@@ -111,7 +111,8 @@ class LitellmTransport:
         if own is LOCAL:
             return "local", "the embedded local model, called in process"
         if own is not None:
-            return "own", "an OpenAI route on the gateway's own client, without litellm"
+            what = "an OpenAI" if own.provider == "openai" else f"a {own.provider}"  # type: ignore[union-attr]
+            return "own", f"{what} route on the gateway's own client, without litellm"
         fast = self._fast(load_litellm(), route)
         if isinstance(fast, _fastpath.FastRoute):
             return "fast", _fastpath.decide(route)[1]
