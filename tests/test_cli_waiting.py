@@ -117,3 +117,46 @@ def test_chat_says_on_a_terminal_that_its_turn_waits_for_the_provider_layer(herm
     assert main(["chat"]) == 0
     assert terminal.getvalue().count(LOADING_LINE) == 1
     assert "hello there" in capsys.readouterr().out  # the local model's echo: the turn was answered
+
+
+@pytest.mark.parametrize("config, loads", [
+    ("model:\n  provider: local\n", False),
+    ("", False),
+    ("model:\n  provider: deepseek\n  model: deepseek-chat\n", False),
+    ("model:\n  provider: custom\n  model: gpt-4o\n  base_url: http://127.0.0.1:9/v1\n", False),
+    ("model:\n  provider: anthropic\n  model: claude-sonnet-4-5\n", True),
+    ("model:\n  provider: mistral\n  model: mistral-small\n", True),
+    ("models:\n  a: {provider: local, model: local-echo-1}\n  b: {provider: groq, model: llama3}\n"
+     "model: {route: a, fallbacks: [b]}\n", True),
+    ("models:\n  a: {provider: local, model: local-echo-1}\n  b: {provider: groq, model: llama3}\n"
+     "model: {route: a}\n", False),
+    ("models:\n  a: {provider: local, model: local-echo-1}\n  b: {provider: bedrock, model: x}\n"
+     "model: {route: a}\nauxiliary:\n  vision: b\n", True),
+], ids=["local", "no-model", "deepseek", "custom", "anthropic", "mistral", "fallback", "unused-route", "auxiliary"])
+def test_the_provider_layer_loads_ahead_only_for_routes_that_need_it(hermes_home: Path, monkeypatch, config,
+                                                                     loads) -> None:
+    """chat and run start litellm's import early only when the default route, its fallbacks or an auxiliary
+    task's route needs its translation."""
+    from plugin_llm.cli._waiting import preload_provider_layer
+    from plugin_llm.transport import _transport
+
+    started: list[bool] = []
+    monkeypatch.setattr(_transport, "start_background_load", lambda: started.append(True))
+    monkeypatch.delenv("PLUGIN_LLM_OWN_PATH", raising=False)
+    (hermes_home / "config.yaml").write_text(config)
+    assert preload_provider_layer(hermes_home) is loads
+    assert started == ([True] if loads else [])
+
+
+@pytest.mark.slow
+def test_chat_on_a_route_without_litellm_never_loads_it(hermes_home: Path, monkeypatch, capsys) -> None:
+    terminal = _Terminal()
+    monkeypatch.setattr("sys.stderr", terminal)
+    monkeypatch.setattr("sys.stdin", io.StringIO("hello there\n"))
+    monkeypatch.setattr(_loading, "NOTICE_AFTER", 0.0)
+    monkeypatch.setattr(_loading, "_background", None)
+    monkeypatch.setattr(_loading, "_litellm", None)
+    monkeypatch.setattr(_loading, "_import", lambda: pytest.fail("litellm was loaded for a local chat"))
+    assert main(["chat"]) == 0
+    assert _loading._background is None and LOADING_LINE not in terminal.getvalue()
+    assert "hello there" in capsys.readouterr().out

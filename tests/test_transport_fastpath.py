@@ -185,8 +185,12 @@ def test_background_load_imports_litellm_off_the_main_thread_once_and_freezes_it
 
 
 @pytest.mark.parametrize("transport_path", ["fast"], indirect=True)
-def test_an_attached_session_starts_loading_litellm(hermes_home):
-    write_config(hermes_home, "model:\n  provider: local\n")
+@pytest.mark.parametrize("route, loads", [("  provider: anthropic\n  model: claude-sonnet-4-5\n", True),
+                                          ("  provider: local\n", False),
+                                          ("  provider: deepseek\n  model: deepseek-chat\n", False)],
+                         ids=["anthropic", "local", "deepseek"])
+def test_an_attached_session_starts_loading_litellm_when_its_route_needs_it(hermes_home, route, loads):
+    write_config(hermes_home, "model:\n" + route)
     code = (
         "import sys\n"
         "from plugin_llm.host import Session\n"
@@ -199,7 +203,7 @@ def test_an_attached_session_starts_loading_litellm(hermes_home):
         "print(_loading._background is not None)\n"
         "session.close()\n"
     )
-    assert python(code) == "True True"
+    assert python(code) == f"True {loads}"
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])

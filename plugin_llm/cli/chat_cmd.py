@@ -48,16 +48,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.max_tool_iterations < 0:
         raise CliError("--max-tool-iterations must be 0 or more")
-    from plugin_llm.transport import start_background_load  # on first use: it loads the provider layer
+    from plugin_llm.cli._waiting import preload_provider_layer, provider_layer_notice  # (it loads PyYAML)
 
-    start_background_load()  # the first turn calls the model: litellm loads while plugins load
-    from plugin_llm.cli._waiting import provider_layer_notice
     home = resolve_home(args.home)
     stdin, out = sys.stdin, sys.stdout
     interactive = stdin.isatty()
     failures = 0
     history = _History(home / "chat_history") if interactive else None
     with home_environment(home):
+        preload_provider_layer(home)  # the first turn calls the model: litellm, if needed, loads while plugins load
         manager = load_manager(home)
         with Session(manager, max_tool_iterations=args.max_tool_iterations, platform="cli") as session:
             plugins = manager.list_plugins()

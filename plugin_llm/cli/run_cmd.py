@@ -55,12 +55,11 @@ def run(args: argparse.Namespace) -> int:
             manager.discover_plugins()
         else:
             manager = load_manager(home)
-        if name in manager.commands:  # a plugin command may call the model: load litellm meanwhile
-            from plugin_llm.transport import start_background_load  # on first use: it loads the provider layer
+        from plugin_llm.cli._waiting import preload_provider_layer, provider_layer_notice  # (the provider layer)
 
-            start_background_load()
+        if name in manager.commands:  # a plugin command may call the model: litellm, if needed, loads meanwhile
+            preload_provider_layer(home)
         session = Session(manager, platform="cli")  # not attached: no conversation to inject into
-        from plugin_llm.cli._waiting import provider_layer_notice  # with the provider layer (above)
 
         try:
             with provider_layer_notice():

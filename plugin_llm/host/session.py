@@ -90,12 +90,19 @@ class Session(SlashCommandsMixin, TurnMixin, MemoryMixin, DrivingMixin):
     def attach(self) -> "Session":
         """Become the manager's active session (target of ``ctx.inject_message``).
 
-        An attached session will call the model: litellm starts loading on a
-        background thread now, so that the first turn does not wait for it.
+        An attached session will call the model: when a configured route needs
+        litellm, it starts loading on a background thread now, so that the
+        first turn does not wait for it.
         """
-        from plugin_llm.transport import start_background_load  # on first use: it loads the provider layer
+        from plugin_llm.config import get_config_source  # on first use: it loads PyYAML
+        from plugin_llm.transport import start_background_load_for  # on first use: the transport package
 
-        start_background_load()
+        try:
+            config = get_config_source(self.manager.home).current()
+        except Exception:  # config unreadable: the first call reports it
+            config = None
+        if config is not None:
+            start_background_load_for(config)
         self.manager.active_session = self
         return self
 

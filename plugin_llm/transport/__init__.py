@@ -19,7 +19,7 @@ from plugin_llm.transport._deadline import INLINE_PROVIDERS
 from plugin_llm.transport._fastpath import FAST_PROVIDERS, TESTED_LITELLM
 from plugin_llm.transport._fastpath import decide as fast_path_decision
 from plugin_llm.transport._loading import start_background_load
-from plugin_llm.transport._transport import LitellmTransport
+from plugin_llm.transport._transport import LitellmTransport, configured_routes, needs_litellm, start_background_load_for
 from plugin_llm.transport._types import (
     MAX_TOKENS,
     RETRY_AFTER_CAP,
@@ -32,5 +32,5 @@ from plugin_llm.transport._types import (
 __all__ = [
     "KeySource", "Credential", "TransportRequest", "TransportResponse", "LitellmTransport", "RETRY_AFTER_CAP",
     "MAX_TOKENS", "INLINE_PROVIDERS", "FAST_PROVIDERS", "TESTED_LITELLM", "fast_path_decision",
-    "start_background_load",
+    "start_background_load", "start_background_load_for", "needs_litellm", "configured_routes",
 ]

@@ -23,13 +23,14 @@ from typing import Any
 
 from tenacity import AsyncRetrying, Retrying
 
-from plugin_llm.errors import PluginLlmError, PluginLlmTimeoutError
-from plugin_llm.routing import Route
+from plugin_llm.config import HostConfig
+from plugin_llm.errors import PluginLlmConfigError, PluginLlmError, PluginLlmTimeoutError
+from plugin_llm.routing import Route, resolve_chain
 from plugin_llm.transport import _fallback, _fastpath, _local, _openai
 from plugin_llm.transport._errors import map_error
 from plugin_llm.transport._keys import Key
 from plugin_llm.transport._local import LOCAL
-from plugin_llm.transport._loading import load_litellm, loaded_litellm
+from plugin_llm.transport._loading import load_litellm, loaded_litellm, start_background_load
 from plugin_llm.transport._reply import hide_key, read_reply, usage
 from plugin_llm.transport._retry import first_retry_delay, retry_kwargs
 from plugin_llm.transport._types import (
@@ -41,7 +42,7 @@ from plugin_llm.transport._types import (
     TransportResponse,
 )
 
-__all__ = ["LitellmTransport"]
+__all__ = ["LitellmTransport", "needs_litellm", "configured_routes", "start_background_load_for"]
 
 
 #: ``PLUGIN_LLM_OWN_PATH=0`` sends OpenAI routes (and ``local``) through litellm as well
@@ -319,6 +320,33 @@ class LitellmTransport:
 
 def _unpriced(*args: Any) -> None:
     return None
+
+
+def needs_litellm(route: Route) -> bool:
+    """Whether calls on ``route`` load litellm (its translation needs it), decided without importing it:
+    not for the ``local`` model or a route the own path serves (a request the own path hands on may still)."""
+    return LitellmTransport()._needs_litellm(route, None)
+
+
+def configured_routes(config: HostConfig) -> tuple[Route, ...]:
+    """The routes ``config`` sends a host's calls to: the default route and its fallbacks, and each
+    auxiliary task's (a route that cannot be resolved is left out: its call reports why)."""
+    routes: list[Route] = []
+    for task in (None, *sorted(config.auxiliary)):
+        try:
+            routes.extend(resolve_chain(config, task=task))
+        except PluginLlmConfigError:
+            continue
+    return tuple(routes)
+
+
+def start_background_load_for(config: HostConfig) -> bool:
+    """Start litellm's import on a daemon thread when a route ``config`` selects needs it
+    (:func:`configured_routes`, :func:`needs_litellm`); whether one does."""
+    if not any(needs_litellm(route) for route in configured_routes(config)):
+        return False
+    start_background_load()
+    return True
 
 
 @functools.lru_cache(maxsize=256)
