@@ -9,7 +9,8 @@ Hermes's first ``ctx.llm`` call on the same server.
 
 Contenders: an allowed ``complete`` (and ``acomplete``) on a canned OpenAI-compatible server on
 127.0.0.1 (its own process, from bench_gateway.py), on the gateway's own path and - as the tree did
-before it, measured in the same run - through litellm (``PLUGIN_LLM_OWN_PATH=0``); a trust denial (a
+before it, measured in the same run - through litellm (``PLUGIN_LLM_OWN_PATH=0``); the same call on a
+``deepseek`` route (``deepseek-chat``, its endpoint the same server), both ways; a trust denial (a
 model override the plugin may not make); a call to the embedded ``local`` model, both ways; and
 ``python -c pass``. Targets: a denial <= 0.35x Hermes's first call, the first HTTP call <= 1.0x, its
 peak RSS <= 1.2x Hermes's, a ``local`` call <= 0.5x.
@@ -34,12 +35,16 @@ HTTP_CALL = "from plugin_llm import PluginLlm\nPluginLlm('bench', home={home!r})
 ASYNC_CALL = ("import asyncio\nfrom plugin_llm import PluginLlm\n"
               "asyncio.run(PluginLlm('bench', home={home!r}).acomplete({messages!r}))\n")
 LOCAL_CALL = "from plugin_llm import PluginLlm\nPluginLlm('bench', home={local_home!r}).complete({messages!r})\n"
+DEEPSEEK_CALL = "from plugin_llm import PluginLlm\nPluginLlm('bench', home={deepseek_home!r}).complete({messages!r})\n"
 THROUGH_LITELLM = {"PLUGIN_LLM_OWN_PATH": "0"}
+DEEPSEEK_KEY = {"DEEPSEEK_API_KEY": "sk-bench-coldstart-0000"}
 #: name -> (code, extra environment)
 OURS = {
     "allowed call (HTTP)": (HTTP_CALL, {}),
     "allowed acomplete (HTTP)": (ASYNC_CALL, {}),
     "HTTP call via litellm": (HTTP_CALL, THROUGH_LITELLM),
+    "deepseek call (HTTP)": (DEEPSEEK_CALL, DEEPSEEK_KEY),
+    "deepseek call via litellm": (DEEPSEEK_CALL, {**DEEPSEEK_KEY, **THROUGH_LITELLM}),
     "trust denial": ("from plugin_llm import PluginLlm, PluginLlmTrustError\n"
                      "try:\n    PluginLlm('bench', home={home!r}).complete({messages!r}, model='not-allowed')\n"
                      "except PluginLlmTrustError:\n    pass\n"
@@ -70,12 +75,14 @@ def timed(argv: list[str], env: dict[str, str], cwd: str) -> tuple[float, float]
 
 
 def homes(base_url: str, tmp: Path) -> dict[str, Path]:
-    http, local = tmp / "http", tmp / "local"
-    http.mkdir()
-    local.mkdir()
+    http, local, deepseek = tmp / "http", tmp / "local", tmp / "deepseek"
+    for home in (http, local, deepseek):
+        home.mkdir()
     (http / "config.yaml").write_text(f"model:\n  provider: custom\n  model: {MODEL}\n  base_url: {base_url}\n")
     (local / "config.yaml").write_text("model:\n  provider: local\n  model: local-echo-1\n")
-    return {"home": http, "local_home": local}
+    (deepseek / "config.yaml").write_text(f"model:\n  provider: deepseek\n  model: deepseek-chat\n"
+                                          f"  base_url: {base_url}\n")
+    return {"home": http, "local_home": local, "deepseek_home": deepseek}
 
 
 def contenders(base_url: str, tmp: Path, hermes: Hermes) -> dict[str, tuple[list[str], dict[str, str], str]]:
@@ -84,7 +91,7 @@ def contenders(base_url: str, tmp: Path, hermes: Hermes) -> dict[str, tuple[list
     ours_env = {**env, "PYTHONPATH": str(ROOT), "HOME": str(tmp / "user")}
     runs = {}
     for name, (code, extra) in OURS.items():
-        source = code.format(messages=MESSAGES, home=str(paths["home"]), local_home=str(paths["local_home"])) + DONE
+        source = code.format(messages=MESSAGES, **{name: str(path) for name, path in paths.items()}) + DONE
         runs[name] = ([sys.executable, "-c", source], {**ours_env, **extra}, str(ROOT))
     if not hermes.skipped:
         hermes_home = tmp / "hermes"
@@ -130,9 +137,12 @@ def report(samples: dict[str, dict[str, list[float]]], rounds: int) -> None:
     median = {name: statistics.median(s["s"]) for name, s in samples.items()}
     rss = {name: statistics.median(s["rss"]) for name, s in samples.items()}
     first, local = median["allowed call (HTTP)"], median["local model call"]
+    deepseek = median["deepseek call (HTTP)"]
     print(f"\nfirst HTTP call: {first / median['HTTP call via litellm']:.2f}x the same call through litellm, "
-          f"{first / base:.1f}x python -c pass; local call: {local / median['local call via litellm']:.2f}x "
-          "through litellm")
+          f"{first / base:.1f}x python -c pass; first deepseek call: "
+          f"{deepseek / median['deepseek call via litellm']:.2f}x through litellm, peak RSS "
+          f"{rss['deepseek call (HTTP)'] / rss['deepseek call via litellm']:.2f}x; local call: "
+          f"{local / median['local call via litellm']:.2f}x through litellm")
     if ref:
         hermes_rss = statistics.median(hermes["rss"])
         for what, value, target in (
