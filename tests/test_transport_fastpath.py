@@ -135,6 +135,23 @@ def test_doctor_says_whether_the_route_takes_the_fast_path(hermes_home, config, 
 
 
 @pytest.mark.parametrize("transport_path", ["fast"], indirect=True)
+@pytest.mark.parametrize("config, expected", [
+    ("model:\n  provider: deepseek\n  model: deepseek-chat\n", "not loaded: the gateway sends these calls itself"),
+    ("model:\n  provider: local\n", "not loaded"),
+    ("model:\n  provider: bedrock\n  model: anthropic.claude-3\n", "litellm loads for calls on bedrock/anthropic"),
+    ("models:\n  a: {provider: local, model: local-echo-1}\n  b: {provider: groq, model: llama3}\n"
+     "model: {route: a, fallbacks: [b]}\n", "litellm loads for calls on b "),
+])
+def test_doctor_says_whether_the_route_loads_litellm(hermes_home, monkeypatch, config, expected):
+    from plugin_llm.cli.doctor_cmd import run_checks
+
+    monkeypatch.delenv("PLUGIN_LLM_OWN_PATH", raising=False)
+    write_config(hermes_home, config)
+    [check] = [c for c in run_checks(hermes_home) if c.check == "provider layer"]
+    assert check.status == "OK" and check.message.startswith(expected), check.message
+
+
+@pytest.mark.parametrize("transport_path", ["fast"], indirect=True)
 def test_doctor_warns_when_litellm_is_outside_the_tested_range(hermes_home, monkeypatch):
     from plugin_llm.cli.doctor_cmd import run_checks
     from plugin_llm.transport import _fastpath

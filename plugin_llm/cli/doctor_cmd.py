@@ -274,7 +274,7 @@ def _route_and_credentials(view: Any, home: Path) -> list[Check]:
     except PluginLlmConfigError as exc:
         return [Check(FAIL, "route", str(exc), f"set model.provider and model.model in {view.path}")]
     route = chain[0]
-    out = [Check(OK, "route", _route_text(route)), _fast_path(route)]
+    out = [Check(OK, "route", _route_text(route)), _fast_path(route), _provider_layer(chain)]
     for fallback in chain[1:]:
         out.append(Check(OK, "fallback", f"then {_route_text(fallback)}, on a failure another provider can fix"))
     if view.config.models:
@@ -374,6 +374,17 @@ def _fast_path(route: Any) -> Check:
         return Check(WARN, "fast path", f"no: {why}",
                      f"pip install 'litellm>={low},<{high}' (see docs/performance.md, 'Upgrading litellm')")
     return Check(OK, "fast path", f"no: {why}")
+
+
+def _provider_layer(chain: Any) -> Check:
+    """Whether calls on the route or its fallbacks load litellm (decided without importing it)."""
+    from plugin_llm.transport import needs_litellm  # on first use: the transport package
+
+    needing = [route for route in chain if needs_litellm(route)]
+    if not needing:
+        return Check(OK, "provider layer", "not loaded: the gateway sends these calls itself, without litellm")
+    which = ", ".join(dict.fromkeys(route.label for route in needing))
+    return Check(OK, "provider layer", f"litellm loads for calls on {which} (its import takes a few seconds, once)")
 
 
 # ------------------------------------------------------------------ audit log
