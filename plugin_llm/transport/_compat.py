@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from plugin_llm.transport._pricemap import PriceMap, provider_entry
@@ -153,7 +153,6 @@ class Shape:
     contents: Callable[[list], list | None] | None = None  # the messages as the config sends them
     function_tools_only: bool = False  # a tool of another type: litellm's call (it filters them)
     refuse: Callable[[dict], bool] | None = None  # a request the config rewrites in a way not reproduced here
-    extra: tuple[tuple[str, Any], ...] = field(default=())  # body keys the config appends
 
     def adapt(self, messages: list, optional: dict) -> tuple[list, dict] | None:
         """(messages, optional params) as the provider's config sends them, or None (litellm's call)."""

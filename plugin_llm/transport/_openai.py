@@ -88,8 +88,6 @@ class OwnRoute:
             messages, optional = adapted
         if not optional.get("tools"):
             optional.pop("tool_choice", None)
-        if self.shape is not None and self.shape.extra:
-            return {"model": self.model, "messages": messages, **optional, **dict(self.shape.extra)}, optional
         return {"model": self.model, "messages": messages, **optional}, optional
 
     def _plain_tools(self, tools: Any) -> bool:
