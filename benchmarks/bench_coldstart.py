@@ -8,11 +8,10 @@ when a Hermes interpreter is given (``--hermes-python``, default ``$HERMES_PYTHO
 Hermes's first ``ctx.llm`` call on the same server.
 
 Contenders: an allowed ``complete`` (and ``acomplete``) on a canned OpenAI-compatible server on
-127.0.0.1 (its own process, from bench_gateway.py), on the gateway's own path and - as the tree did
-before it, measured in the same run - through litellm (``PLUGIN_LLM_OWN_PATH=0``); the same call on a
-``deepseek`` route (``deepseek-chat``, its endpoint the same server), both ways; a trust denial (a
-model override the plugin may not make); a call to the embedded ``local`` model, both ways; and
-``python -c pass``. Targets: a denial <= 0.35x Hermes's first call, the first HTTP call <= 1.0x, its
+127.0.0.1 (its own process, from bench_gateway.py) on the own path and, as before it, through
+litellm (``PLUGIN_LLM_OWN_PATH=0``); the same call on a ``deepseek-chat`` route (the same server as
+its endpoint), both ways; a trust denial (a model override the plugin may not make); a call to the
+embedded ``local`` model, both ways; and ``python -c pass``. Targets: a denial <= 0.35x Hermes's first call, the first HTTP call <= 1.0x, its
 peak RSS <= 1.2x Hermes's, a ``local`` call <= 0.5x.
 """
 
