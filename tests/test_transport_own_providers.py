@@ -27,7 +27,7 @@ from plugin_llm.transport._reply import read_reply, usage
 from tests.conftest import audit_lines
 from tests.servers import FakeServer, Reply
 from tests import test_transport_parity as parity
-from tests.test_transport_parity import SCHEMA, TOOLS, USER, assert_parity, calls, configure, outcome
+from tests.test_transport_parity import SCHEMA, TOOLS, USER, assert_parity, calls, configure, outcome, same_ids
 
 pytestmark = pytest.mark.slow  # litellm's import, and whole calls on the wire
 taken = parity.taken  # (autouse: the path of every attempt, which assert_parity checks)
@@ -332,7 +332,7 @@ def test_streams_on_the_wire(hermes_home, fake, mode, provider):
                     result = asyncio.run(read())
             except PluginLlmError as exc:
                 result = outcome(exc)
-            record = {k: v for k, v in audit_lines(hermes_home)[-1].items() if k not in VARYING}
+            record = same_ids({k: v for k, v in audit_lines(hermes_home)[-1].items() if k not in VARYING}, fake)
             got.append((fake.requests[-1].path, fake.requests[-1].json, result, record))
         assert got[0] == got[1]
     assert got[0][1]["stream"] is True
