@@ -82,3 +82,19 @@ def custom_route(hermes_home: Path):
         return write_config(hermes_home, text + extra)
 
     return configure
+
+
+@pytest.fixture(scope="module")
+def litellm():
+    """litellm itself, loaded as the transport loads it (offline), for tests that compare against it."""
+    from plugin_llm.transport._loading import load_litellm  # deferred: most tests never import litellm
+
+    return load_litellm()
+
+
+@pytest.fixture(scope="module")
+def prices():
+    """litellm's bundled price map, read as a file as the own path reads it."""
+    from plugin_llm.transport._pricemap import PriceMap
+
+    return PriceMap()

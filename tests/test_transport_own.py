@@ -20,8 +20,7 @@ from plugin_llm.config import parse_config
 from plugin_llm.routing import resolve_route
 from plugin_llm.transport import LitellmTransport, _fastpath, _openai
 from plugin_llm.transport._errors import map_error
-from plugin_llm.transport._loading import load_litellm
-from plugin_llm.transport._pricemap import PriceMap, price_map_path
+from plugin_llm.transport._pricemap import price_map_path
 from plugin_llm.transport._reply import read_reply, usage
 from tests.conftest import audit_lines, write_config
 from tests.servers import FakeServer, Reply
@@ -32,16 +31,6 @@ pytestmark = pytest.mark.slow  # litellm's import, and whole calls on the wire
 #: audit fields that differ between any two calls (ids, clocks, chain links)
 VARYING = {"call_id", "latency_ms", "overhead_ms", "prev_hash", "seq", "ts", "hash",
            "gen_ai.response.time_to_first_chunk"}
-
-@pytest.fixture(scope="module")
-def litellm():
-    return load_litellm()
-
-
-@pytest.fixture(scope="module")
-def prices():
-    return PriceMap()
-
 
 def _route(home, model: str, provider: str = "custom", base: str | None = "http://127.0.0.1:9/v1"):
     text = f"model:\n  provider: {provider}\n  model: {json.dumps(model)}\n"

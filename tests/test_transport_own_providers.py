@@ -21,33 +21,20 @@ from plugin_llm.config import parse_config
 from plugin_llm.routing import resolve_route
 from plugin_llm.transport import LitellmTransport, _compat, _fastpath, _openai
 from plugin_llm.transport._errors import map_error
-from plugin_llm.transport._loading import load_litellm
-from plugin_llm.transport._pricemap import PriceMap, price_map_path
+from plugin_llm.transport._pricemap import price_map_path
 from plugin_llm.transport._reply import read_reply, usage
 from tests.conftest import audit_lines
 from tests.servers import FakeServer, Reply
 from tests import test_transport_parity as parity
 from tests.test_transport_parity import SCHEMA, TOOLS, USER, assert_parity, calls, configure, outcome, same_ids
+from tests.test_transport_own import VARYING
 
 pytestmark = pytest.mark.slow  # litellm's import, and whole calls on the wire
 taken = parity.taken  # (autouse: the path of every attempt, which assert_parity checks)
 PROVIDERS = sorted(_compat.PROVIDERS)
 MODES = ["sync", "async"]
-#: audit fields that differ between any two calls
-VARYING = {"call_id", "latency_ms", "overhead_ms", "prev_hash", "seq", "ts", "hash",
-           "gen_ai.response.time_to_first_chunk"}
 UNKNOWN = ["some-model", "unknown-x", "llama3", "meta-llama/Llama-3-8b", "gpt-4o", "gpt-4", "deepseek-chat",
            "Mixtral-8x7B", "mistralai/Mistral-7B-Instruct-v0.1", "gemini-3-pro", "claude-fable-5", "o3-mini"]
-
-
-@pytest.fixture(scope="module")
-def litellm():
-    return load_litellm()
-
-
-@pytest.fixture(scope="module")
-def prices():
-    return PriceMap()
 
 
 def _route(home, provider: str, model: str, base: str | None = "http://127.0.0.1:9/v1"):
